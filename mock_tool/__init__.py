@@ -1,0 +1,1 @@
+"""Mock external tool: a separate process with its own durable storage."""

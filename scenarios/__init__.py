@@ -1,0 +1,1 @@
+"""The acceptance matrix: one module per experiment."""
