@@ -1,0 +1,594 @@
+"""Real PostgreSQL clusters for experiments: a primary, databases, a streaming replica.
+
+Every server runs as a direct child of the harness (``postgres -D``, not the
+daemonising ``pg_ctl start``) with a parent-death signal, so even a harness
+killed with SIGKILL leaves no server behind. When the harness runs as root
+the servers run as the unprivileged ``postgres`` OS user; nothing outside the
+harness's own temp directory is changed for that.
+
+Authentication is ``trust`` on 127.0.0.1 only: these are throw-away test
+clusters and the evidence archives must hold no secrets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+from psycopg import sql
+
+from harness.os_user import OsUser, first_untraversable, give_to, unprivileged_user
+from harness.pg_binaries import PgBinaries
+from harness.waiting import wait_for
+
+ReplicationMode = Literal["async", "sync"]
+
+# Settings every cluster gets. Fast feedback matters more than throughput:
+# short WAL-receiver retry so a healed replication link resumes at once,
+# frequent status reports so pg_stat_replication is current when we read it.
+BASE_SETTINGS: dict[str, str] = {
+    "listen_addresses": "'127.0.0.1'",
+    "max_connections": "200",
+    "shared_buffers": "32MB",
+    "wal_level": "replica",
+    "max_wal_senders": "10",
+    "max_replication_slots": "10",
+    "wal_keep_size": "128MB",
+    "hot_standby": "on",
+    "wal_receiver_status_interval": "1s",
+    "wal_retrieve_retry_interval": "100ms",
+    "wal_sender_timeout": "5s",
+    "wal_receiver_timeout": "5s",
+    "log_line_prefix": "'%m [%p] %a %u@%d '",
+    "log_min_messages": "warning",
+    "log_lock_waits": "on",
+    "deadlock_timeout": "200ms",
+    "fsync": "on",
+    "synchronous_commit": "on",
+}
+
+# Settings recorded in every evidence archive: they decide what a commit means.
+EVIDENCE_SETTINGS = (
+    "server_version",
+    "synchronous_commit",
+    "synchronous_standby_names",
+    "fsync",
+    "wal_level",
+    "default_transaction_isolation",
+)
+
+
+class ClusterError(RuntimeError):
+    """A PostgreSQL cluster could not be set up or did not behave as required."""
+
+
+def free_port() -> int:
+    """A loopback port nobody listens on right now (the caller retries on a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _dsn(port: int, dbname: str, user: str, **extra: str | int) -> str:
+    parts = {"host": "127.0.0.1", "port": port, "dbname": dbname, "user": user, **extra}
+    return " ".join(f"{k}={v}" for k, v in parts.items())
+
+
+@dataclass
+class Database:
+    """One database of a cluster, created fresh for one experiment or test."""
+
+    cluster: PostgresCluster
+    name: str
+
+    @property
+    def admin_dsn(self) -> str:
+        return self.cluster.admin_dsn(self.name)
+
+    def dsn(self, user: str, **extra: str | int) -> str:
+        return _dsn(self.cluster.port, self.name, user, **extra)
+
+    def query(self, statement: str, params: Any = None) -> list[dict[str, Any]]:
+        """Run one statement as superuser and return its rows as dicts."""
+        return self.cluster.query(statement, params, dbname=self.name)
+
+
+@dataclass
+class PostgresCluster:
+    """One running PostgreSQL server (primary or standby) owned by the harness."""
+
+    binaries: PgBinaries
+    datadir: Path
+    port: int
+    name: str
+    run_as: OsUser
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    superuser: str = "postgres"
+    _db_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
+    _templates: dict[str, str] = field(default_factory=dict)
+
+    # ----------------------------------------------------------- lifecycle
+    @classmethod
+    def init_primary(
+        cls,
+        binaries: PgBinaries,
+        base_dir: Path,
+        *,
+        name: str = "primary",
+        run_as: OsUser | None = None,
+        settings: dict[str, str] | None = None,
+        start_timeout_s: float = 30.0,
+    ) -> PostgresCluster:
+        """initdb a new cluster under ``base_dir`` and start it on a free port."""
+        user = run_as or unprivileged_user()
+        datadir = _make_owned_dir(base_dir / name, user)
+        _run_as(
+            user,
+            [
+                binaries.path("initdb"),
+                "-D",
+                str(datadir),
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "-N",
+                "--no-instructions",
+            ],
+            what=f"initdb of {name}",
+        )
+        cluster = cls(
+            binaries=binaries,
+            datadir=datadir,
+            port=0,
+            name=name,
+            run_as=user,
+            log_path=base_dir / f"{name}.log",
+        )
+        _append_conf(datadir / "postgresql.conf", {**BASE_SETTINGS, **(settings or {})})
+        (datadir / "pg_hba.conf").write_text(
+            "local all all trust\n"
+            "host all all 127.0.0.1/32 trust\n"
+            "host replication all 127.0.0.1/32 trust\n"
+        )
+        cluster.start(timeout_s=start_timeout_s)
+        return cluster
+
+    def start(self, *, timeout_s: float = 30.0) -> None:
+        """Start the server on a free port; retry with a new port if one was taken."""
+        if self.process is not None and self.process.poll() is None:
+            raise ClusterError(f"{self.name} is already running (pid {self.process.pid})")
+        last = ""
+        for _ in range(3):
+            self.port = free_port()
+            log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+            try:
+                self.process = subprocess.Popen(
+                    [
+                        self.binaries.path("postgres"),
+                        "-D",
+                        str(self.datadir),
+                        "-p",
+                        str(self.port),
+                        "-k",
+                        str(self.datadir),
+                    ],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=_server_env(self.run_as),
+                    user=_uid(self.run_as),
+                    group=_gid(self.run_as),
+                    extra_groups=_groups(self.run_as),
+                    preexec_fn=pdeathsig_preexec(signal.SIGKILL),
+                )
+            finally:
+                log.close()
+            try:
+                wait_for(
+                    self._ready,
+                    what=f"{self.name} to accept connections on 127.0.0.1:{self.port}",
+                    timeout_s=timeout_s,
+                )
+                return
+            except TimeoutError as exc:
+                last = str(exc)
+                self._kill_now()
+                if "already in use" not in self.log_tail():
+                    break
+        raise ClusterError(f"{self.name} did not start: {last}\nserver log:\n{self.log_tail()}")
+
+    def _ready(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise ClusterError(
+                f"{self.name} exited with code {self.process.returncode}:\n{self.log_tail()}"
+            )
+        try:
+            with psycopg.connect(self.admin_dsn(), connect_timeout=2, autocommit=True):
+                return True
+        except psycopg.OperationalError:
+            return False
+
+    def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
+        """Stop the server; returns how long it took. ``immediate`` is a crash-stop."""
+        if self.process is None or self.process.poll() is not None:
+            return 0.0
+        started = time.monotonic()
+        self.process.send_signal(signal.SIGINT if mode == "fast" else signal.SIGQUIT)
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self._kill_now()
+        return time.monotonic() - started
+
+    def _kill_now(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no server log)"
+
+    def remove(self) -> None:
+        """Stop (immediate) and delete the data directory."""
+        self.stop("immediate")
+        shutil.rmtree(self.datadir, ignore_errors=True)
+
+    # ------------------------------------------------------------- queries
+    def admin_dsn(self, dbname: str = "postgres", **extra: str | int) -> str:
+        return _dsn(self.port, dbname, self.superuser, **extra)
+
+    def connect(self, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection[Any]:
+        kwargs.setdefault("autocommit", True)
+        kwargs.setdefault("connect_timeout", 5)
+        return psycopg.connect(
+            self.admin_dsn(dbname, application_name="fencecheck-harness"), **kwargs
+        )
+
+    def query(
+        self, statement: str, params: Any = None, *, dbname: str = "postgres"
+    ) -> list[dict[str, Any]]:
+        from psycopg.rows import dict_row
+
+        with self.connect(dbname) as conn, conn.cursor(row_factory=dict_row) as cur:
+            cur.execute(statement.encode(), params)  # type: ignore[arg-type]
+            return list(cur.fetchall()) if cur.description else []
+
+    def server_facts(self) -> dict[str, str]:
+        """The server version and the settings that decide what a commit means."""
+        rows = self.query(
+            "SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [list(EVIDENCE_SETTINGS)]
+        )
+        facts = {r["name"]: r["setting"] for r in rows}
+        facts["version"] = self.query("SELECT version() AS v")[0]["v"]
+        return facts
+
+    # ----------------------------------------------------------- databases
+    def create_database(self, template: str | None = None, prefix: str = "fc") -> Database:
+        """A new database, copied from ``template`` when given (fast: no migrations)."""
+        name = f"{prefix}_{next(self._db_counter)}_{secrets.token_hex(3)}"
+        stmt = sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name))
+        if template is not None:
+            stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                sql.Identifier(name), sql.Identifier(template)
+            )
+        with self.connect() as conn:
+            conn.execute(stmt)
+        return Database(cluster=self, name=name)
+
+    def create_template(self, name: str, init: Callable[[str], None]) -> str:
+        """Build a template database once (``init`` gets its admin DSN); return its name."""
+        if name in self._templates:
+            return self._templates[name]
+        with self.connect() as conn:
+            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        init(self.admin_dsn(name))
+        # No session may stay connected to a template while it is copied.
+        with self.connect() as conn:
+            conn.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE datname = %s AND pid <> pg_backend_pid()",
+                [name],
+            )
+        self._templates[name] = name
+        return name
+
+    def drop_database(self, name: str) -> None:
+        with self.connect() as conn:
+            conn.execute(
+                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+            )
+
+    # --------------------------------------------------------- replication
+    def create_standby(
+        self,
+        base_dir: Path,
+        *,
+        upstream_host: str,
+        upstream_port: int,
+        name: str = "replica",
+        timeout_s: float = 60.0,
+    ) -> PostgresCluster:
+        """pg_basebackup this primary and start a streaming standby.
+
+        ``upstream_host:upstream_port`` is what the standby's WAL receiver
+        connects to: normally a toxiproxy proxy in front of this primary, so
+        the replication link can be cut. The base backup itself goes direct.
+        The standby streams from a physical slot so the primary keeps the WAL
+        it needs while the link is cut.
+        """
+        slot = name.replace("-", "_")
+        with self.connect() as conn:
+            conn.execute(
+                "SELECT pg_create_physical_replication_slot(%s) "
+                "WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)",
+                [slot, slot],
+            )
+        datadir = _make_owned_dir(base_dir / name, self.run_as)
+        _run_as(
+            self.run_as,
+            [
+                self.binaries.path("pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                self.superuser,
+                "-D",
+                str(datadir),
+                "-X",
+                "stream",
+                "-c",
+                "fast",
+                "-S",
+                slot,
+            ],
+            what=f"pg_basebackup for {name}",
+            timeout_s=timeout_s,
+        )
+        conninfo = (
+            f"host={upstream_host} port={upstream_port} user={self.superuser} "
+            f"application_name={name} connect_timeout=2"
+        )
+        _append_conf(
+            datadir / "postgresql.auto.conf",
+            {"primary_conninfo": f"'{conninfo}'", "primary_slot_name": f"'{slot}'"},
+        )
+        (datadir / "standby.signal").touch()
+        give_to(datadir / "standby.signal", self.run_as)
+        standby = PostgresCluster(
+            binaries=self.binaries,
+            datadir=datadir,
+            port=0,
+            name=name,
+            run_as=self.run_as,
+            log_path=base_dir / f"{name}.log",
+        )
+        standby.start(timeout_s=timeout_s)
+        return standby
+
+    def wait_streaming(self, standby_name: str, timeout_s: float = 30.0) -> dict[str, Any]:
+        """Wait until the primary sees ``standby_name`` streaming; return its row."""
+
+        def probe() -> dict[str, Any] | None:
+            rows = self.replication_status()
+            row = next((r for r in rows if r["application_name"] == standby_name), None)
+            return row if row is not None and row["state"] == "streaming" else None
+
+        return wait_for(
+            probe, what=f"{standby_name} streaming from {self.name}", timeout_s=timeout_s
+        )
+
+    def set_sync_standby(self, standby_name: str | None, timeout_s: float = 30.0) -> None:
+        """Switch synchronous replication on (for ``standby_name``) or off.
+
+        Turned on only once the standby streams: with the setting in place and
+        no standby, every commit on the primary blocks, DDL included.
+        """
+        value = f"FIRST 1 ({standby_name})" if standby_name else ""
+        if standby_name:
+            self.wait_streaming(standby_name, timeout_s)
+        with self.connect() as conn:
+            conn.execute(sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(value))
+            conn.execute("SELECT pg_reload_conf()")
+        if standby_name:
+            wait_for(
+                lambda: any(
+                    r["application_name"] == standby_name and r["sync_state"] == "sync"
+                    for r in self.replication_status()
+                ),
+                what=f"pg_stat_replication.sync_state = 'sync' for {standby_name}",
+                timeout_s=timeout_s,
+            )
+
+    def replication_status(self) -> list[dict[str, Any]]:
+        """pg_stat_replication as seen on this primary, with byte lags."""
+        return self.query(
+            "SELECT application_name, state, sync_state, "
+            "sent_lsn::text, write_lsn::text, flush_lsn::text, replay_lsn::text, "
+            "pg_current_wal_lsn()::text AS primary_lsn, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), flush_lsn)::bigint AS flush_lag_bytes, "
+            "pg_wal_lsn_diff(pg_current_wal_lsn(), replay_lsn)::bigint AS replay_lag_bytes "
+            "FROM pg_stat_replication ORDER BY application_name"
+        )
+
+    def standby_position(self) -> dict[str, Any]:
+        """On a standby: what it has received and replayed."""
+        return self.query(
+            "SELECT pg_is_in_recovery() AS in_recovery, "
+            "pg_last_wal_receive_lsn()::text AS receive_lsn, "
+            "pg_last_wal_replay_lsn()::text AS replay_lsn"
+        )[0]
+
+    def promote(self, timeout_s: float = 30.0) -> float:
+        """Promote this standby; returns how long it took until it accepts writes."""
+        started = time.monotonic()
+        rows = self.query(
+            "SELECT pg_promote(wait => true, wait_seconds => %s) AS ok", [int(timeout_s)]
+        )
+        if not rows or not rows[0]["ok"]:
+            raise ClusterError(f"{self.name} did not finish promotion within {timeout_s}s")
+        wait_for(
+            lambda: not self.query("SELECT pg_is_in_recovery() AS r")[0]["r"],
+            what=f"{self.name} to leave recovery",
+            timeout_s=timeout_s,
+        )
+        return time.monotonic() - started
+
+
+@dataclass(frozen=True)
+class FailoverRecord:
+    """What a promote-and-fence did, for the evidence archive."""
+
+    old_primary: str
+    new_primary: str
+    fenced_at: float
+    fence_seconds: float
+    promoted_at: float
+    promote_seconds: float
+    lag_before: list[dict[str, Any]]
+    standby_before: dict[str, Any]
+
+
+def failover(primary: PostgresCluster, standby: PostgresCluster) -> FailoverRecord:
+    """Fence the old primary (immediate stop), then promote the standby.
+
+    The old primary is stopped first so there is never a moment with two
+    writable primaries (no split brain), as the English seed section 10 asks.
+    """
+    lag = primary.replication_status()
+    position = standby.standby_position()
+    fence_started = time.time()
+    fence_s = primary.stop("immediate")
+    promoted_at = time.time()
+    promote_s = standby.promote()
+    return FailoverRecord(
+        old_primary=primary.name,
+        new_primary=standby.name,
+        fenced_at=fence_started,
+        fence_seconds=fence_s,
+        promoted_at=promoted_at,
+        promote_seconds=promote_s,
+        lag_before=lag,
+        standby_before=position,
+    )
+
+
+# ----------------------------------------------------------------- helpers
+def pdeathsig_preexec(sig: int) -> Callable[[], None]:
+    """A preexec_fn asking the kernel to send ``sig`` to the child when we die."""
+
+    def preexec() -> None:
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
+
+    return preexec
+
+
+def _make_owned_dir(path: Path, user: OsUser) -> Path:
+    """A new 0700 directory owned by ``user``, reachable by that user.
+
+    Only the harness's own temp directories (named ``fencecheck-*``) are
+    opened for traversal (mode +x); anything else in the way is an error that
+    says which directory to fix, never something we change.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    while (blocked := first_untraversable(path.parent, user)) is not None:
+        ours = any(p.name.startswith("fencecheck-") for p in (blocked, *blocked.parents))
+        if not ours:
+            raise ClusterError(
+                f"{user.name} cannot enter {blocked}, so the server cannot reach its "
+                f"data directory {path}; use a base directory under /tmp (--work-dir)"
+            )
+        blocked.chmod(blocked.stat().st_mode | 0o111)
+    path.mkdir(mode=0o700)
+    give_to(path, user)
+    return path
+
+
+def _switching(user: OsUser) -> bool:
+    return bool(user.popen_kwargs())
+
+
+def _uid(user: OsUser) -> int | None:
+    return user.uid if _switching(user) else None
+
+
+def _gid(user: OsUser) -> int | None:
+    return user.gid if _switching(user) else None
+
+
+def _groups(user: OsUser) -> list[int] | None:
+    # extra_groups=[] drops root's supplementary groups; `user=` alone would not.
+    return [] if _switching(user) else None
+
+
+def _server_env(user: OsUser) -> dict[str, str]:
+    # A clean environment: the server must not inherit PG* variables meant
+    # for clients (PGAPPNAME, PGHOST...) or the harness's own settings.
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", **user.env()}
+
+
+def _append_conf(path: Path, settings: dict[str, str]) -> None:
+    with open(path, "a") as f:
+        f.write("\n# fencecheck\n")
+        for key, value in settings.items():
+            f.write(f"{key} = {value}\n")
+
+
+def _run_as(user: OsUser, argv: list[str], *, what: str, timeout_s: float = 60.0) -> None:
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+            env=_server_env(user),
+            user=_uid(user),
+            group=_gid(user),
+            extra_groups=_groups(user),
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise ClusterError(f"{what} did not finish within {timeout_s}s") from exc
+    if proc.returncode != 0:
+        raise ClusterError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+
+
+@contextlib.contextmanager
+def running_primary(
+    binaries: PgBinaries, base_dir: Path, **kwargs: Any
+) -> Iterator[PostgresCluster]:
+    """A primary that is stopped and removed however the block ends."""
+    cluster = PostgresCluster.init_primary(binaries, base_dir, **kwargs)
+    try:
+        yield cluster
+    finally:
+        cluster.remove()

@@ -1,0 +1,48 @@
+"""Shared fixtures: real PostgreSQL, started once per test session (per xdist worker)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.pg_binaries import PgBinaries, find_pg_binaries
+from harness.postgres import Database, PostgresCluster
+
+
+@pytest.fixture(scope="session")
+def pg_binaries() -> PgBinaries:
+    return find_pg_binaries()
+
+
+@pytest.fixture(scope="session")
+def session_tmp() -> Iterator[Path]:
+    """The session's own temp directory; removed at the end, whatever happened."""
+    path = Path(tempfile.mkdtemp(prefix="fencecheck-test-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_cluster(pg_binaries: PgBinaries, session_tmp: Path) -> Iterator[PostgresCluster]:
+    """One primary for the whole session; tests isolate themselves by database."""
+    cluster = PostgresCluster.init_primary(pg_binaries, session_tmp / "pg", name="session")
+    try:
+        yield cluster
+    finally:
+        cluster.remove()
+
+
+@pytest.fixture
+def fresh_db(pg_cluster: PostgresCluster) -> Iterator[Database]:
+    """An empty database of its own for one test."""
+    db = pg_cluster.create_database()
+    try:
+        yield db
+    finally:
+        pg_cluster.drop_database(db.name)

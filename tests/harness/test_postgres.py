@@ -1,0 +1,74 @@
+"""Real PostgreSQL: primary, databases, streaming replica in async and sync mode."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from harness.pg_binaries import PgBinaries, PgBinariesNotFound, find_pg_binaries
+from harness.postgres import Database, PostgresCluster
+
+
+def test_binaries_found_and_described(pg_binaries: PgBinaries) -> None:
+    assert pg_binaries.major >= 15
+    assert "PostgreSQL" in pg_binaries.describe()
+
+
+def test_explicit_bad_bindir_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(PgBinariesNotFound, match="lacks initdb"):
+        find_pg_binaries(tmp_path)
+
+
+def test_fresh_database_is_isolated(fresh_db: Database, pg_cluster: PostgresCluster) -> None:
+    fresh_db.query("CREATE TABLE t (a int)")
+    other = pg_cluster.create_database()
+    try:
+        assert other.query("SELECT to_regclass('t') AS t")[0]["t"] is None
+    finally:
+        pg_cluster.drop_database(other.name)
+
+
+def test_database_from_template_copies_schema(pg_cluster: PostgresCluster) -> None:
+    def init(dsn: str) -> None:
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute("CREATE TABLE seeded (a int)")
+            conn.execute("INSERT INTO seeded VALUES (42)")
+
+    template = pg_cluster.create_template("tmpl_test", init)
+    db = pg_cluster.create_database(template=template)
+    assert db.query("SELECT a FROM seeded") == [{"a": 42}]
+
+
+def test_server_runs_unprivileged(pg_cluster: PostgresCluster) -> None:
+    import os
+
+    import psutil
+
+    assert pg_cluster.process is not None
+    uids = psutil.Process(pg_cluster.process.pid).uids()
+    if os.geteuid() == 0:
+        assert uids.effective != 0
+
+
+def test_server_facts_for_evidence(pg_cluster: PostgresCluster) -> None:
+    facts = pg_cluster.server_facts()
+    for key in ("server_version", "synchronous_commit", "synchronous_standby_names", "version"):
+        assert key in facts
+
+
+def _commit_in_thread(dsn: str, statement: str) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(statement.encode())
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
