@@ -275,7 +275,7 @@ class PostgresCluster:
         from psycopg.rows import dict_row
 
         with self.connect(dbname) as conn, conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(statement.encode(), params)  # type: ignore[arg-type]
+            cur.execute(statement.encode(), params)
             return list(cur.fetchall()) if cur.description else []
 
     def server_facts(self) -> dict[str, str]:
