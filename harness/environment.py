@@ -1,0 +1,395 @@
+"""The environment an experiment runs in, and the services a whole run shares.
+
+:class:`SharedServices` lives for one ``fencecheck run`` (or one pytest
+session): the PostgreSQL binaries, one toxiproxy server, one primary cluster
+with a migrated template database. :class:`Environment` lives for one
+experiment: a fresh database copied from the template, its own proxies (so
+cutting one experiment's link never touches another's), its own mock tool with
+its own storage, its own control socket and its own workers. An experiment
+that needs replication gets its own primary and standby.
+
+Both are context managers whose exit tears down everything they started, in
+reverse order, also on an exception or Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import psycopg
+
+from harness.control import ControlServer
+from harness.pg_binaries import PgBinaries, find_pg_binaries
+from harness.postgres import Database, PostgresCluster
+from harness.processes import ProcessRegistry, WorkerProcess
+from harness.toxiproxy import Link, ToxiproxyServer
+from mock_tool.process import MockToolProcess
+
+DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")
+TEMPLATE_NAME = "fencecheck_template"
+
+# The harness's own witness of lease history: a trigger it installs itself on
+# agent_runs, recording every change of owner, epoch, revision and status with
+# the database's time and transaction id. SECURITY DEFINER so the worker role
+# needs no grant on the audit table and cannot write to it directly.
+AUDIT_SQL = """
+CREATE SCHEMA IF NOT EXISTS fencecheck_audit;
+REVOKE ALL ON SCHEMA fencecheck_audit FROM PUBLIC;
+CREATE TABLE IF NOT EXISTS fencecheck_audit.run_changes (
+  seq bigserial PRIMARY KEY,
+  at timestamptz NOT NULL DEFAULT clock_timestamp(),
+  txid bigint NOT NULL DEFAULT txid_current(),
+  app text NOT NULL DEFAULT current_setting('application_name'),
+  op text NOT NULL,
+  run_id uuid NOT NULL,
+  status text, owner text, epoch bigint, revision bigint, lease_expires_at timestamptz,
+  old_status text, old_owner text, old_epoch bigint, old_revision bigint
+);
+CREATE OR REPLACE FUNCTION fencecheck_audit.record_run_change() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
+BEGIN
+  INSERT INTO fencecheck_audit.run_changes
+    (op, run_id, status, owner, epoch, revision, lease_expires_at,
+     old_status, old_owner, old_epoch, old_revision)
+  VALUES (TG_OP, NEW.run_id, NEW.status, NEW.owner, NEW.epoch, NEW.revision,
+          NEW.lease_expires_at,
+          CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
+          CASE WHEN TG_OP = 'UPDATE' THEN OLD.owner END,
+          CASE WHEN TG_OP = 'UPDATE' THEN OLD.epoch END,
+          CASE WHEN TG_OP = 'UPDATE' THEN OLD.revision END);
+  RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS fencecheck_audit_runs ON public.agent_runs;
+CREATE TRIGGER fencecheck_audit_runs AFTER INSERT OR UPDATE ON public.agent_runs
+  FOR EACH ROW EXECUTE FUNCTION fencecheck_audit.record_run_change();
+"""
+
+
+class EnvironmentError_(RuntimeError):
+    """The experiment environment could not be brought up."""
+
+
+@dataclass
+class Settings:
+    """How a run is configured: which worker, which binaries, where to write."""
+
+    worker_cmd: Sequence[str] = DEFAULT_WORKER_CMD
+    mutant: str | None = None
+    pg_bin: str | None = None
+    toxiproxy_bin: str | None = None
+    work_dir: Path | None = None
+    keep: bool = False
+
+    def worker_command_text(self) -> str:
+        return shlex.join(self.worker_cmd)
+
+
+def migrate(
+    worker_cmd: Sequence[str], admin_dsn: str, log_dir: Path, timeout_s: float = 60
+) -> None:
+    """Run ``<worker-cmd> migrate`` against ``admin_dsn``, then add the audit trigger."""
+    import subprocess
+
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FENCECHECK_ADMIN_DSN": admin_dsn}
+    for key in ("FENCECHECK_CONTROL", "FENCECHECK_EVENTS", "FENCECHECK_MUTANT"):
+        env.pop(key, None)
+    try:
+        proc = subprocess.run(
+            [*worker_cmd, "migrate"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise EnvironmentError_(
+            f"`{shlex.join(worker_cmd)} migrate` took over {timeout_s}s"
+        ) from exc
+    (log_dir / "migrate.log").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise EnvironmentError_(
+            f"`{shlex.join(worker_cmd)} migrate` failed (exit {proc.returncode}):\n"
+            f"{proc.stderr.strip()[-2000:]}"
+        )
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(AUDIT_SQL.encode())
+
+
+class SharedServices:
+    """What one run shares across experiments: binaries, toxiproxy, one primary."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.binaries: PgBinaries = find_pg_binaries(settings.pg_bin)
+        self.root = Path(
+            tempfile.mkdtemp(
+                prefix="fencecheck-", dir=str(settings.work_dir) if settings.work_dir else None
+            )
+        )
+        self.registry = ProcessRegistry()
+        self._stack = contextlib.ExitStack()
+        self.toxiproxy: ToxiproxyServer | None = None
+        self.primary: PostgresCluster | None = None
+        self.template: str | None = None
+
+    def __enter__(self) -> SharedServices:
+        try:
+            self._stack.callback(self._remove_root)
+            self._stack.callback(self.registry.reap_all)
+            self.toxiproxy = self._stack.enter_context(
+                ToxiproxyServer(
+                    self.root / "logs",
+                    binary=self.settings.toxiproxy_bin,
+                    registry=self.registry,
+                )
+            )
+            self.primary = PostgresCluster.init_primary(
+                self.binaries, self.root / "pg", name="primary"
+            )
+            self._stack.callback(self.primary.remove)
+            self.template = self.primary.create_template(
+                TEMPLATE_NAME,
+                lambda dsn: migrate(self.settings.worker_cmd, dsn, self.root / "logs"),
+            )
+        except BaseException:
+            self._stack.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.settings.keep:
+            return
+        self._stack.close()
+
+    def close(self) -> None:
+        self._stack.close()
+
+    def _remove_root(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    def toxiproxy_version(self) -> str:
+        return self.toxiproxy.version or "unknown" if self.toxiproxy else "not started"
+
+    def describe(self) -> dict[str, Any]:
+        assert self.primary is not None and self.toxiproxy is not None
+        return {
+            "binaries": self.binaries.describe(),
+            "primary": self.primary.admin_dsn(),
+            "toxiproxy": self.toxiproxy.url,
+            "work_dir": str(self.root),
+        }
+
+
+@dataclass
+class Environment:
+    """One experiment's world. Build with :func:`experiment_environment`."""
+
+    name: str
+    shared: SharedServices
+    work_dir: Path
+    db: Database
+    primary: PostgresCluster
+    links: dict[str, Link]
+    tool: MockToolProcess
+    control: ControlServer
+    tenant_id: str
+    other_tenant_id: str
+    lease_ttl_ms: int
+    heartbeat_ms: int
+    heartbeat_timeout_ms: int
+    dispatch_ttl_ms: int
+    tag: str
+    log_dir: Path
+    standby: PostgresCluster | None = None
+    replication: Literal["async", "sync"] | None = None
+    workers: dict[str, WorkerProcess] = field(default_factory=dict)
+    aborted: str | None = None
+
+    def abort(self, timeout_s: float) -> None:
+        """The experiment's global timeout: kill its workers and release its
+        barriers so that whatever the scenario waits on fails at once."""
+        self.aborted = f"experiment exceeded its global timeout of {timeout_s:.0f}s"
+        self.stop_workers()
+
+    def stop_workers(self) -> None:
+        # Release held barriers first so no worker sits in a read we then wait on.
+        with contextlib.suppress(Exception):
+            self.control.release_all()
+        for worker in reversed(list(self.workers.values())):
+            with contextlib.suppress(Exception):
+                worker.stop(grace_s=2.0)
+
+    def query(self, statement: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
+        return self.primary.query(statement, params, dbname=self.db.name)
+
+    def worker_dsn(self) -> str:
+        link = self.links["worker_pg"]
+        return (
+            f"host={link.listen_host} port={link.listen_port} dbname={self.db.name} "
+            f"user=fencecheck_worker connect_timeout=3"
+        )
+
+    def worker_env(self, worker_id: str, tenant_id: str | None = None) -> dict[str, str | None]:
+        tool = self.links["worker_tool"]
+        tool_url = f"http://{tool.listen_host}:{tool.listen_port}"
+        return {
+            "FENCECHECK_DSN": self.worker_dsn(),
+            "FENCECHECK_ADMIN_DSN": None,
+            "FENCECHECK_TENANT": tenant_id or self.tenant_id,
+            "FENCECHECK_TOOL_URL": tool_url,
+            "FENCECHECK_BROKER_URL": tool_url,
+            "FENCECHECK_LEASE_TTL_MS": str(self.lease_ttl_ms),
+            "FENCECHECK_HEARTBEAT_MS": str(self.heartbeat_ms),
+            "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(self.heartbeat_timeout_ms),
+            "FENCECHECK_DISPATCH_TTL_MS": str(self.dispatch_ttl_ms),
+            "FENCECHECK_MUTANT": self.shared.settings.mutant,
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def start_worker(
+        self,
+        worker_id: str,
+        mode: Literal["run", "ops"],
+        args: Sequence[str] = (),
+        *,
+        tenant_id: str | None = None,
+        env: dict[str, str | None] | None = None,
+    ) -> WorkerProcess:
+        """Start a worker process under test; it is stopped when the environment ends."""
+        if worker_id in self.workers and self.workers[worker_id].is_alive():
+            raise EnvironmentError_(f"worker {worker_id!r} is already running")
+        proc = WorkerProcess(
+            worker_id,
+            list(self.shared.settings.worker_cmd),
+            mode,
+            list(args),
+            log_dir=self.log_dir,
+            control_socket=self.control.socket_path,
+            env={**self.worker_env(worker_id, tenant_id), **(env or {})},
+            registry=self.shared.registry,
+        )
+        proc.start()
+        self.workers[worker_id] = proc
+        return proc
+
+    def event_files(self) -> list[Path]:
+        return sorted({w.events_path for w in self.workers.values() if w.events_path.exists()})
+
+
+@contextlib.contextmanager
+def experiment_environment(
+    shared: SharedServices,
+    name: str,
+    *,
+    lease_ttl_ms: int,
+    heartbeat_ms: int,
+    heartbeat_timeout_ms: int,
+    dispatch_ttl_ms: int,
+    replication: Literal["async", "sync"] | None = None,
+    tools: dict[str, str] | None = None,
+    log_dir: Path,
+) -> Iterator[Environment]:
+    """Bring up one experiment's world and tear all of it down afterwards."""
+    assert shared.primary is not None and shared.toxiproxy is not None
+    assert shared.template is not None
+    stack = contextlib.ExitStack()
+    with stack:
+        work_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared.root))
+        log_dir.mkdir(parents=True, exist_ok=True)
+        tag = f"{name}_{uuid.uuid4().hex[:6]}".replace("-", "_")
+        primary = shared.primary
+        standby: PostgresCluster | None = None
+        replication_link: Link | None = None
+        if replication is not None:
+            primary, standby, replication_link = _replicated_pair(
+                shared, stack, work_dir, tag, replication
+            )
+            db = Database(cluster=primary, name=shared.template)
+        else:
+            db = primary.create_database(template=shared.template, prefix=name.lower())
+            stack.callback(primary.drop_database, db.name)
+        toxi = shared.toxiproxy
+        links: dict[str, Link] = {}
+
+        def add_link(key: str, upstream: str) -> None:
+            link = toxi.link(f"{tag}_{key}", upstream)
+            links[key] = link
+            stack.callback(_delete_link, toxi, link.name)
+
+        add_link("worker_pg", f"127.0.0.1:{primary.port}")
+        tool = MockToolProcess(work_dir / "tool", tools=tools, log_path=log_dir / "mock_tool.log")
+        stack.enter_context(tool)
+        add_link("worker_tool", f"127.0.0.1:{tool.port}")
+        control = stack.enter_context(ControlServer(work_dir))
+        env = Environment(
+            name=name,
+            shared=shared,
+            work_dir=work_dir,
+            db=db,
+            primary=primary,
+            links=links,
+            tool=tool,
+            control=control,
+            tenant_id=str(uuid.uuid4()),
+            other_tenant_id=str(uuid.uuid4()),
+            lease_ttl_ms=lease_ttl_ms,
+            heartbeat_ms=heartbeat_ms,
+            heartbeat_timeout_ms=heartbeat_timeout_ms,
+            dispatch_ttl_ms=dispatch_ttl_ms,
+            tag=tag,
+            log_dir=log_dir,
+            standby=standby,
+            replication=replication,
+        )
+        stack.callback(env.stop_workers)
+        if replication_link is not None:
+            links["replication"] = replication_link
+        yield env
+
+
+def _delete_link(toxi: ToxiproxyServer, name: str) -> None:
+    with contextlib.suppress(Exception):
+        toxi.client.delete_proxy(name)
+
+
+def _replicated_pair(
+    shared: SharedServices,
+    stack: contextlib.ExitStack,
+    work_dir: Path,
+    tag: str,
+    mode: Literal["async", "sync"],
+) -> tuple[PostgresCluster, PostgresCluster, Link]:
+    """A primary of its own (migrated) and a standby streaming through a proxy."""
+    assert shared.toxiproxy is not None and shared.template is not None
+    primary = PostgresCluster.init_primary(shared.binaries, work_dir / "pg", name="primary")
+    stack.callback(primary.remove)
+    with psycopg.connect(primary.admin_dsn(), autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{shared.template}"'.encode())
+    migrate(shared.settings.worker_cmd, primary.admin_dsn(shared.template), work_dir / "logs")
+    link = shared.toxiproxy.link(f"{tag}_replication", f"127.0.0.1:{primary.port}")
+    stack.callback(_delete_link, shared.toxiproxy, link.name)
+    standby = primary.create_standby(
+        work_dir / "pg", upstream_host=link.listen_host, upstream_port=link.listen_port
+    )
+    stack.callback(standby.remove)
+    primary.wait_streaming("replica")
+    if mode == "sync":
+        primary.set_sync_standby("replica")
+    return primary, standby, link
+
+
+def timestamp() -> str:
+    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

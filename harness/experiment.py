@@ -1,0 +1,223 @@
+"""What an experiment is, and the context it runs in.
+
+A scenario module (``scenarios/*.py``) holds one :class:`ExperimentSpec` and a
+``run(ctx)`` function. ``run`` starts workers, injects its fault, and records
+two kinds of checks through the context:
+
+* ``ctx.fault(...)``: did the fault take effect? (the worker was stopped in the
+  kernel while the other took over; the barrier was reached; the link was
+  down). A failed fault check makes the verdict *unknown*: a pass whose fault
+  did not happen is not a pass.
+* ``ctx.invariant(...)``: does the property hold, judged from evidence the
+  harness gathered itself? A failed invariant makes the verdict *fail*.
+
+Everything the experiment observes goes through the context so that it lands
+in the evidence archive: SQL the harness ran and the rows it got back,
+commands it executed (signals, proxy changes), and notes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from harness.control import Action, Continue, Hit
+from harness.processes import OpReply, SignalRecord, WorkerProcess
+from harness.toxiproxy import FaultRecord
+from harness.verdict import Verdict
+
+if TYPE_CHECKING:
+    from harness.environment import Environment
+
+
+class Inconclusive(Exception):
+    """The experiment could not reach a verdict (the worker lacks an operation, or a
+    precondition the experiment needs did not come about)."""
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """The static description of one acceptance-matrix experiment."""
+
+    id: str
+    title: str
+    seed_section: str
+    invariant: str
+    fault: str
+    rules: tuple[int, ...]
+    injection_point: str | None = None
+    replication: Literal["async", "sync"] | None = None
+    lease_ttl_ms: int = 800
+    heartbeat_ms: int = 150
+    heartbeat_timeout_ms: int = 300
+    dispatch_ttl_ms: int = 600
+    # What the experiment must wait by its nature (lease expiry, heartbeat
+    # timeouts); the rest of its wall time is harness overhead.
+    natural_wait_s: float = 0.0
+    variants: tuple[str, ...] = ()
+    timeout_s: float = 60.0
+
+    @property
+    def slug(self) -> str:
+        return self.title.lower().replace(" ", "_").replace("-", "_")
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    kind: Literal["fault", "invariant"]
+    ok: bool
+    expected: str
+    observed: str
+
+
+@dataclass
+class QueryRecord:
+    time: float
+    label: str
+    query: str
+    rows: list[dict[str, Any]]
+
+
+@dataclass
+class ExperimentContext:
+    """Handed to a scenario's ``run``; collects checks and raw evidence."""
+
+    spec: ExperimentSpec
+    env: Environment
+    variant: str | None = None
+    seed: int | None = None
+    checks: list[Check] = field(default_factory=list)
+    queries: list[QueryRecord] = field(default_factory=list)
+    commands: list[dict[str, Any]] = field(default_factory=list)
+    run_ids: list[str] = field(default_factory=list)
+    signals: list[SignalRecord] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    # -------------------------------------------------------------- checks
+    def fault(self, name: str, ok: bool, *, expected: str, observed: str) -> bool:
+        """Record whether the injected fault really took effect."""
+        self.checks.append(Check(name, "fault", bool(ok), expected, observed))
+        return bool(ok)
+
+    def invariant(self, name: str, ok: bool, *, expected: str, observed: str) -> bool:
+        """Record one property of the protocol, judged from harness evidence."""
+        self.checks.append(Check(name, "invariant", bool(ok), expected, observed))
+        return bool(ok)
+
+    def equal(self, name: str, actual: Any, wanted: Any, *, what: str = "") -> bool:
+        """Invariant ``actual == wanted`` with both values in the archive."""
+        prefix = f"{what}: " if what else ""
+        return self.invariant(
+            name, actual == wanted, expected=f"{prefix}{wanted!r}", observed=f"{prefix}{actual!r}"
+        )
+
+    def verdict(self) -> tuple[Verdict, str]:
+        """Fail if any invariant broke; unknown if a fault did not take effect
+        or nothing was checked; pass otherwise."""
+        broken = [c for c in self.checks if c.kind == "invariant" and not c.ok]
+        if broken:
+            return Verdict.FAIL, "invariant broken: " + "; ".join(c.name for c in broken)
+        missed = [c for c in self.checks if c.kind == "fault" and not c.ok]
+        if missed:
+            return Verdict.UNKNOWN, "fault did not take effect: " + "; ".join(
+                c.name for c in missed
+            )
+        if not any(c.kind == "invariant" for c in self.checks):
+            return Verdict.UNKNOWN, "no invariant was checked"
+        if not any(c.kind == "fault" for c in self.checks):
+            return Verdict.UNKNOWN, "the experiment did not confirm its fault"
+        return Verdict.PASS, "every invariant held and every fault took effect"
+
+    # ------------------------------------------------------------ evidence
+    def sql(
+        self, label: str, statement: str, params: Sequence[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        """Run a query as the harness (superuser) on the experiment database and
+        keep the query with its rows as evidence."""
+        rows = self.env.query(statement, params)
+        self.queries.append(QueryRecord(time.time(), label, " ".join(statement.split()), rows))
+        return rows
+
+    def command(self, text: str) -> None:
+        """Record something the harness did (a signal, a proxy change, a promote)."""
+        self.commands.append({"time": time.time(), "command": text})
+
+    def note_run(self, run_id: str) -> str:
+        if run_id not in self.run_ids:
+            self.run_ids.append(run_id)
+        return run_id
+
+    def step(self, text: str, action: Callable[[], Any]) -> Any:
+        """Do ``action`` and record it as an executed command."""
+        self.command(text)
+        return action()
+
+    # ------------------------------------------------------ faults (logged)
+    def pause(self, worker: WorkerProcess) -> SignalRecord:
+        """SIGSTOP, returning once the kernel reports the process stopped."""
+        rec = worker.pause()
+        self.signals.append(rec)
+        self.command(f"SIGSTOP {worker.worker_id} (pid {rec.pid}): kernel state {rec.state!r}")
+        return rec
+
+    def resume(self, worker: WorkerProcess) -> SignalRecord:
+        rec = worker.resume()
+        self.signals.append(rec)
+        self.command(f"SIGCONT {worker.worker_id} (pid {rec.pid}): kernel state {rec.state!r}")
+        return rec
+
+    def kill(self, worker: WorkerProcess) -> SignalRecord:
+        rec = worker.kill()
+        self.signals.append(rec)
+        self.command(f"SIGKILL {worker.worker_id} (pid {rec.pid}): {rec.state}")
+        return rec
+
+    def cut(self, link: str) -> FaultRecord:
+        rec = self.env.links[link].cut()
+        self.command(f"toxiproxy: {rec.detail or 'cut ' + link}")
+        return rec
+
+    def heal(self, link: str) -> None:
+        healed = self.env.links[link].heal()
+        self.command(f"toxiproxy: heal {link} ({len(healed)} fault(s) removed)")
+
+    # ---------------------------------------------------------- barriers
+    def arm(self, worker: str, point: str, action: Action, *, times: int | None = 1) -> None:
+        self.env.control.arm(worker, point, action, times=times)
+        self.command(f"arm {point} for {worker}: {action.label}")
+
+    def reached(self, worker: str, point: str, timeout_s: float = 15.0) -> Hit:
+        """Wait for a worker to reach an armed point; a timeout is inconclusive."""
+        try:
+            return self.env.control.wait_reached(worker, point, timeout_s)
+        except TimeoutError as exc:
+            raise Inconclusive(str(exc)) from exc
+
+    def release(self, worker: str, point: str, action: Action | None = None) -> Hit:
+        hit = self.env.control.release(worker, point, action or Continue())
+        self.command(f"release {worker} at {point}: {(action or Continue()).label}")
+        return hit
+
+    # --------------------------------------------------------------- ops
+    def op(self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any) -> OpReply:
+        """One ops request; an op the worker does not implement is inconclusive."""
+        reply = worker.request(op, args, timeout_s=timeout_s)
+        if reply.unsupported:
+            raise Inconclusive(f"worker {worker.worker_id} does not implement op {op!r}")
+        if reply.ok and isinstance(reply.result.get("run_id"), str):
+            self.note_run(reply.result["run_id"])
+        return reply
+
+    def ok(
+        self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any
+    ) -> dict[str, Any]:
+        """An op that must succeed for the experiment to go on (else inconclusive)."""
+        reply = self.op(worker, op, timeout_s, **args)
+        if not reply.ok:
+            raise Inconclusive(
+                f"setup op {op!r} on {worker.worker_id} failed: {reply.error}: {reply.message}"
+            )
+        return reply.result

@@ -1,0 +1,137 @@
+"""Run reports: a Markdown summary, JUnit XML for CI, and a terminal table."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from harness.verdict import Verdict
+
+
+@dataclass
+class ExperimentResult:
+    """The outcome of one experiment run (one variant, one repetition)."""
+
+    experiment_id: str
+    title: str
+    variant: str | None
+    repeat_index: int
+    verdict: Verdict
+    reason: str
+    duration_s: float
+    natural_wait_s: float
+    archive_path: Path | None
+    invariant: str
+    failed_checks: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        base = self.experiment_id + (f"[{self.variant}]" if self.variant else "")
+        return base + (f"#{self.repeat_index}" if self.repeat_index else "")
+
+
+def overall(results: Sequence[ExperimentResult]) -> Verdict:
+    return Verdict.merge(r.verdict for r in results)
+
+
+def terminal_table(results: Sequence[ExperimentResult]) -> str:
+    rows = [("experiment", "verdict", "wall s", "natural s", "reason")]
+    for r in results:
+        rows.append(
+            (
+                f"{r.name} {r.title}"[:48],
+                r.verdict.value.upper(),
+                f"{r.duration_s:.2f}",
+                f"{r.natural_wait_s:.2f}",
+                r.reason[:70],
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = [
+        "  ".join(cell.ljust(widths[i]) if i < 4 else cell for i, cell in enumerate(row))
+        for row in rows
+    ]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def write_summary(
+    path: Path, results: Sequence[ExperimentResult], *, header: dict[str, str], wall_s: float
+) -> Path:
+    verdict = overall(results)
+    counts = {v: sum(1 for r in results if r.verdict is v) for v in Verdict}
+    natural = sum(r.natural_wait_s for r in results)
+    lines = [
+        "# fencecheck run",
+        "",
+        *(f"- **{k}**: {v}" for k, v in header.items()),
+        f"- **overall verdict**: {verdict.value}",
+        f"- **counts**: {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail, "
+        f"{counts[Verdict.UNKNOWN]} unknown",
+        f"- **wall time**: {wall_s:.1f} s (sum of natural waits {natural:.1f} s)",
+        "",
+        "| experiment | title | verdict | wall s | natural wait s | invariant | reason | archive |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        archive = r.archive_path.name if r.archive_path else "-"
+        lines.append(
+            f"| {r.name} | {r.title} | **{r.verdict.value}** | {r.duration_s:.2f} | "
+            f"{r.natural_wait_s:.2f} | {r.invariant} | {r.reason} | {archive} |"
+        )
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_junit(path: Path, results: Sequence[ExperimentResult], *, suite: str) -> Path:
+    """JUnit XML: fail → <failure>, unknown → <error> (it proved nothing)."""
+    root = ET.Element(
+        "testsuite",
+        name=suite,
+        tests=str(len(results)),
+        failures=str(sum(r.verdict is Verdict.FAIL for r in results)),
+        errors=str(sum(r.verdict is Verdict.UNKNOWN for r in results)),
+        time=f"{sum(r.duration_s for r in results):.3f}",
+    )
+    for r in results:
+        case = ET.SubElement(
+            root,
+            "testcase",
+            classname=f"fencecheck.{r.experiment_id}",
+            name=f"{r.name} {r.title}",
+            time=f"{r.duration_s:.3f}",
+        )
+        detail = "\n".join(r.failed_checks) or r.reason
+        if r.verdict is Verdict.FAIL:
+            ET.SubElement(case, "failure", message=r.reason).text = detail
+        elif r.verdict is Verdict.UNKNOWN:
+            ET.SubElement(case, "error", message=r.reason).text = detail
+        if r.archive_path:
+            ET.SubElement(case, "system-out").text = f"evidence: {r.archive_path}"
+    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
+    return path
+
+
+def write_results_json(path: Path, results: Sequence[ExperimentResult]) -> Path:
+    path.write_text(
+        json.dumps(
+            [
+                {
+                    "experiment": r.experiment_id,
+                    "variant": r.variant,
+                    "repeat": r.repeat_index,
+                    "verdict": r.verdict.value,
+                    "reason": r.reason,
+                    "duration_s": round(r.duration_s, 3),
+                    "natural_wait_s": r.natural_wait_s,
+                    "archive": str(r.archive_path) if r.archive_path else None,
+                }
+                for r in results
+            ],
+            indent=2,
+        )
+    )
+    return path
