@@ -40,13 +40,10 @@ class Steps:
     @contextlib.contextmanager
     def step(self, title: str) -> Iterator[Callable[[str], None]]:
         started = time.monotonic()
-        notes: list[str] = []
         print(f"- {title}", flush=True)
-        yield notes.append
+        yield lambda note: print(f"    {note}", flush=True)
         took = time.monotonic() - started
         self.timings.append((title, took))
-        for note in notes:
-            print(f"    {note}", flush=True)
         print(f"    ok ({took:.2f}s)", flush=True)
 
 

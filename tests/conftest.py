@@ -11,6 +11,7 @@ import pytest
 
 from harness.pg_binaries import PgBinaries, find_pg_binaries
 from harness.postgres import Database, PostgresCluster
+from harness.toxiproxy import ToxiproxyServer
 
 
 @pytest.fixture(scope="session")
@@ -46,3 +47,10 @@ def fresh_db(pg_cluster: PostgresCluster) -> Iterator[Database]:
         yield db
     finally:
         pg_cluster.drop_database(db.name)
+
+
+@pytest.fixture(scope="session")
+def toxiproxy(session_tmp: Path) -> Iterator[ToxiproxyServer]:
+    """The real toxiproxy server, one per session."""
+    with ToxiproxyServer(session_tmp / "toxiproxy") as server:
+        yield server
