@@ -51,6 +51,8 @@ from harness.os_user import OsUser, first_untraversable, give_to
 POLL_INTERVAL_S = 0.002
 DEFAULT_SIGNAL_TIMEOUT_S = 5.0
 DEFAULT_GRACE_S = 3.0
+# How long an ops worker gets to exit by itself once its stdin is closed.
+CLEAN_EXIT_WAIT_S = 0.5
 
 _PR_SET_PDEATHSIG = 1
 
@@ -264,8 +266,11 @@ class ManagedProcess:
                     **user_kwargs,
                 )
             except (OSError, subprocess.SubprocessError) as exc:
+                hint = ""
+                if isinstance(exc, PermissionError) and self.run_as is not None:
+                    hint = f" (it runs as {self.run_as.name!r}: can that user reach it?)"
                 raise ProcessError(
-                    f"could not start process {self.name!r}: {self.argv!r}: {exc}"
+                    f"could not start process {self.name!r}: {self.argv!r}: {exc}{hint}"
                 ) from exc
             finally:
                 # The child holds its own copies of the descriptors.
@@ -786,7 +791,13 @@ class WorkerProcess(ManagedProcess):
     def stop(
         self, grace_s: float = DEFAULT_GRACE_S, kill_timeout_s: float = DEFAULT_SIGNAL_TIMEOUT_S
     ) -> int | None:
-        self.close_stdin()
+        """Close stdin (an idle `ops` worker then exits 0), then the signal ladder."""
+        if self._popen is not None and self.returncode is None and self.pipe_stdio:
+            self.close_stdin()
+            if self.kernel_state() == "stopped":
+                return super().stop(grace_s, kill_timeout_s)  # it cannot read EOF anyway
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=min(grace_s, CLEAN_EXIT_WAIT_S))
         return super().stop(grace_s, kill_timeout_s)
 
     def _after_exit(self) -> None:

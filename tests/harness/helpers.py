@@ -1,0 +1,90 @@
+"""Shared helpers for the harness tests: real servers and process snapshots."""
+
+from __future__ import annotations
+
+import socketserver
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import psutil
+
+SCRIPTS = Path(__file__).parent / "scripts"
+PYTHON = sys.executable
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    """Poll `condition` until true; AssertionError names `what` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.01)
+
+
+def descendants() -> set[tuple[int, float]]:
+    """(pid, create_time) of every live descendant of this test process."""
+    result: set[tuple[int, float]] = set()
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                result.add((proc.pid, proc.create_time()))
+        except psutil.NoSuchProcess:
+            continue
+    return result
+
+
+def pid_alive(pid: int) -> bool:
+    """True while `pid` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class EchoServer:
+    """A real TCP line-echo server on a free loopback port, for proxy tests.
+
+    Every line it receives is kept in `received`, so a test can tell "the
+    request reached the server" apart from "the answer reached the client".
+    """
+
+    def __init__(self) -> None:
+        self.received: list[bytes] = []
+        owner = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for line in self.rfile:
+                    owner.received.append(line)
+                    self.wfile.write(line)
+                    self.wfile.flush()
+
+        class Server(socketserver.ThreadingTCPServer):
+            daemon_threads = True
+            allow_reuse_address = True
+
+        self._server = Server(("127.0.0.1", 0), Handler)
+        self.port: int = self._server.server_address[1]
+        # A short poll interval keeps shutdown() quick.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+
+@contextmanager
+def echo_server() -> Iterator[EchoServer]:
+    server = EchoServer()
+    server._thread.start()
+    try:
+        yield server
+    finally:
+        server._server.shutdown()
+        server._server.server_close()
