@@ -1,0 +1,1023 @@
+"""The mock external tool: an HTTP service with its own durable request log.
+
+Run ``python -m mock_tool.server --help``; the API is in ``docs/mock-tool.md``.
+
+Invariants:
+
+* Every create, query and broker publish is committed to the tool's own
+  SQLite log (see :mod:`mock_tool.storage`) before any byte of the answer is
+  sent. Whatever a caller saw acknowledged survives a SIGKILL of the tool.
+* A request the tool refuses (bad input, 429, 422) creates no resource.
+* Faults live in memory only: a restart clears them (the log stays).
+* stdout carries exactly one line, ``mock_tool listening on http://HOST:PORT``,
+  once the socket accepts connections; everything else goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import fcntl
+import http.client
+import json
+import os
+import re
+import secrets
+import signal
+import sqlite3
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+from urllib.parse import parse_qs, unquote, urlsplit
+
+from mock_tool.canonical import request_digest
+from mock_tool.constants import (
+    CAPABILITIES,
+    DEFAULT_HANG_MS,
+    DEFAULT_RETENTION_S,
+    DEFAULT_TOOLS,
+    FAULT_MODES,
+    LISTENING_PREFIX,
+    iso,
+)
+from mock_tool.storage import After, Store, StoreClosed
+
+MAX_BODY_BYTES = 1 << 20
+# SQLite INTEGER is signed 64-bit; larger epochs would fail at insert time.
+MAX_EPOCH = 2**63 - 1
+# Upper bound of any delay in ms (one hour): longer waits are a typo.
+MAX_MS = 3_600_000
+LOCK_FILE = "mock_tool.lock"
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# Names that cannot be tools: "*" selects all tools in a fault spec.
+_RESERVED_NAMES = frozenset({"*"})
+
+
+class HttpError(Exception):
+    """An answer other than success: status, message for people, code for machines."""
+
+    def __init__(self, status: int, message: str, code: str = "bad_request") -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+def _bad(message: str) -> HttpError:
+    return HttpError(400, message)
+
+
+# -- faults -------------------------------------------------------------
+
+
+@dataclass
+class Fault:
+    """One armed fault. ``count == 0`` means it fires until cleared."""
+
+    fault_id: str
+    tool: str
+    mode: str
+    count: int
+    ms: int | None
+    created_at: float
+    fired: int = 0
+    active: bool = True
+    cleared_at: float | None = None
+
+    def describe(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["remaining"] = None if self.count == 0 else max(self.count - self.fired, 0)
+        out["created_at_iso"] = iso(self.created_at)
+        out["cleared_at_iso"] = iso(self.cleared_at)
+        return out
+
+
+@dataclass
+class _Hung:
+    seq: int
+    tool: str
+    operation_id: str
+    since: float
+    max_ms: int
+    event: threading.Event = field(default_factory=threading.Event)
+
+
+class FaultBoard:
+    """Armed faults and hung requests; all state in memory, behind one lock.
+
+    Invariant: :meth:`take` hands each armed count to exactly one request, in
+    arrival order, so "the next N matching requests" means exactly N.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+        self._hung: dict[int, _Hung] = {}
+
+    def add(self, tool: str, mode: str, count: int, ms: int | None) -> Fault:
+        fault = Fault(f"f-{secrets.token_hex(6)}", tool, mode, count, ms, time.time())
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def take(self, tool: str) -> Fault | None:
+        """Consume one firing of the oldest active fault matching ``tool``."""
+        with self._lock:
+            for fault in self._faults:
+                if fault.active and fault.tool in (tool, "*"):
+                    fault.fired += 1
+                    if fault.count and fault.fired >= fault.count:
+                        fault.active = False
+                    return fault
+        return None
+
+    def clear(self) -> int:
+        """Deactivate every fault (hung requests stay hung); returns how many."""
+        now = time.time()
+        with self._lock:
+            n = 0
+            for fault in self._faults:
+                if fault.active:
+                    fault.active, fault.cleared_at = False, now
+                    n += 1
+            return n
+
+    def hang(self, hung: _Hung, stopping: threading.Event) -> bool:
+        """Block until released, ``max_ms`` passed or the tool stops; True when released."""
+        deadline = time.monotonic() + hung.max_ms / 1000
+        with self._lock:
+            self._hung[hung.seq] = hung
+        try:
+            # Short slices: a stopping tool must not sit out a 30 s hang.
+            while not stopping.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if hung.event.wait(min(left, 0.1)):
+                    return True
+            return False
+        finally:
+            with self._lock:
+                self._hung.pop(hung.seq, None)
+
+    def release(self) -> int:
+        """Wake every hung request; returns how many were hung."""
+        with self._lock:
+            hung = list(self._hung.values())
+            self._hung.clear()
+        for h in hung:
+            h.event.set()
+        return len(hung)
+
+    def describe(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "faults": [f.describe() for f in self._faults if f.active],
+                "history": [f.describe() for f in self._faults],
+                "hung": [
+                    {
+                        "seq": h.seq,
+                        "tool": h.tool,
+                        "operation_id": h.operation_id,
+                        "since": h.since,
+                        "since_iso": iso(h.since),
+                        "max_ms": h.max_ms,
+                    }
+                    for h in self._hung.values()
+                ],
+            }
+
+
+# -- callbacks ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallbackJob:
+    tool: str
+    operation_id: str
+    run_id: str
+    epoch: int
+    resource_id: str
+    url: str
+    delay_ms: int
+
+
+class CallbackSender:
+    """Delivers callbacks on background threads, logging every attempt.
+
+    Invariant: an attempt is logged before it is sent and its answer after,
+    so the log never lacks a callback that a receiver saw. A callback still
+    waiting for its delay when the tool stops is never sent.
+    """
+
+    def __init__(
+        self, store: Store, stopping: threading.Event, attempts: int, timeout_s: float
+    ) -> None:
+        self._store = store
+        self._stopping = stopping
+        self._attempts = attempts
+        self._timeout_s = timeout_s
+
+    def schedule(self, job: CallbackJob) -> None:
+        threading.Thread(
+            target=self._deliver, args=(job, time.time()), name="callback", daemon=True
+        ).start()
+
+    def _deliver(self, job: CallbackJob, scheduled_at: float) -> None:
+        if self._stopping.wait(job.delay_ms / 1000):
+            return
+        payload = {
+            "operation_id": job.operation_id,
+            "run_id": job.run_id,
+            "epoch": job.epoch,
+            "resource_id": job.resource_id,
+            "tool": job.tool,
+        }
+        for attempt in range(1, self._attempts + 1):
+            try:
+                cb_id = self._store.begin_callback_attempt(
+                    tool=job.tool,
+                    operation_id=job.operation_id,
+                    run_id=job.run_id,
+                    epoch=job.epoch,
+                    resource_id=job.resource_id,
+                    url=job.url,
+                    attempt=attempt,
+                    delay_ms=job.delay_ms,
+                    scheduled_at=scheduled_at,
+                )
+            except StoreClosed:
+                return
+            status: int | None = None
+            error: str | None = None
+            try:
+                status = _post_json(job.url, {**payload, "attempt": attempt}, self._timeout_s)
+            except (OSError, http.client.HTTPException) as exc:
+                error = f"{type(exc).__name__}: {exc}"
+            try:
+                self._store.finish_callback_attempt(cb_id, status, error)
+            except StoreClosed:
+                return
+            if status is not None and 200 <= status < 300:
+                return
+            # Linear backoff; a stopping tool gives up at once.
+            if attempt < self._attempts and self._stopping.wait(0.2 * attempt):
+                return
+
+
+def _post_json(url: str, payload: dict[str, Any], timeout_s: float) -> int:
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname or "", parts.port or 80, timeout=timeout_s)
+    try:
+        path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        body = json.dumps(payload).encode()
+        conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    finally:
+        conn.close()
+
+
+# -- request validation -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CreateBody:
+    operation_id: str
+    run_id: str
+    epoch: int
+    request: dict[str, Any]
+    callback_url: str | None
+    callback_delay_ms: int
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass in Python but never a valid epoch or count.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _nonempty_str(body: dict[str, Any], name: str) -> str:
+    if name not in body:
+        raise _bad(f"missing field {name!r} (a non-empty string)")
+    value = body[name]
+    if not isinstance(value, str) or not value:
+        raise _bad(f"field {name!r} must be a non-empty string, got {json.dumps(value)}")
+    return value
+
+
+def _opt_ms(body: dict[str, Any], name: str) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if not _is_int(value) or not 0 <= value <= MAX_MS:
+        raise _bad(
+            f"field {name!r} must be an integer from 0 to {MAX_MS} (ms), got {json.dumps(value)}"
+        )
+    return int(value)
+
+
+def parse_create(body: Any) -> CreateBody:
+    """Validate a create body; raises :class:`HttpError` saying what is wrong."""
+    if not isinstance(body, dict):
+        raise _bad(f"body must be a JSON object, got {type(body).__name__}")
+    operation_id = _nonempty_str(body, "operation_id")
+    run_id = _nonempty_str(body, "run_id")
+    if "epoch" not in body:
+        raise _bad("missing field 'epoch' (an integer >= 0)")
+    epoch = body["epoch"]
+    if not _is_int(epoch) or not 0 <= epoch <= MAX_EPOCH:
+        raise _bad(f"field 'epoch' must be an integer from 0 to 2**63-1, got {json.dumps(epoch)}")
+    if "request" not in body:
+        raise _bad("missing field 'request' (a JSON object)")
+    request = body["request"]
+    if not isinstance(request, dict):
+        raise _bad(f"field 'request' must be a JSON object, got {json.dumps(request)}")
+    callback_url = body.get("callback_url")
+    if callback_url is not None:
+        if not isinstance(callback_url, str):
+            raise _bad("field 'callback_url' must be a string like http://127.0.0.1:8080/cb")
+        parts = urlsplit(callback_url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise _bad(f"field 'callback_url' must be an http:// URL, got {callback_url!r}")
+        try:
+            _ = parts.port
+        except ValueError as exc:
+            raise _bad(f"field 'callback_url' has a bad port: {exc}") from None
+    delay = _opt_ms(body, "callback_delay_ms")
+    return CreateBody(operation_id, run_id, int(epoch), request, callback_url, delay or 0)
+
+
+def _salvage(body: Any) -> dict[str, Any]:
+    """The well-typed fields of a refused body, so the log can name them."""
+    if not isinstance(body, dict):
+        return {}
+    out: dict[str, Any] = {}
+    for name in ("operation_id", "run_id"):
+        if isinstance(body.get(name), str):
+            out[name] = body[name]
+    if _is_int(body.get("epoch")) and 0 <= body["epoch"] <= MAX_EPOCH:
+        out["epoch"] = body["epoch"]
+    if isinstance(body.get("request"), dict):
+        with contextlib.suppress(ValueError):
+            out["body_digest"] = request_digest(body["request"])
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+# -- the application ----------------------------------------------------
+
+
+class App:
+    """Everything a request handler needs; one per server process."""
+
+    def __init__(
+        self,
+        store: Store,
+        tools: dict[str, str],
+        retention_s: float,
+        storage: Path,
+        callback_attempts: int = 3,
+        callback_timeout_s: float = 5.0,
+    ) -> None:
+        self.store = store
+        self.tools = dict(tools)
+        self.retention_s = retention_s
+        self.storage = storage
+        self.faults = FaultBoard()
+        self.stopping = threading.Event()
+        self.callbacks = CallbackSender(store, self.stopping, callback_attempts, callback_timeout_s)
+        self.started_at = time.time()
+        self._active = 0
+        self._active_cv = threading.Condition()
+
+    def enter(self) -> None:
+        with self._active_cv:
+            self._active += 1
+
+    def leave(self) -> None:
+        with self._active_cv:
+            self._active -= 1
+            self._active_cv.notify_all()
+
+    def drain(self, timeout_s: float) -> bool:
+        """Wait (bounded) until no request is being handled."""
+        with self._active_cv:
+            return self._active_cv.wait_for(lambda: self._active == 0, timeout=timeout_s)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "pid": os.getpid(),
+            "boot": self.store.boot,
+            "started_at": self.started_at,
+            "started_at_iso": iso(self.started_at),
+            "storage": str(self.storage),
+            "database": str(self.store.path),
+            "idempotency_retention_s": self.retention_s,
+        }
+
+
+class MockToolServer(ThreadingHTTPServer):
+    """Threading HTTP server carrying the :class:`App`."""
+
+    daemon_threads = True
+    request_queue_size = 128
+
+    def __init__(self, address: tuple[str, int], app: App) -> None:
+        self.app = app
+        super().__init__(address, Handler)
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Routes one HTTP request; see docs/mock-tool.md for the API."""
+
+    server: MockToolServer
+    protocol_version = "HTTP/1.1"
+    server_version = "mock_tool/1"
+    # Idle keep-alive connections are closed after this many seconds.
+    timeout = 120
+
+    def log_message(self, format: str, *args: Any) -> None:
+        sys.stderr.write(f"mock_tool: {self.address_string()} {format % args}\n")
+
+    # -- plumbing -------------------------------------------------------
+
+    def do_GET(self) -> None:
+        self._route("GET")
+
+    def do_POST(self) -> None:
+        self._route("POST")
+
+    def do_DELETE(self) -> None:
+        self._route("DELETE")
+
+    def do_PUT(self) -> None:
+        self._route("PUT")
+
+    def do_PATCH(self) -> None:
+        self._route("PATCH")
+
+    def _send_json(self, status: int, body: dict[str, Any]) -> None:
+        data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json; charset=utf-8")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except OSError:
+            # The caller went away; what happened is already in the log.
+            self.close_connection = True
+
+    def _read_body(self) -> None:
+        """Read the whole body up front (keeps keep-alive framing right even for
+        endpoints that ignore it); a framing error is kept for :meth:`_read_json`."""
+        self._body: bytes = b""
+        self._body_error: HttpError | None = None
+        length_text = self.headers.get("Content-Length")
+        if length_text is None:
+            if self.headers.get("Transfer-Encoding"):
+                self.close_connection = True
+                self._body_error = HttpError(
+                    411, "send a Content-Length header; chunked bodies are not supported"
+                )
+            return
+        try:
+            length = int(length_text)
+        except ValueError:
+            self.close_connection = True
+            self._body_error = _bad(f"Content-Length {length_text!r} is not a number")
+            return
+        if length > MAX_BODY_BYTES:
+            self.close_connection = True
+            self._body_error = HttpError(
+                413, f"body of {length} bytes exceeds {MAX_BODY_BYTES} bytes", "too_large"
+            )
+            return
+        if length > 0:
+            self._body = self.rfile.read(length)
+
+    def _read_json(self) -> Any:
+        if self._body_error is not None:
+            raise self._body_error
+        if not self._body:
+            raise _bad("empty body: send a JSON object")
+        try:
+            value = json.loads(self._body.decode("utf-8"), parse_constant=_reject_constant)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise _bad(f"body is not valid JSON: {exc}") from None
+        try:
+            # JSON allows "\ud800"; UTF-8 (the log, the digest) does not.
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise _bad("body contains a lone UTF-16 surrogate; send valid Unicode") from None
+        return value
+
+    def _route(self, method: str) -> None:
+        app = self.server.app
+        app.enter()
+        try:
+            self._read_body()
+            self._dispatch(method)
+        except HttpError as exc:
+            self._send_json(exc.status, {"error": exc.message, "code": exc.code})
+        except StoreClosed:
+            self._send_json(503, {"error": "the tool is shutting down", "code": "stopping"})
+        except Exception as exc:  # a bug: answer ambiguously, keep serving
+            self.log_error("internal error: %r", exc)
+            self._send_json(500, {"error": f"internal error: {exc}", "code": "internal"})
+        finally:
+            app.leave()
+
+    def _dispatch(self, method: str) -> None:
+        received_at = time.time()
+        parts = urlsplit(self.path)
+        path = parts.path.rstrip("/") or "/"
+        # Split before unquoting: an operation_id may contain an encoded "/".
+        segs = [unquote(s) for s in path.split("/")[1:]]
+        routes: dict[tuple[str, ...], dict[str, Any]] = {
+            ("health",): {"GET": self._health},
+            ("admin", "faults"): {
+                "POST": self._set_fault,
+                "DELETE": self._clear_faults,
+                "GET": self._list_faults,
+            },
+            ("admin", "release"): {"POST": self._release},
+            ("admin", "export"): {"GET": self._export},
+            ("broker", "publish"): {"POST": self._publish},
+            ("broker", "messages"): {"GET": lambda: self._messages(parts.query)},
+        }
+        if len(segs) == 3 and segs[0] == "tools" and segs[2] == "operations":
+            routes[tuple(segs)] = {"POST": lambda: self._create(segs[1], received_at)}
+        if len(segs) == 4 and segs[0] == "tools" and segs[2] == "operations":
+            routes[tuple(segs)] = {"GET": lambda: self._query(segs[1], segs[3], received_at)}
+        handlers = routes.get(tuple(segs))
+        if handlers is None:
+            raise HttpError(404, f"no such endpoint: {method} {parts.path}", "no_such_endpoint")
+        handler = handlers.get(method)
+        if handler is None:
+            allowed = ", ".join(sorted(handlers))
+            raise HttpError(
+                405, f"{method} not allowed on {parts.path}; use {allowed}", "method_not_allowed"
+            )
+        handler()
+
+    def _unknown_tool(self, tool: str) -> HttpError:
+        known = ", ".join(sorted(self.server.app.tools))
+        return _bad(
+            f"unknown tool {tool!r}; this server has: {known}"
+            " (start it with --tool NAME=CAPABILITY to add one)"
+        )
+
+    # -- endpoints ------------------------------------------------------
+
+    def _health(self) -> None:
+        app = self.server.app
+        self._send_json(200, {"ok": True, "tools": app.tools, "server": app.describe()})
+
+    def _create(self, tool: str, received_at: float) -> None:
+        app = self.server.app
+        body: Any = None
+        try:
+            body = self._read_json()
+            if tool not in app.tools:
+                raise self._unknown_tool(tool)
+            req = parse_create(body)
+            digest = request_digest(req.request)
+        except HttpError as exc:
+            # Logged so the refusal is visible, but it never touches resources.
+            app.store.log_bad_request(
+                received_at=received_at,
+                http_status=exc.status,
+                error=exc.message,
+                tool=tool,
+                **_salvage(body),
+            )
+            raise
+        capability = app.tools[tool]
+        fault = app.faults.take(tool)
+        mode = fault.mode if fault else None
+        seq = app.store.begin_request(
+            received_at=received_at,
+            tool=tool,
+            capability=capability,
+            operation_id=req.operation_id,
+            run_id=req.run_id,
+            epoch=req.epoch,
+            body_digest=digest,
+            fault_id=fault.fault_id if fault else None,
+            fault_mode=mode,
+            callback_url=req.callback_url,
+        )
+        if fault is not None and mode == "delay":
+            app.stopping.wait((fault.ms or 0) / 1000)
+        elif fault is not None and mode == "hang":
+            max_ms = DEFAULT_HANG_MS if fault.ms is None else fault.ms
+            app.faults.hang(_Hung(seq, tool, req.operation_id, time.time(), max_ms), app.stopping)
+        if app.stopping.is_set():
+            app.store.finish_without_act(seq, "interrupted", 503, "the tool was stopping")
+            raise HttpError(503, "the tool is shutting down; nothing was done", "stopping")
+        if mode == "reject_429":
+            app.store.finish_without_act(seq, "rejected_429", 429, "injected fault")
+            self._send_json(
+                429,
+                {
+                    "error": "rate limited (injected fault); nothing was done, retry later",
+                    "code": "rate_limited",
+                    "retry_after_ms": 100,
+                },
+            )
+            return
+        if mode == "reject_final":
+            app.store.finish_without_act(seq, "rejected_final", 422, "injected fault")
+            self._send_json(
+                422,
+                {
+                    "error": "rejected (injected fault); nothing was done and it never will be",
+                    "code": "rejected",
+                },
+            )
+            return
+        after: After = "answer"
+        if mode == "drop_after_act":
+            after = "drop"
+        elif mode == "error_5xx_after_act":
+            after = "5xx"
+        result = app.store.act(
+            seq,
+            tool=tool,
+            capability=capability,
+            operation_id=req.operation_id,
+            run_id=req.run_id,
+            epoch=req.epoch,
+            body_digest=digest,
+            request=req.request,
+            retention_s=app.retention_s,
+            after=after,
+        )
+        if result.created and req.callback_url is not None and result.resource_id:
+            delay_ms = req.callback_delay_ms
+            if fault is not None and mode == "slow_callback":
+                delay_ms = fault.ms or 0
+            app.callbacks.schedule(
+                CallbackJob(
+                    tool,
+                    req.operation_id,
+                    req.run_id,
+                    req.epoch,
+                    result.resource_id,
+                    req.callback_url,
+                    delay_ms,
+                )
+            )
+        if after == "drop":
+            # Acted and logged; now close without a byte of answer.
+            self.close_connection = True
+            self.log_message('"%s" acted, then dropped without answer (fault)', self.requestline)
+            return
+        if after == "5xx":
+            self._send_json(
+                500,
+                {"error": "internal error (injected after the tool acted)", "code": "injected_5xx"},
+            )
+            return
+        common = {"operation_id": req.operation_id, "resource_id": result.resource_id, "seq": seq}
+        if result.base == "created":
+            self._send_json(201, {**common, "replayed": False})
+        elif result.base == "replayed":
+            self._send_json(200, {**common, "replayed": True})
+        elif result.base == "conflict":
+            same = result.resource is not None and result.resource["body_digest"] == digest
+            self._send_json(
+                409,
+                {
+                    **common,
+                    "error": "conflict",
+                    "message": "a resource with this deterministic id already exists;"
+                    " nothing new was created",
+                    "same_request": same,
+                    "resource": result.resource,
+                },
+            )
+        else:
+            self._send_json(
+                422,
+                {
+                    **common,
+                    "error": "idempotency key reused with a different request; nothing was done",
+                    "code": "key_reuse",
+                },
+            )
+
+    def _query(self, tool: str, operation_id: str, received_at: float) -> None:
+        app = self.server.app
+        if tool not in app.tools:
+            raise self._unknown_tool(tool)
+        log = app.store.log_query
+        if app.tools[tool] == "none":
+            log(
+                received_at=received_at,
+                tool=tool,
+                operation_id=operation_id,
+                outcome="unsupported",
+                resource_id=None,
+                http_status=501,
+            )
+            raise HttpError(501, "query not supported by this tool", "query_unsupported")
+        found = app.store.find_resources(tool, operation_id)
+        if not found:
+            log(
+                received_at=received_at,
+                tool=tool,
+                operation_id=operation_id,
+                outcome="not_found",
+                resource_id=None,
+                http_status=404,
+            )
+            self._send_json(404, {"error": "not_found", "operation_id": operation_id})
+            return
+        first = found[0]
+        log(
+            received_at=received_at,
+            tool=tool,
+            operation_id=operation_id,
+            outcome="found",
+            resource_id=first["resource_id"],
+            http_status=200,
+        )
+        self._send_json(
+            200,
+            {
+                "operation_id": operation_id,
+                "resource_id": first["resource_id"],
+                "status": "succeeded",
+                "run_id": first["run_id"],
+                "epoch": first["epoch"],
+                "created_at": first["created_at"],
+                "created_at_iso": first["created_at_iso"],
+                "body_digest": first["body_digest"],
+                "tool": tool,
+                # A non-idempotent tool may hold several: never hide duplicates.
+                "resource_ids": [r["resource_id"] for r in found],
+                "count": len(found),
+            },
+        )
+
+    def _set_fault(self) -> None:
+        app = self.server.app
+        body = self._read_json()
+        if not isinstance(body, dict):
+            raise _bad('body must be a JSON object like {"tool": "idem", "mode": "hang"}')
+        tool = body.get("tool")
+        if not isinstance(tool, str) or (tool != "*" and tool not in app.tools):
+            known = ", ".join(sorted(app.tools))
+            raise _bad(f"field 'tool' must be '*' or one of: {known}; got {json.dumps(tool)}")
+        mode = body.get("mode")
+        if mode not in FAULT_MODES:
+            raise _bad(
+                f"field 'mode' must be one of: {', '.join(FAULT_MODES)}; got {json.dumps(mode)}"
+            )
+        count = body.get("count", 1)
+        if not _is_int(count) or count < 0:
+            raise _bad(
+                f"field 'count' must be an integer >= 0 (0 = until cleared), got {json.dumps(count)}"
+            )
+        ms = _opt_ms(body, "ms")
+        if mode in ("delay", "slow_callback") and ms is None:
+            raise _bad(f"mode {mode!r} needs field 'ms' (milliseconds)")
+        fault = app.faults.add(tool, str(mode), int(count), ms)
+        self._send_json(200, fault.describe())
+
+    def _clear_faults(self) -> None:
+        self._send_json(200, {"cleared": self.server.app.faults.clear()})
+
+    def _list_faults(self) -> None:
+        self._send_json(200, self.server.app.faults.describe())
+
+    def _release(self) -> None:
+        self._send_json(200, {"released": self.server.app.faults.release()})
+
+    def _export(self) -> None:
+        app = self.server.app
+        out: dict[str, Any] = dict(app.store.export())
+        out["tools"] = app.tools
+        out["faults"] = app.faults.describe()["history"]
+        out["server"] = app.describe()
+        out["exported_at"] = time.time()
+        out["exported_at_iso"] = iso(out["exported_at"])
+        self._send_json(200, out)
+
+    def _publish(self) -> None:
+        app = self.server.app
+        body = self._read_json()
+        if not isinstance(body, dict):
+            raise _bad('body must be a JSON object {"event_id", "topic", "payload"}')
+        event_id = _nonempty_str(body, "event_id")
+        topic = _nonempty_str(body, "topic")
+        if "payload" not in body:
+            raise _bad("missing field 'payload' (any JSON value)")
+        seq, first = app.store.publish(event_id, topic, body["payload"])
+        self._send_json(
+            200, {"ack": True, "seq": seq, "duplicate": first is not None, "duplicate_of": first}
+        )
+
+    def _messages(self, query: str) -> None:
+        params = parse_qs(query)
+
+        def number(name: str, default: int | None) -> int | None:
+            values = params.get(name)
+            if not values:
+                return default
+            try:
+                value = int(values[-1])
+            except ValueError:
+                raise _bad(f"query parameter {name!r} must be an integer >= 0") from None
+            if value < 0:
+                raise _bad(f"query parameter {name!r} must be an integer >= 0")
+            return value
+
+        after = number("after", 0) or 0
+        limit = number("limit", None)
+        self._send_json(200, {"messages": self.server.app.store.messages(after, limit)})
+
+
+# -- command line -------------------------------------------------------
+
+
+def parse_tools(specs: Sequence[str] | None) -> dict[str, str]:
+    """``NAME=CAPABILITY`` options to a tool map; raises ValueError saying what to fix."""
+    if not specs:
+        return dict(DEFAULT_TOOLS)
+    tools: dict[str, str] = {}
+    for spec in specs:
+        name, sep, capability = spec.partition("=")
+        if not sep:
+            raise ValueError(f"--tool {spec!r}: write NAME=CAPABILITY, e.g. --tool pay=idempotent")
+        if not _TOOL_NAME.match(name) or name in _RESERVED_NAMES:
+            raise ValueError(f"--tool {spec!r}: name must match [A-Za-z0-9_.-]{{1,64}}")
+        if capability not in CAPABILITIES:
+            raise ValueError(
+                f"--tool {spec!r}: capability must be one of {', '.join(CAPABILITIES)}"
+            )
+        if name in tools:
+            raise ValueError(f"--tool {spec!r}: tool {name!r} given twice")
+        tools[name] = capability
+    return tools
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mock_tool.server",
+        description="Mock external tool with its own durable request log (docs/mock-tool.md).",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=0, help="port to bind; 0 picks a free one")
+    parser.add_argument(
+        "--storage", required=True, help="directory for the SQLite log (created if missing)"
+    )
+    parser.add_argument(
+        "--tool",
+        action="append",
+        metavar="NAME=CAPABILITY",
+        help=f"a tool to offer (repeatable); capabilities: {', '.join(CAPABILITIES)};"
+        " default: " + " ".join(f"{k}={v}" for k, v in DEFAULT_TOOLS.items()),
+    )
+    parser.add_argument(
+        "--idempotency-retention-s",
+        type=float,
+        default=DEFAULT_RETENTION_S,
+        help="how long an idempotent tool remembers an operation_id (default one day)",
+    )
+    parser.add_argument(
+        "--callback-attempts",
+        type=int,
+        default=3,
+        help="delivery attempts per callback when the receiver fails (default 3)",
+    )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="shut down when the parent process dies (used by mock_tool.process)",
+    )
+    return parser
+
+
+def _fail(message: str) -> int:
+    print(f"mock_tool: error: {message}", file=sys.stderr, flush=True)
+    return 2
+
+
+def _lock_storage(storage: Path) -> IO[str]:
+    """Hold an exclusive lock on the storage dir for the process lifetime.
+
+    Two servers on one log would make it worthless as evidence. The kernel
+    drops the lock when the process dies, so a restart after SIGKILL works.
+    """
+    handle = (storage / LOCK_FILE).open("a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown"
+        handle.close()
+        raise RuntimeError(
+            f"storage directory {storage} is in use by another mock_tool (pid {holder});"
+            " stop that process or pass a different --storage"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server until SIGTERM/SIGINT; exit 0 clean, 2 on bad options."""
+    parser = build_parser()
+    args = parser.parse_args(argv)  # exits 2 with usage on a bad option
+    try:
+        tools = parse_tools(args.tool)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.idempotency_retention_s < 0:
+        parser.error("--idempotency-retention-s must be >= 0")
+    if args.callback_attempts < 1:
+        parser.error("--callback-attempts must be >= 1")
+    if not 0 <= args.port <= 65535:
+        parser.error("--port must be between 0 and 65535")
+
+    storage = Path(args.storage).resolve()
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+        lock = _lock_storage(storage)
+    except RuntimeError as exc:
+        return _fail(str(exc))
+    except OSError as exc:
+        return _fail(f"cannot use storage directory {storage}: {exc}; pass a writable --storage")
+    try:
+        store = Store(storage)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        return _fail(f"cannot open the log in {storage}: {exc}")
+
+    app = App(store, tools, args.idempotency_retention_s, storage, args.callback_attempts)
+    try:
+        httpd = MockToolServer((args.host, args.port), app)
+    except OSError as exc:
+        store.close()
+        if exc.errno == errno.EADDRINUSE:
+            return _fail(
+                f"port {args.port} on {args.host} is already in use; stop whatever holds it,"
+                " pick another --port, or use --port 0 for a free one"
+            )
+        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
+    store.start_boot(os.getpid(), tools, args.idempotency_retention_s)
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        del frame
+        if app.stopping.is_set():
+            return
+        print(f"mock_tool: signal {signum}, shutting down", file=sys.stderr, flush=True)
+        app.stopping.set()
+        app.faults.release()
+        # shutdown() blocks until serve_forever returns: never call it on the serving thread.
+        threading.Thread(target=httpd.shutdown, daemon=True).start()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    if args.exit_with_parent:
+        parent = os.getppid()
+
+        def watch_parent() -> None:
+            while not app.stopping.wait(0.2):
+                if os.getppid() != parent:  # re-parented: our owner died
+                    os.kill(os.getpid(), signal.SIGTERM)
+                    return
+
+        threading.Thread(target=watch_parent, name="parent-watch", daemon=True).start()
+
+    print(f"{LISTENING_PREFIX}http://{args.host}:{httpd.server_port}", flush=True)
+    try:
+        httpd.serve_forever(poll_interval=0.02)
+    finally:
+        app.stopping.set()
+        app.faults.release()
+        app.drain(timeout_s=3.0)
+        httpd.server_close()
+        store.close()
+        lock.close()
+    print("mock_tool: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
