@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -205,3 +207,37 @@ def test_socket_is_private_and_removed_on_close(tmp_path: Path) -> None:
 def test_too_long_socket_path_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ControlError, match="limit"):
         ControlServer(tmp_path / ("d" * 120))
+
+
+def test_a_go_worker_speaks_the_protocol(tmp_path: Path, control: ControlServer) -> None:
+    """The Go client from docs/control-protocol.md, built and run for real."""
+    go = shutil.which("go") or (
+        "/usr/local/go/bin/go" if Path("/usr/local/go/bin/go").exists() else None
+    )
+    if go is None:
+        pytest.skip("Go toolchain not installed")
+    binary = tmp_path / "go_point_worker"
+    subprocess.run(
+        [go, "build", "-o", str(binary), "."],
+        cwd=SCRIPTS / "go_point_worker",
+        check=True,
+        timeout=120,
+        capture_output=True,
+    )
+    control.arm("G", "after_lease_acquired", Delay(50))
+    control.arm("G", "before_commit", Hold())
+    control.arm("G", "after_checkpoint_commit", Crash())
+    points = ["after_lease_acquired", "before_commit", "after_checkpoint_commit", "never"]
+    worker = WorkerProcess(
+        "G", [str(binary)], points[0], points[1:], log_dir=tmp_path,
+        control_socket=control.socket_path,
+    ).start()  # fmt: skip
+    with worker:
+        hit = control.wait_reached("G", "before_commit", timeout_s=10)
+        assert (hit.pid, hit.run_id, hit.epoch, hit.revision) == (worker.pid, "run-go", 1, 2)
+        control.release("G", "before_commit")
+        assert worker.wait(10) == -signal.SIGKILL
+    assert worker.stdout_log.read_text().split("\n")[:2] == [
+        "passed after_lease_acquired", "passed before_commit",
+    ]  # fmt: skip
+    assert [h.action for h in control.hits()] == ["delay 50ms", "hold", "crash"]

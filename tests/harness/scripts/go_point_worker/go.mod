@@ -1,0 +1,3 @@
+module fencecheck/go_point_worker
+
+go 1.21
