@@ -394,7 +394,9 @@ class ManagedProcess:
         """SIGSTOP, then poll /proc until every thread of the child is stopped.
 
         Returns when the kernel says 'stopped' for all threads, so a heartbeat
-        thread is provably frozen too. Raises ProcessTimeout otherwise.
+        thread is provably frozen too. Raises ProcessTimeout otherwise. With
+        `signal_group` the whole group gets SIGSTOP, but only the child itself
+        is confirmed.
         """
         sent = time.time()
         self.send_signal(signal.SIGSTOP)

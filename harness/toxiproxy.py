@@ -516,11 +516,25 @@ class ToxiproxyServer:
     def links(self) -> dict[str, Link]:
         return dict(self._links)
 
+    def remove_link(self, name: str) -> None:
+        """Delete the proxy and forget its Link (its journal entries stay)."""
+        self._links.pop(name, None)
+        self.client.delete_proxy(name)
+
     def heal_all(self) -> list[FaultRecord]:
-        """Heal every link this server made; the final step of every run."""
+        """Heal every link this server made; the final step of every run.
+
+        A proxy deleted behind our back (404) is forgotten, not an error;
+        any other API failure raises.
+        """
         healed: list[FaultRecord] = []
-        for link in self._links.values():
-            healed.extend(link.heal())
+        for name, link in list(self._links.items()):
+            try:
+                healed.extend(link.heal())
+            except ToxiproxyError as exc:
+                if exc.status != 404:
+                    raise
+                self._links.pop(name, None)
         return healed
 
     def _journal_add(self, record: FaultRecord) -> None:

@@ -185,3 +185,14 @@ def test_find_server_order_and_missing_binary_message(
     with pytest.raises(ToxiproxyNotFound) as err:
         find_toxiproxy_server()
     assert "make setup" in str(err.value) and "go install" in str(err.value)
+
+
+def test_heal_all_forgets_deleted_proxies(server: ToxiproxyServer, echo: EchoServer) -> None:
+    kept = server.link("heal_all_kept", echo.address)
+    gone = server.link("heal_all_gone", echo.address)
+    kept.cut()
+    server.client.delete_proxy(gone.name)  # behind the server object's back
+    assert [r.kind for r in server.heal_all()] == ["cut"]
+    assert "heal_all_gone" not in server.links()
+    server.remove_link(kept.name)
+    assert "heal_all_kept" not in server.client.list_proxies()
