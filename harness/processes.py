@@ -37,7 +37,6 @@ import subprocess
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -154,13 +153,18 @@ def _thread_states(pid: int) -> list[str]:
     return states
 
 
-_ALL_PROCESSES: weakref.WeakSet[ManagedProcess] = weakref.WeakSet()
+# Strong references on purpose: a process whose object the caller dropped must
+# still be found at exit. Entries leave when their child is reaped.
+_ALL_PROCESSES: set[ManagedProcess] = set()
+_ALL_LOCK = threading.Lock()
 
 
 @atexit.register
 def _kill_leftovers() -> None:
     # Last resort for code paths that forgot to stop something: SIGKILL, reap.
-    for proc in list(_ALL_PROCESSES):
+    with _ALL_LOCK:
+        leftovers = list(_ALL_PROCESSES)
+    for proc in leftovers:
         with contextlib.suppress(Exception):
             if proc.is_alive():
                 proc.kill(timeout_s=2.0)
@@ -277,7 +281,8 @@ class ManagedProcess:
                 stdout_file.close()
                 stderr_file.close()
             self.started_at = time.time()
-            _ALL_PROCESSES.add(self)
+            with _ALL_LOCK:
+                _ALL_PROCESSES.add(self)
             if self._registry is not None:
                 self._registry.add(self)
         self._after_start()
@@ -292,6 +297,8 @@ class ManagedProcess:
             if self.ended_at is not None:
                 return
             self.ended_at = time.time()
+        with _ALL_LOCK:
+            _ALL_PROCESSES.discard(self)
         self._after_exit()
 
     def _after_exit(self) -> None:
