@@ -1,0 +1,427 @@
+"""``ops`` mode: protocol operations as JSON lines on stdin / stdout.
+
+One request per line, one reply per line, in order; a request with
+``"async": true`` runs on its own thread and connection and answers when done.
+Nothing but replies goes to stdout. The process is one worker session: its
+owner is fixed unless an op passes ``owner`` (to impersonate a stale one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import threading
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import IO, Any
+
+import psycopg
+
+from reference_impl import errors as e
+from reference_impl import history
+from reference_impl.cancellation import Cancellation
+from reference_impl.checkpoint_schema import CURRENT_VERSION
+from reference_impl.db import Session
+from reference_impl.durability import read_contract
+from reference_impl.heartbeat import Heartbeat
+from reference_impl.leases import Lease
+from reference_impl.ledger import intent_effect
+from reference_impl.logs import log
+from reference_impl.protected import ProtectedWriter, Write
+from reference_impl.runtime import Runtime
+from reference_impl.sqlstate import protocol_error
+
+_log = logging.getLogger("reference_impl.ops")
+
+Handler = Callable[["Ctx", dict[str, Any]], dict[str, Any]]
+
+
+class Ctx:
+    """What one op runs with: a session and a writer on it."""
+
+    def __init__(self, rt: Runtime, session: Session, writer: ProtectedWriter) -> None:
+        self.rt = rt
+        self.session = session
+        self.writer = writer
+
+
+def _uuid(args: dict[str, Any], key: str) -> uuid.UUID:
+    if key not in args:
+        raise ValueError(f"missing argument {key!r}")
+    return uuid.UUID(str(args[key]))
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, bytes | memoryview):
+        return bytes(value).hex()
+    return value
+
+
+class OpsServer:
+    def __init__(self, rt: Runtime, out: IO[str] | None = None) -> None:
+        self.rt = rt
+        self.out = out or sys.stdout
+        self._out_lock = threading.Lock()
+        self.main = Ctx(rt, rt.session, rt.writer)
+        self.heartbeats: dict[tuple[str, int], tuple[Heartbeat, Cancellation]] = {}
+        self.handlers: dict[str, Handler] = {
+            "create_run": self.create_run,
+            "retry_run": self.retry_run,
+            "claim": self.claim,
+            "renew": self.renew,
+            "release": self.release,
+            "save_checkpoint": self.save_checkpoint,
+            "register_intent": self.register_intent,
+            "dispatch": self.dispatch,
+            "reconcile": self.reconcile,
+            "cancel": self.cancel,
+            "complete": self.complete,
+            "deliver_callback": self.deliver_callback,
+            "relay": self.relay,
+            "consume": self.consume,
+            "read_checkpoint": self.read_checkpoint,
+            "durability": self.durability,
+            "heartbeat": self.heartbeat,
+            "run_state": self.run_state,
+        }
+
+    # ------------------------------------------------------------ loop
+    def serve(self, stdin: IO[str] | None = None) -> int:
+        threads: list[threading.Thread] = []
+        for line in stdin or sys.stdin:
+            if not line.strip():
+                continue
+            try:
+                req = json.loads(line)
+                if not isinstance(req, dict):
+                    raise ValueError("a request is a JSON object")
+            except ValueError as exc:
+                self._reply({"id": None, "ok": False, "error": "BadRequest", "message": str(exc)})
+                continue
+            if req.get("async"):
+                t = threading.Thread(target=self._handle_async, args=(req,), daemon=True)
+                t.start()
+                threads.append(t)
+            else:
+                self._reply(self.handle(self.main, req))
+        for t in threads:
+            t.join(60)
+        for hb, _ in list(self.heartbeats.values()):
+            hb.stop()
+        return 0
+
+    def _handle_async(self, req: dict[str, Any]) -> None:
+        session = self.rt.session_for()
+        try:
+            self._reply(self.handle(Ctx(self.rt, session, self.rt.writer_for(session)), req))
+        finally:
+            session.close()
+
+    def _reply(self, reply: dict[str, Any]) -> None:
+        text = json.dumps(_jsonable(reply), separators=(",", ":"), default=str)
+        with self._out_lock:
+            self.out.write(text + "\n")
+            self.out.flush()
+
+    def handle(self, ctx: Ctx, req: dict[str, Any]) -> dict[str, Any]:
+        rid = req.get("id")
+        op = str(req.get("op"))
+        args = req.get("args") or {}
+        handler = self.handlers.get(op)
+        if handler is None:
+            return {"id": rid, "ok": False, "error": "Unsupported", "message": f"no op {op!r}"}
+        try:
+            return {"id": rid, "ok": True, "result": handler(ctx, args)}
+        except e.ProtocolError as exc:
+            return {
+                "id": rid,
+                "ok": False,
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "reason": exc.reason,
+            }
+        except psycopg.Error as exc:
+            perr = protocol_error(exc)
+            if perr is not None:
+                return {
+                    "id": rid,
+                    "ok": False,
+                    "error": type(perr).__name__,
+                    "message": str(perr),
+                    "reason": perr.reason,
+                }
+            ctx.session.discard() if ctx.session.conn.broken else None
+            return {
+                "id": rid,
+                "ok": False,
+                "error": type(exc).__name__,
+                "message": str(exc),
+                "sqlstate": exc.sqlstate,
+            }
+        except (ValueError, KeyError, TypeError) as exc:
+            return {"id": rid, "ok": False, "error": "BadRequest", "message": str(exc)}
+        except Exception as exc:
+            log(_log, logging.ERROR, "op failed", op=op, error=repr(exc))
+            return {"id": rid, "ok": False, "error": type(exc).__name__, "message": str(exc)}
+
+    # ------------------------------------------------------------ helpers
+    def _lease(self, args: dict[str, Any]) -> Lease:
+        return Lease(
+            _uuid(args, "run_id"), str(args.get("owner") or self.rt.owner), int(args["epoch"])
+        )
+
+    def _check_not_cancelled(self, lease: Lease) -> None:
+        entry = self.heartbeats.get((str(lease.run_id), lease.epoch))
+        if entry is not None:
+            entry[1].check()
+
+    def _current_state(self, ctx: Ctx, run_id: uuid.UUID) -> dict[str, Any]:
+        row = ctx.session.conn.execute(
+            self.rt.protocol.queries.sql("latest_checkpoint"), {"run_id": run_id}
+        ).fetchone()
+        return dict(row["state_json"]) if row and isinstance(row["state_json"], dict) else {}
+
+    def _write(self, ctx: Ctx, name: str, w: Write, operation_id: str | None = None) -> Any:
+        with history.operation(
+            name,
+            run_id=w.lease.run_id,
+            epoch=w.lease.epoch,
+            revision=w.expected_revision,
+            event_id=w.event_id,
+            operation_id=operation_id,
+        ) as h:
+            out = ctx.writer.write(w)
+            h.ids["revision"] = out.revision
+        return out
+
+    def _payload(self, lease: Lease, **extra: Any) -> dict[str, Any]:
+        return {
+            "tenant_id": self.rt.settings.tenant,
+            "run_id": str(lease.run_id),
+            "epoch": lease.epoch,
+            **extra,
+        }
+
+    # ------------------------------------------------------------ ops
+    def create_run(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        tenant = args.get("tenant_id")
+        session = ctx.session if not tenant else self.rt.session_for(str(tenant))
+        try:
+            with history.operation("create_run", task_id=args.get("task_id")):
+                return self.rt.runs.create(
+                    session.conn,
+                    str(args["task_id"]),
+                    dict(args.get("input") or {}),
+                    int(args.get("max_attempts", 12)),
+                )
+        finally:
+            if session is not ctx.session:
+                session.close()
+
+    def retry_run(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        with history.operation("retry_run", task_id=args.get("task_id")):
+            return self.rt.runs.retry(ctx.session.conn, str(args["task_id"]))
+
+    def claim(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        owner = str(args.get("owner") or self.rt.owner)
+        ttl = int(args.get("ttl_ms") or self.rt.settings.lease_ttl_ms)
+        run_id = _uuid(args, "run_id") if args.get("run_id") else None
+        with history.operation("claim", run_id=run_id) as h:
+            if run_id is None:
+                grant = self.rt.leases.claim(ctx.session.conn, owner, ttl)
+            else:
+                grant = self.rt.leases.takeover(ctx.session.conn, run_id, owner, ttl)
+            h.ids.update(run_id=grant.run_id, epoch=grant.epoch, revision=grant.revision)
+            h.detail.update(outcome=grant.outcome)
+            if not grant.acquired:
+                raise e.NotClaimable(f"not claimable: {grant.outcome}", reason=grant.outcome)
+        return {
+            "run_id": grant.run_id,
+            "epoch": grant.epoch,
+            "revision": grant.revision,
+            "status": grant.status,
+            "owner": grant.owner,
+            "lease_expires_at": grant.lease_expires_at,
+            "lock_wait_ms": grant.lock_wait_ms,
+        }
+
+    def renew(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease(args)
+        ttl = int(args.get("ttl_ms") or self.rt.settings.lease_ttl_ms)
+        with history.operation("renew", run_id=lease.run_id, epoch=lease.epoch):
+            r = self.rt.leases.renew(ctx.session.conn, lease, ttl)
+            if not r.ok:
+                raise e.LeaseLost(f"renew refused: {r.outcome}", reason=r.outcome)
+        return {"expires_at": r.lease_expires_at}
+
+    def release(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease(args)
+        with history.operation("release", run_id=lease.run_id, epoch=lease.epoch):
+            outcome = self.rt.leases.release(ctx.session.conn, lease)
+            if outcome != "released":
+                raise e.LeaseLost(f"release refused: {outcome}", reason=outcome)
+        return {}
+
+    def save_checkpoint(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease(args)
+        self._check_not_cancelled(lease)
+        event_id = uuid.UUID(str(args["event_id"])) if args.get("event_id") else uuid.uuid4()
+        w = Write(
+            lease,
+            int(args["expected_revision"]),
+            "checkpoint",
+            dict(args["state"]),
+            int(args.get("schema_version", CURRENT_VERSION)),
+            "agent.checkpoint",
+            self._payload(lease),
+            current_step=args.get("step"),
+            event_id=event_id,
+        )
+        out = self._write(ctx, "save_checkpoint", w)
+        return {"revision": out.revision, "event_id": out.event_id, "read_back": out.read_back}
+
+    def register_intent(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease(args)
+        self._check_not_cancelled(lease)
+        step, version = str(args["step_id"]), int(args.get("effect_version", 1))
+        tool = str(args["tool"])
+        op_id = self.rt.protocol.operation_id(
+            self.rt.settings.tenant, str(lease.run_id), step, version
+        )
+        cap = str(args.get("capability") or self.rt.tools.capability(tool))
+        effect = intent_effect(op_id, step, version, tool, cap, dict(args["request"]))
+        state = {
+            **self._current_state(ctx, lease.run_id),
+            "pending": {"operation_id": op_id, "tool": tool, "step": step},
+        }
+        w = Write(
+            lease,
+            int(args["expected_revision"]),
+            "intent",
+            state,
+            CURRENT_VERSION,
+            "agent.tool_intent",
+            self._payload(lease, step=step),
+            current_step=step,
+            effect=effect,
+        )
+        out = self._write(ctx, "register_intent", w, operation_id=op_id)
+        from harness import injection
+
+        injection.point(
+            "after_outbound_intent_commit",
+            run_id=lease.run_id,
+            epoch=lease.epoch,
+            revision=out.revision,
+            operation_id=op_id,
+        )
+        return {"operation_id": op_id, "revision": out.revision, "ledger_status": out.ledger_status}
+
+    def dispatch(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        op_id = args.get("operation_id")
+        with history.operation("dispatch", operation_id=op_id) as h:
+            result = self.rt.dispatcher.cycle(ctx.session.conn, str(op_id) if op_id else None)
+            h.ids["operation_id"] = result["operation_id"]
+            h.detail.update(status=result["status"])
+        return result
+
+    def reconcile(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        with history.operation("reconcile"):
+            return {"changes": self.rt.reconciler.cycle(ctx.session.conn)}
+
+    def cancel(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        run_id = _uuid(args, "run_id")
+        with history.operation("cancel", run_id=run_id):
+            return self.rt.runs.cancel(
+                ctx.session.conn, run_id, str(args.get("reason", "cancelled"))
+            )
+
+    def complete(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease(args)
+        self._check_not_cancelled(lease)
+        state = {**self._current_state(ctx, lease.run_id), "result": args.get("result")}
+        w = Write(
+            lease,
+            int(args["expected_revision"]),
+            "succeed",
+            state,
+            CURRENT_VERSION,
+            "agent.succeeded",
+            self._payload(lease, reason="done"),
+            current_step="finish",
+        )
+        out = self._write(ctx, "complete", w)
+        return {"revision": out.revision, "status": out.status}
+
+    def deliver_callback(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        run_id = _uuid(args, "run_id")
+        op_id = str(args["operation_id"])
+        with history.operation("deliver_callback", run_id=run_id, operation_id=op_id) as h:
+            accepted = self.rt.runs.deliver_callback(
+                ctx.session.conn, run_id, op_id, dict(args.get("payload") or {})
+            )
+            h.detail.update(accepted=accepted)
+        return {"accepted": accepted}
+
+    def relay(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        with history.operation("relay"):
+            return {"published": self.rt.relay.cycle(ctx.session.conn, int(args.get("limit", 20)))}
+
+    def consume(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        with history.operation("consume"):
+            return self.rt.consumer.cycle(ctx.session.conn, str(args.get("consumer", "notifier")))
+
+    def read_checkpoint(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        run_id = _uuid(args, "run_id")
+        with history.operation("read_checkpoint", run_id=run_id):
+            ck = self.rt.runs.read_checkpoint(ctx.session.conn, run_id)
+        if ck is None:
+            return {"revision": 0, "schema_version": None, "state": None}
+        return {
+            "revision": ck.revision,
+            "schema_version": CURRENT_VERSION,
+            "state": ck.state,
+            "stored_schema_version": ck.schema_version,
+            "migrated_from": ck.migrated_from,
+        }
+
+    def durability(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        return read_contract(ctx.session.conn, self.rt.protocol.queries).as_dict()
+
+    def heartbeat(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        lease = self._lease(args)
+        key = (str(lease.run_id), lease.epoch)
+        action = str(args.get("action", "start"))
+        if action == "stop":
+            entry = self.heartbeats.pop(key, None)
+            if entry is not None:
+                entry[0].stop()
+                return {"last_outcome": entry[0].last_outcome, "cancelled": entry[1].cancelled}
+            return {}
+        if action != "start":
+            raise ValueError("action is start or stop")
+        cancel = Cancellation()
+        hb = self.rt.heartbeat(
+            lease,
+            cancel,
+            int(args.get("interval_ms") or 0) or None,
+            int(args.get("timeout_ms") or 0) or None,
+        ).start()
+        old = self.heartbeats.pop(key, None)
+        if old is not None:
+            old[0].stop()
+        self.heartbeats[key] = (hb, cancel)
+        return {}
+
+    def run_state(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        return self.rt.runs.state(ctx.session.conn, _uuid(args, "run_id"))

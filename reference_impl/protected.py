@@ -1,0 +1,336 @@
+"""Protected writes (rules 2, 3, 9): the only way workflow state changes.
+
+One short READ COMMITTED transaction locks the lease row, validates owner +
+epoch + unexpired (database time), CASes the revision, applies the
+transition's ledger change and inserts the checkpoint and outbox rows. It
+never contains a network call other than to PostgreSQL.
+
+Two shapes, same checks (both run ``fencecheck.protected_write``, which
+itself calls ``fencecheck.lock_lease`` first):
+- fast path (no harness): the function in one autocommit round trip;
+- stepped path (``FENCECHECK_CONTROL`` set): BEGIN; lock_lease; point
+  ``after_lease_row_locked``; protected_write (re-locks: a no-op, re-validates);
+  point ``before_commit``; COMMIT. The row lock is held from lock_lease to
+  COMMIT, so a takeover waits at the barrier (experiment D).
+
+Invariants:
+- a commit whose outcome is unknown is read back by its event_id before
+  anything else: checkpoint and outbox row both present = committed, both
+  absent = retried with the SAME input (same event_id), one present =
+  CommitInconsistent (freeze and alert);
+- a COMMIT answered with a WARNING (the cancelled wait for synchronous
+  replication) is never a durable success: CommitOutcomeUnknown;
+- 40001/40P01 retry the whole transaction within a budget.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from harness import injection
+from reference_impl import errors as e
+from reference_impl import metrics
+from reference_impl.db import Notice, Session
+from reference_impl.ids import new_event_id, state_hash
+from reference_impl.leases import Lease
+from reference_impl.logs import log
+from reference_impl.queries import Queries
+from reference_impl.sqlstate import is_retryable_conflict, outcome_unknown, protocol_error
+
+_log = logging.getLogger("reference_impl.protected")
+
+TRANSITIONS = (
+    "start",
+    "checkpoint",
+    "intent",
+    "tool_result",
+    "succeed",
+    "fail",
+    "freeze",
+    "pause_human",
+    "requeue",
+)
+
+_REJECT_REASON: dict[type[e.ProtocolError], str] = {
+    e.LeaseLost: "lease",
+    e.RunNotFound: "lease",
+    e.RevisionConflict: "revision",
+    e.StateConflict: "state",
+    e.IntentConflict: "ledger",
+    e.LedgerConflict: "ledger",
+}
+
+
+@dataclass(frozen=True)
+class Write:
+    """One protected write. Reuse the same object (same event_id) to retry it."""
+
+    lease: Lease
+    expected_revision: int
+    transition: str
+    state: dict[str, Any]
+    schema_version: int
+    event_type: str
+    payload: dict[str, Any]
+    current_step: str | None = None
+    effect: dict[str, Any] | None = None
+    event_id: uuid.UUID = field(default_factory=new_event_id)
+
+    def params(self) -> dict[str, Any]:
+        return {
+            "run_id": self.lease.run_id,
+            "owner": self.lease.owner,
+            "epoch": self.lease.epoch,
+            "expected_revision": self.expected_revision,
+            "transition": self.transition,
+            "state": Jsonb(self.state),
+            "state_hash": state_hash(self.state),
+            "schema_version": self.schema_version,
+            "current_step": self.current_step,
+            "event_id": self.event_id,
+            "event_type": self.event_type,
+            "payload": Jsonb(self.payload),
+            "effect": Jsonb(self.effect) if self.effect is not None else None,
+        }
+
+
+@dataclass(frozen=True)
+class Written:
+    """A committed protected write."""
+
+    revision: int
+    status: str
+    event_id: uuid.UUID
+    ledger_status: str | None = None
+    lock_wait_ms: float | None = None
+    read_back: bool = False
+
+
+class ReadBack(enum.Enum):
+    COMMITTED = "committed"
+    NOT_COMMITTED = "not_committed"
+    INCONSISTENT = "inconsistent"
+
+
+class _CommitUnknown(Exception):
+    """The statement carrying COMMIT failed without a server verdict."""
+
+
+class ProtectedWriter:
+    """Runs protected writes on one session (one thread)."""
+
+    def __init__(
+        self,
+        session: Session,
+        queries: Queries,
+        *,
+        stepped: bool | None = None,
+        serialization_budget: int = 5,
+        unknown_budget: int = 2,
+        readback_attempts: int = 3,
+    ) -> None:
+        self.session = session
+        self.q = queries
+        self.stepped = injection.active() if stepped is None else stepped
+        self.serialization_budget = serialization_budget
+        self.unknown_budget = unknown_budget
+        self.readback_attempts = readback_attempts
+
+    # ------------------------------------------------------------ public
+    def write(self, w: Write) -> Written:
+        """Commit ``w`` or raise why not (LeaseLost, RevisionConflict, ...)."""
+        if w.transition not in TRANSITIONS:
+            raise ValueError(f"unknown transition {w.transition!r}")
+        unknown_left = self.unknown_budget
+        serial_left = self.serialization_budget
+        while True:
+            try:
+                return self._attempt(w)
+            except _CommitUnknown as exc:
+                if unknown_left <= 0:
+                    raise e.CommitOutcomeUnknown(f"commit outcome unknown: {exc}") from exc
+                unknown_left -= 1
+                result = self.resolve_unknown(w, exc)
+                if result is not None:
+                    return result
+                # Not committed: retry with the same input, same event_id.
+            except psycopg.Error as exc:
+                if is_retryable_conflict(exc) and serial_left > 0:
+                    serial_left -= 1
+                    continue
+                if is_retryable_conflict(exc):
+                    raise e.SerializationBudgetExceeded() from exc
+                perr = protocol_error(exc)
+                if perr is None:
+                    raise
+                reason = _REJECT_REASON.get(type(perr))
+                if reason:
+                    metrics.protected_write_rejected_total.labels(reason).inc()
+                raise perr from exc
+
+    def resolve_unknown(self, w: Write, cause: BaseException) -> Written | None:
+        """Rule 9: decide an unknown commit by reading back its event_id.
+
+        Returns the committed write, None when nothing committed (the caller
+        retries the same input), or raises CommitInconsistent.
+        """
+        outcome = self.read_back(w)
+        metrics.commit_outcome_unknown_total.labels(outcome.value).inc()
+        log(
+            _log,
+            logging.WARNING,
+            "commit outcome unknown, read back",
+            run_id=str(w.lease.run_id),
+            owner=w.lease.owner,
+            epoch=w.lease.epoch,
+            revision=w.expected_revision + 1,
+            event_id=str(w.event_id),
+            resolution=outcome.value,
+            cause=repr(cause),
+        )
+        if outcome is ReadBack.COMMITTED:
+            run = self.session.conn.execute(self.q.sql("run_state"), {"run_id": w.lease.run_id})
+            row = run.fetchone()
+            status = str(row["status"]) if row else "unknown"
+            return Written(w.expected_revision + 1, status, w.event_id, read_back=True)
+        if outcome is ReadBack.NOT_COMMITTED:
+            return None
+        raise e.CommitInconsistent(
+            f"run {w.lease.run_id}: checkpoint and outbox row of event {w.event_id} disagree"
+        )
+
+    def read_back(self, w: Write) -> ReadBack:
+        """Which of the write's two rows exist, asked on a fresh connection."""
+        last: BaseException | None = None
+        for attempt in range(self.readback_attempts):
+            try:
+                self.session.discard()
+                row = self.session.conn.execute(
+                    self.q.sql("readback_by_event"),
+                    {
+                        "run_id": w.lease.run_id,
+                        "revision": w.expected_revision + 1,
+                        "event_id": w.event_id,
+                    },
+                ).fetchone()
+                assert row is not None
+                return classify_read_back(bool(row["checkpoint"]), bool(row["outbox"]))
+            except psycopg.OperationalError as exc:
+                last = exc
+                time.sleep(0.1 * (attempt + 1))
+        raise e.CommitOutcomeUnknown(f"read-back impossible: {last}") from last
+
+    def on_commit_warning(self, w: Write, notices: list[Notice]) -> Written:
+        """A COMMIT answered with a WARNING is not a durable success (rule 11)."""
+        log(
+            _log,
+            logging.ERROR,
+            "commit answered with a warning: durability unconfirmed",
+            run_id=str(w.lease.run_id),
+            owner=w.lease.owner,
+            epoch=w.lease.epoch,
+            revision=w.expected_revision + 1,
+            event_id=str(w.event_id),
+            notices=[n.__dict__ for n in notices],
+        )
+        metrics.commit_outcome_unknown_total.labels("durability_unconfirmed").inc()
+        raise e.CommitOutcomeUnknown(
+            "commit acknowledged with a warning (synchronous replication wait cancelled?):"
+            " committed locally, durability unconfirmed",
+            reason="durability_unconfirmed",
+        )
+
+    # ------------------------------------------------------------ shapes
+    def _attempt(self, w: Write) -> Written:
+        return self._stepped(w) if self.stepped else self._fast(w)
+
+    def _finish(self, w: Write, row: dict[str, Any] | None) -> Written:
+        assert row is not None
+        if row["lock_wait_ms"] is not None:
+            metrics.lease_row_lock_wait_seconds.observe(float(row["lock_wait_ms"]) / 1000.0)
+        written = Written(
+            int(row["revision"]),
+            str(row["status"]),
+            w.event_id,
+            row["ledger_status"],
+            row["lock_wait_ms"],
+        )
+        notices = self.session.warnings.drain()
+        if notices:
+            return self.on_commit_warning(w, notices)
+        return written
+
+    def _fast(self, w: Write) -> Written:
+        conn = self.session.conn
+        self.session.warnings.drain()
+        try:
+            row = conn.execute(self.q.sql("protected_write"), w.params()).fetchone()
+        except psycopg.Error as exc:
+            if outcome_unknown(exc):
+                self.session.discard()
+                raise _CommitUnknown(str(exc)) from exc
+            raise
+        return self._finish(w, row)
+
+    def _stepped(self, w: Write) -> Written:
+        conn = self.session.conn
+        lease = w.lease
+        try:
+            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+            locked = conn.execute(
+                self.q.sql("lock_lease"),
+                {"run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch},
+            ).fetchone()
+            assert locked is not None
+            injection.point(
+                "after_lease_row_locked",
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                revision=int(locked["revision"]),
+            )
+            row = conn.execute(self.q.sql("protected_write"), w.params()).fetchone()
+            assert row is not None
+            injection.point(
+                "before_commit",
+                run_id=lease.run_id,
+                epoch=lease.epoch,
+                revision=int(row["revision"]),
+            )
+        except BaseException:
+            # COMMIT was never sent: nothing of this transaction can commit.
+            self._rollback_quietly()
+            raise
+        self.session.warnings.drain()
+        try:
+            conn.execute("COMMIT")
+        except psycopg.Error as exc:
+            if outcome_unknown(exc):
+                self.session.discard()
+                raise _CommitUnknown(str(exc)) from exc
+            raise
+        return self._finish(w, row)
+
+    def _rollback_quietly(self) -> None:
+        try:
+            conn = self.session.conn
+            if conn.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                conn.execute("ROLLBACK")
+        except psycopg.Error:
+            self.session.discard()
+
+
+def classify_read_back(checkpoint: bool, outbox: bool) -> ReadBack:
+    """Both present = committed; both absent = not committed; else inconsistent."""
+    if checkpoint and outbox:
+        return ReadBack.COMMITTED
+    if not checkpoint and not outbox:
+        return ReadBack.NOT_COMMITTED
+    return ReadBack.INCONSISTENT

@@ -1,0 +1,219 @@
+"""``run`` mode: claim, execute under a heartbeat, repeat.
+
+Exit codes (worker contract, section 1): 0 done or idle, 10 execution
+cancelled (lease lost or renewal unconfirmed, or a commit whose outcome or
+durability is unknown), 11 run frozen in doubt, 12 checkpoint schema
+refused, 1 anything else.
+
+Invariants: a claim never treats "not acquired" as a task failure; an
+execution whose heartbeat failed stops before its next step or side effect,
+and if it is stuck in a database call (a cut link) the process exits with 10
+after a grace period rather than wait forever; SIGTERM stops claiming,
+lets the current short transaction finish, gives the lease back, exits 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import uuid
+
+import psycopg
+
+from harness import injection
+from reference_impl import errors as e
+from reference_impl import history
+from reference_impl.cancellation import Cancellation
+from reference_impl.leases import Grant
+from reference_impl.logs import log
+from reference_impl.runtime import Runtime
+from reference_impl.workflow import Draining, RefundWorkflow
+
+_log = logging.getLogger("reference_impl.runner")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_CANCELLED = 10
+EXIT_INDOUBT = 11
+EXIT_SCHEMA = 12
+POLL_S = 0.2
+
+
+class Runner:
+    def __init__(self, rt: Runtime, stop: threading.Event | None = None) -> None:
+        self.rt = rt
+        self.stop = stop or threading.Event()
+
+    def run(
+        self, run_id: uuid.UUID | None = None, once: bool = False, exit_when_idle: bool = False
+    ) -> int:
+        while not self.stop.is_set():
+            grant = self.acquire(run_id)
+            if grant is None:
+                return EXIT_OK
+            if not grant.acquired:
+                if exit_when_idle and run_id is None:
+                    return EXIT_OK
+                self.stop.wait(POLL_S)
+                continue
+            injection.point(
+                "after_lease_acquired",
+                run_id=grant.run_id,
+                epoch=grant.epoch,
+                revision=grant.revision,
+            )
+            code = self.execute(grant)
+            if once or run_id is not None or code != EXIT_OK:
+                return code
+        return EXIT_OK
+
+    def acquire(self, run_id: uuid.UUID | None) -> Grant | None:
+        """A grant (maybe not acquired: poll again), or None when there is nothing to wait for."""
+        rt = self.rt
+        with history.operation("claim", run_id=run_id) as h:
+            if run_id is None:
+                grant = rt.leases.claim(rt.conn, rt.owner, rt.settings.lease_ttl_ms)
+            else:
+                grant = rt.leases.takeover(rt.conn, run_id, rt.owner, rt.settings.lease_ttl_ms)
+            h.ids.update(run_id=grant.run_id, epoch=grant.epoch, revision=grant.revision)
+            h.detail.update(outcome=grant.outcome, owner=rt.owner)
+        if run_id is not None and grant.outcome in ("missing", "terminal", "paused"):
+            log(
+                _log,
+                logging.INFO,
+                "nothing to take over",
+                run_id=str(run_id),
+                outcome=grant.outcome,
+            )
+            return None
+        return grant
+
+    def execute(self, grant: Grant) -> int:
+        rt = self.rt
+        lease = grant.lease
+        cancel = Cancellation()
+        finished = threading.Event()
+        hb = rt.heartbeat(lease, cancel).start()
+        threading.Thread(
+            target=self._watchdog, args=(cancel, finished, lease.run_id), daemon=True
+        ).start()
+        log(
+            _log,
+            logging.INFO,
+            "lease acquired",
+            run_id=str(lease.run_id),
+            owner=lease.owner,
+            epoch=lease.epoch,
+            revision=grant.revision,
+            status=grant.status,
+        )
+        release = False
+        try:
+            status = RefundWorkflow(rt, lease, cancel, self.stop).run()
+            return EXIT_INDOUBT if status == "paused_indoubt" else EXIT_OK
+        except Draining:
+            release = True
+            return EXIT_OK
+        except (e.ExecutionCancelled, e.LeaseLost, e.CommitOutcomeUnknown) as exc:
+            log(
+                _log,
+                logging.WARNING,
+                "execution stopped",
+                run_id=str(lease.run_id),
+                owner=lease.owner,
+                epoch=lease.epoch,
+                error=type(exc).__name__,
+                why=str(exc),
+            )
+            return EXIT_CANCELLED
+        except (e.SchemaVersionUnknown, e.CheckpointCorrupt) as exc:
+            log(
+                _log,
+                logging.ERROR,
+                "checkpoint refused",
+                run_id=str(lease.run_id),
+                owner=lease.owner,
+                epoch=lease.epoch,
+                error=type(exc).__name__,
+                why=str(exc),
+            )
+            release = True
+            return EXIT_SCHEMA
+        except e.CommitInconsistent as exc:
+            log(
+                _log,
+                logging.CRITICAL,
+                "ALERT: commit read-back inconsistent; run must be frozen",
+                run_id=str(lease.run_id),
+                owner=lease.owner,
+                epoch=lease.epoch,
+                why=str(exc),
+            )
+            return EXIT_INDOUBT
+        except (e.ProtocolError, psycopg.Error) as exc:
+            if cancel.cancelled:
+                return EXIT_CANCELLED
+            log(
+                _log,
+                logging.ERROR,
+                "execution failed",
+                run_id=str(lease.run_id),
+                owner=lease.owner,
+                epoch=lease.epoch,
+                error=type(exc).__name__,
+                why=str(exc),
+            )
+            return EXIT_ERROR
+        finally:
+            finished.set()
+            hb.stop()
+            if release:
+                self._release(grant)
+
+    def _release(self, grant: Grant) -> None:
+        rt = self.rt
+        try:
+            with history.operation("release", run_id=grant.run_id, epoch=grant.epoch):
+                outcome = rt.leases.release(rt.conn, grant.lease)
+            log(
+                _log,
+                logging.INFO,
+                "lease released",
+                run_id=str(grant.run_id),
+                epoch=grant.epoch,
+                outcome=outcome,
+            )
+        except psycopg.Error as exc:
+            log(
+                _log,
+                logging.WARNING,
+                "release failed; the lease will expire",
+                run_id=str(grant.run_id),
+                error=repr(exc),
+            )
+
+    def _watchdog(self, cancel: Cancellation, finished: threading.Event, run_id: uuid.UUID) -> None:
+        """If cancelled while stuck (e.g. in a call on a cut link), exit 10 after a grace."""
+        s = self.rt.settings
+        while not finished.is_set():
+            if cancel.cancelled:
+                grace = (s.heartbeat_timeout_ms + s.heartbeat_ms) / 1000.0 + 1.0
+                if finished.wait(grace):
+                    return
+                injection.record(
+                    "info",
+                    "execution",
+                    run_id=run_id,
+                    error="ExecutionCancelled",
+                    detail={"exit": EXIT_CANCELLED, "cause": cancel.cause},
+                )
+                log(
+                    _log,
+                    logging.ERROR,
+                    "execution stuck after cancellation; exiting",
+                    run_id=str(run_id),
+                    cause=cancel.cause,
+                )
+                os._exit(EXIT_CANCELLED)
+            finished.wait(0.05)

@@ -1,0 +1,118 @@
+"""``python -m reference_impl.worker {migrate,run,ops}`` (worker contract, section 1)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from types import FrameType
+
+import psycopg
+
+from reference_impl import logs, metrics
+from reference_impl.config import Settings, from_env
+from reference_impl.errors import ProtocolError
+from reference_impl.migrations import migrate
+from reference_impl.protocol import load_protocol
+
+_log = logging.getLogger("reference_impl.worker")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="fencecheck-worker", description=__doc__)
+    p.add_argument("mode", choices=["migrate", "run", "ops"])
+    p.add_argument("--dsn", help="worker-role DSN (FENCECHECK_DSN)")
+    p.add_argument("--admin-dsn", help="superuser DSN for migrate (FENCECHECK_ADMIN_DSN)")
+    p.add_argument("--worker-id", help="FENCECHECK_WORKER_ID")
+    p.add_argument("--tenant", help="tenant uuid (FENCECHECK_TENANT)")
+    p.add_argument("--tool-url", help="FENCECHECK_TOOL_URL")
+    p.add_argument("--broker-url", help="FENCECHECK_BROKER_URL")
+    p.add_argument("--lease-ttl-ms", type=int, help="FENCECHECK_LEASE_TTL_MS")
+    p.add_argument("--heartbeat-ms", type=int, help="FENCECHECK_HEARTBEAT_MS")
+    p.add_argument("--heartbeat-timeout-ms", type=int, help="FENCECHECK_HEARTBEAT_TIMEOUT_MS")
+    p.add_argument("--dispatch-ttl-ms", type=int, help="FENCECHECK_DISPATCH_TTL_MS")
+    p.add_argument("--metrics-port", type=int, help="FENCECHECK_METRICS_PORT")
+    p.add_argument("--run-id", help="run: only this run (targeted takeover, waits on the lock)")
+    p.add_argument("--once", action="store_true", help="run: exit after one run")
+    p.add_argument("--exit-when-idle", action="store_true", help="run: exit 0 when idle")
+    return p
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return from_env(
+        dsn=args.dsn,
+        admin_dsn=args.admin_dsn,
+        worker_id=args.worker_id,
+        tenant=args.tenant,
+        tool_url=args.tool_url,
+        broker_url=args.broker_url,
+        lease_ttl_ms=args.lease_ttl_ms,
+        heartbeat_ms=args.heartbeat_ms,
+        heartbeat_timeout_ms=args.heartbeat_timeout_ms,
+        dispatch_ttl_ms=args.dispatch_ttl_ms,
+        metrics_port=args.metrics_port,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        settings = settings_from(args)
+    except ValueError as exc:
+        print(f"fencecheck-worker: {exc}", file=sys.stderr)
+        return 1
+    logs.setup(settings.worker_id)
+    try:
+        protocol = load_protocol(settings.mutant)
+    except ProtocolError as exc:
+        print(f"fencecheck-worker: {exc}", file=sys.stderr)
+        return 1
+    if args.mode == "migrate":
+        if not settings.admin_dsn:
+            print("fencecheck-worker: migrate needs FENCECHECK_ADMIN_DSN", file=sys.stderr)
+            return 1
+        try:
+            applied = migrate(settings.admin_dsn, protocol.sql_overlays)
+        except (psycopg.Error, ProtocolError, ValueError) as exc:
+            print(f"fencecheck-worker: migrate failed: {exc}", file=sys.stderr)
+            return 1
+        logs.log(_log, logging.INFO, "migrated", applied=applied, protocol=protocol.name)
+        return 0
+
+    from reference_impl.runtime import Runtime
+
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port)
+    try:
+        rt = Runtime(settings, protocol)
+    except ValueError as exc:
+        print(f"fencecheck-worker: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.mode == "ops":
+            from reference_impl.ops import OpsServer
+
+            return OpsServer(rt).serve()
+        from reference_impl.runner import Runner
+
+        stop = threading.Event()
+
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            stop.set()  # stop claiming; the current short transaction finishes
+
+        signal.signal(signal.SIGTERM, on_term)
+        run_id = uuid.UUID(args.run_id) if args.run_id else None
+        return Runner(rt, stop).run(run_id, once=args.once, exit_when_idle=args.exit_when_idle)
+    except psycopg.OperationalError as exc:
+        logs.log(_log, logging.ERROR, "database unavailable", error=str(exc))
+        return 1
+    finally:
+        rt.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,366 @@
+"""The built-in agent workflow: a refund, so experiments have real work.
+
+plan -> lookup -> create_label (tool call) -> notify -> [work_1..n] -> finish
+
+Every step ends in a protected write; the tool step goes intent (Tx1,
+``prepared``) -> dispatch claim -> tool call -> result (Tx2), and resumes
+from whatever the ledger says after a takeover, with the same operation_id.
+
+Run input (all optional): ``tool`` (tool name for create_label, default
+``idem``), ``extra_steps`` (number of plain checkpoint steps added before
+finish), ``step_delay_ms`` (work time per step, cancellable), ``order_id``,
+``amount``.
+
+Invariants: the cancellation token is checked before every step and before
+every side effect; a lost lease ends the execution without any further
+write; a tool outcome that cannot be learned freezes the run in doubt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Any
+
+from harness import injection
+from reference_impl import errors as e
+from reference_impl import history
+from reference_impl.cancellation import Cancellation
+from reference_impl.checkpoint_schema import CURRENT_VERSION, DEFAULT_PLAN, validate_v2
+from reference_impl.leases import Lease
+from reference_impl.ledger import Answer, intent_effect
+from reference_impl.logs import log
+from reference_impl.protected import Write, Written
+from reference_impl.runtime import Runtime
+
+_log = logging.getLogger("reference_impl.workflow")
+
+TOOL_STEPS = frozenset({"create_label"})
+_OP_NAMES = {
+    "start": "start",
+    "checkpoint": "save_checkpoint",
+    "intent": "register_intent",
+    "tool_result": "tool_result",
+    "succeed": "complete",
+    "fail": "fail",
+    "freeze": "freeze",
+    "requeue": "requeue",
+    "pause_human": "pause_human",
+}
+_LIVE = ("queued", "running", "waiting_tool")
+
+
+class Draining(Exception):
+    """SIGTERM: stop at the next step boundary and give the lease back."""
+
+
+def initial_state(input_: dict[str, Any]) -> dict[str, Any]:
+    extra = int(input_.get("extra_steps", 0))
+    plan = [*DEFAULT_PLAN[:-1], *(f"work_{i + 1}" for i in range(extra)), DEFAULT_PLAN[-1]]
+    return {
+        "workflow": "refund",
+        "plan": plan,
+        "cursor": 0,
+        "data": {"order_id": input_.get("order_id", "order-1"), "amount": input_.get("amount", 10)},
+        "results": {},
+        "pending": None,
+    }
+
+
+class RefundWorkflow:
+    """Executes one run under one lease until it ends, freezes or loses the lease."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        lease: Lease,
+        cancel: Cancellation,
+        draining: threading.Event | None = None,
+    ) -> None:
+        self.rt = rt
+        self.lease = lease
+        self.cancel = cancel
+        self.draining = draining or threading.Event()
+        self.revision = 0
+        self.input: dict[str, Any] = {}
+
+    # ------------------------------------------------------------ driver
+    def run(self) -> str:
+        """Returns the run's status when this execution ends."""
+        conn = self.rt.conn
+        st = self.rt.runs.state(conn, self.lease.run_id)
+        self.revision = int(st["revision"])
+        self.input = dict(st["input"] or {})
+        ck = self.rt.runs.read_checkpoint(conn, self.lease.run_id)
+        if ck is None:
+            state = initial_state(self.input)
+            self.write("start", state, step=state["plan"][0], event_type="agent.started")
+        else:
+            state = validate_v2(ck.state)
+            if ck.migrated_from is not None:
+                log(
+                    _log,
+                    logging.INFO,
+                    "checkpoint migrated",
+                    run_id=str(self.lease.run_id),
+                    from_version=ck.migrated_from,
+                    to_version=CURRENT_VERSION,
+                )
+        delay_s = float(self.input.get("step_delay_ms", 0)) / 1000.0
+        while state["cursor"] < len(state["plan"]):
+            self.cancel.check()
+            if self.draining.is_set():
+                raise Draining()
+            step = str(state["plan"][state["cursor"]])
+            if delay_s:
+                self.cancel.sleep(delay_s)
+            if step in TOOL_STEPS:
+                outcome = self.tool_step(state, step)
+                if outcome is not None:
+                    return outcome
+                continue
+            if step == "finish":
+                done = {**state, "cursor": state["cursor"] + 1}
+                out = self.write(
+                    "succeed",
+                    done,
+                    step=step,
+                    event_type="agent.succeeded",
+                    payload={"reason": "done"},
+                )
+                return out.status
+            state = self.plain_step(state, step)
+        return "succeeded"
+
+    def plain_step(self, state: dict[str, Any], step: str) -> dict[str, Any]:
+        data = dict(state["data"])
+        if step == "lookup":
+            data["refundable"] = True
+        elif step == "plan":
+            data["plan_ok"] = True
+        results = {**state["results"], step: "done"}
+        new = {**state, "data": data, "results": results, "cursor": state["cursor"] + 1}
+        event_type = "refund.notified" if step == "notify" else "agent.checkpoint"
+        self.write("checkpoint", new, step=step, event_type=event_type)
+        return new
+
+    # ------------------------------------------------------------ tool step
+    def tool_step(self, state: dict[str, Any], step: str) -> str | None:
+        """Advance the tool step by what the ledger says; None when the step is done."""
+        rt, conn = self.rt, self.rt.conn
+        tool = str(self.input.get("tool", "idem"))
+        request = {"kind": "return_label", **state["data"]}
+        op_id = rt.protocol.operation_id(rt.settings.tenant, str(self.lease.run_id), step, 1)
+        for _ in range(10_000):
+            self.cancel.check()
+            row = rt.ledger.get(conn, op_id)
+            if row is None:
+                cap = rt.tools.capability(tool)
+                effect = intent_effect(op_id, step, 1, tool, cap, request)
+                pending = {"operation_id": op_id, "tool": tool, "step": step}
+                state["pending"] = pending
+                self.write(
+                    "intent",
+                    state,
+                    step=step,
+                    event_type="agent.tool_intent",
+                    effect=effect,
+                    operation_id=op_id,
+                )
+                injection.point(
+                    "after_outbound_intent_commit",
+                    run_id=self.lease.run_id,
+                    epoch=self.lease.epoch,
+                    revision=self.revision,
+                    operation_id=op_id,
+                )
+                continue
+            status = str(row["status"])
+            if status == "prepared":
+                done = self.dispatch_own(state, step, op_id)
+                if done is not None:
+                    return done if done != "" else None
+            elif status == "dispatching":
+                if row["claim_expired"]:
+                    rt.ledger.expire_claims(conn)
+                else:
+                    # Someone's claim is live: its answer may still come.
+                    self.cancel.sleep(0.1)
+            elif status == "unknown":
+                change = rt.reconciler.reconcile_one(conn, {**row, "run_status": "running"})
+                if change is None or change.get("to") == "unknown":
+                    return self.freeze(state, step, op_id, None, {"reason": "unresolved"})
+            elif status in ("succeeded", "failed_final"):
+                return self.finish_tool(state, step, op_id, status, {"mode": "adopt"}, row)
+            else:  # cancelled: the run was cancelled under us
+                raise e.LeaseLost(f"operation {op_id} is {status}", reason="cancelled")
+        raise RuntimeError(f"tool step {step} did not converge")
+
+    def dispatch_own(self, state: dict[str, Any], step: str, op_id: str) -> str | None:
+        """Claim and send our prepared intent; '' when the step completed."""
+        rt, conn = self.rt, self.rt.conn
+        self.cancel.check()
+        op = rt.ledger.claim(conn, rt.owner, op_id)
+        if op is None:
+            self.cancel.sleep(0.1)  # claimed by someone else, or forbidden
+            return None
+        answer: Answer = rt.dispatcher.send(op, self.lease.epoch, self.cancel)
+        if answer.kind in ("succeeded", "failed_final"):
+            effect = {
+                "mode": "record",
+                "operation_id": op.operation_id,
+                "outcome": answer.kind,
+                "dispatch_owner": rt.owner,
+                "ledger_revision": op.revision,
+                "request_digest": op.request_digest,
+                "remote_id": answer.remote_id,
+                "result": answer.result,
+            }
+            try:
+                out = self.finish_tool(state, step, op_id, answer.kind, effect, None)
+            except e.LeaseLost:
+                # Keep the late answer as a ledger fact (matching our claim) so
+                # the successor adopts it instead of asking again.
+                with contextlib.suppress(e.LedgerConflict):
+                    rt.ledger.record_result(conn, op, rt.owner, answer)
+                raise
+            return out if out is not None else ""
+        rt.dispatcher.settle_without_result(conn, op, answer)
+        if answer.kind == "rejected_retryable":
+            backoff = min(60_000, 200 * 2 ** int(self.input.get("_attempt", 0)))
+            self.write(
+                "requeue",
+                state,
+                step=step,
+                event_type="agent.requeued",
+                effect={"backoff_ms": backoff},
+                payload={"reason": "tool_rejected_retryable"},
+            )
+            return "queued"
+        return None  # unknown: the loop reconciles it
+
+    def finish_tool(
+        self,
+        state: dict[str, Any],
+        step: str,
+        op_id: str,
+        outcome: str,
+        effect: dict[str, Any],
+        row: dict[str, Any] | None,
+    ) -> str | None:
+        effect = {**effect, "operation_id": op_id}
+        remote = effect.get("remote_id") or (row or {}).get("remote_id")
+        results = {
+            **state["results"],
+            step: {"operation_id": op_id, "outcome": outcome, "remote_id": remote},
+        }
+        new = {**state, "results": results, "pending": None, "cursor": state["cursor"] + 1}
+        self.write(
+            "tool_result",
+            new,
+            step=step,
+            event_type="agent.tool_result",
+            effect=effect,
+            operation_id=op_id,
+        )
+        state.clear()
+        state.update(new)
+        if outcome == "failed_final":
+            out = self.write(
+                "fail",
+                new,
+                step=step,
+                event_type="agent.failed",
+                payload={"reason": "tool_failed_final"},
+            )
+            return out.status
+        return None
+
+    def freeze(
+        self,
+        state: dict[str, Any],
+        step: str,
+        op_id: str,
+        claim: tuple[str, int] | None,
+        error: dict[str, Any],
+    ) -> str:
+        """Pause in doubt: nothing automatic can learn what the tool did."""
+        effect: dict[str, Any] = {"operation_id": op_id, "error": error}
+        if claim is not None:
+            effect["dispatch_owner"], effect["ledger_revision"] = claim
+        self.write(
+            "freeze",
+            state,
+            step=step,
+            event_type="agent.tool_in_doubt",
+            effect=effect,
+            payload={"reason": "tool_outcome_unknown"},
+            operation_id=op_id,
+        )
+        return "paused_indoubt"
+
+    # ------------------------------------------------------------ writes
+    def write(
+        self,
+        transition: str,
+        state: dict[str, Any],
+        *,
+        step: str,
+        event_type: str,
+        effect: dict[str, Any] | None = None,
+        payload: dict[str, Any] | None = None,
+        operation_id: str | None = None,
+    ) -> Written:
+        self.cancel.check()
+        lease = self.lease
+        body = {
+            "tenant_id": self.rt.settings.tenant,
+            "run_id": str(lease.run_id),
+            "epoch": lease.epoch,
+            "step": step,
+            **(payload or {}),
+        }
+        w = Write(
+            lease,
+            self.revision,
+            transition,
+            state,
+            CURRENT_VERSION,
+            event_type,
+            body,
+            current_step=step,
+            effect=effect,
+        )
+        with history.operation(
+            _OP_NAMES[transition],
+            run_id=lease.run_id,
+            epoch=lease.epoch,
+            revision=self.revision,
+            event_id=w.event_id,
+            operation_id=operation_id,
+            step=step,
+        ) as h:
+            out = self.rt.writer.write(w)
+            h.ids["revision"] = out.revision
+        self.revision = out.revision
+        log(
+            _log,
+            logging.INFO,
+            f"{transition} committed",
+            run_id=str(lease.run_id),
+            owner=lease.owner,
+            epoch=lease.epoch,
+            revision=out.revision,
+            operation_id=operation_id,
+            event_id=str(w.event_id),
+            status=out.status,
+        )
+        injection.point(
+            "after_checkpoint_commit",
+            run_id=lease.run_id,
+            epoch=lease.epoch,
+            revision=out.revision,
+            operation_id=operation_id,
+        )
+        return out
