@@ -54,20 +54,22 @@ CREATE TABLE IF NOT EXISTS fencecheck_audit.run_changes (
   op text NOT NULL,
   run_id uuid NOT NULL,
   status text, owner text, epoch bigint, revision bigint, lease_expires_at timestamptz,
-  old_status text, old_owner text, old_epoch bigint, old_revision bigint
+  old_status text, old_owner text, old_epoch bigint, old_revision bigint,
+  old_lease_expires_at timestamptz
 );
 CREATE OR REPLACE FUNCTION fencecheck_audit.record_run_change() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
 BEGIN
   INSERT INTO fencecheck_audit.run_changes
     (op, run_id, status, owner, epoch, revision, lease_expires_at,
-     old_status, old_owner, old_epoch, old_revision)
+     old_status, old_owner, old_epoch, old_revision, old_lease_expires_at)
   VALUES (TG_OP, NEW.run_id, NEW.status, NEW.owner, NEW.epoch, NEW.revision,
           NEW.lease_expires_at,
           CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
           CASE WHEN TG_OP = 'UPDATE' THEN OLD.owner END,
           CASE WHEN TG_OP = 'UPDATE' THEN OLD.epoch END,
-          CASE WHEN TG_OP = 'UPDATE' THEN OLD.revision END);
+          CASE WHEN TG_OP = 'UPDATE' THEN OLD.revision END,
+          CASE WHEN TG_OP = 'UPDATE' THEN OLD.lease_expires_at END);
   RETURN NULL;
 END $$;
 DROP TRIGGER IF EXISTS fencecheck_audit_runs ON public.agent_runs;
@@ -180,6 +182,11 @@ class SharedServices:
     def _remove_root(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
 
+    def toxiproxy_server(self) -> ToxiproxyServer:
+        if self.toxiproxy is None:
+            raise EnvironmentError_("toxiproxy is not running")
+        return self.toxiproxy
+
     def toxiproxy_version(self) -> str:
         return self.toxiproxy.version or "unknown" if self.toxiproxy else "not started"
 
@@ -217,6 +224,7 @@ class Environment:
     replication: Literal["async", "sync"] | None = None
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     aborted: str | None = None
+    extra_links: list[str] = field(default_factory=list)
 
     def abort(self, timeout_s: float) -> None:
         """The experiment's global timeout: kill its workers and release its
@@ -235,18 +243,29 @@ class Environment:
     def query(self, statement: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
         return self.primary.query(statement, params, dbname=self.db.name)
 
-    def worker_dsn(self) -> str:
-        link = self.links["worker_pg"]
+    def add_pg_link(self, key: str) -> Link:
+        """A proxy of its own to the primary, so one worker's link can be cut alone."""
+        link = self.shared.toxiproxy_server().link(
+            f"{self.tag}_{key}", f"127.0.0.1:{self.primary.port}"
+        )
+        self.links[key] = link
+        self.extra_links.append(link.name)
+        return link
+
+    def worker_dsn(self, pg_link: str = "worker_pg") -> str:
+        link = self.links[pg_link]
         return (
             f"host={link.listen_host} port={link.listen_port} dbname={self.db.name} "
             f"user=fencecheck_worker connect_timeout=3"
         )
 
-    def worker_env(self, worker_id: str, tenant_id: str | None = None) -> dict[str, str | None]:
+    def worker_env(
+        self, worker_id: str, tenant_id: str | None = None, pg_link: str = "worker_pg"
+    ) -> dict[str, str | None]:
         tool = self.links["worker_tool"]
         tool_url = f"http://{tool.listen_host}:{tool.listen_port}"
         return {
-            "FENCECHECK_DSN": self.worker_dsn(),
+            "FENCECHECK_DSN": self.worker_dsn(pg_link),
             "FENCECHECK_ADMIN_DSN": None,
             "FENCECHECK_TENANT": tenant_id or self.tenant_id,
             "FENCECHECK_TOOL_URL": tool_url,
@@ -267,6 +286,7 @@ class Environment:
         *,
         tenant_id: str | None = None,
         env: dict[str, str | None] | None = None,
+        pg_link: str = "worker_pg",
     ) -> WorkerProcess:
         """Start a worker process under test; it is stopped when the environment ends."""
         if worker_id in self.workers and self.workers[worker_id].is_alive():
@@ -278,7 +298,7 @@ class Environment:
             list(args),
             log_dir=self.log_dir,
             control_socket=self.control.socket_path,
-            env={**self.worker_env(worker_id, tenant_id), **(env or {})},
+            env={**self.worker_env(worker_id, tenant_id, pg_link), **(env or {})},
             registry=self.shared.registry,
         )
         proc.start()
@@ -354,6 +374,7 @@ def experiment_environment(
             standby=standby,
             replication=replication,
         )
+        stack.callback(_remove_links, toxi, env.extra_links)
         stack.callback(env.stop_workers)
         if replication_link is not None:
             links["replication"] = replication_link
@@ -362,7 +383,12 @@ def experiment_environment(
 
 def _delete_link(toxi: ToxiproxyServer, name: str) -> None:
     with contextlib.suppress(Exception):
-        toxi.client.delete_proxy(name)
+        toxi.remove_link(name)
+
+
+def _remove_links(toxi: ToxiproxyServer, names: list[str]) -> None:
+    for name in names:
+        _delete_link(toxi, name)
 
 
 def _replicated_pair(

@@ -186,7 +186,8 @@ def _archive(
         audit = ctx.sql(
             "harness audit trail of agent_runs (trigger installed by the harness)",
             "SELECT seq, at, txid, app, op, run_id, status, owner, epoch, revision, "
-            "lease_expires_at, old_status, old_owner, old_epoch, old_revision "
+            "lease_expires_at, old_status, old_owner, old_epoch, old_revision, "
+            "old_lease_expires_at "
             "FROM fencecheck_audit.run_changes ORDER BY seq",
         )
     facts: dict[str, str] = {}

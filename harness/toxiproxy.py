@@ -364,16 +364,25 @@ class Link:
         ]
         return self._start("blackhole", f"blackhole ({direction})", toxics)
 
-    def drop_responses(self) -> FaultRecord:
-        """Requests reach the server, answers never come back (downstream timeout=0).
+    def drop_responses(self, close_after_ms: int = 0) -> FaultRecord:
+        """Requests reach the server, answers never come back (downstream timeout toxic).
 
         Used to make a COMMIT's outcome unknown to the client while the
-        server may well have committed it.
+        server may well have committed it. With ``close_after_ms`` > 0
+        toxiproxy closes the connections that long after the fault starts,
+        so the client sees an error instead of waiting forever.
         """
         toxic = Toxic(
-            f"{_TOXIC_PREFIX}drop_responses", "timeout", "downstream", 1.0, {"timeout": 0}
+            f"{_TOXIC_PREFIX}drop_responses",
+            "timeout",
+            "downstream",
+            1.0,
+            {"timeout": close_after_ms},
         )
-        return self._start("drop_responses", "drop responses on", [toxic])
+        what = "drop responses on" + (
+            f" (close after {close_after_ms}ms)" if close_after_ms else ""
+        )
+        return self._start("drop_responses", what, [toxic])
 
     def reset(self, timeout_ms: int = 0) -> FaultRecord:
         """TCP RST connections (reset_peer toxic) once data flows, after `timeout_ms`."""

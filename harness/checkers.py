@@ -1,0 +1,217 @@
+"""Checks judged from evidence the harness gathers itself.
+
+Sources, never a worker's word: the experiment database queried as superuser
+(including the harness's own audit trail of every change to ``agent_runs``),
+the mock tool's own request log, the control-socket hits, the kernel states
+the harness confirmed. Worker histories are used only to explain, or to time
+a wait; no verdict rests on them alone.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psycopg
+
+from harness.experiment import ExperimentContext, Inconclusive
+from harness.waiting import wait_for
+
+# ----------------------------------------------------------------- database
+
+
+def run_row(ctx: ExperimentContext, run_id: str, label: str = "") -> dict[str, Any]:
+    rows = ctx.sql(
+        label or f"state of run {run_id[:8]}",
+        "SELECT run_id, tenant_id, task_id, status, revision, owner, epoch, lease_expires_at, "
+        "lease_expires_at < clock_timestamp() AS lease_expired, checkpoint_schema_version, "
+        "current_step, attempt_count FROM agent_runs WHERE run_id = %s",
+        [run_id],
+    )
+    if not rows:
+        raise Inconclusive(f"run {run_id} does not exist in agent_runs")
+    return rows[0]
+
+
+def checkpoints(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
+    return ctx.sql(
+        f"checkpoints of run {run_id[:8]}",
+        "SELECT revision, epoch, owner, schema_version, event_id, state_json, created_at "
+        "FROM agent_checkpoints WHERE run_id = %s ORDER BY revision",
+        [run_id],
+    )
+
+
+def audit(ctx: ExperimentContext, run_id: str | None = None) -> list[dict[str, Any]]:
+    """The harness's own trail of every INSERT/UPDATE of agent_runs."""
+    where, params = ("WHERE run_id = %s", [run_id]) if run_id else ("", [])
+    return ctx.sql(
+        f"audit trail{' of run ' + run_id[:8] if run_id else ''}",
+        "SELECT seq, at, txid, app, op, run_id, status, owner, epoch, revision, "
+        "lease_expires_at, old_status, old_owner, old_epoch, old_revision, "
+        f"old_lease_expires_at FROM fencecheck_audit.run_changes {where} ORDER BY seq",
+        params,
+    )
+
+
+def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
+    return ctx.sql(
+        f"tool ledger of run {run_id[:8]}",
+        "SELECT operation_id, step_id, effect_version, tool_name, status, dispatch_owner, "
+        "dispatch_until, remote_id, revision FROM tool_operations WHERE run_id = %s "
+        "ORDER BY step_id, effect_version",
+        [run_id],
+    )
+
+
+def outbox(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
+    return ctx.sql(
+        f"outbox of run {run_id[:8]}",
+        "SELECT id, event_id, event_type, published_at FROM outbox WHERE run_id = %s ORDER BY id",
+        [run_id],
+    )
+
+
+def wait_lease_expired(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0) -> None:
+    """Wait until the database's own clock is past the run's lease expiry."""
+    try:
+        wait_for(
+            lambda: ctx.env.query(
+                "SELECT lease_expires_at < clock_timestamp() AS expired FROM agent_runs "
+                "WHERE run_id = %s",
+                [run_id],
+            )[0]["expired"],
+            what=f"the lease of run {run_id[:8]} to expire by database time",
+            timeout_s=timeout_s,
+            interval_s=0.02,
+            max_interval_s=0.05,
+        )
+    except TimeoutError as exc:
+        raise Inconclusive(str(exc)) from exc
+    ctx.command(f"waited until lease of run {run_id[:8]} expired by database time")
+
+
+def backend_waiting_on_lock(ctx: ExperimentContext, app: str, timeout_s: float = 10.0) -> bool:
+    """Wait until a backend of ``app`` is blocked on a lock; record what was seen."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        rows = ctx.env.query(
+            "SELECT pid, state, wait_event_type, wait_event, left(query, 120) AS query "
+            "FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+            [app],
+        )
+        return rows or None
+
+    try:
+        wait_for(probe, what=f"a backend of {app} waiting on a lock", timeout_s=timeout_s)
+    except TimeoutError:
+        return False
+    ctx.sql(
+        f"backend of {app} blocked on a lock",
+        "SELECT pid, state, wait_event_type, wait_event, left(query, 120) AS query "
+        "FROM pg_stat_activity WHERE application_name = %s",
+        [app],
+    )
+    return True
+
+
+def as_worker_role(
+    ctx: ExperimentContext, tenant_id: str, statement: str, params: list[Any] | None = None
+) -> tuple[str, list[dict[str, Any]] | str]:
+    """Run one statement as the worker role with a tenant set, directly on the
+    database (not through any worker code): what the database itself allows."""
+    dsn = ctx.env.db.dsn("fencecheck_worker", application_name="fencecheck-harness-as-worker")
+    try:
+        with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
+            conn.execute("SELECT set_config('app.tenant_id', %s, false)", [tenant_id])
+            cur = conn.execute(statement.encode(), params)
+            rows = (
+                [dict(zip([c.name for c in cur.description], r, strict=True)) for r in cur]
+                if cur.description
+                else []
+            )
+            outcome: tuple[str, list[dict[str, Any]] | str] = ("ok", rows)
+            if cur.description is None:
+                outcome = ("ok", f"{cur.rowcount} row(s) affected")
+    except psycopg.Error as exc:
+        outcome = (f"refused ({exc.sqlstate} {type(exc).__name__})", str(exc).splitlines()[0])
+    ctx.queries.append(_record(f"as fencecheck_worker, tenant {tenant_id[:8]}", statement, outcome))
+    return outcome
+
+
+def _record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
+    from harness.experiment import QueryRecord
+
+    rows = outcome[1] if isinstance(outcome[1], list) else [{"result": outcome[1]}]
+    return QueryRecord(time.time(), f"{label}: {outcome[0]}", statement, rows)
+
+
+# --------------------------------------------------------------- mock tool
+
+
+def tool_log(ctx: ExperimentContext) -> dict[str, Any]:
+    exported: dict[str, Any] = ctx.env.tool.client().export()
+    return exported
+
+
+def tool_requests(
+    ctx: ExperimentContext, *, operation_id: str | None = None, run_id: str | None = None
+) -> list[dict[str, Any]]:
+    return [
+        r
+        for r in tool_log(ctx)["requests"]
+        if (operation_id is None or r.get("operation_id") == operation_id)
+        and (run_id is None or r.get("run_id") == run_id)
+    ]
+
+
+def tool_resources(ctx: ExperimentContext, *, run_id: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in tool_log(ctx)["resources"] if run_id is None or r.get("run_id") == run_id]
+
+
+# ---------------------------------------------------- protocol-wide checks
+
+
+def lease_history_is_sound(ctx: ExperimentContext, run_ids: list[str] | None = None) -> None:
+    """Rule 1, judged from the harness's audit trail, for every run touched:
+
+    * the epoch never decreases, and changes only by +1;
+    * a change of epoch (a takeover) happens only when the previous lease was
+      free or expired by database time;
+    * no epoch is ever held by two owners.
+    """
+    rows = audit(ctx)
+    if run_ids is not None:
+        rows = [r for r in rows if str(r["run_id"]) in run_ids]
+    problems: list[str] = []
+    owners: dict[tuple[str, int], set[str]] = {}
+    for r in rows:
+        key = (str(r["run_id"]), int(r["epoch"] or 0))
+        if r["owner"] is not None:
+            owners.setdefault(key, set()).add(r["owner"])
+        if r["op"] != "UPDATE" or r["old_epoch"] is None:
+            continue
+        if r["epoch"] < r["old_epoch"]:
+            problems.append(f"seq {r['seq']}: epoch went back {r['old_epoch']}->{r['epoch']}")
+        elif r["epoch"] > r["old_epoch"]:
+            if r["epoch"] != r["old_epoch"] + 1:
+                problems.append(f"seq {r['seq']}: epoch jumped {r['old_epoch']}->{r['epoch']}")
+            live = (
+                r["old_owner"] is not None
+                and r["old_lease_expires_at"] is not None
+                and r["old_lease_expires_at"] > r["at"]
+            )
+            if live:
+                problems.append(
+                    f"seq {r['seq']}: {r['owner']} took epoch {r['epoch']} while "
+                    f"{r['old_owner']}'s lease ran until {r['old_lease_expires_at']}"
+                )
+    shared = {f"{k[0][:8]}@{k[1]}": sorted(v) for k, v in owners.items() if len(v) > 1}
+    if shared:
+        problems.append(f"epochs held by more than one owner: {shared}")
+    ctx.invariant(
+        "lease history sound (rule 1)",
+        not problems,
+        expected="epochs only grow by 1, only over a free or expired lease, one owner per epoch",
+        observed="; ".join(problems) or f"{len(rows)} audited change(s), all sound",
+    )

@@ -1,0 +1,111 @@
+"""B: an owner paused past its lease expiry cannot touch the run after a takeover.
+
+A holds the lease with a live heartbeat thread. The harness freezes A's whole
+process with SIGSTOP (a sleep inside A would not stop its heartbeat), waits
+until the lease has expired by the database's clock, lets B take over and
+write, then resumes A and has it renew, save and release with its old epoch.
+"""
+
+from __future__ import annotations
+
+from harness import checkers
+from harness.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import new_run
+
+SPEC = ExperimentSpec(
+    id="B",
+    title="old owner resumes",
+    seed_section="English seed §1, §11 B; Chinese seed §13.2 (expired fence)",
+    invariant="after B's takeover, A's renew, save and release are all rejected and B's "
+    "epoch, revision and state are untouched",
+    fault="SIGSTOP A past lease expiry; B takes over and writes; SIGCONT A",
+    rules=(1, 2, 8),
+    lease_ttl_ms=800,
+    natural_wait_s=0.8,
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    b = ctx.env.start_worker("B", "ops")
+    lease_a = ctx.ok(a, "claim", run_id=run_id)
+    epoch_a, rev = lease_a["epoch"], lease_a["revision"]
+    ctx.ok(
+        a,
+        "heartbeat",
+        run_id=run_id,
+        epoch=epoch_a,
+        action="start",
+        interval_ms=ctx.env.heartbeat_ms,
+        timeout_ms=ctx.env.heartbeat_timeout_ms,
+    )
+    rev = ctx.ok(
+        a,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch_a,
+        expected_revision=rev,
+        state={"step": "by A"},
+    )["revision"]
+
+    stopped = ctx.pause(a)
+    checkers.wait_lease_expired(ctx, run_id)
+    lease_b = ctx.ok(b, "claim", run_id=run_id)
+    epoch_b = lease_b["epoch"]
+    rev_b = ctx.ok(
+        b,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch_b,
+        expected_revision=lease_b["revision"],
+        state={"step": "by B"},
+    )["revision"]
+    state_a = a.kernel_state()
+    before = checkers.run_row(ctx, run_id, "run after B's takeover, before A resumes")
+    resumed = ctx.resume(a)
+
+    ctx.fault(
+        "A was stopped in the kernel while B took over",
+        stopped.state == "stopped" and state_a == "stopped" and epoch_b == epoch_a + 1,
+        expected=f"A stopped during B's claim; B's epoch {epoch_a + 1}",
+        observed=f"A state at pause {stopped.state!r}, at B's write {state_a!r}; "
+        f"B's epoch {epoch_b}; A resumed at {resumed.confirmed_at}",
+    )
+    renew = ctx.op(a, "renew", run_id=run_id, epoch=epoch_a)
+    save = ctx.op(
+        a,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch_a,
+        expected_revision=rev,
+        state={"step": "stale A"},
+    )
+    release = ctx.op(a, "release", run_id=run_id, epoch=epoch_a)
+    for name, reply in (("renew", renew), ("save", save), ("release", release)):
+        ctx.invariant(
+            f"A's {name} rejected",
+            not reply.ok,
+            expected="rejected (LeaseLost)",
+            observed="accepted" if reply.ok else f"rejected: {reply.error}",
+        )
+    after = checkers.run_row(ctx, run_id, "run after A's attempts")
+    ctx.equal(
+        "B's lease untouched",
+        (after["owner"], after["epoch"], after["revision"], after["lease_expires_at"]),
+        (before["owner"], before["epoch"], before["revision"], before["lease_expires_at"]),
+        what="(owner, epoch, revision, lease_expires_at)",
+    )
+    ctx.equal("B's revision is the last", after["revision"], rev_b, what="agent_runs.revision")
+    late = [
+        r
+        for r in checkers.audit(ctx, run_id)
+        if r["app"] == "A" and r["epoch"] is not None and r["epoch"] >= epoch_b
+    ]
+    ctx.invariant(
+        "no change by A after the takeover",
+        not late,
+        expected="no audited change of the run made by A's connections after B's claim",
+        observed=f"{len(late)} change(s) by A: {[r['seq'] for r in late]}" if late else "none",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])

@@ -1,0 +1,67 @@
+"""Small steps several scenarios share. Each is a few lines a reader can check."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from harness.experiment import ExperimentContext
+from harness.processes import WorkerProcess
+
+
+def control_plane(ctx: ExperimentContext, tenant_id: str | None = None) -> WorkerProcess:
+    """An ``ops`` worker used as the control plane: creates, cancels, retries runs."""
+    name = "ctl" if tenant_id is None else f"ctl-{tenant_id[:4]}"
+    existing = ctx.env.workers.get(name)
+    if existing is not None and existing.is_alive():
+        return existing
+    return ctx.env.start_worker(name, "ops", tenant_id=tenant_id)
+
+
+def new_run(
+    ctx: ExperimentContext,
+    *,
+    tool: str = "idem",
+    input: dict[str, Any] | None = None,
+    tenant_id: str | None = None,
+) -> str:
+    """Create a task with one run through the worker's control plane; return run_id."""
+    ctl = control_plane(ctx, tenant_id)
+    task_id = f"task-{ctx.spec.id.lower()}-{uuid.uuid4().hex[:8]}"
+    args: dict[str, Any] = {"task_id": task_id, "input": {"tool": tool, **(input or {})}}
+    if tenant_id is not None:
+        args["tenant_id"] = tenant_id
+    result = ctx.ok(ctl, "create_run", **args)
+    return ctx.note_run(str(result["run_id"]))
+
+
+def wait_claimable(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0) -> None:
+    """Wait until the run's lease and any dispatch claim on it have expired by
+    database time, so a successor's takeover does not depend on timing."""
+    from harness.waiting import wait_for
+
+    def ready() -> bool:
+        rows = ctx.env.query(
+            "SELECT (r.lease_expires_at IS NULL OR r.lease_expires_at < clock_timestamp()) "
+            "AND NOT EXISTS (SELECT 1 FROM tool_operations o WHERE o.run_id = r.run_id "
+            "AND o.status = 'dispatching' AND o.dispatch_until >= clock_timestamp()) AS ready "
+            "FROM agent_runs r WHERE r.run_id = %s",
+            [run_id],
+        )
+        return bool(rows and rows[0]["ready"])
+
+    wait_for(
+        ready,
+        what=f"run {run_id[:8]}'s lease and dispatch claim to expire",
+        timeout_s=timeout_s,
+        interval_s=0.02,
+        max_interval_s=0.05,
+    )
+    ctx.command(f"waited until run {run_id[:8]} was claimable by database time")
+
+
+def finish(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float = 20.0) -> int:
+    """Wait for a ``run``-mode worker to exit by itself; its exit code."""
+    code = worker.wait(timeout_s)
+    ctx.command(f"{worker.worker_id} exited with code {code}")
+    return code

@@ -1,0 +1,80 @@
+"""D: a takeover waits for the transaction of the owner that already validated.
+
+A locks the lease row and validates its lease inside a protected write, then
+stops at a barrier. The lease expires by database time while A sits there.
+B's targeted takeover must block on the row lock (the harness sees it waiting
+in pg_stat_activity) and may only take over after A's transaction ends: the
+"valid at check, expired at commit" window is allowed because takeover and
+commit are serialised by the row lock.
+"""
+
+from __future__ import annotations
+
+from harness import checkers
+from harness.control import Hold
+from harness.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import new_run
+
+SPEC = ExperimentSpec(
+    id="D",
+    title="race after validation",
+    seed_section="English seed §6, §11 D",
+    invariant="B's takeover waits for A's transaction to end, then takes the next epoch and "
+    "sees A's committed write",
+    fault="A holds the lease row lock, paused at a barrier past its lease expiry",
+    rules=(1, 2),
+    injection_point="after_lease_row_locked",
+    lease_ttl_ms=600,
+    natural_wait_s=0.6,
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    b = ctx.env.start_worker("B", "ops")
+    lease = ctx.ok(a, "claim", run_id=run_id)
+    epoch_a, base = lease["epoch"], lease["revision"]
+    ctx.arm("A", "after_lease_row_locked", Hold())
+    write = a.request_async(
+        "save_checkpoint",
+        {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
+    )
+    ctx.reached("A", "after_lease_row_locked")
+    checkers.wait_lease_expired(ctx, run_id)
+    takeover = b.request_async("claim", {"run_id": run_id})
+    blocked = checkers.backend_waiting_on_lock(ctx, "B")
+    ctx.fault(
+        "B blocked on A's row lock",
+        blocked and not takeover.done(),
+        expected="B's takeover waiting on a lock while A is held past expiry",
+        observed=f"B waiting on a lock: {blocked}; B answered early: {takeover.done()}",
+    )
+    ctx.release("A", "after_lease_row_locked")
+    a_reply = write.result(15)
+    b_reply = takeover.result(15)
+    ctx.invariant(
+        "A's validated write commits",
+        a_reply.ok,
+        expected="A's write, validated before expiry, commits",
+        observed="committed" if a_reply.ok else f"rejected: {a_reply.error}",
+    )
+    ctx.invariant(
+        "B takes over after A's commit",
+        b_reply.ok
+        and b_reply.result.get("epoch") == epoch_a + 1
+        and b_reply.result.get("revision") == base + 1,
+        expected=f"B gets epoch {epoch_a + 1} and sees revision {base + 1}",
+        observed=f"B: {b_reply.result if b_reply.ok else b_reply.error}",
+    )
+    trail = checkers.audit(ctx, run_id)
+    a_write = next((r for r in trail if r["revision"] == base + 1 and r["app"] == "A"), None)
+    b_claim = next((r for r in trail if r["epoch"] == epoch_a + 1), None)
+    ctx.invariant(
+        "commit order: A's write before B's takeover",
+        a_write is not None and b_claim is not None and a_write["seq"] < b_claim["seq"],
+        expected="A's revision change audited before B's epoch change",
+        observed=f"A write seq {a_write and a_write['seq']}, B claim seq "
+        f"{b_claim and b_claim['seq']}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])

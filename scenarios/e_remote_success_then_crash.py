@@ -1,0 +1,106 @@
+"""E: the tool acted, the worker died before recording it: the successor must not
+create a second real resource.
+
+The worker is killed (SIGKILL, from its own crash point) after the tool
+answered and before the result transaction commits. The successor then finds
+a dispatch claim that expired. What it may do depends on what the tool
+promises: retry with the same key (idempotent), ask the tool (query), or
+nothing at all but freeze (neither).
+"""
+
+from __future__ import annotations
+
+from harness import checkers
+from harness.control import Crash
+from harness.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import finish, new_run, wait_claimable
+
+SPEC = ExperimentSpec(
+    id="E",
+    title="remote success then crash",
+    seed_section="English seed §8, §9.3, §11 E; Chinese seed §8.3",
+    invariant="idempotent tool: one real resource, converged by same-key retry; query tool: "
+    "converged by query without resending; tool with neither: never resent, op stays unknown",
+    fault="SIGKILL at after_tool_response_before_tx2_commit, after the tool created the resource",
+    rules=(4, 5),
+    injection_point="after_tool_response_before_tx2_commit",
+    variants=("idempotent", "query", "none"),
+    natural_wait_s=0.8,
+)
+
+TOOL_FOR = {"idempotent": "idem", "query": "queryable", "none": "plain"}
+
+
+def run(ctx: ExperimentContext) -> None:
+    variant = ctx.variant or "idempotent"
+    run_id = new_run(ctx, tool=TOOL_FOR[variant])
+    ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    code_a = finish(ctx, a)
+    created = checkers.tool_requests(ctx, run_id=run_id)
+    ops_before = checkers.ledger(ctx, run_id)
+    ctx.fault(
+        "the tool acted, then A died before recording it",
+        code_a == -9
+        and len(created) == 1
+        and created[0]["outcome"] == "created"
+        and any(o["status"] == "dispatching" for o in ops_before),
+        expected="A killed by SIGKILL; one created resource in the tool's log; ledger entry "
+        "still dispatching",
+        observed=f"A exit {code_a}; tool requests {[r['outcome'] for r in created]}; ledger "
+        f"{[o['status'] for o in ops_before]}",
+    )
+    op_id = created[0]["operation_id"] if created else None
+    step = next((o["step_id"] for o in ops_before if o["operation_id"] == op_id), None)
+    wait_claimable(ctx, run_id)
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+    code_b = finish(ctx, b)
+    ledger_after = checkers.ledger(ctx, run_id)
+    step_ops = {o["operation_id"] for o in ledger_after if o["step_id"] == step}
+    op = next((o for o in ledger_after if o["operation_id"] == op_id), None)
+    resources = [
+        r
+        for r in checkers.tool_resources(ctx, run_id=run_id)
+        if r["operation_id"] in step_ops | {op_id}
+    ]
+    requests = [
+        r
+        for r in checkers.tool_requests(ctx, run_id=run_id)
+        if r["operation_id"] in step_ops | {op_id}
+    ]
+    run_row = checkers.run_row(ctx, run_id)
+    ctx.equal(
+        "one operation identity for the step",
+        sorted(step_ops),
+        [op_id],
+        what=f"ledger operation ids of step {step}",
+    )
+    ctx.equal(
+        "one real resource", len(resources), 1, what=f"resources the tool created for step {step}"
+    )
+    if variant == "none":
+        ctx.equal("no resend", len(requests), 1, what="create requests the tool received")
+        ctx.equal(
+            "ledger stays unknown", op and op["status"], "unknown", what=f"ledger status of {op_id}"
+        )
+        ctx.equal("run frozen in doubt", run_row["status"], "paused_indoubt", what="run status")
+    else:
+        if variant == "query":
+            ctx.equal("no resend", len(requests), 1, what="create requests the tool received")
+        ctx.invariant(
+            "ledger converged to the remote fact",
+            op is not None
+            and bool(resources)
+            and op["status"] == "succeeded"
+            and op["remote_id"] == resources[0]["resource_id"],
+            expected="ledger succeeded with the remote resource id",
+            observed=f"ledger {op and (op['status'], op['remote_id'])}; resources "
+            f"{[r['resource_id'] for r in resources]}",
+        )
+        ctx.equal(
+            "successor finished the run",
+            run_row["status"],
+            "succeeded",
+            what=f"run status (B exit {code_b})",
+        )
+    checkers.lease_history_is_sound(ctx, [run_id])

@@ -1,0 +1,98 @@
+"""F: cancel forbids dispatch of prepared effects and never pretends an in-flight
+one did not happen.
+
+The run is cancelled through the control plane while its tool effect is
+(a) registered but not dispatched, (b) claimed by the dispatcher, about to be
+sent, or (c) unknown after the dispatcher died past the tool's answer.
+"""
+
+from __future__ import annotations
+
+from harness import checkers
+from harness.control import Crash, Hold
+from harness.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import control_plane, finish, new_run, wait_claimable
+
+SPEC = ExperimentSpec(
+    id="F",
+    title="cancel race",
+    seed_section="English seed §9.2, §9.3 (cancel rows of the reconciliation table), §11 F",
+    invariant="a prepared effect is never dispatched after cancel; a dispatching or unknown "
+    "effect is never marked cancelled (it may have happened)",
+    fault="cancel while the effect is prepared / dispatching / unknown",
+    rules=(4, 6),
+    variants=("prepared", "dispatching", "unknown"),
+)
+
+POINT = {
+    "prepared": "after_outbound_intent_commit",
+    "dispatching": "after_dispatch_claim_commit",
+    "unknown": "after_tool_response_before_tx2_commit",
+}
+
+
+def run(ctx: ExperimentContext) -> None:
+    variant = ctx.variant or "prepared"
+    run_id = new_run(ctx, tool="plain")
+    ctl = control_plane(ctx)
+    point = POINT[variant]
+    ctx.arm("A", point, Crash() if variant == "unknown" else Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    if variant == "unknown":
+        finish(ctx, a)
+        wait_claimable(ctx, run_id)
+        ctx.ok(ctl, "reconcile")
+    else:
+        ctx.reached("A", point)
+    before = checkers.ledger(ctx, run_id)
+    ctx.fault(
+        f"effect {variant} when cancel is issued",
+        len(before) >= 1 and before[-1]["status"] == variant,
+        expected=f"the run's tool effect is {variant}",
+        observed=f"ledger: {[o['status'] for o in before]}",
+    )
+    cancel = ctx.op(ctl, "cancel", run_id=run_id)
+    at_cancel = checkers.ledger(ctx, run_id)
+    if variant != "unknown":
+        ctx.release("A", point)
+        finish(ctx, a)
+    op = before[-1]["operation_id"] if before else None
+    after = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
+    requests = checkers.tool_requests(ctx, operation_id=op)
+    ctx.equal(
+        "run cancelled",
+        checkers.run_row(ctx, run_id)["status"],
+        "cancelled",
+        what=f"run status (cancel reply ok={cancel.ok})",
+    )
+    if variant == "prepared":
+        ctx.equal(
+            "prepared effect never dispatched",
+            len(requests),
+            0,
+            what="requests the tool received for it",
+        )
+        ctx.equal(
+            "prepared effect cancelled",
+            after[op]["status"] if op in after else None,
+            "cancelled",
+            what="ledger status",
+        )
+    else:
+        statuses = [o["status"] for o in at_cancel if o["operation_id"] == op]
+        ctx.invariant(
+            "in-flight effect not claimed unexecuted",
+            "cancelled" not in statuses and after.get(str(op), {}).get("status") != "cancelled",
+            expected="ledger keeps dispatching/unknown/succeeded, never cancelled",
+            observed=f"at cancel {statuses}, afterwards {after.get(str(op), {}).get('status')}; "
+            f"tool requests for it: {len(requests)}",
+        )
+    if variant == "unknown":
+        ctx.equal(
+            "still unknown",
+            after[op]["status"] if op in after else None,
+            "unknown",
+            what="ledger status after cancel",
+        )
+        ctx.equal("not resent", len(requests), 1, what="requests the tool received for it")
+    checkers.lease_history_is_sound(ctx, [run_id])

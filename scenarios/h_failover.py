@@ -1,0 +1,236 @@
+"""H: after a failover the outcome matches the durability contract the worker declared.
+
+Ownership is judged on the primary only. Under asynchronous replication a
+promoted standby may lack epochs the old primary acknowledged; the worker must
+say so (declare the async contract) rather than claim the synchronous one.
+Under synchronous replication no acknowledged epoch may be lost. And when a
+synchronous commit's wait is cancelled, PostgreSQL reports success with only
+a warning although the standby never got it: the worker must treat that as
+outcome unknown, never as durable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness import checkers
+from harness.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.postgres import PostgresCluster, failover
+from harness.waiting import wait_for
+from scenarios.common import new_run
+
+SPEC = ExperimentSpec(
+    id="H",
+    title="failover",
+    seed_section="English seed §10, §11 H; ENVIRONMENT.md (sync wait cancel)",
+    invariant="async: acknowledged epochs may be lost and the worker declares exactly that; "
+    "sync: no acknowledged epoch is lost; a cancelled sync wait is never reported as durable",
+    fault="promote the standby (old primary fenced first) under async, under sync, and after "
+    "cancelling a sync commit's wait",
+    rules=(11,),
+    replication="async",
+    variants=("async", "sync", "sync_cancelled_wait"),
+    natural_wait_s=0.0,
+)
+
+
+def _state(
+    ctx: ExperimentContext, server: PostgresCluster, run_id: str, label: str
+) -> dict[str, Any]:
+    db = ctx.env.db.name
+    q = "SELECT epoch, revision, owner, status FROM agent_runs WHERE run_id = %s"
+    run = server.query(q, [run_id], dbname=db)
+    ledger = server.query(
+        "SELECT operation_id, status FROM tool_operations WHERE run_id = %s ORDER BY 1",
+        [run_id],
+        dbname=db,
+    )
+    tool_epochs = [r["epoch"] for r in checkers.tool_requests(ctx, run_id=run_id)]
+    state = {
+        "server": server.name,
+        "run": run[0] if run else None,
+        "ledger": ledger,
+        "tool_high_water_epoch": max(tool_epochs) if tool_epochs else None,
+    }
+    ctx.queries.append(_query_record(label, q, [state]))
+    return state
+
+
+def _query_record(label: str, query: str, rows: list[dict[str, Any]]) -> Any:
+    import time
+
+    from harness.experiment import QueryRecord
+
+    return QueryRecord(time.time(), label, query, rows)
+
+
+def _wait_replayed(primary: PostgresCluster) -> None:
+    wait_for(
+        lambda: (
+            all(r["replay_lag_bytes"] == 0 for r in primary.replication_status())
+            and bool(primary.replication_status())
+        ),
+        what="the standby to replay everything the primary wrote",
+        timeout_s=15,
+    )
+
+
+def _wait_link_down(primary: PostgresCluster) -> None:
+    wait_for(
+        lambda: not primary.replication_status(),
+        what="the primary to see the replication link down",
+        timeout_s=15,
+    )
+
+
+def run(ctx: ExperimentContext) -> None:
+    variant = ctx.variant or "async"
+    env = ctx.env
+    primary, standby = env.primary, env.standby
+    if standby is None:
+        raise Inconclusive("no standby was started for this experiment")
+    run_id = new_run(ctx, tool="idem")
+    w = env.start_worker("W", "ops")
+    declared = ctx.ok(w, "durability")
+    mode = "async" if variant == "async" else "sync"
+    lease = ctx.ok(w, "claim", run_id=run_id)
+    rev = ctx.ok(
+        w,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=lease["epoch"],
+        expected_revision=lease["revision"],
+        state={"step": "replicated"},
+    )["revision"]
+    _wait_replayed(primary)
+    replication_before = primary.replication_status()
+    reply_durable: bool | None = None
+    if variant == "async":
+        ctx.cut("replication")
+        _wait_link_down(primary)
+    if variant in ("async", "sync"):
+        ctx.ok(w, "release", run_id=run_id, epoch=lease["epoch"])
+        second = ctx.ok(w, "claim", run_id=run_id)
+        rev = ctx.ok(
+            w,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=second["epoch"],
+            expected_revision=second["revision"],
+            state={"step": "acknowledged"},
+        )["revision"]
+        intent = ctx.ok(
+            w,
+            "register_intent",
+            run_id=run_id,
+            epoch=second["epoch"],
+            expected_revision=rev,
+            step_id="h.notify",
+            effect_version=1,
+            tool="idem",
+            request={"to": "customer"},
+        )
+        ctx.ok(w, "dispatch", operation_id=intent["operation_id"])
+    else:
+        ctx.cut("replication")
+        _wait_link_down(primary)
+        pending = w.request_async(
+            "save_checkpoint",
+            {
+                "run_id": run_id,
+                "epoch": lease["epoch"],
+                "expected_revision": rev,
+                "state": {"step": "waits for the standby"},
+            },
+        )
+        waiting = wait_for(
+            lambda: (
+                primary.query(
+                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'W' "
+                    "AND wait_event = 'SyncRep'",
+                    dbname=env.db.name,
+                )
+                or None
+            ),
+            what="W's COMMIT to wait for the synchronous standby",
+            timeout_s=10,
+        )
+        ctx.fault(
+            "COMMIT waited for the standby",
+            bool(waiting),
+            expected="W's backend waiting on SyncRep",
+            observed=f"waiting: {waiting}",
+        )
+        primary.query("SELECT pg_cancel_backend(%s)", [waiting[0]["pid"]], dbname=env.db.name)
+        ctx.command(f"pg_cancel_backend({waiting[0]['pid']}): cancel W's wait for the standby")
+        reply = pending.result(15)
+        reply_durable = bool(reply.ok and reply.result.get("durable", True))
+        ctx.invariant(
+            "cancelled sync wait not reported as durable",
+            not reply_durable,
+            expected="CommitOutcomeUnknown, or ok with durable=false",
+            observed=f"reply ok={reply.ok} {reply.result or reply.error}",
+        )
+    before = _state(ctx, primary, run_id, "old primary just before failover")
+    record = failover(primary, standby)
+    ctx.command(
+        f"failover: fenced {record.old_primary} in {record.fence_seconds:.3f}s, "
+        f"promoted {record.new_primary} in {record.promote_seconds:.3f}s"
+    )
+    env.primary = standby  # every later query, the runner's evidence too, goes to it
+    after = _state(ctx, standby, run_id, "new primary after failover")
+    epoch_before = before["run"]["epoch"] if before["run"] else None
+    epoch_after = after["run"]["epoch"] if after["run"] else None
+    lost = epoch_before != epoch_after or (
+        before["run"] and after["run"] and before["run"]["revision"] != after["run"]["revision"]
+    )
+    ctx.extra["failover"] = {
+        "replication_mode": mode,
+        "declared_contract": declared,
+        "before": before,
+        "after": after,
+        "record": {k: v for k, v in record.__dict__.items()},
+        "replication_before": replication_before,
+        "acknowledged_write_lost": bool(lost),
+        "reported_durable": reply_durable,
+    }
+    ctx.equal(
+        "declared contract matches the deployment",
+        declared.get("mode"),
+        mode,
+        what="replication mode the worker declared",
+    )
+    if variant == "async":
+        ctx.fault(
+            "async standby lagged at failover",
+            bool(lost),
+            expected="the acknowledged epoch missing on the promoted standby",
+            observed=f"epoch before {epoch_before}, after {epoch_after}",
+        )
+        ctx.invariant(
+            "loss is within the declared contract",
+            declared.get("mode") == "async",
+            expected="the worker declared that async failover can lose acknowledged epochs",
+            observed=f"declared {declared}",
+        )
+    elif variant == "sync":
+        ctx.fault(
+            "standby was synchronous",
+            any(r["sync_state"] == "sync" for r in replication_before),
+            expected="sync_state = sync before the writes",
+            observed=f"{[(r['application_name'], r['sync_state']) for r in replication_before]}",
+        )
+        ctx.equal(
+            "no acknowledged epoch lost",
+            (epoch_after, after["ledger"]),
+            (epoch_before, before["ledger"]),
+            what="(epoch, ledger) after vs before",
+        )
+    else:
+        ctx.fault(
+            "the cancelled write was lost by the failover",
+            bool(lost),
+            expected="the standby never received the write whose wait was cancelled",
+            observed=f"revision before {before['run'] and before['run']['revision']}, "
+            f"after {after['run'] and after['run']['revision']}",
+        )

@@ -1,0 +1,89 @@
+"""I: a worker killed right after a checkpoint commit: the successor resumes from
+the committed version and redoes no completed step.
+"""
+
+from __future__ import annotations
+
+from harness import checkers
+from harness.control import Continue, Crash
+from harness.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import finish, new_run, wait_claimable
+
+SPEC = ExperimentSpec(
+    id="I",
+    title="crash after checkpoint commit",
+    seed_section="Chinese seed §13.2 (checkpoint 后崩溃); English seed §6",
+    invariant="the successor resumes from the last committed revision; no completed step is "
+    "redone and no tool effect is repeated",
+    fault="SIGKILL at after_checkpoint_commit (the second checkpoint of the run)",
+    rules=(2, 5),
+    injection_point="after_checkpoint_commit",
+    natural_wait_s=0.8,
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx, tool="idem")
+    # Let the first checkpoint pass, kill A at the second: real progress to resume from.
+    ctx.arm("A", "after_checkpoint_commit", Continue(), times=1)
+    ctx.arm("A", "after_checkpoint_commit", Crash(), times=1)
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    code_a = finish(ctx, a)
+    crashed = [
+        h
+        for h in ctx.env.control.hits()
+        if h.worker == "A" and h.point == "after_checkpoint_commit"
+    ]
+    committed = checkers.checkpoints(ctx, run_id)
+    last_a = max((c["revision"] for c in committed), default=0)
+    ctx.fault(
+        "A died right after a committed checkpoint",
+        code_a == -9 and len(crashed) >= 2 and crashed[-1].revision == last_a,
+        expected="A killed at its second after_checkpoint_commit, that revision committed",
+        observed=f"A exit {code_a}; points hit at revisions {[h.revision for h in crashed]}; "
+        f"last committed revision {last_a}",
+    )
+    tool_before = len(checkers.tool_requests(ctx, run_id=run_id))
+    wait_claimable(ctx, run_id)
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+    code_b = finish(ctx, b)
+    rows = checkers.checkpoints(ctx, run_id)
+    by_b = [c for c in rows if c["revision"] > last_a]
+    revisions = [c["revision"] for c in rows]
+    ctx.equal(
+        "revisions gapless",
+        revisions,
+        list(range(revisions[0], revisions[0] + len(rows))) if rows else [],
+        what="checkpoint revisions",
+    )
+    ctx.invariant(
+        "successor resumed from the committed revision",
+        bool(by_b)
+        and by_b[0]["revision"] == last_a + 1
+        and by_b[0]["owner"] != "A"
+        and all(c["epoch"] > crashed[-1].epoch for c in by_b if crashed[-1].epoch is not None),
+        expected=f"B's first checkpoint is revision {last_a + 1} at a newer epoch",
+        observed=f"B's checkpoints {[(c['revision'], c['epoch']) for c in by_b]} (B exit {code_b})",
+    )
+    steps = [str((c["state_json"] or {}).get("step")) for c in rows]
+    repeated = sorted({s for s in steps if steps.count(s) > 1 and s != "None"})
+    ctx.invariant(
+        "no step redone",
+        not repeated,
+        expected="each workflow step checkpointed once",
+        observed=f"steps in order {steps}; repeated {repeated}",
+    )
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    per_op: dict[str, int] = {}
+    for r in resources:
+        per_op[r["operation_id"]] = per_op.get(r["operation_id"], 0) + 1
+    ctx.invariant(
+        "no tool effect repeated",
+        all(n == 1 for n in per_op.values()),
+        expected="one real resource per operation",
+        observed=f"resources per operation {per_op}; tool requests before B {tool_before}",
+    )
+    ctx.equal(
+        "run finished", checkers.run_row(ctx, run_id)["status"], "succeeded", what="run status"
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])

@@ -1,0 +1,67 @@
+"""K: a lease that expired with nobody taking over still rejects its old holder.
+
+High-water fencing alone would accept A here, since no newer epoch exists:
+only the expiry check in renew and in the protected write can reject it.
+"""
+
+from __future__ import annotations
+
+from harness import checkers
+from harness.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import new_run
+
+SPEC = ExperimentSpec(
+    id="K",
+    title="expired fence, no takeover yet",
+    seed_section="Chinese seed §5 (renew must check expiry), §13.2 (过期 fence); English §6",
+    invariant="A's renew and checkpoint CAS are rejected by the expiry check itself: epoch and "
+    "owner unchanged, revision unchanged, no checkpoint written",
+    fault="A stops heartbeating; its lease expires by database time; nobody claims",
+    rules=(1, 2),
+    lease_ttl_ms=500,
+    natural_wait_s=0.5,
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    lease = ctx.ok(a, "claim", run_id=run_id)
+    epoch, rev = lease["epoch"], lease["revision"]
+    checkers.wait_lease_expired(ctx, run_id)
+    renew = ctx.op(a, "renew", run_id=run_id, epoch=epoch)
+    save = ctx.op(
+        a,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch,
+        expected_revision=rev,
+        state={"step": "after expiry"},
+    )
+    row = checkers.run_row(ctx, run_id, "run after A's attempts")
+    ctx.fault(
+        "lease expired and nobody took over",
+        bool(row["lease_expired"]) and row["epoch"] == epoch and row["owner"] is not None,
+        expected=f"lease expired by database time, still epoch {epoch} held by A",
+        observed=f"expired={row['lease_expired']}, epoch {row['epoch']}, owner {row['owner']}",
+    )
+    ctx.invariant(
+        "renew rejected",
+        not renew.ok,
+        expected="LeaseLost",
+        observed="accepted" if renew.ok else renew.error or "",
+    )
+    ctx.invariant(
+        "checkpoint CAS rejected",
+        not save.ok,
+        expected="LeaseLost",
+        observed="accepted" if save.ok else save.error or "",
+    )
+    ctx.equal("revision unchanged", row["revision"], rev, what="agent_runs.revision")
+    ctx.equal(
+        "no checkpoint written",
+        [c["revision"] for c in checkers.checkpoints(ctx, run_id) if c["revision"] > rev],
+        [],
+        what="checkpoints after the expiry",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])

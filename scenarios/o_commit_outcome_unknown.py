@@ -1,0 +1,126 @@
+"""O: the link to PostgreSQL fails during COMMIT; the worker decides by reading back
+the same event_id, and ends with the write exactly once.
+
+Two cases the worker cannot tell apart from its side: the COMMIT never
+reached the server (request lost), or it committed and the answer was lost
+(response lost). Either way: no duplicate event, no lost write.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from harness import checkers
+from harness.control import Hold
+from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.waiting import wait_for
+from scenarios.common import new_run
+
+SPEC = ExperimentSpec(
+    id="O",
+    title="commit outcome unknown",
+    seed_section="Chinese seed §6.1; English seed §7 (SQL timeout / connection lost)",
+    invariant="read-back by event_id decides: the write ends up committed exactly once, with "
+    "one checkpoint and one outbox event carrying that event_id",
+    fault="worker->postgres link cut (request lost) or answers dropped (response lost) at COMMIT",
+    rules=(9,),
+    injection_point="before_commit",
+    variants=("request_lost", "response_lost"),
+    natural_wait_s=0.5,
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    variant = ctx.variant or "request_lost"
+    run_id = new_run(ctx)
+    w = ctx.env.start_worker("W", "ops")
+    lease = ctx.ok(w, "claim", run_id=run_id)
+    base = lease["revision"]
+    event_id = str(uuid.uuid4())
+    ctx.arm("W", "before_commit", Hold())
+    pending = w.request_async(
+        "save_checkpoint",
+        {
+            "run_id": run_id,
+            "epoch": lease["epoch"],
+            "expected_revision": base,
+            "state": {"step": "committing"},
+            "event_id": event_id,
+        },
+    )
+    ctx.reached("W", "before_commit")
+    link = ctx.env.links["worker_pg"]
+    fault = link.cut() if variant == "request_lost" else link.drop_responses(close_after_ms=400)
+    ctx.command(f"toxiproxy: {fault.detail}")
+    ctx.release("W", "before_commit")
+    committed_at_fault = False
+    if variant == "response_lost":
+        committed_at_fault = bool(
+            wait_for(
+                lambda: ctx.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id]),
+                what="the COMMIT to reach the server while answers are dropped",
+                timeout_s=10,
+            )
+        )
+    # Heal only once W's original connection is gone, so its answer stays lost.
+    wait_for(
+        lambda: (
+            not ctx.env.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'W' "
+                "AND state = 'idle in transaction'"
+            )
+        ),
+        what="W's interrupted session to end on the server",
+        timeout_s=10,
+    )
+    ctx.heal("worker_pg")
+    reply = pending.result(30)
+    events = ctx.sql(
+        "outbox rows of the write",
+        "SELECT event_id FROM outbox WHERE run_id = %s AND event_id = %s",
+        [run_id, event_id],
+    )
+    if variant == "request_lost":
+        ctx.fault(
+            "the COMMIT never reached the server",
+            fault.kind == "cut" and reply is not None,
+            expected="link cut while the transaction waited before COMMIT",
+            observed=f"{fault.detail}; reply {reply.ok or reply.error}",
+        )
+    else:
+        ctx.fault(
+            "the server committed while the answer was dropped",
+            committed_at_fault,
+            expected="the event row visible on the server before the link healed",
+            observed=f"committed while dropped: {committed_at_fault}",
+        )
+    ctx.invariant(
+        "worker converged on the committed write",
+        reply.ok,
+        expected="save_checkpoint ends ok after read-back",
+        observed=f"{reply.result if reply.ok else reply.error}",
+    )
+    ctx.equal("one outbox event with the event_id", len(events), 1, what="outbox rows")
+    rows = [c for c in checkers.checkpoints(ctx, run_id) if c["revision"] > base]
+    ctx.equal(
+        "one checkpoint, no duplicate",
+        [(c["revision"], str(c["event_id"])) for c in rows],
+        [(base + 1, event_id)],
+        what="checkpoints after the write",
+    )
+    outbox = [e for e in checkers.outbox(ctx, run_id)]
+    ctx.invariant(
+        "no event under a new id",
+        all(
+            str(e["event_id"]) == event_id
+            for e in outbox
+            if e["event_type"] == events_type(outbox, event_id)
+        ),
+        expected="no second event for the same write",
+        observed=f"outbox events {[str(e['event_id'])[:8] for e in outbox]}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def events_type(outbox: list[dict[str, object]], event_id: str) -> object:
+    return next((e["event_type"] for e in outbox if str(e["event_id"]) == event_id), None)

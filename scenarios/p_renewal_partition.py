@@ -1,0 +1,108 @@
+"""P: a worker cut off from PostgreSQL must cancel its execution and start no new
+side effect, and a successor must take over.
+
+A has claimed a tool effect for dispatch and waits at a barrier just before
+calling the tool. Its link to PostgreSQL (its own proxy) is cut. Its
+heartbeat thread can no longer renew; once the renewal is unconfirmed the
+execution must be cancelled, so when the barrier opens A must not call the
+tool. B, on a healthy link, takes over after the lease expires.
+"""
+
+from __future__ import annotations
+
+import time
+
+from harness import checkers
+from harness.control import Hold
+from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.history import read_history
+from harness.waiting import wait_for
+from scenarios.common import finish, new_run, wait_claimable
+
+SPEC = ExperimentSpec(
+    id="P",
+    title="renewal partition",
+    seed_section="English seed §5.2, §7 (heartbeat); Chinese seed §5",
+    invariant="after the cut, A's execution is cancelled and A sends no new request to the "
+    "tool; B takes over with the next epoch and finishes the run",
+    fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool",
+    rules=(8, 1),
+    injection_point="after_dispatch_claim_commit",
+    natural_wait_s=0.8 + 0.3,
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx, tool="idem")
+    ctx.env.add_pg_link("pg_A")
+    ctx.env.add_pg_link("pg_B")
+    ctx.arm("A", "after_dispatch_claim_commit", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], pg_link="pg_A")
+    hit = ctx.reached("A", "after_dispatch_claim_commit")
+    epoch_a = checkers.run_row(ctx, run_id)["epoch"]
+    cut = ctx.cut("pg_A")
+    # Time the wait on A's own account of its failed renewal, bounded by the
+    # lease; the verdict below rests on the tool's log and the audit trail.
+    deadline = ctx.env.lease_ttl_ms / 1000 + 2
+    try:
+        wait_for(
+            lambda: any(
+                e.op in ("renew", "heartbeat")
+                and e.type in ("fail", "info")
+                and e.time > cut.started_at
+                for e in read_history([a.events_path]).events
+            ),
+            what="A's heartbeat to report an unconfirmed renewal",
+            timeout_s=deadline,
+        )
+    except TimeoutError:
+        ctx.command("A reported no failed renewal; releasing anyway after the lease time")
+    alive = a.is_alive()
+    ctx.release("A", "after_dispatch_claim_commit")
+    code_a = finish(ctx, a)
+    renewed_after_cut = [
+        r
+        for r in checkers.audit(ctx, run_id)
+        if r["app"] == "A" and r["at"].timestamp() > cut.started_at
+    ]
+    ctx.fault(
+        "A was partitioned from PostgreSQL, alive, at its barrier",
+        alive and not renewed_after_cut and hit.epoch in (None, epoch_a),
+        expected="A alive at the barrier, no change of the run by A after the cut",
+        observed=f"alive={alive}; changes by A after the cut: {len(renewed_after_cut)}",
+    )
+    late = [
+        r
+        for r in checkers.tool_requests(ctx, run_id=run_id)
+        if r["epoch"] == epoch_a and r["received_at"] > cut.started_at
+    ]
+    ctx.equal(
+        "no side effect after the cut",
+        len(late),
+        0,
+        what="tool requests with A's epoch received after the cut",
+    )
+    ctx.equal("A cancelled its execution", code_a, 10, what="A's exit code")
+    ctx.heal("pg_A")
+    wait_claimable(ctx, run_id)
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"], pg_link="pg_B")
+    code_b = finish(ctx, b)
+    row = checkers.run_row(ctx, run_id)
+    ctx.invariant(
+        "successor took over and finished",
+        row["status"] == "succeeded" and row["epoch"] is not None and row["epoch"] > epoch_a,
+        expected=f"run succeeded at an epoch above {epoch_a}",
+        observed=f"status {row['status']}, epoch {row['epoch']}, B exit {code_b}",
+    )
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    per_op: dict[str, int] = {}
+    for r in resources:
+        per_op[r["operation_id"]] = per_op.get(r["operation_id"], 0) + 1
+    ctx.invariant(
+        "one resource per operation",
+        all(n == 1 for n in per_op.values()),
+        expected="no duplicate resource",
+        observed=f"{per_op}",
+    )
+    ctx.command(f"finished at {time.time():.3f}")
+    checkers.lease_history_is_sound(ctx, [run_id])
