@@ -1,0 +1,149 @@
+"""Rules 8, 10, 11: outbox relay and consumer dedup; heartbeat cancels;
+durability contract."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from harness.postgres import Database
+from reference_impl.cancellation import Cancellation
+from reference_impl.durability import read_contract
+from reference_impl.outbox import Relay
+from reference_impl.runtime import Runtime
+from tests.reference_impl.conftest import TENANT, cp, new_run, take
+
+
+class FakeBroker:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+        self.fail_after: int | None = None
+
+    def publish(self, event_id: str, topic: str, payload: Any) -> int:
+        if self.fail_after is not None and len(self.messages) >= self.fail_after:
+            raise ConnectionError("broker down")
+        self.messages.append(
+            {
+                "seq": len(self.messages) + 1,
+                "event_id": event_id,
+                "topic": topic,
+                "payload": payload,
+            }
+        )
+        return len(self.messages)
+
+    def broker_messages(self, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
+        return [m for m in self.messages if m["seq"] > after]
+
+
+class FakeTools:
+    def __init__(self, broker: FakeBroker) -> None:
+        self.broker = broker
+
+
+def test_relay_at_least_once_and_consumer_dedups(rt: Runtime, ref_db: Database) -> None:
+    """Experiment L: a message may repeat; the consumer's effect happens once."""
+    run = new_run(rt)
+    lease = take(rt, run).lease
+    rt.writer.write(cp(lease, 0, payload={"tenant_id": TENANT}))
+    rt.writer.write(cp(lease, 1, payload={"tenant_id": TENANT}))
+    broker = FakeBroker()
+    relay = Relay(rt.protocol.queries, FakeTools(broker))  # type: ignore[arg-type]
+    # Crash after the broker's ack, before the mark: simulated by a rollback.
+    try:
+        with rt.conn.transaction():
+            rows = rt.conn.execute(
+                rt.protocol.queries.sql("outbox_lock_batch"), {"limit": 10}
+            ).fetchall()
+            for r in rows:
+                broker.publish(str(r["event_id"]), r["event_type"], dict(r["payload"]))
+            raise RuntimeError("crash before marking")
+    except RuntimeError:
+        pass
+    published = relay.cycle(rt.conn)
+    assert len(published) == 2 and len(broker.messages) == 4  # each event twice
+    assert relay.cycle(rt.conn) == []
+    consumer = rt.protocol.consumer_cls(rt.protocol.queries, FakeTools(broker), TENANT)  # type: ignore[arg-type]
+    assert consumer.cycle(rt.conn, "c1") == {"consumed": 2, "duplicates": 2}
+    effects = ref_db.query("SELECT event_id, count(*) AS n FROM consumer_effects GROUP BY 1")
+    assert len(effects) == 2 and all(r["n"] == 1 for r in effects)
+
+
+def test_relay_marks_only_acknowledged(rt: Runtime, ref_db: Database) -> None:
+    run = new_run(rt)
+    lease = take(rt, run).lease
+    for i in range(3):
+        rt.writer.write(cp(lease, i))
+    broker = FakeBroker()
+    broker.fail_after = 1
+    assert len(Relay(rt.protocol.queries, FakeTools(broker)).cycle(rt.conn)) == 1  # type: ignore[arg-type]
+    pending = ref_db.query("SELECT count(*) AS n FROM outbox WHERE published_at IS NULL")
+    assert pending[0]["n"] == 2
+
+
+def test_heartbeat_renews_then_cancels_when_unconfirmed(make_rt: Callable[..., Runtime]) -> None:
+    a, b = make_rt("A"), make_rt("B")
+    run = new_run(a)
+    lease = take(a, run, ttl_ms=300).lease
+    cancel = Cancellation()
+    hb = a.heartbeat(lease, cancel, interval_ms=50, timeout_ms=500)
+    hb.ttl_ms = 300
+    hb.start()
+    time.sleep(0.5)  # past the original TTL: renewals kept it alive
+    assert not cancel.cancelled and hb.last_outcome == "renewed"
+    assert b.leases.takeover(b.conn, run, b.owner, 1000).outcome == "held"
+    # Another session fences A out (release + takeover): next renewal is lost.
+    a.leases.release(a.conn, lease)
+    take(b, run)
+    deadline = time.monotonic() + 3
+    while not cancel.cancelled and time.monotonic() < deadline:
+        time.sleep(0.02)
+    hb.stop()
+    assert cancel.cancelled and cancel.cause == "lease renewal lost"
+
+
+def test_heartbeat_timeout_is_unconfirmed(
+    make_rt: Callable[..., Runtime], ref_db: Database
+) -> None:
+    a = make_rt("A")
+    run = new_run(a)
+    lease = take(a, run).lease
+    # Hold the row lock elsewhere so the renewal blocks past its timeout.
+    blocker = ref_db.cluster.connect(ref_db.name, autocommit=False)
+    blocker.execute("SELECT 1 FROM agent_runs WHERE run_id = %s FOR UPDATE", [run])
+    cancel = Cancellation()
+    hb = a.heartbeat(lease, cancel, interval_ms=20, timeout_ms=200).start()
+    t0 = time.monotonic()
+    while not cancel.cancelled and time.monotonic() - t0 < 3:
+        time.sleep(0.02)
+    blocker.rollback()
+    blocker.close()
+    hb.stop()
+    assert cancel.cancelled and "unknown" in str(cancel.cause)
+    assert time.monotonic() - t0 < 2
+
+
+def test_durability_contract_without_standby(rt: Runtime) -> None:
+    c = read_contract(rt.conn, rt.protocol.queries)
+    assert c.mode == "none" and "no standby" in c.guarantee
+    assert c.settings["synchronous_commit"] in (
+        "on",
+        "local",
+        "off",
+        "remote_write",
+        "remote_apply",
+    )
+
+
+def test_cancellation_token() -> None:
+    c = Cancellation()
+    c.check()
+    threading.Timer(0.05, c.cancel, args=("x",)).start()
+    t0 = time.monotonic()
+    try:
+        c.sleep(5)
+    except Exception as exc:
+        assert type(exc).__name__ == "ExecutionCancelled"
+    assert time.monotonic() - t0 < 1
