@@ -1,0 +1,134 @@
+"""The worker program end to end: migrate / ops / run as subprocesses with a
+real mock tool, checked from the database."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.postgres import Database
+from mock_tool.process import MockToolProcess
+from tests.reference_impl.conftest import TENANT
+
+
+@pytest.fixture
+def tool(tmp_path: Path) -> Iterator[MockToolProcess]:
+    with MockToolProcess(tmp_path / "tool") as proc:
+        yield proc
+
+
+def _env(db: Database, tool: MockToolProcess, worker: str = "A") -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCECHECK_")}
+    env.update(
+        FENCECHECK_DSN=db.dsn("fencecheck_worker"),
+        FENCECHECK_ADMIN_DSN=db.admin_dsn,
+        FENCECHECK_TENANT=TENANT,
+        FENCECHECK_WORKER_ID=worker,
+        FENCECHECK_TOOL_URL=tool.base_url,
+        FENCECHECK_BROKER_URL=tool.base_url,
+        FENCECHECK_LEASE_TTL_MS="3000",
+        FENCECHECK_HEARTBEAT_MS="500",
+        FENCECHECK_HEARTBEAT_TIMEOUT_MS="400",
+        FENCECHECK_DISPATCH_TTL_MS="1000",
+    )
+    return env
+
+
+def _worker(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "reference_impl.worker", *args],
+        input=stdin,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _ops(env: dict[str, str], *reqs: dict[str, Any]) -> list[dict[str, Any]]:
+    lines = "".join(json.dumps({"id": i, **r}) + "\n" for i, r in enumerate(reqs))
+    out = _worker(env, "ops", stdin=lines)
+    assert out.returncode == 0, out.stderr
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+def test_migrate_ops_run_relay_consume(ref_db: Database, tool: MockToolProcess) -> None:
+    env = _env(ref_db, tool)
+    assert _worker(env, "migrate").returncode == 0
+    replies = _ops(
+        env,
+        {"op": "create_run", "args": {"task_id": "t1", "input": {"tool": "idem"}}},
+        {
+            "op": "create_run",
+            "args": {"task_id": "t2", "input": {"tool": "plain", "extra_steps": 2}},
+        },
+        {"op": "bogus"},
+    )
+    assert [r["ok"] for r in replies] == [True, True, False]
+    assert replies[2]["error"] == "Unsupported"
+    run = _worker(env, "run", "--exit-when-idle")
+    assert run.returncode == 0, run.stderr
+    rows = ref_db.query("SELECT task_id, status, epoch FROM agent_runs ORDER BY task_id")
+    assert [(r["task_id"], r["status"], r["epoch"]) for r in rows] == [
+        ("t1", "succeeded", 1),
+        ("t2", "succeeded", 1),
+    ]
+    assert len(tool.client().export()["resources"]) == 2
+    relay, c1, _c2 = _ops(
+        env,
+        {"op": "relay", "args": {"limit": 100}},
+        {"op": "consume", "args": {"consumer": "c"}},
+        {"op": "consume", "args": {"consumer": "c"}},
+    )
+    n = len(relay["result"]["published"])
+    assert n > 0 and c1["result"] == {"consumed": n, "duplicates": 0}
+
+
+def test_plain_tool_lost_answer_freezes_in_doubt(ref_db: Database, tool: MockToolProcess) -> None:
+    """Experiment J's end state: no automatic resend, ledger unknown, run paused."""
+    env = _env(ref_db, tool)
+    _ops(env, {"op": "create_run", "args": {"task_id": "tj", "input": {"tool": "plain"}}})
+    tool.client().set_fault("plain", "drop_after_act", count=5)
+    out = _worker(env, "run", "--once")
+    assert out.returncode == 11, out.stderr
+    assert ref_db.query("SELECT status FROM agent_runs")[0]["status"] == "paused_indoubt"
+    assert ref_db.query("SELECT status FROM tool_operations")[0]["status"] == "unknown"
+    creates = [r for r in tool.client().export()["requests"] if r.get("tool") == "plain"]
+    assert len(creates) == 1
+
+
+def test_schema_refused_exit_code(ref_db: Database, tool: MockToolProcess) -> None:
+    """Experiment M's refusal path: an unknown checkpoint version exits 12."""
+    env = _env(ref_db, tool)
+    (c,) = _ops(env, {"op": "create_run", "args": {"task_id": "tm", "input": {}}})
+    run_id = c["result"]["run_id"]
+    cl, sv = _ops(
+        env,
+        {"op": "claim", "args": {"run_id": run_id}},
+        {
+            "op": "save_checkpoint",
+            "args": {
+                "run_id": run_id,
+                "epoch": 1,
+                "expected_revision": 0,
+                "state": {"x": 1},
+                "schema_version": 99,
+            },
+        },
+    )
+    assert cl["ok"] and sv["ok"], (cl, sv)
+    (rd,) = _ops(env, {"op": "read_checkpoint", "args": {"run_id": run_id}})
+    assert rd["error"] == "SchemaVersionUnknown"
+    ref_db.query(
+        "UPDATE agent_runs SET lease_expires_at = clock_timestamp() WHERE run_id = %s", [run_id]
+    )
+    out = _worker(env, "run", "--run-id", run_id)
+    assert out.returncode == 12, out.stderr
