@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.control import Action, Continue, Hit
+from harness.control import Action, Continue, ControlError, Hit
 from harness.processes import OpReply, SignalRecord, WorkerProcess
 from harness.toxiproxy import FaultRecord
 from harness.verdict import Verdict
@@ -115,16 +115,21 @@ class ExperimentContext:
         )
 
     def verdict(self) -> tuple[Verdict, str]:
-        """Fail if any invariant broke; unknown if a fault did not take effect
-        or nothing was checked; pass otherwise."""
-        broken = [c for c in self.checks if c.kind == "invariant" and not c.ok]
-        if broken:
-            return Verdict.FAIL, "invariant broken: " + "; ".join(c.name for c in broken)
-        missed = [c for c in self.checks if c.kind == "fault" and not c.ok]
+        """Unknown if a fault did not take effect (whatever else was seen: without
+        the fault the experiment tested nothing); else fail if an invariant broke;
+        unknown if nothing was checked; pass otherwise.
+
+        Fault checks observe what the harness did (kernel state, barrier hit,
+        link cut, lease expired by database time), never the protocol's
+        response, so a broken implementation cannot turn its fail into unknown.
+        """
+        broken = [c.name for c in self.checks if c.kind == "invariant" and not c.ok]
+        missed = [c.name for c in self.checks if c.kind == "fault" and not c.ok]
         if missed:
-            return Verdict.UNKNOWN, "fault did not take effect: " + "; ".join(
-                c.name for c in missed
-            )
+            also = f" ({len(broken)} invariant check(s) also broke)" if broken else ""
+            return Verdict.UNKNOWN, "fault did not take effect: " + "; ".join(missed) + also
+        if broken:
+            return Verdict.FAIL, "invariant broken: " + "; ".join(broken)
         if not any(c.kind == "invariant" for c in self.checks):
             return Verdict.UNKNOWN, "no invariant was checked"
         if not any(c.kind == "fault" for c in self.checks):
@@ -187,7 +192,7 @@ class ExperimentContext:
     # ---------------------------------------------------------- barriers
     def arm(self, worker: str, point: str, action: Action, *, times: int | None = 1) -> None:
         self.env.control.arm(worker, point, action, times=times)
-        self.command(f"arm {point} for {worker}: {action.label}")
+        self.command(f"arm {point} for {worker}: {action.label()}")
 
     def reached(self, worker: str, point: str, timeout_s: float = 15.0) -> Hit:
         """Wait for a worker to reach an armed point; a timeout is inconclusive."""
@@ -196,9 +201,21 @@ class ExperimentContext:
         except TimeoutError as exc:
             raise Inconclusive(str(exc)) from exc
 
-    def release(self, worker: str, point: str, action: Action | None = None) -> Hit:
-        hit = self.env.control.release(worker, point, action or Continue())
-        self.command(f"release {worker} at {point}: {(action or Continue()).label}")
+    def release(self, worker: str, point: str, action: Action | None = None) -> Hit | None:
+        """Open a held barrier. A worker that already left on its own (it may
+        exit when it gives up its lease) is recorded, not an error: None."""
+        label = (action or Continue()).label()
+        try:
+            hit = self.env.control.release(worker, point, action or Continue())
+        except ControlError:
+            proc = self.env.workers.get(worker)
+            if proc is None or proc.is_alive():
+                raise
+            self.command(
+                f"release {worker} at {point}: worker already exited (code {proc.returncode})"
+            )
+            return None
+        self.command(f"release {worker} at {point}: {label}")
         return hit
 
     # --------------------------------------------------------------- ops

@@ -46,12 +46,18 @@ def run(ctx: ExperimentContext) -> None:
     )
     rows = checkers.checkpoints(ctx, run_id)
     ours = [r for r in rows if r["revision"] > base]
+    held = checkers.run_row(ctx, run_id, "lease after both writes")
     ctx.fault(
-        "both writes in one epoch",
-        len(ours) == 2 and {r["epoch"] for r in ours} == {epoch},
-        expected=f"two checkpoints written at epoch {epoch}",
-        observed=f"checkpoints after revision {base}: "
-        f"{[(r['revision'], r['epoch']) for r in ours]}",
+        "both writes in one epoch by the lease holder",
+        held["epoch"] == epoch and held["owner"] == lease["owner"] and not held["lease_expired"],
+        expected=f"A still holds epoch {epoch}, unexpired, after both writes",
+        observed=f"epoch {held['epoch']}, owner {held['owner']}, expired {held['lease_expired']}",
+    )
+    ctx.equal(
+        "both checkpoints at that epoch",
+        [r["epoch"] for r in ours],
+        [epoch, epoch],
+        what="epochs of the two checkpoints",
     )
     ctx.invariant(
         "both writes accepted",

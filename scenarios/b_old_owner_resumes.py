@@ -51,6 +51,7 @@ def run(ctx: ExperimentContext) -> None:
 
     stopped = ctx.pause(a)
     checkers.wait_lease_expired(ctx, run_id)
+    expired = checkers.run_row(ctx, run_id, "run with A stopped, before B's claim")
     lease_b = ctx.ok(b, "claim", run_id=run_id)
     epoch_b = lease_b["epoch"]
     rev_b = ctx.ok(
@@ -67,10 +68,17 @@ def run(ctx: ExperimentContext) -> None:
 
     ctx.fault(
         "A was stopped in the kernel while B took over",
-        stopped.state == "stopped" and state_a == "stopped" and epoch_b == epoch_a + 1,
-        expected=f"A stopped during B's claim; B's epoch {epoch_a + 1}",
-        observed=f"A state at pause {stopped.state!r}, at B's write {state_a!r}; "
-        f"B's epoch {epoch_b}; A resumed at {resumed.confirmed_at}",
+        stopped.state == "stopped" and state_a == "stopped" and bool(expired["lease_expired"]),
+        expected="A stopped in the kernel, its lease expired by database time, during B's claim",
+        observed=f"A state at pause {stopped.state!r}, after B's write {state_a!r}; lease "
+        f"expired before B's claim: {expired['lease_expired']}; A resumed at "
+        f"{resumed.confirmed_at}",
+    )
+    ctx.invariant(
+        "B took over with the next epoch",
+        epoch_b == epoch_a + 1,
+        expected=f"epoch {epoch_a + 1}",
+        observed=f"epoch {epoch_b}",
     )
     renew = ctx.op(a, "renew", run_id=run_id, epoch=epoch_a)
     save = ctx.op(

@@ -39,41 +39,59 @@ def run(ctx: ExperimentContext) -> None:
     write = a.request_async(
         "save_checkpoint",
         {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
+        worker_async=True,
     )
-    ctx.reached("A", "after_lease_row_locked")
+    hit = ctx.reached("A", "after_lease_row_locked")
     checkers.wait_lease_expired(ctx, run_id)
-    takeover = b.request_async("claim", {"run_id": run_id})
-    blocked = checkers.backend_waiting_on_lock(ctx, "B")
+    takeover = b.request_async("claim", {"run_id": run_id}, worker_async=True)
     ctx.fault(
-        "B blocked on A's row lock",
+        "A held inside its transaction past expiry while B tried to take over",
+        not write.done() and takeover.sent_at > hit.received_at,
+        expected="A at its barrier, lease expired by database time, B's takeover sent",
+        observed=f"A held since {hit.received_at:.3f}; B's claim sent {takeover.sent_at:.3f}",
+    )
+    blocked = checkers.backend_waiting_on_lock(ctx, "B", timeout_s=5)
+    ctx.invariant(
+        "B's takeover waits for A's transaction",
         blocked and not takeover.done(),
-        expected="B's takeover waiting on a lock while A is held past expiry",
-        observed=f"B waiting on a lock: {blocked}; B answered early: {takeover.done()}",
+        expected="B blocked on the row lock while A's transaction is open",
+        observed=f"B waiting on a lock: {blocked}; B answered while A held: {takeover.done()}"
+        + (
+            f" ({takeover.result(1).result or takeover.result(1).error})" if takeover.done() else ""
+        ),
     )
     ctx.release("A", "after_lease_row_locked")
     a_reply = write.result(15)
     b_reply = takeover.result(15)
+    # Whether A's write, validated before expiry, may still commit after it is
+    # an implementation's choice (the English seed allows it; re-checking the
+    # expiry in the write itself is stricter and also safe). What must hold is
+    # the serial order: B takes over only after A's transaction ended, and
+    # sees whatever it committed.
     ctx.invariant(
-        "A's validated write commits",
-        a_reply.ok,
-        expected="A's write, validated before expiry, commits",
+        "A's write either committed or was rejected as lease lost",
+        a_reply.ok or a_reply.error == "LeaseLost",
+        expected="ok, or LeaseLost",
         observed="committed" if a_reply.ok else f"rejected: {a_reply.error}",
     )
+    seen = base + 1 if a_reply.ok else base
     ctx.invariant(
-        "B takes over after A's commit",
+        "B takes over after A's transaction, with the next epoch",
         b_reply.ok
         and b_reply.result.get("epoch") == epoch_a + 1
-        and b_reply.result.get("revision") == base + 1,
-        expected=f"B gets epoch {epoch_a + 1} and sees revision {base + 1}",
+        and b_reply.result.get("revision") == seen,
+        expected=f"B gets epoch {epoch_a + 1} and sees revision {seen}",
         observed=f"B: {b_reply.result if b_reply.ok else b_reply.error}",
     )
     trail = checkers.audit(ctx, run_id)
     a_write = next((r for r in trail if r["revision"] == base + 1 and r["app"] == "A"), None)
     b_claim = next((r for r in trail if r["epoch"] == epoch_a + 1), None)
     ctx.invariant(
-        "commit order: A's write before B's takeover",
-        a_write is not None and b_claim is not None and a_write["seq"] < b_claim["seq"],
-        expected="A's revision change audited before B's epoch change",
+        "commit order: A's transaction before B's takeover",
+        b_claim is not None
+        and (a_write is None) == (not a_reply.ok)
+        and (a_write is None or a_write["seq"] < b_claim["seq"]),
+        expected="A's write (if any) audited before B's epoch change",
         observed=f"A write seq {a_write and a_write['seq']}, B claim seq "
         f"{b_claim and b_claim['seq']}",
     )

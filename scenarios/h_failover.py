@@ -142,6 +142,7 @@ def run(ctx: ExperimentContext) -> None:
                 "expected_revision": rev,
                 "state": {"step": "waits for the standby"},
             },
+            worker_async=True,
         )
         waiting = wait_for(
             lambda: (

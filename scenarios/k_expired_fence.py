@@ -29,6 +29,16 @@ def run(ctx: ExperimentContext) -> None:
     lease = ctx.ok(a, "claim", run_id=run_id)
     epoch, rev = lease["epoch"], lease["revision"]
     checkers.wait_lease_expired(ctx, run_id)
+    expired = checkers.run_row(ctx, run_id, "run after expiry, before A's attempts")
+    ctx.fault(
+        "lease expired and nobody took over",
+        bool(expired["lease_expired"])
+        and expired["epoch"] == epoch
+        and expired["owner"] is not None,
+        expected=f"lease expired by database time, still epoch {epoch} held by A",
+        observed=f"expired={expired['lease_expired']}, epoch {expired['epoch']}, "
+        f"owner {expired['owner']}",
+    )
     renew = ctx.op(a, "renew", run_id=run_id, epoch=epoch)
     save = ctx.op(
         a,
@@ -39,11 +49,11 @@ def run(ctx: ExperimentContext) -> None:
         state={"step": "after expiry"},
     )
     row = checkers.run_row(ctx, run_id, "run after A's attempts")
-    ctx.fault(
-        "lease expired and nobody took over",
-        bool(row["lease_expired"]) and row["epoch"] == epoch and row["owner"] is not None,
-        expected=f"lease expired by database time, still epoch {epoch} held by A",
-        observed=f"expired={row['lease_expired']}, epoch {row['epoch']}, owner {row['owner']}",
+    ctx.equal(
+        "lease not revived",
+        (row["epoch"], bool(row["lease_expired"])),
+        (epoch, True),
+        what="(epoch, lease expired)",
     )
     ctx.invariant(
         "renew rejected",

@@ -47,6 +47,7 @@ def run(ctx: ExperimentContext) -> None:
             "state": {"step": "committing"},
             "event_id": event_id,
         },
+        worker_async=True,
     )
     ctx.reached("W", "before_commit")
     link = ctx.env.links["worker_pg"]

@@ -47,9 +47,7 @@ def _wait_holding(ctx: ExperimentContext, w: WorkerProcess) -> list[str]:
 def run(ctx: ExperimentContext) -> None:
     rng = random.Random(ctx.seed)
     run_ids = [new_run(ctx, tool=rng.choice(["idem", "queryable"])) for _ in range(RUNS)]
-    workers: list[WorkerProcess] = [
-        ctx.env.start_worker(f"w{i}", "run", ["--exit-when-idle"]) for i in range(WORKERS)
-    ]
+    workers: list[WorkerProcess] = [ctx.env.start_worker(f"w{i}", "run") for i in range(WORKERS)]
     frozen = rng.sample(workers, 2)
     held: list[str] = []
     for w in frozen:
@@ -69,9 +67,22 @@ def run(ctx: ExperimentContext) -> None:
     )
     for w in frozen:
         ctx.resume(w)
+    try:
+        wait_for(
+            lambda: (
+                not ctx.env.query(
+                    "SELECT 1 FROM agent_runs WHERE run_id = ANY(%s::uuid[]) AND status NOT IN "
+                    "('succeeded', 'failed', 'cancelled', 'paused_indoubt', 'paused_human')",
+                    [run_ids],
+                )
+            ),
+            what=f"all {RUNS} runs to reach a final or paused state",
+            timeout_s=60,
+        )
+    except TimeoutError as exc:
+        ctx.command(str(exc))
     for w in workers:
-        code = w.wait(60)
-        ctx.command(f"{w.worker_id} exited with code {code}")
+        ctx.command(f"SIGTERM {w.worker_id}: exited with code {w.stop(grace_s=5)}")
     rows = ctx.sql(
         "final status of every run",
         "SELECT run_id, status, epoch, owner FROM agent_runs WHERE run_id = ANY(%s::uuid[])",
