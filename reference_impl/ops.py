@@ -22,7 +22,7 @@ import psycopg
 from reference_impl import errors as e
 from reference_impl import history
 from reference_impl.cancellation import Cancellation
-from reference_impl.checkpoint_schema import CURRENT_VERSION
+from reference_impl.checkpoint_schema import CURRENT_VERSION, migrate_v1
 from reference_impl.db import Session
 from reference_impl.durability import read_contract
 from reference_impl.heartbeat import Heartbeat
@@ -93,6 +93,7 @@ class OpsServer:
             "durability": self.durability,
             "heartbeat": self.heartbeat,
             "run_state": self.run_state,
+            "legacy_checkpoint": self.legacy_checkpoint,
         }
 
     # ------------------------------------------------------------ loop
@@ -422,6 +423,21 @@ class OpsServer:
             old[0].stop()
         self.heartbeats[key] = (hb, cancel)
         return {}
+
+    def legacy_checkpoint(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        """A version-1 checkpoint this worker migrates, with what the migration must keep."""
+        state = {
+            "step": "create_label",
+            "done": ["plan", "lookup"],
+            "vars": {"order_id": "o-legacy", "amount": 42},
+        }
+        expect = {
+            "data.order_id": "o-legacy",
+            "data.amount": 42,
+            "cursor": 2,
+            "plan": list(migrate_v1(state)["plan"]),
+        }
+        return {"schema_version": 1, "state": state, "expect": expect}
 
     def run_state(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         return self.rt.runs.state(ctx.session.conn, _uuid(args, "run_id"))

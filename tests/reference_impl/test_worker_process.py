@@ -132,3 +132,34 @@ def test_schema_refused_exit_code(ref_db: Database, tool: MockToolProcess) -> No
     )
     out = _worker(env, "run", "--run-id", run_id)
     assert out.returncode == 12, out.stderr
+
+
+def test_legacy_checkpoint_sample_is_migrated(ref_db: Database, tool: MockToolProcess) -> None:
+    """Experiment M's migration path through the ops interface."""
+    env = _env(ref_db, tool)
+    (c,) = _ops(env, {"op": "create_run", "args": {"task_id": "tl", "input": {}}})
+    run_id = c["result"]["run_id"]
+    (legacy,) = _ops(env, {"op": "legacy_checkpoint"})
+    sample = legacy["result"]
+    _, sv, rd = _ops(
+        env,
+        {"op": "claim", "args": {"run_id": run_id}},
+        {
+            "op": "save_checkpoint",
+            "args": {
+                "run_id": run_id,
+                "epoch": 1,
+                "expected_revision": 0,
+                "state": sample["state"],
+                "schema_version": sample["schema_version"],
+            },
+        },
+        {"op": "read_checkpoint", "args": {"run_id": run_id}},
+    )
+    assert sv["ok"] and rd["ok"], (sv, rd)
+    state = rd["result"]["state"]
+    for path, value in sample["expect"].items():
+        node: Any = state
+        for part in path.split("."):
+            node = node[part]
+        assert node == value, path
