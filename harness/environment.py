@@ -98,7 +98,11 @@ class Settings:
 
 
 def migrate(
-    worker_cmd: Sequence[str], admin_dsn: str, log_dir: Path, timeout_s: float = 60
+    worker_cmd: Sequence[str],
+    admin_dsn: str,
+    log_dir: Path,
+    timeout_s: float = 60,
+    mutant: str | None = None,
 ) -> None:
     """Run ``<worker-cmd> migrate`` against ``admin_dsn``, then add the audit trigger."""
     import subprocess
@@ -107,6 +111,8 @@ def migrate(
     env = {**os.environ, "FENCECHECK_ADMIN_DSN": admin_dsn}
     for key in ("FENCECHECK_CONTROL", "FENCECHECK_EVENTS", "FENCECHECK_MUTANT"):
         env.pop(key, None)
+    if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
+        env["FENCECHECK_MUTANT"] = mutant
     try:
         proc = subprocess.run(
             [*worker_cmd, "migrate"],
@@ -164,7 +170,9 @@ class SharedServices:
             self._stack.callback(self.primary.remove)
             self.template = self.primary.create_template(
                 TEMPLATE_NAME,
-                lambda dsn: migrate(self.settings.worker_cmd, dsn, self.root / "logs"),
+                lambda dsn: migrate(
+                    self.settings.worker_cmd, dsn, self.root / "logs", mutant=self.settings.mutant
+                ),
             )
         except BaseException:
             self._stack.close()
@@ -404,7 +412,12 @@ def _replicated_pair(
     stack.callback(primary.remove)
     with psycopg.connect(primary.admin_dsn(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{shared.template}"'.encode())
-    migrate(shared.settings.worker_cmd, primary.admin_dsn(shared.template), work_dir / "logs")
+    migrate(
+        shared.settings.worker_cmd,
+        primary.admin_dsn(shared.template),
+        work_dir / "logs",
+        mutant=shared.settings.mutant,
+    )
     link = shared.toxiproxy.link(f"{tag}_replication", f"127.0.0.1:{primary.port}")
     stack.callback(_delete_link, shared.toxiproxy, link.name)
     standby = primary.create_standby(
