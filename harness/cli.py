@@ -52,6 +52,13 @@ def _common_env_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--toxiproxy", help="toxiproxy-server binary (else $FENCECHECK_TOXIPROXY, ...)")
     p.add_argument("--work-dir", help="where temporary clusters live (default: system temp)")
     p.add_argument(
+        "--backend",
+        choices=("local", "containers"),
+        default="local",
+        help="run PostgreSQL, toxiproxy and the mock tool as local processes (default) or "
+        "as containers (see README: make containers-setup)",
+    )
+    p.add_argument(
         "--jobs",
         type=_positive,
         default=3,
@@ -111,6 +118,7 @@ def _settings(args: argparse.Namespace, *, mutant: str | None = None) -> object:
         toxiproxy_bin=args.toxiproxy,
         work_dir=Path(args.work_dir) if args.work_dir else None,
         keep=getattr(args, "keep", False),
+        backend=args.backend,
     )
 
 
@@ -286,10 +294,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nfencecheck: interrupted; everything it started has been stopped", file=sys.stderr)
         return 130
     except Exception as exc:
+        from harness.backend import BackendUnavailable
         from harness.pg_binaries import PgBinariesNotFound
         from harness.toxiproxy import ToxiproxyNotFound
 
-        if isinstance(exc, PgBinariesNotFound | ToxiproxyNotFound):
+        if isinstance(exc, PgBinariesNotFound | ToxiproxyNotFound | BackendUnavailable):
             print(f"fencecheck: {exc}", file=sys.stderr)
             return EXIT_USAGE
         raise

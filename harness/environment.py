@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 import psycopg
 
+from harness.backend import Backend, make_backend
 from harness.control import ControlServer
 from harness.pg_binaries import PgBinaries, find_pg_binaries
 from harness.postgres import Database, PostgresCluster
@@ -92,6 +93,7 @@ class Settings:
     toxiproxy_bin: str | None = None
     work_dir: Path | None = None
     keep: bool = False
+    backend: str = "local"
 
     def worker_command_text(self) -> str:
         return shlex.join(self.worker_cmd)
@@ -149,6 +151,9 @@ class SharedServices:
         )
         self.registry = ProcessRegistry()
         self._stack = contextlib.ExitStack()
+        self.backend: Backend = make_backend(
+            settings.backend, self.binaries, settings.toxiproxy_bin
+        )
         self.toxiproxy: ToxiproxyServer | None = None
         self.primary: PostgresCluster | None = None
         self.template: str | None = None
@@ -156,17 +161,11 @@ class SharedServices:
     def __enter__(self) -> SharedServices:
         try:
             self._stack.callback(self._remove_root)
+            self._stack.callback(self.backend.close)
             self._stack.callback(self.registry.reap_all)
-            self.toxiproxy = self._stack.enter_context(
-                ToxiproxyServer(
-                    self.root / "logs",
-                    binary=self.settings.toxiproxy_bin,
-                    registry=self.registry,
-                )
-            )
-            self.primary = PostgresCluster.init_primary(
-                self.binaries, self.root / "pg", name="primary"
-            )
+            self.toxiproxy = self.backend.start_toxiproxy(self.root / "logs", self.registry)
+            self._stack.callback(self.toxiproxy.stop)
+            self.primary = self.backend.start_primary(self.root / "pg", "primary")
             self._stack.callback(self.primary.remove)
             self.template = self.primary.create_template(
                 TEMPLATE_NAME,
@@ -358,8 +357,8 @@ def experiment_environment(
             stack.callback(_delete_link, toxi, link.name)
 
         add_link("worker_pg", f"127.0.0.1:{primary.port}")
-        tool = MockToolProcess(work_dir / "tool", tools=tools, log_path=log_dir / "mock_tool.log")
-        stack.enter_context(tool)
+        tool = shared.backend.start_mock_tool(work_dir / "tool", log_dir / "mock_tool.log", tools)
+        stack.callback(tool.stop)
         add_link("worker_tool", f"127.0.0.1:{tool.port}")
         control = stack.enter_context(ControlServer(work_dir))
         env = Environment(
@@ -408,7 +407,7 @@ def _replicated_pair(
 ) -> tuple[PostgresCluster, PostgresCluster, Link]:
     """A primary of its own (migrated) and a standby streaming through a proxy."""
     assert shared.toxiproxy is not None and shared.template is not None
-    primary = PostgresCluster.init_primary(shared.binaries, work_dir / "pg", name="primary")
+    primary = shared.backend.start_primary(work_dir / "pg", "primary")
     stack.callback(primary.remove)
     with psycopg.connect(primary.admin_dsn(), autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{shared.template}"'.encode())
@@ -420,8 +419,12 @@ def _replicated_pair(
     )
     link = shared.toxiproxy.link(f"{tag}_replication", f"127.0.0.1:{primary.port}")
     stack.callback(_delete_link, shared.toxiproxy, link.name)
-    standby = primary.create_standby(
-        work_dir / "pg", upstream_host=link.listen_host, upstream_port=link.listen_port
+    standby = shared.backend.start_standby(
+        primary,
+        work_dir / "pg",
+        upstream_host=link.listen_host,
+        upstream_port=link.listen_port,
+        name="replica",
     )
     stack.callback(standby.remove)
     primary.wait_streaming("replica")

@@ -208,11 +208,7 @@ def _archive(
         ),
         "postgres_version": facts.get("version", "unknown"),
         "postgres_settings": facts,
-        "deployment": {
-            "kind": "local-processes",
-            "postgres_binaries": env.shared.binaries.describe(),
-            "replication": env.replication,
-        },
+        "deployment": {**env.shared.backend.deployment(), "replication": env.replication},
         "worker": {
             "command": settings.worker_command_text(),
             "digest": evidence.worker_digest(list(settings.worker_cmd)),

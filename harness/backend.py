@@ -1,0 +1,112 @@
+"""Where the environment's servers run: local processes (default) or containers.
+
+A backend starts PostgreSQL (primary and standby), toxiproxy and the mock tool
+and says how to reach them; everything above it (environment, scenarios,
+checkers, evidence) is the same for every backend. Workers always stay
+processes on the host, so that SIGSTOP/SIGKILL reach them directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Protocol
+
+from harness.pg_binaries import PgBinaries
+from harness.postgres import PostgresCluster
+from harness.processes import ProcessRegistry
+from harness.toxiproxy import ToxiproxyServer
+from mock_tool.process import MockToolProcess
+
+BACKENDS = ("local", "containers")
+
+
+class BackendUnavailable(RuntimeError):
+    """The chosen backend cannot run here."""
+
+
+class Backend(Protocol):
+    """What the environment needs from a place to run servers."""
+
+    kind: str  # the evidence's deployment kind
+
+    def start_primary(self, base_dir: Path, name: str) -> PostgresCluster: ...
+
+    def start_standby(
+        self,
+        primary: PostgresCluster,
+        base_dir: Path,
+        *,
+        upstream_host: str,
+        upstream_port: int,
+        name: str,
+    ) -> PostgresCluster: ...
+
+    def start_toxiproxy(self, log_dir: Path, registry: ProcessRegistry) -> ToxiproxyServer: ...
+
+    def start_mock_tool(
+        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+    ) -> MockToolProcess: ...
+
+    def deployment(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class LocalBackend:
+    """Servers as child processes of the harness on 127.0.0.1 (the default)."""
+
+    kind = "local-processes"
+
+    def __init__(self, binaries: PgBinaries, toxiproxy_bin: str | None) -> None:
+        self.binaries = binaries
+        self.toxiproxy_bin = toxiproxy_bin
+
+    def start_primary(self, base_dir: Path, name: str) -> PostgresCluster:
+        return PostgresCluster.init_primary(self.binaries, base_dir, name=name)
+
+    def start_standby(
+        self,
+        primary: PostgresCluster,
+        base_dir: Path,
+        *,
+        upstream_host: str,
+        upstream_port: int,
+        name: str,
+    ) -> PostgresCluster:
+        return primary.create_standby(
+            base_dir, upstream_host=upstream_host, upstream_port=upstream_port, name=name
+        )
+
+    def start_toxiproxy(self, log_dir: Path, registry: ProcessRegistry) -> ToxiproxyServer:
+        return ToxiproxyServer(log_dir, binary=self.toxiproxy_bin, registry=registry).start()
+
+    def start_mock_tool(
+        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+    ) -> MockToolProcess:
+        return MockToolProcess(storage, tools=tools, log_path=log_path).start()
+
+    def deployment(self) -> dict[str, Any]:
+        return {"kind": self.kind, "postgres_binaries": self.binaries.describe()}
+
+    def close(self) -> None:
+        return None
+
+
+def make_backend(name: str, binaries: PgBinaries, toxiproxy_bin: str | None) -> Backend:
+    """The backend called ``name``; a clear error when it cannot run here."""
+    if name == "local":
+        return LocalBackend(binaries, toxiproxy_bin)
+    if name == "containers":
+        try:
+            # Imported by name: the module and its dependencies (docker-py,
+            # testcontainers) are only needed when this backend is chosen.
+            containers = importlib.import_module("harness.containers")
+        except ImportError as exc:
+            raise BackendUnavailable(
+                f"the containers backend is not available: {exc}; see README.md "
+                "(make containers-setup)"
+            ) from exc
+        backend: Backend = containers.ContainerBackend.create(binaries=binaries)
+        return backend
+    raise BackendUnavailable(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
