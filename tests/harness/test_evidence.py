@@ -1,0 +1,136 @@
+"""Evidence archives: schema, masking, atomic writes; reports; CLI usage errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from harness import evidence
+from harness.report import ExperimentResult, write_junit, write_summary
+from harness.verdict import Verdict
+
+
+def _archive(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "archive_version": 1,
+        "experiment_id": "B",
+        "title": "old owner resumes",
+        "seed_section": "English seed §11 B",
+        "git_commit": "abc",
+        "runtime_versions": {"python": "3.11"},
+        "postgres_version": "PostgreSQL 18",
+        "deployment": {"kind": "local-processes"},
+        "worker": {"command": "python -m reference_impl.worker", "digest": "sha256:" + "a" * 64},
+        "run_id": "r1",
+        "tenant_id": "t1",
+        "lease_duration": "800ms",
+        "heartbeat_interval": "150ms",
+        "fault_injection_point": None,
+        "commands_executed": [{"time": 1.0, "command": "SIGSTOP A"}],
+        "worker_logs_path": "/tmp/x",
+        "postgres_queries_and_results": [{"label": "l", "query": "SELECT 1", "rows": []}],
+        "mock_tool_request_log": [{"request": {"card_number": "4111", "password": "pw"}}],
+        "broker_messages": [],
+        "expected_invariant": "x",
+        "observed_result": "y",
+        "pass_or_fail": "pass",
+        "checks": [{"name": "c", "kind": "fault", "ok": True, "expected": "e", "observed": "o"}],
+        "faults": [],
+        "control_hits": [],
+        "history": [],
+        "started_at": "2026-11-29T00:00:00Z",
+        "finished_at": "2026-11-29T00:00:01Z",
+        "duration_s": 1.0,
+        "natural_wait_s": 0.8,
+    }
+    base.update(overrides)
+    return base
+
+
+def test_archive_validates_masks_and_writes_atomically(tmp_path: Path) -> None:
+    path = evidence.write_archive(
+        tmp_path / "B.yaml", _archive(observed_result="dsn password=hunter2 host=x")
+    )
+    written = yaml.safe_load(path.read_text())
+    request = written["mock_tool_request_log"][0]["request"]
+    assert request == {"card_number": evidence.MASK, "password": evidence.MASK}
+    assert "hunter2" not in path.read_text()
+    assert written["pass_or_fail"] == "pass", "pass_or_fail must not be mistaken for a secret"
+    assert [p.name for p in tmp_path.iterdir()] == ["B.yaml"], "a temp file was left behind"
+
+
+def test_archive_missing_field_is_refused_and_nothing_written(tmp_path: Path) -> None:
+    broken = _archive()
+    del broken["expected_invariant"]
+    with pytest.raises(evidence.ArchiveInvalid, match="expected_invariant"):
+        evidence.write_archive(tmp_path / "B.yaml", broken)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bad_verdict_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(evidence.ArchiveInvalid, match="pass_or_fail"):
+        evidence.write_archive(tmp_path / "B.yaml", _archive(pass_or_fail="maybe"))
+
+
+def test_verdict_merge_and_exit_codes() -> None:
+    from harness.verdict import exit_code
+
+    assert Verdict.merge([Verdict.PASS, Verdict.UNKNOWN]) is Verdict.UNKNOWN
+    assert Verdict.merge([Verdict.UNKNOWN, Verdict.FAIL]) is Verdict.FAIL
+    assert Verdict.merge([]) is Verdict.UNKNOWN
+    assert [exit_code(v) for v in (Verdict.PASS, Verdict.FAIL, Verdict.UNKNOWN)] == [0, 1, 2]
+
+
+def _result(verdict: Verdict) -> ExperimentResult:
+    return ExperimentResult(
+        "B", "old owner resumes", None, 0, verdict, "why", 1.5, 0.8, None, "inv"
+    )
+
+
+def test_junit_and_summary(tmp_path: Path) -> None:
+    results = [_result(Verdict.PASS), _result(Verdict.FAIL), _result(Verdict.UNKNOWN)]
+    root = ET.parse(write_junit(tmp_path / "j.xml", results, suite="s")).getroot()
+    assert (root.get("tests"), root.get("failures"), root.get("errors")) == ("3", "1", "1")
+    text = write_summary(tmp_path / "s.md", results, header={"run": "x"}, wall_s=3).read_text()
+    assert "overall verdict**: fail" in text
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_cli_unknown_experiment_is_a_usage_error() -> None:
+    proc = _cli("run", "Z")
+    assert proc.returncode == 64
+    assert "unknown experiment 'Z'" in proc.stderr and "fencecheck list" in proc.stderr
+
+
+def test_cli_bad_option_value() -> None:
+    proc = _cli("run", "--repeat", "0")
+    assert proc.returncode == 2 and "expected 1 or more" in proc.stderr
+
+
+def test_cli_show_missing_archive() -> None:
+    proc = _cli("show", "/nonexistent.yaml")
+    assert proc.returncode == 64 and "no archive at" in proc.stderr
+
+
+def test_cli_list_names_every_experiment() -> None:
+    proc = _cli("list")
+    assert proc.returncode == 0
+    ids = [line.split()[0] for line in proc.stdout.splitlines() if line and not line[0].isspace()]
+    assert ids == list("ABCDEFGHIJKLMNOPQ")
+
+
+def test_cli_missing_pg_binaries_named(tmp_path: Path) -> None:
+    proc = _cli("smoke", "--pg-bin", str(tmp_path))
+    assert proc.returncode == 64
+    assert "lacks initdb" in proc.stderr
