@@ -4,6 +4,7 @@
     fencecheck list             the matrix with its invariants
     fencecheck show ARCHIVE     one evidence archive, readably, with its timeline
     fencecheck smoke            bring up every real part once, prove it works, tear down
+    fencecheck mutants [NAMES]  prove the matrix catches every protocol mutant
 
 Exit codes: 0 every verdict pass, 1 some fail, 2 some unknown or a harness
 error, 64 bad usage (the message says what to change).
@@ -95,6 +96,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     smoke = sub.add_parser("smoke", help="bring up every real part once and prove it works")
     _common_env_options(smoke)
+
+    mutants = sub.add_parser(
+        "mutants", help="prove the matrix catches every protocol mutant of the reference worker"
+    )
+    mutants.add_argument("names", nargs="*", help="mutant names (all when omitted)")
+    mutants.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
+    _common_env_options(mutants)
 
     return parser
 
@@ -193,7 +201,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_summary,
     )
     from harness.runner import jobs_for, run_jobs
-    from harness.verdict import exit_code
+    from harness.verdict import Verdict, exit_code
 
     try:
         modules = scenarios.select(args.ids)
@@ -242,6 +250,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     print(terminal_table(results))
     verdict = overall(results)
+    not_passed = [r for r in results if r.verdict is not Verdict.PASS]
+    if not_passed:
+        print(f"\nnot passed ({len(not_passed)} of {len(results)}):")
+        for r in not_passed:
+            print(f"  {r.name} {r.verdict.value}: {r.reason}  [{r.archive_path}]")
     print(f"\noverall: {verdict.value.upper()} in {wall:.1f}s; reports in {report_dir}")
     print(
         f"  summary {report_dir / 'summary.md'}, JUnit {report_dir / 'junit.xml'}, "
@@ -274,6 +287,20 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     return smoke(settings)
 
 
+def cmd_mutants(args: argparse.Namespace) -> int:
+    from harness.environment import Settings
+    from harness.mutants import MutantListUnavailable, run_mutants
+
+    settings = _settings(args)
+    assert isinstance(settings, Settings)
+    try:
+        return run_mutants(
+            settings, args.names, report_root=Path(args.report_dir), parallel=args.jobs
+        )
+    except (MutantListUnavailable, ValueError) as exc:
+        raise UsageError(str(exc)) from exc
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -287,6 +314,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_run(args)
         if args.command == "smoke":
             return cmd_smoke(args)
+        if args.command == "mutants":
+            return cmd_mutants(args)
     except UsageError as exc:
         print(f"fencecheck: {exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,0 +1,209 @@
+"""``fencecheck mutants``: prove that the matrix catches every protocol mutant.
+
+A check that cannot fail proves nothing. The reference worker lists its
+mutants (``<worker-cmd> mutants`` prints JSON: name, rule, catchers,
+description); each breaks exactly one protocol rule. For each mutant the
+harness runs the experiments expected to catch it, against a worker started
+with that mutant (``FENCECHECK_MUTANT``), and if none fails, the rest of the
+matrix. A mutant no experiment fails is a failure of the harness itself.
+
+Only a *fail* verdict counts as caught: an *unknown* (fault not confirmed)
+proves nothing about the mutant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import scenarios
+from harness.environment import Settings, SharedServices
+from harness.report import ExperimentResult
+from harness.runner import jobs_for, run_jobs
+from harness.verdict import Verdict
+
+
+class MutantListUnavailable(RuntimeError):
+    """The worker command cannot list its mutants."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Mutant:
+    name: str
+    rule: int
+    catchers: tuple[str, ...]
+    description: str
+
+
+@dataclasses.dataclass
+class MutantOutcome:
+    mutant: Mutant
+    caught_by: list[str]
+    expected_caught: bool
+    detail: str
+    wall_s: float
+    results: list[ExperimentResult]
+
+    @property
+    def caught(self) -> bool:
+        return bool(self.caught_by)
+
+
+def list_mutants(worker_cmd: Sequence[str]) -> list[Mutant]:
+    """The worker's mutants, from ``<worker-cmd> mutants`` (JSON on stdout)."""
+    try:
+        proc = subprocess.run(
+            [*worker_cmd, "mutants"], capture_output=True, text=True, timeout=60, check=False
+        )
+    except OSError as exc:
+        raise MutantListUnavailable(f"cannot run `{' '.join(worker_cmd)} mutants`: {exc}") from exc
+    if proc.returncode != 0:
+        raise MutantListUnavailable(
+            f"`{' '.join(worker_cmd)} mutants` exited {proc.returncode}: "
+            f"{proc.stderr.strip()[-500:]} (only the reference worker has mutants)"
+        )
+    try:
+        raw: list[dict[str, Any]] = json.loads(proc.stdout)
+        return [
+            Mutant(
+                name=str(m["name"]),
+                rule=int(m["rule"]),
+                catchers=tuple(str(c).upper() for c in m["catchers"]),
+                description=str(m.get("description", "")),
+            )
+            for m in raw
+        ]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MutantListUnavailable(
+            f"`mutants` printed something that is not the list: {exc}"
+        ) from exc
+
+
+def _failed(results: Sequence[ExperimentResult]) -> list[ExperimentResult]:
+    return [r for r in results if r.verdict is Verdict.FAIL]
+
+
+def check_mutant(
+    mutant: Mutant, base: Settings, report_dir: Path, *, parallel: int, seed: int
+) -> MutantOutcome:
+    """Run ``mutant`` against its catchers, then (if uncaught) the rest of the matrix."""
+    started = time.monotonic()
+    settings = dataclasses.replace(base, mutant=mutant.name, keep=False)
+    all_modules = scenarios.all_modules()
+    expected = [m for m in all_modules if m.SPEC.id in mutant.catchers]
+    rest = [m for m in all_modules if m.SPEC.id not in mutant.catchers]
+    results: list[ExperimentResult] = []
+    with SharedServices(settings) as shared:
+        results += run_jobs(
+            shared,
+            jobs_for(expected, 1),
+            report_dir=report_dir / mutant.name,
+            seed=seed,
+            parallel=parallel,
+            progress=lambda _m: None,
+        )
+        expected_caught = bool(_failed(results))
+        if not expected_caught:
+            results += run_jobs(
+                shared,
+                jobs_for(rest, 1),
+                report_dir=report_dir / mutant.name,
+                seed=seed,
+                parallel=parallel,
+                progress=lambda _m: None,
+            )
+    failed = _failed(results)
+    detail = (
+        "; ".join(f"{r.name}: {r.reason}" for r in failed)
+        if failed
+        else "no experiment failed: " + ", ".join(f"{r.name}={r.verdict.value}" for r in results)
+    )
+    return MutantOutcome(
+        mutant=mutant,
+        caught_by=sorted({r.name for r in failed}),
+        expected_caught=expected_caught,
+        detail=detail,
+        wall_s=time.monotonic() - started,
+        results=results,
+    )
+
+
+def table(outcomes: Sequence[MutantOutcome]) -> str:
+    rows = [("mutant", "rule", "expected", "caught by", "verdict detail")]
+    for o in outcomes:
+        rows.append(
+            (
+                o.mutant.name,
+                str(o.mutant.rule),
+                ",".join(o.mutant.catchers),
+                ",".join(o.caught_by) or "NOT CAUGHT",
+                o.detail[:90],
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join([*(r[i].ljust(widths[i]) for i in range(4)), r[4]]) for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def run_mutants(
+    settings: Settings,
+    names: Sequence[str],
+    *,
+    report_root: Path,
+    parallel: int,
+    seed: int = 20261129,
+    concurrent_mutants: int = 2,
+) -> int:
+    """The CLI's ``mutants`` command; exit 0 only when every mutant was caught."""
+    known = list_mutants(settings.worker_cmd)
+    by_name = {m.name: m for m in known}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(by_name))}")
+    chosen = [by_name[n] for n in names] if names else known
+    report_dir = report_root / ("mutants-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    report_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    print(f"fencecheck mutants: {len(chosen)} mutant(s); reports in {report_dir}", flush=True)
+
+    def one(m: Mutant) -> MutantOutcome:
+        outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
+        mark = "caught by " + ",".join(outcome.caught_by) if outcome.caught else "NOT CAUGHT"
+        print(f"  {m.name} (rule {m.rule}): {mark} in {outcome.wall_s:.1f}s", flush=True)
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=concurrent_mutants, thread_name_prefix="mutant") as pool:
+        outcomes = list(pool.map(one, chosen))
+    wall = time.monotonic() - started
+    caught = sum(o.caught for o in outcomes)
+    print()
+    print(table(outcomes))
+    print(
+        f"\nmutation score: {caught}/{len(outcomes)} caught in {wall:.1f}s"
+        f" ({sum(o.expected_caught for o in outcomes)} by their expected experiment)"
+    )
+    (report_dir / "mutants.json").write_text(
+        json.dumps(
+            [
+                {
+                    "mutant": o.mutant.name,
+                    "rule": o.mutant.rule,
+                    "expected": list(o.mutant.catchers),
+                    "caught_by": o.caught_by,
+                    "expected_caught": o.expected_caught,
+                    "detail": o.detail,
+                    "wall_s": round(o.wall_s, 2),
+                }
+                for o in outcomes
+            ],
+            indent=2,
+        )
+    )
+    return 0 if caught == len(outcomes) else 1
