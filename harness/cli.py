@@ -266,11 +266,17 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _keep_up(shared: object) -> None:
     from harness.environment import SharedServices
 
-    assert isinstance(shared, SharedServices)
-    print("\n--keep: the environment stays up until you press Ctrl-C.")
+    assert isinstance(shared, SharedServices) and shared.primary is not None
+    print("\n--keep: PostgreSQL and toxiproxy stay up until you press Ctrl-C.")
     for key, value in shared.describe().items():
         print(f"  {key}: {value}")
-    print("  connect: psql '" + shared.describe()["primary"] + "'")
+    databases = shared.primary.query(
+        "SELECT datname FROM pg_database WHERE datname NOT IN "
+        "('postgres', 'template0', 'template1') ORDER BY oid"
+    )
+    print("  experiment databases (one per experiment run, as the experiment left it):")
+    for row in databases:
+        print(f"    psql '{shared.primary.admin_dsn(row['datname'])}'")
     try:
         while True:
             time.sleep(3600)

@@ -179,8 +179,8 @@ class SharedServices:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.settings.keep:
-            return
+        # --keep is honoured by the caller blocking before this exit; the
+        # environment itself is always torn down in the end.
         self._stack.close()
 
     def close(self) -> None:
@@ -347,7 +347,8 @@ def experiment_environment(
             db = Database(cluster=primary, name=shared.template)
         else:
             db = primary.create_database(template=shared.template, prefix=name.lower())
-            stack.callback(primary.drop_database, db.name)
+            if not shared.settings.keep:  # kept databases are listed by `run --keep`
+                stack.callback(primary.drop_database, db.name)
         toxi = shared.toxiproxy
         links: dict[str, Link] = {}
 
