@@ -57,7 +57,12 @@ class ExperimentSpec:
     # timeouts); the rest of its wall time is harness overhead.
     natural_wait_s: float = 0.0
     variants: tuple[str, ...] = ()
+    # Per-variant natural waits where variants differ, e.g. (("unknown", 0.8),).
+    variant_waits: tuple[tuple[str, float], ...] = ()
     timeout_s: float = 60.0
+
+    def natural_wait(self, variant: str | None) -> float:
+        return dict(self.variant_waits).get(variant or "", self.natural_wait_s)
 
     @property
     def slug(self) -> str:

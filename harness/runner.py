@@ -142,7 +142,7 @@ def run_job(
         verdict=verdict,
         reason=reason,
         duration_s=finished - started,
-        natural_wait_s=spec.natural_wait_s,
+        natural_wait_s=spec.natural_wait(job.variant),
         archive_path=written,
         invariant=spec.invariant,
         failed_checks=failed,
@@ -243,7 +243,7 @@ def _archive(
         "started_at": _iso(started),
         "finished_at": _iso(time.time()),
         "duration_s": 0.0,
-        "natural_wait_s": spec.natural_wait_s,
+        "natural_wait_s": spec.natural_wait(job.variant),
         "harness_error": harness_error,
     }
 
@@ -297,7 +297,7 @@ def _minimal_archive(
         "started_at": _iso(started),
         "finished_at": _iso(time.time()),
         "duration_s": 0.0,
-        "natural_wait_s": spec.natural_wait_s,
+        "natural_wait_s": spec.natural_wait(job.variant),
         "harness_error": harness_error,
     }
 

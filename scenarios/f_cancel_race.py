@@ -22,6 +22,7 @@ SPEC = ExperimentSpec(
     fault="cancel while the effect is prepared / dispatching / unknown",
     rules=(4, 6),
     variants=("prepared", "dispatching", "unknown"),
+    variant_waits=(("unknown", 0.8),),
 )
 
 POINT = {

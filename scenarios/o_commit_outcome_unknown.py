@@ -26,7 +26,7 @@ SPEC = ExperimentSpec(
     rules=(9,),
     injection_point="before_commit",
     variants=("request_lost", "response_lost"),
-    natural_wait_s=0.5,
+    variant_waits=(("response_lost", 0.4),),
 )
 
 
