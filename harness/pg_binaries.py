@@ -115,6 +115,16 @@ def candidates(explicit: str | Path | None = None) -> list[tuple[str, Path]]:
     return found
 
 
+def _unreachable_by_server_user(bindir: Path) -> Path | None:
+    """As root the server runs as an unprivileged user, who must be able to reach
+    the binaries (a checkout under a 0700 home directory is not reachable)."""
+    from harness.os_user import first_untraversable, unprivileged_user
+
+    if os.geteuid() != 0:
+        return None
+    return first_untraversable(bindir, unprivileged_user())
+
+
 def find_pg_binaries(explicit: str | Path | None = None) -> PgBinaries:
     """The first complete set of server binaries in the documented search order.
 
@@ -124,6 +134,16 @@ def find_pg_binaries(explicit: str | Path | None = None) -> PgBinaries:
     tried: list[str] = []
     for source, bindir in candidates(explicit):
         missing = _missing(bindir)
+        blocked = None if missing else _unreachable_by_server_user(bindir)
+        if blocked is not None:
+            reason = (
+                f"the server's OS user cannot enter {blocked}; make that directory "
+                "world-executable (chmod o+x) or use another checkout path"
+            )
+            if source.startswith(("explicit", "$")):
+                raise PgBinariesNotFound(f"{source} names {bindir}, but {reason}")
+            tried.append(f"  {source}: {bindir} ({reason})")
+            continue
         if not missing:
             return PgBinaries(bindir=bindir, source=source, version=_version(bindir))
         tried.append(f"  {source}: {bindir} (missing {', '.join(missing)})")

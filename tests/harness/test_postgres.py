@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -72,3 +73,17 @@ def _commit_in_thread(dsn: str, statement: str) -> tuple[threading.Thread, list[
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     return thread, errors
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root switches the server to another user")
+def test_binaries_the_server_user_cannot_reach_are_refused(
+    tmp_path: Path, pg_binaries: PgBinaries, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    private = tmp_path / "private"
+    (private / "bin").mkdir(parents=True)
+    for name in ("initdb", "pg_ctl", "postgres", "pg_basebackup"):
+        (private / "bin" / name).symlink_to(pg_binaries.bindir / name)
+    private.chmod(0o700)
+    monkeypatch.setenv("FENCECHECK_PG_BIN", str(private / "bin"))
+    with pytest.raises(PgBinariesNotFound, match="cannot enter"):
+        find_pg_binaries()
