@@ -38,7 +38,7 @@ from psycopg.types.json import Jsonb
 from harness import injection
 from reference_impl import errors as e
 from reference_impl import metrics
-from reference_impl.db import Notice, Session
+from reference_impl.db import Conn, Notice, Session
 from reference_impl.ids import new_event_id, state_hash
 from reference_impl.leases import Lease
 from reference_impl.logs import log
@@ -228,8 +228,11 @@ class ProtectedWriter:
                 time.sleep(0.1 * (attempt + 1))
         raise e.CommitOutcomeUnknown(f"read-back impossible: {last}") from last
 
-    def on_commit_warning(self, w: Write, notices: list[Notice]) -> Written:
-        """A COMMIT answered with a WARNING is not a durable success (rule 11)."""
+    def on_commit_warning(self, w: Write, notices: list[Notice], written: Written) -> Written:
+        """A COMMIT answered with a WARNING is not a durable success (rule 11).
+
+        ``written`` is what the server answered; it is never returned here.
+        """
         log(
             _log,
             logging.ERROR,
@@ -265,7 +268,7 @@ class ProtectedWriter:
         )
         notices = self.session.warnings.drain()
         if notices:
-            return self.on_commit_warning(w, notices)
+            return self.on_commit_warning(w, notices, written)
         return written
 
     def _fast(self, w: Write) -> Written:
@@ -284,12 +287,7 @@ class ProtectedWriter:
         conn = self.session.conn
         lease = w.lease
         try:
-            conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
-            locked = conn.execute(
-                self.q.sql("lock_lease"),
-                {"run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch},
-            ).fetchone()
-            assert locked is not None
+            locked = self._begin_locked(conn, lease)
             injection.point(
                 "after_lease_row_locked",
                 run_id=lease.run_id,
@@ -317,6 +315,16 @@ class ProtectedWriter:
                 raise _CommitUnknown(str(exc)) from exc
             raise
         return self._finish(w, row)
+
+    def _begin_locked(self, conn: Conn, lease: Lease) -> dict[str, Any]:
+        """BEGIN, then lock and validate the lease row: the lock is held until COMMIT."""
+        conn.execute("BEGIN ISOLATION LEVEL READ COMMITTED")
+        locked = conn.execute(
+            self.q.sql("lock_lease"),
+            {"run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch},
+        ).fetchone()
+        assert locked is not None
+        return locked
 
     def _rollback_quietly(self) -> None:
         try:

@@ -1,8 +1,9 @@
-"""``python -m reference_impl.worker {migrate,run,ops}`` (worker contract, section 1)."""
+"""``python -m reference_impl.worker {migrate,run,ops,mutants}`` (worker contract, section 1)."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -24,7 +25,7 @@ _log = logging.getLogger("reference_impl.worker")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fencecheck-worker", description=__doc__)
-    p.add_argument("mode", choices=["migrate", "run", "ops"])
+    p.add_argument("mode", choices=["migrate", "run", "ops", "mutants"])
     p.add_argument("--dsn", help="worker-role DSN (FENCECHECK_DSN)")
     p.add_argument("--admin-dsn", help="superuser DSN for migrate (FENCECHECK_ADMIN_DSN)")
     p.add_argument("--worker-id", help="FENCECHECK_WORKER_ID")
@@ -58,8 +59,20 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+def print_mutants() -> int:
+    """The mutant registry as JSON (reference worker only): the harness reads it
+    from this process and never imports reference_impl."""
+    from reference_impl.mutants import REGISTRY
+
+    json.dump([m.as_dict() for m in REGISTRY.values()], sys.stdout, indent=2)
+    sys.stdout.write("\n")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.mode == "mutants":
+        return print_mutants()
     try:
         settings = settings_from(args)
     except ValueError as exc:

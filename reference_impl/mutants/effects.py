@@ -1,0 +1,98 @@
+"""Rule 4, 5 and 6 mutants: the side-effect ledger, operation identity, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from mock_tool.errors import ToolError
+from reference_impl import ids
+from reference_impl.db import Conn
+from reference_impl.ledger import Reconciler
+from reference_impl.mutants.base import Component, Method, Mutant, SqlOverlay
+from reference_impl.protocol import Protocol
+
+
+def operation_id_per_attempt(
+    self: Protocol, tenant: str, run_id: str, step_id: str, effect_version: int
+) -> str:
+    """MUTANT: the id carries a per-attempt nonce (like a worker, epoch or time)."""
+    return f"{ids.operation_id(tenant, run_id, step_id, effect_version)}/{uuid.uuid4().hex[:8]}"
+
+
+class ResendingReconciler(Reconciler):
+    """Takes an unknown outcome for a failed attempt and sends the request again."""
+
+    def reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
+        # MUTANT: no query, no check of what the tool promises: resend with the
+        # same key and record whatever the second answer says as the fact.
+        op_id = str(row["operation_id"])
+        try:
+            res = self.dispatcher.tools.create(
+                str(row["tool_name"]), op_id, str(row["run_id"]), 0, dict(row["request_body"])
+            )
+        except ToolError:
+            return None
+        status = self.ledger.converge(
+            conn,
+            op_id,
+            int(row["revision"]),
+            "succeeded",
+            res.resource_id,
+            {"resource_id": res.resource_id},
+            {"source": "resend after unknown"},
+        )
+        return {"operation_id": op_id, "from": "unknown", "to": status}
+
+
+MUTANTS = (
+    Mutant(
+        "expired_claim_back_to_prepared",
+        4,
+        ("J", "E"),
+        "a dispatch claim past its deadline goes back to prepared instead of unknown, "
+        "so it is dispatched again although the tool may have acted",
+        SqlOverlay("expired_claim_back_to_prepared.sql", "fencecheck.reconcile_expire_claims"),
+    ),
+    Mutant(
+        "result_ignores_dispatch_claim",
+        4,
+        ("E",),
+        "a dispatcher's tool result is recorded whenever the operation is dispatching, "
+        "whoever holds the claim and whatever the ledger revision: a stale "
+        "dispatcher's late answer overwrites a newer claim still in flight",
+        SqlOverlay("result_ignores_dispatch_claim.sql", "fencecheck.record_tool_result"),
+    ),
+    Mutant(
+        "new_operation_id_on_retry",
+        5,
+        ("E", "J"),
+        "the operation_id carries a per-attempt nonce, so a takeover or retry derives a "
+        "new id for the same business intent instead of resuming the persisted one",
+        Method("operation_id", operation_id_per_attempt),
+    ),
+    Mutant(
+        "unknown_resent_as_failure",
+        5,
+        ("J", "E"),
+        "an unknown tool outcome (timeout, lost answer, dead dispatcher) is taken for a "
+        "failure and the request is sent again, whatever the tool promises",
+        Component("reconciler_cls", ResendingReconciler),
+    ),
+    Mutant(
+        "cancel_marks_inflight_cancelled",
+        6,
+        ("F",),
+        "cancel marks dispatching and unknown operations cancelled too, pretending "
+        "effects that may have happened did not",
+        SqlOverlay("cancel_marks_inflight_cancelled.sql", "fencecheck.cancel_run"),
+    ),
+    Mutant(
+        "cancel_keeps_prepared",
+        6,
+        ("F",),
+        "cancel stops the run but leaves its prepared operations prepared: nothing "
+        "forbids dispatching them later",
+        SqlOverlay("cancel_keeps_prepared.sql", "fencecheck.cancel_run"),
+    ),
+)

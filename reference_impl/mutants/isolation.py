@@ -1,0 +1,32 @@
+"""Rule 7 and 12 mutants: retries stay apart from old runs, tenants from each other."""
+
+from __future__ import annotations
+
+from reference_impl.mutants.base import Mutant, SqlOverlay
+
+MUTANTS = (
+    Mutant(
+        "retry_reuses_run_id",
+        7,
+        ("G",),
+        "a retry does not get a new run_id: the old run is queued again under its id, "
+        "so anything addressed to the old execution reaches the retry",
+        SqlOverlay("retry_reuses_run_id.sql", "fencecheck.retry_run"),
+    ),
+    Mutant(
+        "rls_missing",
+        12,
+        ("N",),
+        "row level security is off on the tenant tables: nothing scopes a query to the "
+        "caller's tenant",
+        SqlOverlay("rls_missing.sql", "RLS of the tenant tables"),
+    ),
+    Mutant(
+        "worker_can_update_runs",
+        12,
+        ("N",),
+        "the worker role may UPDATE agent_runs directly, around the protected-write "
+        "functions (owner, epoch, revision, status)",
+        SqlOverlay("worker_can_update_runs.sql", "the worker role's grants on agent_runs"),
+    ),
+)
