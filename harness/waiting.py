@@ -21,7 +21,7 @@ def wait_for(
     interval_s: float = 0.01,
     max_interval_s: float = 0.1,
 ) -> T:
-    """Poll ``probe`` until it returns something other than None/False.
+    """Poll ``probe`` until it returns something truthy (an empty list is not).
 
     The interval grows from ``interval_s`` to ``max_interval_s`` so that short
     waits answer fast and long ones do not hammer what they poll. The last
@@ -37,7 +37,7 @@ def wait_for(
         except Exception as exc:  # the probe's failure is what we report on timeout
             last_error = exc
             value = None
-        if value is not None and value is not False:
+        if value:
             return value
         if time.monotonic() >= deadline:
             detail = f" (last error: {last_error!r})" if last_error else ""

@@ -1,0 +1,27 @@
+"""Bounded waits."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.waiting import WaitTimeout, wait_for
+
+
+def test_empty_results_keep_waiting_and_the_timeout_names_what() -> None:
+    calls: list[int] = []
+
+    def probe() -> list[int]:
+        calls.append(1)
+        return [] if len(calls) < 3 else [42]
+
+    assert wait_for(probe, what="three calls", timeout_s=5) == [42]
+    with pytest.raises(WaitTimeout, match="waiting for the impossible"):
+        wait_for(lambda: [], what="the impossible", timeout_s=0.05)
+
+
+def test_last_probe_error_is_reported() -> None:
+    def probe() -> bool:
+        raise ConnectionError("refused")
+
+    with pytest.raises(WaitTimeout, match="refused"):
+        wait_for(probe, what="a server", timeout_s=0.05)
