@@ -135,14 +135,16 @@ class ProtectedWriter:
         stepped: bool | None = None,
         serialization_budget: int = 5,
         unknown_budget: int = 2,
-        readback_attempts: int = 3,
+        readback_budget_s: float = 5.0,
     ) -> None:
         self.session = session
         self.q = queries
         self.stepped = injection.active() if stepped is None else stepped
         self.serialization_budget = serialization_budget
         self.unknown_budget = unknown_budget
-        self.readback_attempts = readback_attempts
+        # A commit whose outcome is unknown usually coincides with a network
+        # fault: keep asking for a few seconds before giving up as unknown.
+        self.readback_budget_s = readback_budget_s
 
     # ------------------------------------------------------------ public
     def write(self, w: Write) -> Written:
@@ -210,7 +212,9 @@ class ProtectedWriter:
     def read_back(self, w: Write) -> ReadBack:
         """Which of the write's two rows exist, asked on a fresh connection."""
         last: BaseException | None = None
-        for attempt in range(self.readback_attempts):
+        deadline = time.monotonic() + self.readback_budget_s
+        delay = 0.05
+        while True:
             try:
                 self.session.discard()
                 row = self.session.conn.execute(
@@ -225,8 +229,13 @@ class ProtectedWriter:
                 return classify_read_back(bool(row["checkpoint"]), bool(row["outbox"]))
             except psycopg.OperationalError as exc:
                 last = exc
-                time.sleep(0.1 * (attempt + 1))
-        raise e.CommitOutcomeUnknown(f"read-back impossible: {last}") from last
+                if time.monotonic() + delay > deadline:
+                    break
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+        raise e.CommitOutcomeUnknown(
+            f"read-back impossible within {self.readback_budget_s}s: {last}"
+        ) from last
 
     def on_commit_warning(self, w: Write, notices: list[Notice], written: Written) -> Written:
         """A COMMIT answered with a WARNING is not a durable success (rule 11).

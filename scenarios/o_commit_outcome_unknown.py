@@ -50,6 +50,10 @@ def run(ctx: ExperimentContext) -> None:
         worker_async=True,
     )
     ctx.reached("W", "before_commit")
+    sessions = [
+        r["pid"]
+        for r in ctx.env.query("SELECT pid FROM pg_stat_activity WHERE application_name = 'W'")
+    ]
     link = ctx.env.links["worker_pg"]
     fault = link.cut() if variant == "request_lost" else link.drop_responses(close_after_ms=400)
     ctx.command(f"toxiproxy: {fault.detail}")
@@ -63,17 +67,17 @@ def run(ctx: ExperimentContext) -> None:
                 timeout_s=10,
             )
         )
-    # Heal only once W's original connection is gone, so its answer stays lost.
-    wait_for(
-        lambda: (
-            not ctx.env.query(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'W' "
-                "AND state = 'idle in transaction'"
-            )
-        ),
-        what="W's interrupted session to end on the server",
-        timeout_s=10,
-    )
+    # Heal only once W's sessions from before the fault are gone on the server
+    # (toxiproxy closed them), so the answer to its COMMIT stays lost. A cut
+    # closes them at once: the COMMIT cannot travel on them any more.
+    if variant == "response_lost":
+        wait_for(
+            lambda: (
+                not ctx.env.query("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [sessions])
+            ),
+            what="W's sessions from before the fault to end on the server",
+            timeout_s=10,
+        )
     ctx.heal("worker_pg")
     reply = pending.result(30)
     events = ctx.sql(
