@@ -18,6 +18,7 @@ commands it executed (signals, proxy changes), and notes.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -84,6 +85,7 @@ class QueryRecord:
     label: str
     query: str
     rows: list[dict[str, Any]]
+    params: list[Any] | None = None
 
 
 @dataclass
@@ -148,7 +150,15 @@ class ExperimentContext:
         """Run a query as the harness (superuser) on the experiment database and
         keep the query with its rows as evidence."""
         rows = self.env.query(statement, params)
-        self.queries.append(QueryRecord(time.time(), label, " ".join(statement.split()), rows))
+        self.queries.append(
+            QueryRecord(
+                time.time(),
+                label,
+                " ".join(statement.split()),
+                rows,
+                list(params) if params is not None else None,
+            )
+        )
         return rows
 
     def command(self, text: str) -> None:
@@ -227,6 +237,8 @@ class ExperimentContext:
     def op(self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any) -> OpReply:
         """One ops request; an op the worker does not implement is inconclusive."""
         reply = worker.request(op, args, timeout_s=timeout_s)
+        outcome = "ok" if reply.ok else f"{reply.error}: {reply.message}"
+        self.command(f"{worker.worker_id}: {op} {json.dumps(args, default=str)} -> {outcome}")
         if reply.unsupported:
             raise Inconclusive(f"worker {worker.worker_id} does not implement op {op!r}")
         if reply.ok and isinstance(reply.result.get("run_id"), str):

@@ -24,6 +24,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -422,6 +423,24 @@ class Link:
                 self.stop(record.kind)
 
 
+def _describe_version(reported: str, binary: Path) -> str:
+    """The server's version; a `go install` build reports "git", so the module
+    version is read from the binary's build info instead."""
+    if reported not in ("", "git"):
+        return reported
+    try:
+        out = subprocess.run(
+            ["go", "version", "-m", str(binary)], capture_output=True, text=True, timeout=10
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return reported
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and parts[0] == "mod" and "toxiproxy" in parts[1]:
+            return f"{parts[2]} ({parts[1]})"
+    return reported
+
+
 class ToxiproxyServer:
     """A real toxiproxy-server on a free loopback port, stopped on exit.
 
@@ -476,7 +495,7 @@ class ToxiproxyServer:
             deadline = time.monotonic() + self.startup_timeout_s
             while time.monotonic() < deadline and proc.is_alive():
                 try:
-                    self.version = client.version()
+                    self.version = _describe_version(client.version(), self.binary)
                 except ToxiproxyError as exc:
                     last_error = str(exc)
                     time.sleep(0.02)
