@@ -296,6 +296,7 @@ def timeline(
     faults: Iterable[FaultRecord] = (),
     *,
     signals: Iterable[SignalRecord] = (),
+    notes: Iterable[tuple[float, str]] = (),
 ) -> list[str]:
     """One line per entry, ordered by time, as '+412ms A ok claim run=1f2a.. epoch=4'.
 
@@ -322,6 +323,8 @@ def timeline(
     for s in signals:
         for when, text in _signal_lines(s):
             add(when, 3, "* " + text)
+    for when, text in notes:
+        add(when, 4, "* " + text)
     if not entries:
         return []
     entries.sort(key=lambda t: (t[0], t[1], t[2]))

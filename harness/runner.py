@@ -236,7 +236,7 @@ def _archive(
         + [{"unreadable_line": str(p)} for p in history.problems],
         "signals": [dataclasses.asdict(s) for s in ctx.signals],
         "audit_trail": audit,
-        "timeline": timeline(events, hits, faults, signals=ctx.signals),
+        "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
@@ -246,6 +246,29 @@ def _archive(
         "natural_wait_s": spec.natural_wait(job.variant),
         "harness_error": harness_error,
     }
+
+
+def _audit_notes(audit: list[dict[str, Any]]) -> list[tuple[float, str]]:
+    """The database's own account of who held which epoch when, for the timeline."""
+    notes: list[tuple[float, str]] = []
+    for r in audit:
+        at = r["at"].timestamp() if hasattr(r["at"], "timestamp") else 0.0
+        change = []
+        if r["op"] == "INSERT":
+            change.append(f"created {r['status']}")
+        else:
+            if r["old_status"] != r["status"]:
+                change.append(f"{r['old_status']}->{r['status']}")
+            if r["old_epoch"] != r["epoch"]:
+                change.append(f"epoch {r['old_epoch']}->{r['epoch']} owner {r['owner']}")
+            elif r["old_owner"] != r["owner"]:
+                change.append(f"owner {r['old_owner']}->{r['owner']}")
+            if r["old_revision"] != r["revision"]:
+                change.append(f"rev {r['old_revision']}->{r['revision']}")
+            if not change:
+                change.append("lease renewed")
+        notes.append((at, f"db run={str(r['run_id'])[:8]}.. {', '.join(change)} (by {r['app']})"))
+    return notes
 
 
 def _observed(ctx: ExperimentContext) -> str:
