@@ -48,6 +48,11 @@ class Backend(Protocol):
         self, storage: Path, log_path: Path, tools: dict[str, str] | None
     ) -> MockToolProcess: ...
 
+    def inner_address(self, host: str, port: int) -> str:
+        """How toxiproxy (and the backend's other servers) reach what the harness
+        reaches at ``host:port``: the upstream to give a proxy."""
+        ...
+
     def deployment(self) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
@@ -85,6 +90,9 @@ class LocalBackend:
         self, storage: Path, log_path: Path, tools: dict[str, str] | None
     ) -> MockToolProcess:
         return MockToolProcess(storage, tools=tools, log_path=log_path).start()
+
+    def inner_address(self, host: str, port: int) -> str:
+        return f"{host}:{port}"  # every server shares the harness's loopback
 
     def deployment(self) -> dict[str, Any]:
         return {"kind": self.kind, "postgres_binaries": self.binaries.describe()}

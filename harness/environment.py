@@ -253,7 +253,7 @@ class Environment:
     def add_pg_link(self, key: str) -> Link:
         """A proxy of its own to the primary, so one worker's link can be cut alone."""
         link = self.shared.toxiproxy_server().link(
-            f"{self.tag}_{key}", f"127.0.0.1:{self.primary.port}"
+            f"{self.tag}_{key}", self.shared.backend.inner_address("127.0.0.1", self.primary.port)
         )
         self.links[key] = link
         self.extra_links.append(link.name)
@@ -357,10 +357,10 @@ def experiment_environment(
             links[key] = link
             stack.callback(_delete_link, toxi, link.name)
 
-        add_link("worker_pg", f"127.0.0.1:{primary.port}")
+        add_link("worker_pg", shared.backend.inner_address("127.0.0.1", primary.port))
         tool = shared.backend.start_mock_tool(work_dir / "tool", log_dir / "mock_tool.log", tools)
         stack.callback(tool.stop)
-        add_link("worker_tool", f"127.0.0.1:{tool.port}")
+        add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
         control = stack.enter_context(ControlServer(work_dir))
         env = Environment(
             name=name,
@@ -418,7 +418,9 @@ def _replicated_pair(
         work_dir / "logs",
         mutant=shared.settings.mutant,
     )
-    link = shared.toxiproxy.link(f"{tag}_replication", f"127.0.0.1:{primary.port}")
+    link = shared.toxiproxy.link(
+        f"{tag}_replication", shared.backend.inner_address("127.0.0.1", primary.port)
+    )
     stack.callback(_delete_link, shared.toxiproxy, link.name)
     standby = shared.backend.start_standby(
         primary,

@@ -30,7 +30,10 @@ JOBS = jobs_for(scenarios.all_modules(), repeat=1)
 @pytest.fixture(scope="session")
 def matrix_services() -> Iterator[SharedServices]:
     cmd = os.environ.get("FENCECHECK_WORKER_CMD")
-    settings = Settings(worker_cmd=tuple(shlex.split(cmd)) if cmd else DEFAULT_WORKER_CMD)
+    backend = os.environ.get("FENCECHECK_BACKEND", "local")  # containers: make test-containers
+    settings = Settings(
+        worker_cmd=tuple(shlex.split(cmd)) if cmd else DEFAULT_WORKER_CMD, backend=backend
+    )
     with SharedServices(settings) as shared:
         yield shared
 

@@ -1,0 +1,1057 @@
+"""The container backend: PostgreSQL, toxiproxy and the mock tool as containers.
+
+Chosen with ``fencecheck run --backend containers`` (or ``FENCECHECK_BACKEND=
+containers`` for the pytest matrix); set up once with ``make containers-setup``.
+Containers are created through testcontainers-python and controlled (kill,
+pause, logs, cleanup) through docker-py, against any Docker-compatible engine:
+``$DOCKER_HOST`` when set, else the podman service ``make containers-setup``
+starts on ``.tools/containers/podman.sock``, else the usual sockets. Workers
+stay processes on the host, so SIGSTOP/SIGKILL reach them exactly as before.
+
+What runs where
+---------------
+* One private bridge network per backend (one ``fencecheck run`` or pytest
+  session), ``fencecheck-<run>``, with the engine's DNS: containers reach
+  each other by container name.
+* PostgreSQL primary and standby: containers of ``$FENCECHECK_PG_IMAGE``
+  (any image whose entrypoint behaves like the official postgres image's;
+  default the locally built ``localhost/fencecheck/postgres:latest``), each
+  publishing 5432 on a random ``127.0.0.1`` port. An init script copied into
+  ``/docker-entrypoint-initdb.d`` appends the harness's server settings
+  (``harness.postgres.BASE_SETTINGS``) to ``postgresql.conf`` and allows
+  replication connections; authentication is ``trust``, as for the local
+  clusters. A standby's container runs ``pg_basebackup`` from the primary's
+  container (direct, over the network), then streams through toxiproxy.
+* toxiproxy: a container on the same network, built from the binary the
+  local backend would run. Its API is published on a random loopback port,
+  and a pool of proxy ports is published with the *same* number inside and
+  out: a proxy listening on ``0.0.0.0:P`` in the container is
+  ``127.0.0.1:P`` for the harness and host workers, and ``<toxiproxy>:P``
+  for the standby's WAL receiver. Cutting the replication link therefore
+  cuts exactly the standby's stream, as with local processes.
+* mock tool: a container of this repository's ``mock_tool`` package, its
+  SQLite storage bind-mounted from the experiment's directory on the host
+  (so the log survives a restart and stays on the host as evidence), its
+  port published on loopback.
+
+Addressing
+----------
+Each service has two addresses: the harness's (``127.0.0.1:<published>``)
+and the network's (``<container name>:<port>``). ``inner_address`` maps the
+first to the second; the environment asks it for every proxy upstream, and a
+standby asked to stream from ``127.0.0.1:P`` streams from ``<toxiproxy>:P``.
+
+Host networking was the alternative: it would spare the port pool, but the
+standby on a private network would then need toxiproxy to listen on the
+bridge's gateway address, and PostgreSQL with trust authentication would
+listen on host interfaces. Here nothing is reachable from outside the
+machine: only loopback ports are published.
+
+Faults beyond toxiproxy
+-----------------------
+* fence, ``stop("immediate")``: ``docker kill`` (SIGKILL) of the container,
+  so no process of the old primary survives, then promote the standby with
+  ``pg_promote()`` exactly as for local clusters (``harness.postgres.failover``).
+* ``stop("fast")``: SIGINT (PostgreSQL's fast shutdown), waiting for the exit.
+* ``pause()``/``unpause()``: ``docker pause`` (cgroup freezer) of the whole
+  server: every backend freezes with its sockets open, an extra
+  PostgreSQL-side fault the local backend has no equivalent of.
+
+Cleanup
+-------
+Every container and the network are named ``fencecheck-<run>-...`` and
+labelled with the run, the owning harness's pid, that pid's start time and
+the host name. ``close()`` removes all of them (by label, so even one whose
+creation failed half-way), also on Ctrl-C/SIGTERM through the environment's
+exit stack, and an ``atexit`` hook covers an interpreter that ends without
+``close()``. No Ryuk reaper (its image cannot be pulled here): instead every
+backend start removes leftovers of runs whose owner is dead (pid gone or
+reused), and ``python -m harness.containers cleanup`` does the same by hand.
+
+Limits
+------
+* The engine must run on this machine: the harness and the workers reach
+  services on published loopback ports, and the tool's storage is a bind mount.
+* The mock tool's HTTP callbacks (``callback_url``) cannot reach a URL on
+  the host's loopback from inside its container; the matrix does not use them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import os
+import secrets
+import socket
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path, PurePosixPath
+from typing import Any, Literal, cast
+
+try:
+    import docker
+    import docker.errors
+    from testcontainers.core.config import ConnectionMode, testcontainers_config
+    from testcontainers.core.container import DockerContainer
+    from testcontainers.core.network import Network
+except ImportError as exc:  # make_backend turns this into BackendUnavailable
+    raise ImportError(
+        f"{exc}: the containers backend needs docker-py and testcontainers: "
+        "`pip install -e '.[containers]'` (or `make containers-setup`)"
+    ) from exc
+
+import psutil
+import psycopg
+
+from harness import containers_images as images
+from harness.backend import BackendUnavailable
+from harness.os_user import OsUser
+from harness.pg_binaries import PgBinaries
+from harness.postgres import BASE_SETTINGS, ClusterError, PostgresCluster
+from harness.processes import ProcessRegistry
+from harness.toxiproxy import FaultRecord, Link, ToxiproxyClient, ToxiproxyError, ToxiproxyServer
+from harness.toxiproxy import free_port as free_loopback_port
+from mock_tool.client import ToolClient
+from mock_tool.errors import ToolError
+from mock_tool.process import MockToolProcess, MockToolStartError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_SOCKET = REPO_ROOT / ".tools" / "containers" / "podman.sock"
+DEFAULT_SOCKETS = ("/run/podman/podman.sock", "/var/run/docker.sock")
+SETUP_HINT = (
+    "run `make containers-setup` (installs podman, runc and debootstrap with apt, builds the "
+    f"images and starts `podman system service` on {PROJECT_SOCKET}), or set DOCKER_HOST to "
+    "a running Docker-compatible engine"
+)
+
+LABEL_RUN = "org.fencecheck.run"
+LABEL_PID = "org.fencecheck.owner-pid"
+LABEL_STARTED = "org.fencecheck.owner-started"
+LABEL_HOST = "org.fencecheck.owner-host"
+LABEL_ROLE = "org.fencecheck.role"
+
+PG_PORT = 5432
+TOOL_PORT = 8000
+TOXIPROXY_API_PORT = 8474
+PGDATA = "/var/lib/postgresql/data/pgdata"
+PROXY_POOL_ENV = "FENCECHECK_TOXIPROXY_PORTS"
+DEFAULT_PROXY_POOL = 48
+LOOPBACK = ("127.0.0.1", "localhost")
+
+# Settings as -c cannot carry them (ALTER SYSTEM must still be able to change
+# them, as for local clusters): appended to postgresql.conf after initdb.
+_SETTINGS = {**BASE_SETTINGS, "listen_addresses": "'*'"}
+_SETTING_LINES = "".join(f"{k} = {v}\n" for k, v in _SETTINGS.items())
+INIT_SCRIPT = f"""#!/bin/sh
+# fencecheck: the harness's server settings, and replication over the network.
+cat >> "$PGDATA/postgresql.conf" <<'FENCECHECK'
+# fencecheck
+{_SETTING_LINES}FENCECHECK
+printf '\\n# fencecheck\\nhost all all all trust\\nhost replication all all trust\\n' \\
+  >> "$PGDATA/pg_hba.conf"
+"""
+
+# A standby's container: base backup from the primary's container, then the
+# server; a restarted container keeps its data and skips the backup.
+STANDBY_SCRIPT = """\
+set -eu
+if [ ! -s "$PGDATA/PG_VERSION" ]; then
+  mkdir -p "$(dirname "$PGDATA")"
+  pg_basebackup -h "$FC_PRIMARY_HOST" -p "$FC_PRIMARY_PORT" -U postgres -D "$PGDATA" \
+    -X stream -c fast -S "$FC_SLOT"
+  touch "$PGDATA/standby.signal"
+  printf "\\n# fencecheck\\nprimary_conninfo = '%s'\\nprimary_slot_name = '%s'\\n" \
+    "$FC_CONNINFO" "$FC_SLOT" >> "$PGDATA/postgresql.auto.conf"
+fi
+exec postgres
+"""
+
+_LIVE: weakref.WeakSet[ContainerBackend] = weakref.WeakSet()
+
+
+def _close_live() -> None:
+    for backend in list(_LIVE):
+        with contextlib.suppress(Exception):
+            backend.close()
+
+
+atexit.register(_close_live)
+
+
+# ------------------------------------------------------------------- engine
+def _ping(base_url: str, timeout_s: float = 3.0) -> str | None:
+    """None when the engine at ``base_url`` answers, else why not."""
+    try:
+        client = docker.DockerClient(base_url=base_url, timeout=int(timeout_s))
+    except docker.errors.DockerException as exc:
+        return str(exc)
+    try:
+        client.ping()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        client.close()
+    return None
+
+
+def find_engine() -> str:
+    """The base URL of a reachable engine; BackendUnavailable naming what to do."""
+    explicit = os.environ.get("DOCKER_HOST")
+    if explicit:
+        problem = _ping(explicit)
+        if problem is None:
+            return explicit
+        raise BackendUnavailable(
+            f"no container engine answers at DOCKER_HOST={explicit} ({problem}); start it, "
+            f"point DOCKER_HOST at a running engine, or unset it and {SETUP_HINT}"
+        )
+    tried = []
+    for path in (str(PROJECT_SOCKET), *DEFAULT_SOCKETS):
+        url = f"unix://{path}"
+        if not Path(path).exists():
+            tried.append(f"{path} (no such socket)")
+            continue
+        problem = _ping(url)
+        if problem is None:
+            return url
+        tried.append(f"{path} ({problem})")
+    raise BackendUnavailable(
+        f"no container engine is reachable (DOCKER_HOST is not set; tried {'; '.join(tried)}); "
+        f"{SETUP_HINT}"
+    )
+
+
+def _configure_testcontainers(base_url: str) -> None:
+    # testcontainers reads the engine from DOCKER_HOST; Ryuk (its reaper) is an
+    # image that cannot be pulled here, and our own label-based cleanup
+    # replaces it; docker_host mode because a /.dockerenv file on a VM would
+    # otherwise send it down the docker-in-docker path, which breaks on podman.
+    os.environ["DOCKER_HOST"] = base_url
+    testcontainers_config.ryuk_disabled = True
+    testcontainers_config.connection_mode_override = ConnectionMode.docker_host
+
+
+# ------------------------------------------------------------------ cleanup
+def _process_started(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, ValueError):
+        return None
+
+
+def owner_alive(labels: dict[str, str]) -> bool:
+    """Whether the harness that created something with these labels still runs.
+
+    Another host's objects (a shared engine) count as alive: we cannot tell.
+    """
+    if labels.get(LABEL_HOST) != socket.gethostname():
+        return True
+    try:
+        pid = int(labels.get(LABEL_PID, ""))
+        started = float(labels.get(LABEL_STARTED, ""))
+    except ValueError:
+        return False
+    actual = _process_started(pid)
+    return actual is not None and abs(actual - started) < 1.0
+
+
+def cleanup_leftovers(client: Any, *, everything: bool = False) -> list[str]:
+    """Remove containers and networks of dead runs (all of ours with ``everything``)."""
+    removed: list[str] = []
+    for container in client.containers.list(all=True, filters={"label": LABEL_RUN}):
+        if everything or not owner_alive(container.labels):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True, v=True)
+                removed.append(str(container.name))
+    for network in client.networks.list(filters={"label": LABEL_RUN}):
+        labels = network.attrs.get("Labels") or {}
+        if everything or not owner_alive(labels):
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                network.remove()
+                removed.append(str(network.name))
+    return removed
+
+
+# ------------------------------------------------------------------ backend
+@dataclass(frozen=True)
+class _Inner:
+    host: str
+    port: int
+
+
+class ContainerBackend:
+    """PostgreSQL, toxiproxy and the mock tool as containers on a private network."""
+
+    kind = "containers"
+
+    def __init__(self, client: Any, base_url: str, binaries: PgBinaries) -> None:
+        self.client = client
+        self.base_url = base_url
+        self.binaries = binaries
+        self.run_id = secrets.token_hex(3)
+        self.prefix = f"fencecheck-{self.run_id}"
+        self.labels = {
+            LABEL_RUN: self.run_id,
+            LABEL_PID: str(os.getpid()),
+            LABEL_STARTED: f"{_process_started(os.getpid()) or 0:.3f}",
+            LABEL_HOST: socket.gethostname(),
+        }
+        self.images: dict[str, str] = {}
+        self.network: Network | None = None
+        self.removed_leftovers: list[str] = []
+        self._lock = threading.Lock()
+        self._counter = 0
+        self._containers: dict[str, DockerContainer] = {}
+        self._inner: dict[int, _Inner] = {}
+        self._closed = False
+
+    # ------------------------------------------------------------ creation
+    @classmethod
+    def create(cls, *, binaries: PgBinaries, toxiproxy_bin: str | None = None) -> ContainerBackend:
+        """Reach the engine, clean up dead runs, check the images, make the network."""
+        base_url = find_engine()
+        _configure_testcontainers(base_url)
+        client = docker.DockerClient(base_url=base_url, timeout=120, max_pool_size=32)
+        backend = cls(client, base_url, binaries)
+        try:
+            backend.removed_leftovers = cleanup_leftovers(client)
+            if backend.removed_leftovers:
+                print(
+                    f"fencecheck: removed {len(backend.removed_leftovers)} container(s)/network(s) "
+                    f"left by dead runs: {', '.join(backend.removed_leftovers)}",
+                    file=sys.stderr,
+                )
+            try:
+                backend.images = {
+                    "postgres": images.ensure_pg_image(client),
+                    "mock_tool": images.ensure_mock_tool_image(client)[0],
+                    "toxiproxy": images.ensure_toxiproxy_image(client, toxiproxy_bin)[0],
+                }
+            except images.ImageMissing as exc:
+                raise BackendUnavailable(str(exc)) from exc
+            network = Network(docker_network_kw={"labels": dict(backend.labels)})
+            network.name = backend.prefix
+            backend.network = network.create()
+        except BaseException:
+            backend.close()
+            raise
+        _LIVE.add(backend)
+        return backend
+
+    def new_name(self, role: str) -> str:
+        with self._lock:
+            self._counter += 1
+            n = self._counter
+        clean = "".join(c if c.isalnum() else "-" for c in role.lower()).strip("-")
+        return f"{self.prefix}-{clean}-{n}"
+
+    def run_container(
+        self,
+        *,
+        role: str,
+        image: str,
+        name: str,
+        aliases: tuple[str, ...] = (),
+        command: list[str] | None = None,
+        entrypoint: list[str] | None = None,
+        user: str | None = None,
+        env: dict[str, str] | None = None,
+        ports: dict[int, int | None] | None = None,
+        volumes: tuple[tuple[str, str, str], ...] = (),
+        files: tuple[tuple[bytes, str, int], ...] = (),
+    ) -> DockerContainer:
+        """Create and start one container on the network; removed again if that fails.
+
+        ``ports`` maps a container port to a host port on 127.0.0.1 (None: any).
+        """
+        if self._closed or self.network is None:
+            raise ClusterError("the containers backend is closed")
+        container = DockerContainer(image, name=name, env=dict(env or {}))
+        container.with_network(self.network)
+        container.with_network_aliases(name, *aliases)
+        kwargs: dict[str, Any] = {"labels": {**self.labels, LABEL_ROLE: role}}
+        if command is not None:
+            container.with_command(command)
+        if entrypoint is not None:
+            kwargs["entrypoint"] = entrypoint
+        if user is not None:
+            kwargs["user"] = user
+        container.with_kwargs(**kwargs)
+        # docker-py takes (host_ip,) or (host_ip, host_port) bindings, and
+        # testcontainers hands its port map to it unchanged; its annotation
+        # is narrower than what it forwards. Loopback only, never 0.0.0.0.
+        bindings = {
+            f"{inner}/tcp": ("127.0.0.1",) if outer is None else ("127.0.0.1", outer)
+            for inner, outer in (ports or {}).items()
+        }
+        container.ports = cast("dict[str, int | None]", bindings)
+        for host_path, bind, access in volumes:
+            container.with_volume_mapping(host_path, bind, access)
+        for data, dest, file_mode in files:
+            container.with_copy_into_container(data, dest, file_mode)
+        with self._lock:
+            self._containers[name] = container
+        try:
+            container.start()
+        except BaseException as exc:
+            self.remove_container(name)
+            if isinstance(exc, docker.errors.APIError):
+                raise ClusterError(f"starting container {name} ({image}) failed: {exc}") from exc
+            raise
+        return container
+
+    def remove_container(self, name: str) -> None:
+        """Remove one container (force, with its anonymous volumes); idempotent."""
+        with self._lock:
+            container = self._containers.pop(name, None)
+            for port, inner in list(self._inner.items()):
+                if inner.host == name:
+                    del self._inner[port]
+        try:
+            self.client.containers.get(name).remove(force=True, v=True)
+        except docker.errors.NotFound:
+            pass
+        finally:
+            if container is not None:
+                with contextlib.suppress(Exception):
+                    container.get_docker_client().client.close()
+
+    def publish(self, host_port: int, inner_host: str, inner_port: int) -> None:
+        """Record that 127.0.0.1:host_port is inner_host:inner_port on the network."""
+        with self._lock:
+            self._inner[host_port] = _Inner(inner_host, inner_port)
+
+    # ---------------------------------------------------- Backend protocol
+    def inner_address(self, host: str, port: int) -> str:
+        """How a container on the network reaches what the harness reaches at host:port."""
+        if host not in LOOPBACK:
+            return f"{host}:{port}"
+        with self._lock:
+            inner = self._inner.get(port)
+        if inner is None:
+            raise ClusterError(
+                f"{host}:{port} is not a port this containers backend published; a container "
+                "cannot reach a service on the host's loopback"
+            )
+        return f"{inner.host}:{inner.port}"
+
+    def start_primary(self, base_dir: Path, name: str) -> ContainerPostgres:
+        return ContainerPostgres.start_container(self, base_dir, name)
+
+    def start_standby(
+        self,
+        primary: PostgresCluster,
+        base_dir: Path,
+        *,
+        upstream_host: str,
+        upstream_port: int,
+        name: str,
+    ) -> PostgresCluster:
+        if not isinstance(primary, ContainerPostgres):
+            raise ClusterError("a container standby needs a container primary")
+        return primary.create_standby(
+            base_dir, upstream_host=upstream_host, upstream_port=upstream_port, name=name
+        )
+
+    def start_toxiproxy(self, log_dir: Path, registry: ProcessRegistry) -> ToxiproxyServer:
+        return ContainerToxiproxy(self, log_dir, registry=registry).start()
+
+    def start_mock_tool(
+        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+    ) -> MockToolProcess:
+        return ContainerMockTool(self, storage, log_path=log_path, tools=tools).start()
+
+    def deployment(self) -> dict[str, Any]:
+        engine: dict[str, Any] = {"url": self.base_url}
+        with contextlib.suppress(Exception):
+            version = self.client.version()
+            names = [c.get("Name") for c in version.get("Components") or []]
+            engine.update(version=version.get("Version"), components=names)
+        return {
+            "kind": self.kind,
+            "engine": engine,
+            "images": images.describe(self.client, self.images),
+            "network": self.prefix,
+            "workers": "host processes",
+        }
+
+    def close(self) -> None:
+        """Remove every container and the network of this run; idempotent."""
+        self._closed = True
+        with self._lock:
+            names = list(self._containers)
+        for name in names:
+            with contextlib.suppress(Exception):
+                self.remove_container(name)
+        # By label too: whatever was created but never registered.
+        with contextlib.suppress(Exception):
+            for container in self.client.containers.list(
+                all=True, filters={"label": f"{LABEL_RUN}={self.run_id}"}
+            ):
+                with contextlib.suppress(docker.errors.NotFound):
+                    container.remove(force=True, v=True)
+        if self.network is not None:
+            with contextlib.suppress(Exception):
+                self.network.remove()
+            self.network = None
+        with contextlib.suppress(Exception):
+            for network in self.client.networks.list(
+                filters={"label": f"{LABEL_RUN}={self.run_id}"}
+            ):
+                network.remove()
+        _LIVE.discard(self)
+
+    def leftovers(self) -> list[str]:
+        """Names of this run's containers and networks still in the engine."""
+        flt = {"label": f"{LABEL_RUN}={self.run_id}"}
+        return [str(c.name) for c in self.client.containers.list(all=True, filters=flt)] + [
+            str(n.name) for n in self.client.networks.list(filters=flt)
+        ]
+
+
+# ---------------------------------------------------------------- postgres
+def _container_status(container: DockerContainer) -> tuple[str, int | None]:
+    wrapped = container.get_wrapped_container()
+    try:
+        wrapped.reload()
+    except docker.errors.NotFound:
+        return "removed", None
+    state = wrapped.attrs.get("State") or {}
+    return str(state.get("Status", "unknown")), state.get("ExitCode")
+
+
+def published_port(container: DockerContainer, inner: int) -> int:
+    """The loopback port the engine published for ``inner``/tcp."""
+    wrapped = container.get_wrapped_container()
+    wrapped.reload()
+    bindings = ((wrapped.attrs.get("NetworkSettings") or {}).get("Ports") or {}).get(f"{inner}/tcp")
+    if not bindings:
+        raise ClusterError(
+            f"container {wrapped.name} has no published port for {inner}/tcp "
+            f"(status {wrapped.status}):\n{_logs(container, tail=30)}"
+        )
+    return int(bindings[0]["HostPort"])
+
+
+def _logs(container: DockerContainer, tail: int | Literal["all"] = "all") -> str:
+    try:
+        data = container.get_wrapped_container().logs(stdout=True, stderr=True, tail=tail)
+    except docker.errors.APIError as exc:
+        return f"(no container logs: {exc})"
+    return bytes(data).decode("utf-8", errors="replace")
+
+
+@dataclass(eq=False)
+class ContainerPostgres(PostgresCluster):
+    """A PostgresCluster whose server runs in a container.
+
+    Queries, replication status, promote and everything else above the
+    lifecycle are inherited: they go over TCP to the published loopback port.
+    """
+
+    backend: ContainerBackend | None = None
+    container: DockerContainer | None = None
+    container_name: str = ""
+    image: str = ""
+
+    @classmethod
+    def start_container(
+        cls,
+        backend: ContainerBackend,
+        base_dir: Path,
+        name: str,
+        *,
+        standby_env: dict[str, str] | None = None,
+        timeout_s: float = 90.0,
+    ) -> ContainerPostgres:
+        """Start a primary (or, with ``standby_env``, a standby) and wait until it serves."""
+        base_dir.mkdir(parents=True, exist_ok=True)
+        cname = backend.new_name(f"pg-{name}")
+        cluster = cls(
+            binaries=backend.binaries,
+            datadir=Path(PurePosixPath(PGDATA)),
+            port=0,
+            name=name,
+            run_as=OsUser.current(),
+            log_path=base_dir / f"{name}.log",
+            backend=backend,
+            container_name=cname,
+            image=backend.images["postgres"],
+        )
+        env = {
+            "POSTGRES_HOST_AUTH_METHOD": "trust",
+            "PGDATA": PGDATA,
+            "POSTGRES_INITDB_ARGS": "--no-sync",  # as the local clusters' initdb -N
+        }
+        common: dict[str, Any] = {
+            "role": "pg-standby" if standby_env else "pg-primary",
+            "image": cluster.image,
+            "name": cname,
+            "user": "postgres",
+            "ports": {PG_PORT: None},
+        }
+        if standby_env is None:
+            cluster.container = backend.run_container(
+                **common,
+                env=env,
+                files=((INIT_SCRIPT.encode(), "/docker-entrypoint-initdb.d/fencecheck.sh", 0o755),),
+            )
+        else:
+            cluster.container = backend.run_container(
+                **common,
+                env={**env, **standby_env},
+                entrypoint=["sh", "-c", STANDBY_SCRIPT, "fencecheck-standby"],
+            )
+        try:
+            cluster._await_ready(timeout_s)
+        except BaseException:
+            cluster.remove()
+            raise
+        return cluster
+
+    def _wrapped(self) -> Any:
+        if self.container is None:
+            raise ClusterError(f"{self.name} has no container")
+        return self.container.get_wrapped_container()
+
+    def _await_ready(self, timeout_s: float) -> None:
+        assert self.container is not None and self.backend is not None
+        self.port = published_port(self.container, PG_PORT)
+        self.backend.publish(self.port, self.container_name, PG_PORT)
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        while time.monotonic() < deadline:
+            status, code = _container_status(self.container)
+            if status not in ("running", "created", "configured", "initialized"):
+                raise ClusterError(
+                    f"{self.name} (container {self.container_name}, {self.image}) is {status} "
+                    f"(exit code {code}) before it accepted connections:\n{self.log_tail()}"
+                )
+            try:
+                with psycopg.connect(self.admin_dsn(), connect_timeout=2, autocommit=True):
+                    return
+            except psycopg.OperationalError as exc:
+                last = str(exc).strip()
+            time.sleep(0.05)
+        raise ClusterError(
+            f"{self.name} (container {self.container_name}) did not accept connections on "
+            f"127.0.0.1:{self.port} within {timeout_s:.0f}s ({last}):\n{self.log_tail()}"
+        )
+
+    # ------------------------------------------------------- lifecycle
+    def start(self, *, timeout_s: float = 90.0) -> None:
+        """Start the stopped container again (same data) and wait until it serves."""
+        if self.running:
+            raise ClusterError(f"{self.name} is already running (container {self.container_name})")
+        self._wrapped().start()
+        self._await_ready(timeout_s)
+
+    def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
+        """Stop the server; ``immediate`` is the fence: SIGKILL of the whole container."""
+        if self.container is None or not self.running:
+            return 0.0
+        wrapped = self._wrapped()
+        started = time.monotonic()
+        if self.is_paused():
+            wrapped.unpause()  # a frozen server cannot shut down, nor be killed everywhere
+        try:
+            wrapped.kill(signal="SIGINT" if mode == "fast" else "SIGKILL")
+            wrapped.wait(timeout=timeout_s)
+        except docker.errors.NotFound:
+            return time.monotonic() - started
+        except Exception:
+            with contextlib.suppress(docker.errors.APIError):
+                wrapped.kill(signal="SIGKILL")
+                wrapped.wait(timeout=10)
+        return time.monotonic() - started
+
+    @property
+    def running(self) -> bool:
+        if self.container is None:
+            return False
+        return _container_status(self.container)[0] in ("running", "paused")
+
+    def is_paused(self) -> bool:
+        return self.container is not None and _container_status(self.container)[0] == "paused"
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.container is not None:
+            text = _logs(self.container, tail=lines)
+            if not text.startswith("(no container logs"):
+                return text.rstrip("\n")
+        return super().log_tail(lines)
+
+    def remove(self) -> None:
+        """Keep the server's log next to the local backend's, then remove the container."""
+        if self.container is None or self.backend is None:
+            return
+        with contextlib.suppress(OSError):
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log_path, "a") as log:
+                log.write(_logs(self.container))
+        self.backend.remove_container(self.container_name)
+        self.container = None
+
+    # ------------------------------------------------ extra fault: pause
+    def pause(self) -> FaultRecord:
+        """Freeze the whole server (cgroup freezer); returns once the engine says paused."""
+        if not self.running or self.is_paused():
+            raise ClusterError(f"{self.name} is not running, or already paused")
+        self._wrapped().pause()
+        if not self.is_paused():
+            raise ClusterError(f"{self.name}: the engine did not report the container paused")
+        return FaultRecord(
+            link=self.container_name,
+            kind="pause",
+            started_at=time.time(),
+            detail=f"container pause of {self.name} ({self.container_name})",
+        )
+
+    def unpause(self, record: FaultRecord | None = None) -> FaultRecord | None:
+        self._wrapped().unpause()
+        if record is not None:
+            record.stopped_at = time.time()
+        return record
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[FaultRecord]:
+        """``with cluster.paused():`` freezes the server and always thaws it."""
+        record = self.pause()
+        try:
+            yield record
+        finally:
+            if self.is_paused():
+                self.unpause(record)
+
+    # ------------------------------------------------------ replication
+    def create_standby(
+        self,
+        base_dir: Path,
+        *,
+        upstream_host: str,
+        upstream_port: int,
+        name: str = "replica",
+        timeout_s: float = 90.0,
+    ) -> PostgresCluster:
+        """A standby container streaming from ``upstream_host:upstream_port``.
+
+        The address is the harness's view (normally a toxiproxy proxy on
+        127.0.0.1); the standby's WAL receiver uses the network's view of it.
+        The base backup comes straight from this primary's container.
+        """
+        if self.backend is None:
+            raise ClusterError(f"{self.name} has no backend")
+        slot = name.replace("-", "_")
+        with self.connect() as conn:
+            conn.execute(
+                "SELECT pg_create_physical_replication_slot(%s) "
+                "WHERE NOT EXISTS (SELECT 1 FROM pg_replication_slots WHERE slot_name = %s)",
+                [slot, slot],
+            )
+        inner_host, _, inner_port = self.backend.inner_address(
+            upstream_host, upstream_port
+        ).rpartition(":")
+        conninfo = (
+            f"host={inner_host} port={inner_port} user={self.superuser} "
+            f"application_name={name} connect_timeout=2"
+        )
+        return ContainerPostgres.start_container(
+            self.backend,
+            base_dir,
+            name,
+            standby_env={
+                "FC_PRIMARY_HOST": self.container_name,
+                "FC_PRIMARY_PORT": str(PG_PORT),
+                "FC_SLOT": slot,
+                "FC_CONNINFO": conninfo,
+            },
+            timeout_s=timeout_s,
+        )
+
+
+# --------------------------------------------------------------- toxiproxy
+class ContainerToxiproxy(ToxiproxyServer):
+    """The real toxiproxy server in a container, with a pool of published proxy ports."""
+
+    def __init__(
+        self,
+        backend: ContainerBackend,
+        log_dir: Path,
+        *,
+        registry: ProcessRegistry | None = None,
+        pool_size: int | None = None,
+    ) -> None:
+        super().__init__(log_dir, registry=registry)
+        self.backend = backend
+        self.container: DockerContainer | None = None
+        self.container_name = backend.new_name("toxiproxy")
+        self.pool_size = pool_size or int(os.environ.get(PROXY_POOL_ENV, DEFAULT_PROXY_POOL))
+        self._free: list[int] = []
+        self._port_of: dict[str, int] = {}
+        self._pool_lock = threading.Lock()
+
+    def start(self) -> ContainerToxiproxy:
+        last = ""
+        for _attempt in range(3):
+            pool: list[int] = []
+            while len(pool) < self.pool_size:
+                port = free_loopback_port()
+                if port not in pool:
+                    pool.append(port)
+            try:
+                self.container = self.backend.run_container(
+                    role="toxiproxy",
+                    image=self.backend.images["toxiproxy"],
+                    name=self.container_name,
+                    command=["-host", "0.0.0.0", "-port", str(TOXIPROXY_API_PORT)],
+                    ports={TOXIPROXY_API_PORT: None, **{p: p for p in pool}},
+                )
+            except ClusterError as exc:  # a pool port taken meanwhile: new pool
+                last = str(exc)
+                if "address already in use" not in last.lower():
+                    break
+                continue
+            self._free = pool
+            for port in pool:
+                self.backend.publish(port, self.container_name, port)
+            self.port = published_port(self.container, TOXIPROXY_API_PORT)
+            client = ToxiproxyClient(self.host, self.port, timeout_s=2.0)
+            deadline = time.monotonic() + self.startup_timeout_s
+            while time.monotonic() < deadline:
+                if _container_status(self.container)[0] != "running":
+                    break
+                try:
+                    self.version = client.version()
+                except ToxiproxyError as exc:
+                    last = str(exc)
+                    time.sleep(0.02)
+                    continue
+                self._client = ToxiproxyClient(self.host, self.port)
+                return self
+            last = f"{last}; container log: {_logs(self.container, tail=20)}"
+            break
+        self.stop()
+        raise ToxiproxyError(
+            "GET",
+            "/version",
+            None,
+            f"toxiproxy container ({self.backend.images['toxiproxy']}) not ready: {last}",
+        )
+
+    def stop(self) -> None:
+        if self.container is None:
+            return
+        with contextlib.suppress(OSError):
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            (self.log_dir / "toxiproxy.log").write_text(_logs(self.container))
+        self.backend.remove_container(self.container_name)
+        self.container = None
+
+    def link(self, name: str, upstream: str, *, listen: str | None = None) -> Link:
+        """A proxy on a pool port: 127.0.0.1:P for the host, <toxiproxy>:P on the network."""
+        if listen is not None:
+            raise ValueError("proxies of a toxiproxy container listen on its published pool")
+        with self._pool_lock:
+            if not self._free:
+                raise ToxiproxyError(
+                    "POST",
+                    "/proxies",
+                    None,
+                    f"all {self.pool_size} published proxy ports are in use; raise "
+                    f"{PROXY_POOL_ENV} or run fewer experiments at once (--jobs)",
+                )
+            port = self._free.pop(0)
+        try:
+            info = self.client.create_proxy(name, upstream, listen=f"0.0.0.0:{port}")
+        except BaseException:
+            with self._pool_lock:
+                self._free.append(port)
+            raise
+        with self._pool_lock:
+            self._port_of[name] = port
+        link = Link(self, replace(info, listen=f"127.0.0.1:{port}"))
+        self._links[name] = link
+        return link
+
+    def remove_link(self, name: str) -> None:
+        try:
+            super().remove_link(name)
+        except ToxiproxyError as exc:
+            if exc.status != 404:
+                raise
+        with self._pool_lock:
+            port = self._port_of.pop(name, None)
+            if port is not None:
+                self._free.append(port)
+
+
+# --------------------------------------------------------------- mock tool
+class ContainerMockTool(MockToolProcess):
+    """The mock tool server in a container; storage bind-mounted from the host.
+
+    A restart makes a new container on the same storage, the same published
+    port and the same network alias, so proxies pointing at it keep working.
+    """
+
+    def __init__(
+        self,
+        backend: ContainerBackend,
+        storage: str | Path,
+        *,
+        log_path: str | Path,
+        tools: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(storage, tools=tools, log_path=log_path)
+        self.backend = backend
+        self.alias = backend.new_name("tool")
+        self.container: DockerContainer | None = None
+        self.container_name = ""
+
+    def command(self) -> list[str]:
+        cmd = ["--host", "0.0.0.0", "--port", str(TOOL_PORT), "--storage", "/data"]
+        for name, capability in (self.tools or {}).items():
+            cmd += ["--tool", f"{name}={capability}"]
+        if self.idempotency_retention_s is not None:
+            cmd += ["--idempotency-retention-s", str(self.idempotency_retention_s)]
+        if self.callback_attempts is not None:
+            cmd += ["--callback-attempts", str(self.callback_attempts)]
+        return cmd + self.extra_args
+
+    @property
+    def pid(self) -> int | None:
+        return None
+
+    @property
+    def running(self) -> bool:
+        return self.container is not None and _container_status(self.container)[0] == "running"
+
+    @property
+    def returncode(self) -> int | None:
+        if self.container is None:
+            return None
+        status, code = _container_status(self.container)
+        return None if status == "running" else code
+
+    def start(self) -> ContainerMockTool:
+        if self.running:
+            raise RuntimeError(f"mock tool already running (container {self.container_name})")
+        self.storage.mkdir(parents=True, exist_ok=True)
+        self.container_name = f"{self.alias}-{self.starts + 1}"
+        self.container = self.backend.run_container(
+            role="mock-tool",
+            image=self.backend.images["mock_tool"],
+            name=self.container_name,
+            aliases=(self.alias,),
+            command=self.command(),
+            ports={TOOL_PORT: self._port or None},
+            volumes=((str(self.storage), "/data", "rw"),),
+        )
+        try:
+            self._port = published_port(self.container, TOOL_PORT)
+            self.backend.publish(self._port, self.alias, TOOL_PORT)
+            self._await_healthy()
+        except BaseException:
+            self.kill()
+            raise
+        self.starts += 1
+        return self
+
+    def _await_healthy(self) -> None:
+        assert self.container is not None
+        client = ToolClient(self.base_url, timeout_s=1.0)
+        deadline = time.monotonic() + self.startup_timeout_s
+        last = "no attempt"
+        while time.monotonic() < deadline:
+            status, code = _container_status(self.container)
+            if status != "running":
+                raise MockToolStartError(
+                    f"mock tool container {self.container_name} is {status} (exit {code}) "
+                    f"before GET /health answered; log:\n{_logs(self.container, tail=30)}"
+                )
+            try:
+                if client.health().get("ok") is True:
+                    return
+                last = "answered without ok=true"
+            except ToolError as exc:
+                last = str(exc)
+            time.sleep(0.05)
+        raise MockToolStartError(
+            f"timed out after {self.startup_timeout_s:.1f}s waiting for GET {self.base_url}/health "
+            f"(container {self.container_name}); last: {last}"
+        )
+
+    def _finish(self, code: int | None) -> int | None:
+        if self.container is not None:
+            with contextlib.suppress(OSError):
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                with self.log_path.open("a") as log:
+                    log.write(_logs(self.container))
+            self.backend.remove_container(self.container_name)
+            self.container = None
+        return code
+
+    def _wait_exit(self, timeout_s: float) -> int | None:
+        assert self.container is not None
+        try:
+            result = self.container.get_wrapped_container().wait(timeout=timeout_s)
+        except docker.errors.NotFound:
+            return None
+        return int(result.get("StatusCode", -1))
+
+    def kill(self) -> int | None:
+        """SIGKILL the server (a crash) and remove its container; the storage stays."""
+        if self.container is None:
+            return None
+        code: int | None = None
+        with contextlib.suppress(docker.errors.APIError):
+            if self.running:
+                self.container.get_wrapped_container().kill(signal="SIGKILL")
+            code = self._wait_exit(10)
+        return self._finish(code)
+
+    def stop(self) -> int | None:
+        """SIGTERM, ``stop_grace_s``, then SIGKILL; the container goes, the storage stays."""
+        if self.container is None:
+            return None
+        code: int | None = None
+        with contextlib.suppress(docker.errors.APIError):
+            if self.running:
+                self.container.get_wrapped_container().stop(timeout=int(self.stop_grace_s))
+            code = self._wait_exit(10)
+        return self._finish(code)
+
+
+# --------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.containers",
+        description="Remove fencecheck containers and networks left behind by killed runs.",
+    )
+    parser.add_argument("command", choices=("cleanup",))
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="remove every fencecheck container, also of runs still going",
+    )
+    args = parser.parse_args(argv)
+    try:
+        base_url = find_engine()
+    except BackendUnavailable as exc:
+        print(f"fencecheck: {exc}", file=sys.stderr)
+        return 64
+    client = docker.DockerClient(base_url=base_url)
+    try:
+        removed = cleanup_leftovers(client, everything=args.all)
+    finally:
+        client.close()
+    print(f"removed {len(removed)}: {', '.join(removed) or '-'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
