@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 from harness import checkers
+from harness.control import Hold
 from harness.experiment import ExperimentContext, ExperimentSpec
 from harness.processes import WorkerProcess
 from harness.waiting import wait_for
@@ -19,7 +20,8 @@ SPEC = ExperimentSpec(
     seed_section="Chinese seed §5 (SKIP LOCKED claim); English seed §5.1, §11",
     invariant="no run held by two owners in one epoch; epochs strictly increase per run; every "
     "run finishes, each tool operation with one real resource",
-    fault="6 workers claim 24 runs concurrently; 2 workers are SIGSTOPped past their lease",
+    fault="6 workers claim 24 runs concurrently; 2 of them are SIGSTOPped holding a lease "
+    "(frozen at after_lease_acquired) until others take their runs over",
     rules=(1, 4),
     lease_ttl_ms=600,
     natural_wait_s=0.6,
@@ -30,41 +32,41 @@ RUNS = 24
 WORKERS = 6
 
 
-def _wait_holding(ctx: ExperimentContext, w: WorkerProcess) -> list[str]:
-    """Wait until ``w`` holds a lease; 'run_id|owner' of what it holds."""
-
-    def probe() -> list[str] | None:
-        rows = ctx.env.query(
-            "SELECT run_id::text AS run_id, owner FROM agent_runs WHERE owner LIKE %s "
-            "AND status IN ('running', 'waiting_tool')",
-            [f"{w.worker_id}%"],
-        )
-        return [f"{r['run_id']}|{r['owner']}" for r in rows] or None
-
-    return wait_for(probe, what=f"{w.worker_id} to hold a lease", timeout_s=10)
-
-
 def run(ctx: ExperimentContext) -> None:
     rng = random.Random(ctx.seed)
     run_ids = [new_run(ctx, tool=rng.choice(["idem", "queryable"])) for _ in range(RUNS)]
-    workers: list[WorkerProcess] = [ctx.env.start_worker(f"w{i}", "run") for i in range(WORKERS)]
-    frozen = rng.sample(workers, 2)
-    held: list[str] = []
+    # Two workers, chosen by the seed, stop at a barrier right after their
+    # first claim; the harness freezes them there (SIGSTOP) holding that lease,
+    # opens the barrier and keeps them frozen until another worker took over.
+    names = [f"w{i}" for i in range(WORKERS)]
+    frozen_names = rng.sample(names, 2)
+    for name in frozen_names:
+        ctx.arm(name, "after_lease_acquired", Hold())
+    workers: list[WorkerProcess] = [ctx.env.start_worker(n, "run") for n in names]
+    frozen = [w for w in workers if w.worker_id in frozen_names]
+    held: list[tuple[str, int]] = []
     for w in frozen:
-        held += _wait_holding(ctx, w)
+        hit = ctx.reached(w.worker_id, "after_lease_acquired", timeout_s=20)
         ctx.pause(w)
-    # The fault: frozen until every lease they held has expired by database time.
-    wait_for(
-        lambda: (
-            not ctx.env.query(
-                "SELECT 1 FROM agent_runs WHERE run_id = ANY(%s::uuid[]) AND owner = ANY(%s) "
-                "AND lease_expires_at > clock_timestamp()",
-                [[h.split("|")[0] for h in held], [h.split("|")[1] for h in held]],
-            )
-        ),
-        what="the frozen workers' leases to expire",
-        timeout_s=15,
-    )
+        ctx.release(w.worker_id, "after_lease_acquired")
+        if hit.run_id is not None and hit.epoch is not None:
+            held.append((hit.run_id, hit.epoch))
+    stopped = [s.state == "stopped" for s in ctx.signals]
+    taken_over = True
+    try:
+        wait_for(
+            lambda: all(
+                ctx.env.query(
+                    "SELECT 1 FROM agent_runs WHERE run_id = %s AND epoch > %s", [run, epoch]
+                )
+                for run, epoch in held
+            ),
+            what="the frozen workers' runs to be taken over",
+            timeout_s=20,
+        )
+    except TimeoutError as exc:
+        taken_over = False
+        ctx.command(str(exc))
     for w in frozen:
         ctx.resume(w)
     try:
@@ -99,11 +101,16 @@ def run(ctx: ExperimentContext) -> None:
         and r["old_owner"] is not None
     ]
     ctx.fault(
-        "concurrent claims with takeovers",
-        len(owners) >= 3 and len(takeovers) >= 1 and len(ctx.signals) >= 2,
-        expected="at least 3 workers claimed runs and a frozen worker's lease was taken over",
-        observed=f"owners {sorted(owners)}; takeovers of a held lease {len(takeovers)}; "
-        f"signals {len(ctx.signals)}",
+        "two workers frozen while holding a lease, among concurrent claimers",
+        len(held) == 2 and stopped[:2] == [True, True] and len(owners) >= 3,
+        expected="2 workers stopped in the kernel right after a claim; at least 3 claimers",
+        observed=f"held while frozen {held}; kernel states {stopped}; owners {sorted(owners)}",
+    )
+    ctx.invariant(
+        "the frozen workers' runs were taken over",
+        taken_over and len(takeovers) >= len(held),
+        expected="each frozen run claimed again at a higher epoch by another worker",
+        observed=f"taken over: {taken_over}; takeovers of an expired lease {len(takeovers)}",
     )
     done = [r for r in rows if r["status"] == "succeeded"]
     ctx.equal("every run finished", len(done), RUNS, what="runs succeeded")
