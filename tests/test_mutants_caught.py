@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.mutants, pytest.mark.slow]
 REPORTS = Path(__file__).resolve().parent.parent / "reports"
 
 
+@pytest.mark.timeout(1800)
 def test_every_mutant_is_caught(capsys: pytest.CaptureFixture[str]) -> None:
     settings = Settings(worker_cmd=DEFAULT_WORKER_CMD)
     assert len(list_mutants(settings.worker_cmd)) >= 18
