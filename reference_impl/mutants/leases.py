@@ -36,7 +36,7 @@ MUTANTS = (
     Mutant(
         "claim_without_row_lock",
         1,
-        ("Q",),
+        ("Q", "D"),
         "claim reads its candidate without locking it (no FOR UPDATE) and grants it: "
         "two claimers that read the same run both grant it, the second over the "
         "first's live lease",
@@ -45,7 +45,7 @@ MUTANTS = (
     Mutant(
         "claim_without_skip_locked",
         1,
-        ("Q",),
+        ("Q", "D"),
         "claim locks its candidate FOR UPDATE without SKIP LOCKED: it queues behind "
         "a session holding that run's row (a protected write in progress) instead "
         "of moving on",
