@@ -58,3 +58,42 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache
+
+# ---------------------------------------------------------------------------
+# Container backend (README: "Container backend"). Not part of `make test`.
+#   make containers-setup   podman + runc + debootstrap (apt, if missing), a
+#                           containers.conf, `podman system service` on
+#                           .tools/containers/podman.sock, the images (built
+#                           locally, skipped when present)
+#   make test-containers    tests/containers and the whole matrix on containers
+#   make containers-stop    stop the podman service containers-setup started
+#   make containers-clean   remove containers/networks of killed runs
+CONTAINERS_SOCKET := $(TOOLS)/containers/podman.sock
+CONTAINERS_DOCKER_HOST ?= unix://$(CONTAINERS_SOCKET)
+CONTAINERS_ENV := DOCKER_HOST=$(CONTAINERS_DOCKER_HOST) TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_CONNECTION_MODE=docker_host
+
+.PHONY: containers-setup test-containers containers-stop containers-clean
+
+$(VENV)/.installed-containers: pyproject.toml $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[dev,containers]'
+	@touch $@
+
+containers-setup: setup $(VENV)/.installed-containers
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.containers_setup setup
+
+# Stops the podman service afterwards unless it was already running.
+test-containers: setup $(VENV)/.installed-containers
+	@was_running=0; \
+	$(PY) -m harness.containers_setup service-status >/dev/null 2>&1 && was_running=1; \
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.containers_setup setup || exit 1; \
+	rc=0; \
+	$(CONTAINERS_ENV) FENCECHECK_TOXIPROXY=$(TOXIPROXY) FENCECHECK_BACKEND=containers \
+	  $(PY) -m pytest tests/containers tests/test_matrix.py $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$was_running = 0 ]; then $(PY) -m harness.containers_setup service-stop; fi; \
+	exit $$rc
+
+containers-stop:
+	@if [ -x $(PY) ]; then $(PY) -m harness.containers_setup service-stop; fi
+
+containers-clean: $(VENV)/.installed-containers
+	$(PY) -m harness.containers cleanup

@@ -144,6 +144,10 @@ class SharedServices:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.binaries: PgBinaries = find_pg_binaries(settings.pg_bin)
+        # The backend first: when it cannot run here, no temp directory is left.
+        self.backend: Backend = make_backend(
+            settings.backend, self.binaries, settings.toxiproxy_bin
+        )
         self.root = Path(
             tempfile.mkdtemp(
                 prefix="fencecheck-", dir=str(settings.work_dir) if settings.work_dir else None
@@ -151,9 +155,6 @@ class SharedServices:
         )
         self.registry = ProcessRegistry()
         self._stack = contextlib.ExitStack()
-        self.backend: Backend = make_backend(
-            settings.backend, self.binaries, settings.toxiproxy_bin
-        )
         self.toxiproxy: ToxiproxyServer | None = None
         self.primary: PostgresCluster | None = None
         self.template: str | None = None
