@@ -105,6 +105,11 @@ def run_job(
             except Exception as exc:
                 harness_error = traceback.format_exc()
                 verdict, reason = Verdict.UNKNOWN, f"harness error: {type(exc).__name__}: {exc}"
+                # An invariant that already broke, with every fault confirmed,
+                # is evidence of its own: a later error does not erase it.
+                checked, why = ctx.verdict()
+                if checked is Verdict.FAIL:
+                    verdict, reason = checked, f"{why} (then harness error: {exc})"
             finally:
                 watchdog.cancel()
             if env.aborted:

@@ -89,8 +89,26 @@ def run(ctx: ExperimentContext) -> None:
         expected_revision=rev,
         state={"step": "stale A"},
     )
+    # A's session at the revision B's write left, sent by a process that has not
+    # noticed the loss (A's own may refuse client-side once its heartbeat failed):
+    # only the database's owner+epoch check can refuse it.
+    a2 = ctx.env.start_worker("A2", "ops")
+    save_current = ctx.op(
+        a2,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch_a,
+        owner=lease_a["owner"],
+        expected_revision=rev_b,
+        state={"step": "stale A at B's revision"},
+    )
     release = ctx.op(a, "release", run_id=run_id, epoch=epoch_a)
-    for name, reply in (("renew", renew), ("save", save), ("release", release)):
+    for name, reply in (
+        ("renew", renew),
+        ("save", save),
+        ("save at the current revision", save_current),
+        ("release", release),
+    ):
         ctx.invariant(
             f"A's {name} rejected",
             not reply.ok,

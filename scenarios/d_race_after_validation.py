@@ -33,6 +33,7 @@ def run(ctx: ExperimentContext) -> None:
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
     b = ctx.env.start_worker("B", "ops")
+    c = ctx.env.start_worker("C", "ops")
     lease = ctx.ok(a, "claim", run_id=run_id)
     epoch_a, base = lease["epoch"], lease["revision"]
     ctx.arm("A", "after_lease_row_locked", Hold())
@@ -43,6 +44,18 @@ def run(ctx: ExperimentContext) -> None:
     )
     hit = ctx.reached("A", "after_lease_row_locked")
     checkers.wait_lease_expired(ctx, run_id)
+    # An untargeted claim (SKIP LOCKED) must pass A's locked row by at once,
+    # never queue behind A's transaction nor grant the run under it.
+    other = c.request_async("claim", {}, worker_async=True)
+    c_blocked = checkers.backend_waiting_on_lock(ctx, "C", timeout_s=1.0)
+    c_reply = other.result(1.0) if other.done() else None
+    ctx.invariant(
+        "an untargeted claim skips the row A holds",
+        not c_blocked and c_reply is not None and not c_reply.ok,
+        expected="C's claim answers at once without the run (NotClaimable), not blocked on a lock",
+        observed=f"C blocked on a lock: {c_blocked}; C's answer while A held: "
+        + (f"{c_reply.result if c_reply.ok else c_reply.error}" if c_reply else "none"),
+    )
     takeover = b.request_async("claim", {"run_id": run_id}, worker_async=True)
     ctx.fault(
         "A held inside its transaction past expiry while B tried to take over",

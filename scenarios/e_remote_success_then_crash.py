@@ -11,9 +11,10 @@ nothing at all but freeze (neither).
 from __future__ import annotations
 
 from harness import checkers
-from harness.control import Crash
+from harness.control import Crash, Hold
 from harness.experiment import ExperimentContext, ExperimentSpec
-from scenarios.common import finish, new_run, wait_claimable
+from harness.waiting import wait_for
+from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(
     id="E",
@@ -24,8 +25,9 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_tool_response_before_tx2_commit, after the tool created the resource",
     rules=(4, 5),
     injection_point="after_tool_response_before_tx2_commit",
-    variants=("idempotent", "query", "none"),
+    variants=("idempotent", "query", "none", "stale_dispatcher"),
     natural_wait_s=0.8,
+    variant_waits=(("stale_dispatcher", 0.6),),
 )
 
 TOOL_FOR = {"idempotent": "idem", "query": "queryable", "none": "plain"}
@@ -33,6 +35,9 @@ TOOL_FOR = {"idempotent": "idem", "query": "queryable", "none": "plain"}
 
 def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "idempotent"
+    if variant == "stale_dispatcher":
+        _stale_dispatcher(ctx)
+        return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
@@ -104,3 +109,78 @@ def run(ctx: ExperimentContext) -> None:
             what=f"run status (B exit {code_b})",
         )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _stale_dispatcher(ctx: ExperimentContext) -> None:
+    """A dispatcher whose claim expired answers late, while a newer same-key claim
+    is in flight: its answer must not be recorded over the newer claim (rule 4:
+    a result is recorded only when dispatch owner and ledger revision match)."""
+    run_id = new_run(ctx, tool="idem")
+    w = ctx.env.start_worker("W", "ops")
+    lease = ctx.ok(w, "claim", run_id=run_id)
+    intent = ctx.ok(
+        w,
+        "register_intent",
+        run_id=run_id,
+        epoch=lease["epoch"],
+        expected_revision=lease["revision"],
+        step_id="e.label",
+        effect_version=1,
+        tool="idem",
+        request={"kind": "return_label"},
+    )
+    op_id = intent["operation_id"]
+    d1 = ctx.env.start_worker("D1", "ops")
+    ctx.arm("D1", "after_dispatch_claim_commit", Hold())
+    stale = d1.request_async("dispatch", {"operation_id": op_id}, worker_async=True)
+    ctx.reached("D1", "after_dispatch_claim_commit")
+    first = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
+    wait_for(
+        lambda: ctx.env.query(
+            "SELECT dispatch_until < clock_timestamp() AS expired FROM tool_operations "
+            "WHERE operation_id = %s",
+            [op_id],
+        )[0]["expired"],
+        what="D1's dispatch claim to pass its deadline by database time",
+        timeout_s=10,
+    )
+    ctl = control_plane(ctx)
+    ctx.arm("ctl", "after_dispatch_claim_commit", Hold())
+    newer = ctl.request_async("reconcile", {}, worker_async=True)
+    ctx.reached("ctl", "after_dispatch_claim_commit")
+    held = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
+    ctx.fault(
+        "a newer claim was in flight when the stale dispatcher answered",
+        held["status"] == "dispatching"
+        and held["dispatch_owner"] not in (None, first["dispatch_owner"]),
+        expected="D1 held past its claim's deadline; the reconciler's same-key claim dispatching",
+        observed=f"ledger {held['status']} by {held['dispatch_owner']} at revision "
+        f"{held['revision']}",
+    )
+    ctx.release("D1", "after_dispatch_claim_commit")
+    stale_reply = stale.result(15)
+    after = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
+    ctx.invariant(
+        "the stale answer is not recorded over the newer claim",
+        (after["status"], after["dispatch_owner"], after["revision"])
+        == ("dispatching", held["dispatch_owner"], held["revision"]),
+        expected=f"still dispatching by {held['dispatch_owner']} at revision {held['revision']}",
+        observed=f"{after['status']} by {after['dispatch_owner']} at revision "
+        f"{after['revision']}; D1's reply {stale_reply.result if stale_reply.ok else stale_reply.error}",
+    )
+    ctx.release("ctl", "after_dispatch_claim_commit")
+    newer.result(15)
+    final = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
+    resources = [
+        r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id
+    ]
+    ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
+    ctx.invariant(
+        "the newer claim recorded the remote fact",
+        final["status"] == "succeeded"
+        and bool(resources)
+        and final["remote_id"] == resources[0]["resource_id"],
+        expected="ledger succeeded with the resource id",
+        observed=f"ledger {(final['status'], final['remote_id'])}; resources "
+        f"{[r['resource_id'] for r in resources]}",
+    )

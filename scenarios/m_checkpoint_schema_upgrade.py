@@ -123,6 +123,7 @@ def run(ctx: ExperimentContext) -> None:
             expected="B exits 12 (checkpoint schema refused)",
             observed=f"B exit {code_b}",
         )
+    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _get(state: dict[str, object], path: str) -> object:

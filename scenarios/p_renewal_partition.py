@@ -40,8 +40,8 @@ def run(ctx: ExperimentContext) -> None:
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], pg_link="pg_A")
     hit = ctx.reached("A", "after_dispatch_claim_commit")
     epoch_a = checkers.run_row(ctx, run_id)["epoch"]
-    cut_at = time.time()
-    ctx.cut("pg_A")
+    asked_at = time.time()
+    cut_at = ctx.cut("pg_A").started_at  # from here on nothing of A's reaches the server
     alive = a.is_alive()
     # Time the wait on A's own account of its failed renewal, bounded by the
     # lease; the verdict below rests on the tool's log and the audit trail.
@@ -49,7 +49,7 @@ def run(ctx: ExperimentContext) -> None:
     try:
         wait_for(
             lambda: any(
-                e.op in ("renew", "heartbeat") and e.type in ("fail", "info") and e.time >= cut_at
+                e.op in ("renew", "heartbeat") and e.type in ("fail", "info") and e.time >= asked_at
                 for e in read_history([a.events_path]).events
             ),
             what="A's heartbeat to report an unconfirmed renewal",
