@@ -11,8 +11,12 @@ stay processes on the host, so SIGSTOP/SIGKILL reach them exactly as before.
 What runs where
 ---------------
 * One private bridge network per backend (one ``fencecheck run`` or pytest
-  session), ``fencecheck-<run>``, with the engine's DNS: containers reach
-  each other by container name.
+  session), ``fencecheck-<run>``. Every container gets a fixed address on it,
+  chosen by the backend, and containers reach each other by address, not by
+  name: the engine's DNS (aardvark-dns 1.4 under podman 4.3) was seen losing
+  a name while containers started concurrently (a standby's ``pg_basebackup``
+  could not resolve its primary), and an address chosen by us also survives
+  a restart, which an engine-assigned one does not.
 * PostgreSQL primary and standby: containers of ``$FENCECHECK_PG_IMAGE``
   (any image whose entrypoint behaves like the official postgres image's;
   default the locally built ``localhost/fencecheck/postgres:latest``), each
@@ -26,20 +30,22 @@ What runs where
   local backend would run. Its API is published on a random loopback port,
   and a pool of proxy ports is published with the *same* number inside and
   out: a proxy listening on ``0.0.0.0:P`` in the container is
-  ``127.0.0.1:P`` for the harness and host workers, and ``<toxiproxy>:P``
-  for the standby's WAL receiver. Cutting the replication link therefore
+  ``127.0.0.1:P`` for the harness and host workers, and ``<toxiproxy's
+  address>:P`` for the standby's WAL receiver. Cutting the replication link therefore
   cuts exactly the standby's stream, as with local processes.
 * mock tool: a container of this repository's ``mock_tool`` package, its
   SQLite storage bind-mounted from the experiment's directory on the host
   (so the log survives a restart and stays on the host as evidence), its
-  port published on loopback.
+  port published on loopback. A restart is a new container with the same
+  storage, published port and network address.
 
 Addressing
 ----------
 Each service has two addresses: the harness's (``127.0.0.1:<published>``)
-and the network's (``<container name>:<port>``). ``inner_address`` maps the
-first to the second; the environment asks it for every proxy upstream, and a
-standby asked to stream from ``127.0.0.1:P`` streams from ``<toxiproxy>:P``.
+and the network's (``<container address>:<port>``). ``inner_address`` maps
+the first to the second; the environment asks it for every proxy upstream,
+and a standby asked to stream from ``127.0.0.1:P`` streams from
+``<toxiproxy's address>:P``.
 
 Host networking was the alternative: it would spare the port pool, but the
 standby on a private network would then need toxiproxy to listen on the
@@ -80,11 +86,15 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import collections
 import contextlib
+import ipaddress
 import os
 import secrets
+import shutil
 import socket
 import sys
+import tempfile
 import threading
 import time
 import weakref
@@ -96,6 +106,7 @@ from typing import Any, Literal, cast
 try:
     import docker
     import docker.errors
+    from docker.types import EndpointConfig
     from testcontainers.core.config import ConnectionMode, testcontainers_config
     from testcontainers.core.container import DockerContainer
     from testcontainers.core.network import Network
@@ -139,6 +150,8 @@ PG_PORT = 5432
 TOOL_PORT = 8000
 TOXIPROXY_API_PORT = 8474
 PGDATA = "/var/lib/postgresql/data/pgdata"
+INIT_SCRIPT_PATH = "/docker-entrypoint-initdb.d/fencecheck.sh"
+START_ATTEMPTS = 3
 PROXY_POOL_ENV = "FENCECHECK_TOXIPROXY_PORTS"
 DEFAULT_PROXY_POOL = 48
 LOOPBACK = ("127.0.0.1", "localhost")
@@ -280,6 +293,7 @@ def cleanup_leftovers(client: Any, *, everything: bool = False) -> list[str]:
 # ------------------------------------------------------------------ backend
 @dataclass(frozen=True)
 class _Inner:
+    owner: str  # the container serving it
     host: str
     port: int
 
@@ -308,7 +322,10 @@ class ContainerBackend:
         self._counter = 0
         self._containers: dict[str, DockerContainer] = {}
         self._inner: dict[int, _Inner] = {}
+        self._free_ips: collections.deque[str] = collections.deque()
+        self._ip_of: dict[str, str] = {}  # container -> address run_container allocated
         self._closed = False
+        self._tmp: Path | None = None
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -337,11 +354,51 @@ class ContainerBackend:
             network = Network(docker_network_kw={"labels": dict(backend.labels)})
             network.name = backend.prefix
             backend.network = network.create()
+            backend._init_addresses()
         except BaseException:
             backend.close()
             raise
         _LIVE.add(backend)
         return backend
+
+    def init_script(self) -> Path:
+        """The init script on the host, bind-mounted read-only into every primary.
+
+        A bind mount rather than a copy into the container (the archive API):
+        podman 4.3 failed such copies now and then under concurrent starts.
+        """
+        with self._lock:
+            if self._tmp is None:
+                self._tmp = Path(tempfile.mkdtemp(prefix=f"{self.prefix}-"))
+                self._tmp.chmod(0o755)
+                script = self._tmp / "fencecheck.sh"
+                script.write_text(INIT_SCRIPT)
+                script.chmod(0o755)
+            return self._tmp / "fencecheck.sh"
+
+    def _init_addresses(self) -> None:
+        ipam = self.client.networks.get(self.prefix).attrs.get("IPAM") or {}
+        config = (ipam.get("Config") or [{}])[0]
+        subnet = ipaddress.ip_network(config["Subnet"])
+        gateway = config.get("Gateway") or str(next(subnet.hosts()))
+        self._free_ips.extend(str(ip) for ip in subnet.hosts() if str(ip) != gateway)
+
+    def allocate_ip(self, prefer: str | None = None) -> str:
+        """A free address on the network (``prefer`` when it is free)."""
+        with self._lock:
+            if prefer is not None:
+                if prefer not in self._free_ips:
+                    raise ClusterError(f"address {prefer} on {self.prefix} is taken meanwhile")
+                self._free_ips.remove(prefer)
+                return prefer
+            if not self._free_ips:
+                raise ClusterError(f"no free address left on network {self.prefix}")
+            return self._free_ips.popleft()
+
+    def release_ip(self, ip: str) -> None:
+        with self._lock:
+            if ip not in self._free_ips:
+                self._free_ips.append(ip)  # at the end: reused as late as possible
 
     def new_name(self, role: str) -> str:
         with self._lock:
@@ -363,68 +420,121 @@ class ContainerBackend:
         env: dict[str, str] | None = None,
         ports: dict[int, int | None] | None = None,
         volumes: tuple[tuple[str, str, str], ...] = (),
-        files: tuple[tuple[bytes, str, int], ...] = (),
+        ip: str | None = None,
     ) -> DockerContainer:
         """Create and start one container on the network; removed again if that fails.
 
         ``ports`` maps a container port to a host port on 127.0.0.1 (None: any).
+        The container gets a fixed address on the network: ``ip`` (the
+        caller's to keep and release) or one allocated here and released
+        with the container. It keeps that address across restarts.
         """
-        if self._closed or self.network is None:
+        network = self.network
+        if self._closed or network is None:
             raise ClusterError("the containers backend is closed")
-        container = DockerContainer(image, name=name, env=dict(env or {}))
-        container.with_network(self.network)
-        container.with_network_aliases(name, *aliases)
-        kwargs: dict[str, Any] = {"labels": {**self.labels, LABEL_ROLE: role}}
-        if command is not None:
-            container.with_command(command)
-        if entrypoint is not None:
-            kwargs["entrypoint"] = entrypoint
-        if user is not None:
-            kwargs["user"] = user
-        container.with_kwargs(**kwargs)
-        # docker-py takes (host_ip,) or (host_ip, host_port) bindings, and
-        # testcontainers hands its port map to it unchanged; its annotation
-        # is narrower than what it forwards. Loopback only, never 0.0.0.0.
-        bindings = {
-            f"{inner}/tcp": ("127.0.0.1",) if outer is None else ("127.0.0.1", outer)
-            for inner, outer in (ports or {}).items()
-        }
-        container.ports = cast("dict[str, int | None]", bindings)
-        for host_path, bind, access in volumes:
-            container.with_volume_mapping(host_path, bind, access)
-        for data, dest, file_mode in files:
-            container.with_copy_into_container(data, dest, file_mode)
-        with self._lock:
-            self._containers[name] = container
-        try:
-            container.start()
-        except BaseException as exc:
-            self.remove_container(name)
-            if isinstance(exc, docker.errors.APIError):
+        address = ip or self.allocate_ip()
+        if ip is None:
+            with self._lock:
+                self._ip_of[name] = address
+
+        def build() -> DockerContainer:
+            made = DockerContainer(image, name=name, env=dict(env or {}))
+            made.with_network(network)
+            kwargs: dict[str, Any] = {
+                "labels": {**self.labels, LABEL_ROLE: role},
+                "networking_config": {
+                    self.prefix: EndpointConfig(
+                        self.client.api.api_version,
+                        aliases=[name, *aliases],
+                        ipv4_address=address,
+                    )
+                },
+            }
+            if command is not None:
+                made.with_command(command)
+            if entrypoint is not None:
+                kwargs["entrypoint"] = entrypoint
+            if user is not None:
+                kwargs["user"] = user
+            made.with_kwargs(**kwargs)
+            # docker-py takes (host_ip,) or (host_ip, host_port) bindings, and
+            # testcontainers hands its port map to it unchanged; its annotation
+            # is narrower than what it forwards. Loopback only, never 0.0.0.0.
+            bindings = {
+                f"{inner}/tcp": ("127.0.0.1",) if outer is None else ("127.0.0.1", outer)
+                for inner, outer in (ports or {}).items()
+            }
+            made.ports = cast("dict[str, int | None]", bindings)
+            for host_path, bind, access in volumes:
+                made.with_volume_mapping(host_path, bind, access)
+            return made
+
+        for attempt in range(1, START_ATTEMPTS + 1):
+            container = build()
+            with self._lock:
+                self._containers[name] = container
+            try:
+                container.start()
+                return container
+            except docker.errors.APIError as exc:
+                # podman 4.3 under concurrent load sometimes answers 500 for a
+                # create or start that would work a moment later.
+                transient = (exc.status_code or 0) >= 500 and not any(
+                    s in str(exc).lower() for s in ("already in use", "already allocated")
+                )
+                if attempt < START_ATTEMPTS and transient:
+                    self._discard(name)
+                    time.sleep(0.2 * attempt)
+                    continue
+                self.remove_container(name)
                 raise ClusterError(f"starting container {name} ({image}) failed: {exc}") from exc
-            raise
-        return container
+            except BaseException:
+                self.remove_container(name)
+                raise
+        raise AssertionError("unreachable")
+
+    def _discard(self, name: str) -> None:
+        """Remove the engine's container ``name`` only (address and ports stay ours)."""
+        with self._lock:
+            container = self._containers.pop(name, None)
+        with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+            self.client.containers.get(name).remove(force=True, v=True)
+        if container is not None:
+            with contextlib.suppress(Exception):
+                container.get_docker_client().client.close()
 
     def remove_container(self, name: str) -> None:
         """Remove one container (force, with its anonymous volumes); idempotent."""
         with self._lock:
             container = self._containers.pop(name, None)
             for port, inner in list(self._inner.items()):
-                if inner.host == name:
+                if inner.owner == name:
                     del self._inner[port]
+            ip = self._ip_of.pop(name, None)
         try:
             self.client.containers.get(name).remove(force=True, v=True)
         except docker.errors.NotFound:
             pass
         finally:
+            if ip is not None:
+                self.release_ip(ip)
             if container is not None:
                 with contextlib.suppress(Exception):
                     container.get_docker_client().client.close()
 
-    def publish(self, host_port: int, inner_host: str, inner_port: int) -> None:
+    def address_of(self, name: str) -> str:
+        """The address the network gives container ``name``."""
+        with self._lock:
+            known = self._ip_of.get(name)
+        if known is not None:
+            return known
+        attrs = self.client.containers.get(name).attrs
+        return str(attrs["NetworkSettings"]["Networks"][self.prefix]["IPAddress"])
+
+    def publish(self, host_port: int, owner: str, inner_host: str, inner_port: int) -> None:
         """Record that 127.0.0.1:host_port is inner_host:inner_port on the network."""
         with self._lock:
-            self._inner[host_port] = _Inner(inner_host, inner_port)
+            self._inner[host_port] = _Inner(owner, inner_host, inner_port)
 
     # ---------------------------------------------------- Backend protocol
     def inner_address(self, host: str, port: int) -> str:
@@ -504,6 +614,9 @@ class ContainerBackend:
                 filters={"label": f"{LABEL_RUN}={self.run_id}"}
             ):
                 network.remove()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
         _LIVE.discard(self)
 
     def leftovers(self) -> list[str]:
@@ -558,6 +671,7 @@ class ContainerPostgres(PostgresCluster):
     container: DockerContainer | None = None
     container_name: str = ""
     image: str = ""
+    inner_host: str = ""  # its address on the network
 
     @classmethod
     def start_container(
@@ -599,7 +713,7 @@ class ContainerPostgres(PostgresCluster):
             cluster.container = backend.run_container(
                 **common,
                 env=env,
-                files=((INIT_SCRIPT.encode(), "/docker-entrypoint-initdb.d/fencecheck.sh", 0o755),),
+                volumes=((str(backend.init_script()), INIT_SCRIPT_PATH, "ro"),),
             )
         else:
             cluster.container = backend.run_container(
@@ -608,6 +722,7 @@ class ContainerPostgres(PostgresCluster):
                 entrypoint=["sh", "-c", STANDBY_SCRIPT, "fencecheck-standby"],
             )
         try:
+            cluster.inner_host = backend.address_of(cname)
             cluster._await_ready(timeout_s)
         except BaseException:
             cluster.remove()
@@ -622,7 +737,7 @@ class ContainerPostgres(PostgresCluster):
     def _await_ready(self, timeout_s: float) -> None:
         assert self.container is not None and self.backend is not None
         self.port = published_port(self.container, PG_PORT)
-        self.backend.publish(self.port, self.container_name, PG_PORT)
+        self.backend.publish(self.port, self.container_name, self.inner_host, PG_PORT)
         deadline = time.monotonic() + timeout_s
         last = ""
         while time.monotonic() < deadline:
@@ -657,10 +772,20 @@ class ContainerPostgres(PostgresCluster):
             return 0.0
         wrapped = self._wrapped()
         started = time.monotonic()
-        if self.is_paused():
-            wrapped.unpause()  # a frozen server cannot shut down, nor be killed everywhere
+        sig = "SIGINT" if mode == "fast" else "SIGKILL"
         try:
-            wrapped.kill(signal="SIGINT" if mode == "fast" else "SIGKILL")
+            if self.is_paused() and mode == "immediate":
+                # podman kills a frozen container as it is (no thaw, so no
+                # last write slips out); Docker refuses: thaw, then kill.
+                try:
+                    wrapped.kill(signal=sig)
+                except docker.errors.APIError:
+                    wrapped.unpause()
+                    wrapped.kill(signal=sig)
+            else:
+                if self.is_paused():
+                    wrapped.unpause()  # a frozen server cannot shut down
+                wrapped.kill(signal=sig)
             wrapped.wait(timeout=timeout_s)
         except docker.errors.NotFound:
             return time.monotonic() - started
@@ -765,7 +890,7 @@ class ContainerPostgres(PostgresCluster):
             base_dir,
             name,
             standby_env={
-                "FC_PRIMARY_HOST": self.container_name,
+                "FC_PRIMARY_HOST": self.inner_host,
                 "FC_PRIMARY_PORT": str(PG_PORT),
                 "FC_SLOT": slot,
                 "FC_CONNINFO": conninfo,
@@ -790,6 +915,7 @@ class ContainerToxiproxy(ToxiproxyServer):
         self.backend = backend
         self.container: DockerContainer | None = None
         self.container_name = backend.new_name("toxiproxy")
+        self.inner_host = ""  # its address on the network
         self.pool_size = pool_size or int(os.environ.get(PROXY_POOL_ENV, DEFAULT_PROXY_POOL))
         self._free: list[int] = []
         self._port_of: dict[str, int] = {}
@@ -817,8 +943,9 @@ class ContainerToxiproxy(ToxiproxyServer):
                     break
                 continue
             self._free = pool
+            self.inner_host = self.backend.address_of(self.container_name)
             for port in pool:
-                self.backend.publish(port, self.container_name, port)
+                self.backend.publish(port, self.container_name, self.inner_host, port)
             self.port = published_port(self.container, TOXIPROXY_API_PORT)
             client = ToxiproxyClient(self.host, self.port, timeout_s=2.0)
             deadline = time.monotonic() + self.startup_timeout_s
@@ -911,6 +1038,9 @@ class ContainerMockTool(MockToolProcess):
         self.alias = backend.new_name("tool")
         self.container: DockerContainer | None = None
         self.container_name = ""
+        # One address for every incarnation: proxies made before a restart
+        # still reach the tool after it.
+        self.inner_host: str | None = None
 
     def command(self) -> list[str]:
         cmd = ["--host", "0.0.0.0", "--port", str(TOOL_PORT), "--storage", "/data"]
@@ -942,18 +1072,24 @@ class ContainerMockTool(MockToolProcess):
             raise RuntimeError(f"mock tool already running (container {self.container_name})")
         self.storage.mkdir(parents=True, exist_ok=True)
         self.container_name = f"{self.alias}-{self.starts + 1}"
-        self.container = self.backend.run_container(
-            role="mock-tool",
-            image=self.backend.images["mock_tool"],
-            name=self.container_name,
-            aliases=(self.alias,),
-            command=self.command(),
-            ports={TOOL_PORT: self._port or None},
-            volumes=((str(self.storage), "/data", "rw"),),
-        )
+        self.inner_host = self.backend.allocate_ip(prefer=self.inner_host)
+        try:
+            self.container = self.backend.run_container(
+                role="mock-tool",
+                image=self.backend.images["mock_tool"],
+                name=self.container_name,
+                aliases=(self.alias,),
+                command=self.command(),
+                ports={TOOL_PORT: self._port or None},
+                volumes=((str(self.storage), "/data", "rw"),),
+                ip=self.inner_host,
+            )
+        except BaseException:
+            self.backend.release_ip(self.inner_host)
+            raise
         try:
             self._port = published_port(self.container, TOOL_PORT)
-            self.backend.publish(self._port, self.alias, TOOL_PORT)
+            self.backend.publish(self._port, self.container_name, self.inner_host, TOOL_PORT)
             self._await_healthy()
         except BaseException:
             self.kill()
@@ -993,6 +1129,8 @@ class ContainerMockTool(MockToolProcess):
                     log.write(_logs(self.container))
             self.backend.remove_container(self.container_name)
             self.container = None
+            if self.inner_host is not None:
+                self.backend.release_ip(self.inner_host)
         return code
 
     def _wait_exit(self, timeout_s: float) -> int | None:

@@ -66,7 +66,7 @@ def test_async_commit_acknowledged_then_lost_by_promote_after_cut(
         )
         assert receiver == [
             {
-                "sender_host": toxiproxy.container_name,  # type: ignore[attr-defined]
+                "sender_host": toxiproxy.inner_host,  # type: ignore[attr-defined]
                 "sender_port": link.listen_port,
                 "status": "streaming",
             }
@@ -126,6 +126,10 @@ def test_pause_freezes_the_server_and_unpause_resumes_it(
         # The open session survived the freeze.
         assert session.execute("SELECT 1").fetchone() == (1,)
         session.close()
+        # The fence works on a frozen server too, without thawing it first.
+        primary.pause()
+        assert primary.stop("immediate") < 10
+        assert not primary.running
     finally:
         primary.remove()
     assert not primary.running
