@@ -89,6 +89,7 @@ import atexit
 import collections
 import contextlib
 import ipaddress
+import itertools
 import os
 import secrets
 import shutil
@@ -152,6 +153,7 @@ TOXIPROXY_API_PORT = 8474
 PGDATA = "/var/lib/postgresql/data/pgdata"
 INIT_SCRIPT_PATH = "/docker-entrypoint-initdb.d/fencecheck.sh"
 START_ATTEMPTS = 3
+STATUS_POLL_S = 0.5
 PROXY_POOL_ENV = "FENCECHECK_TOXIPROXY_PORTS"
 DEFAULT_PROXY_POOL = 48
 LOOPBACK = ("127.0.0.1", "localhost")
@@ -197,8 +199,13 @@ atexit.register(_close_live)
 
 
 # ------------------------------------------------------------------- engine
-def _ping(base_url: str, timeout_s: float = 3.0) -> str | None:
-    """None when the engine at ``base_url`` answers, else why not."""
+def _ping(base_url: str, timeout_s: float = 30.0) -> str | None:
+    """None when the engine at ``base_url`` answers, else why not.
+
+    A missing socket or a refused connection fails at once; the timeout is
+    for an engine that is there but busy (podman's service answered /version
+    in over 3 s while three runs started containers at once).
+    """
     try:
         client = docker.DockerClient(base_url=base_url, timeout=int(timeout_s))
     except docker.errors.DockerException as exc:
@@ -381,7 +388,8 @@ class ContainerBackend:
         config = (ipam.get("Config") or [{}])[0]
         subnet = ipaddress.ip_network(config["Subnet"])
         gateway = config.get("Gateway") or str(next(subnet.hosts()))
-        self._free_ips.extend(str(ip) for ip in subnet.hosts() if str(ip) != gateway)
+        hosts = itertools.islice(subnet.hosts(), 4096)  # a Docker /16 needs no more
+        self._free_ips.extend(str(ip) for ip in hosts if str(ip) != gateway)
 
     def allocate_ip(self, prefer: str | None = None) -> str:
         """A free address on the network (``prefer`` when it is free)."""
@@ -740,13 +748,17 @@ class ContainerPostgres(PostgresCluster):
         self.backend.publish(self.port, self.container_name, self.inner_host, PG_PORT)
         deadline = time.monotonic() + timeout_s
         last = ""
+        next_status = 0.0
         while time.monotonic() < deadline:
-            status, code = _container_status(self.container)
-            if status not in ("running", "created", "configured", "initialized"):
-                raise ClusterError(
-                    f"{self.name} (container {self.container_name}, {self.image}) is {status} "
-                    f"(exit code {code}) before it accepted connections:\n{self.log_tail()}"
-                )
+            if time.monotonic() >= next_status:  # the engine is asked less often than the port
+                next_status = time.monotonic() + STATUS_POLL_S
+                status, code = _container_status(self.container)
+                if status not in ("running", "created", "configured", "initialized"):
+                    raise ClusterError(
+                        f"{self.name} (container {self.container_name}, {self.image}) is "
+                        f"{status} (exit code {code}) before it accepted connections:\n"
+                        f"{self.log_tail()}"
+                    )
             try:
                 with psycopg.connect(self.admin_dsn(), connect_timeout=2, autocommit=True):
                     return
@@ -911,7 +923,7 @@ class ContainerToxiproxy(ToxiproxyServer):
         registry: ProcessRegistry | None = None,
         pool_size: int | None = None,
     ) -> None:
-        super().__init__(log_dir, registry=registry)
+        super().__init__(log_dir, registry=registry, startup_timeout_s=60.0)
         self.backend = backend
         self.container: DockerContainer | None = None
         self.container_name = backend.new_name("toxiproxy")
@@ -949,9 +961,12 @@ class ContainerToxiproxy(ToxiproxyServer):
             self.port = published_port(self.container, TOXIPROXY_API_PORT)
             client = ToxiproxyClient(self.host, self.port, timeout_s=2.0)
             deadline = time.monotonic() + self.startup_timeout_s
+            next_status = 0.0
             while time.monotonic() < deadline:
-                if _container_status(self.container)[0] != "running":
-                    break
+                if time.monotonic() >= next_status:
+                    next_status = time.monotonic() + STATUS_POLL_S
+                    if _container_status(self.container)[0] != "running":
+                        break
                 try:
                     self.version = client.version()
                 except ToxiproxyError as exc:
@@ -1033,7 +1048,8 @@ class ContainerMockTool(MockToolProcess):
         log_path: str | Path,
         tools: dict[str, str] | None = None,
     ) -> None:
-        super().__init__(storage, tools=tools, log_path=log_path)
+        # Container start-up under a busy engine takes longer than a process's.
+        super().__init__(storage, tools=tools, log_path=log_path, startup_timeout_s=60.0)
         self.backend = backend
         self.alias = backend.new_name("tool")
         self.container: DockerContainer | None = None
@@ -1102,13 +1118,16 @@ class ContainerMockTool(MockToolProcess):
         client = ToolClient(self.base_url, timeout_s=1.0)
         deadline = time.monotonic() + self.startup_timeout_s
         last = "no attempt"
+        next_status = 0.0
         while time.monotonic() < deadline:
-            status, code = _container_status(self.container)
-            if status != "running":
-                raise MockToolStartError(
-                    f"mock tool container {self.container_name} is {status} (exit {code}) "
-                    f"before GET /health answered; log:\n{_logs(self.container, tail=30)}"
-                )
+            if time.monotonic() >= next_status:
+                next_status = time.monotonic() + STATUS_POLL_S
+                status, code = _container_status(self.container)
+                if status != "running":
+                    raise MockToolStartError(
+                        f"mock tool container {self.container_name} is {status} (exit {code}) "
+                        f"before GET /health answered; log:\n{_logs(self.container, tail=30)}"
+                    )
             try:
                 if client.health().get("ok") is True:
                     return
