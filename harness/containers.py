@@ -155,6 +155,9 @@ INIT_SCRIPT_PATH = "/docker-entrypoint-initdb.d/fencecheck.sh"
 START_ATTEMPTS = 3
 STATUS_POLL_S = 0.5
 PROXY_POOL_ENV = "FENCECHECK_TOXIPROXY_PORTS"
+# Where proxies to a stopped container point: a closed port in toxiproxy's
+# own container, so a dial is refused at once (see upstream_down).
+REFUSING = "127.0.0.1:1"
 DEFAULT_PROXY_POOL = 48
 LOOPBACK = ("127.0.0.1", "localhost")
 
@@ -333,6 +336,7 @@ class ContainerBackend:
         self._ip_of: dict[str, str] = {}  # container -> address run_container allocated
         self._closed = False
         self._tmp: Path | None = None
+        self._toxiproxies: list[ContainerToxiproxy] = []
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -529,6 +533,39 @@ class ContainerBackend:
             if container is not None:
                 with contextlib.suppress(Exception):
                     container.get_docker_client().client.close()
+
+    def upstream_down(self, inner_host: str) -> None:
+        """Before a container stops: proxies to it refuse instead of dialling it.
+
+        toxiproxy dials an upstream synchronously in its accept loop, with no
+        timeout. A dial to the address of a container that is gone hangs until
+        the kernel gives up, and a DELETE or PATCH of that proxy waits for it
+        while holding the lock every API call needs: the whole server hangs
+        (seen after H's fence, when the old owner's worker reconnected). A
+        local server's dead port refuses at once; pointing the proxies at a
+        closed port inside toxiproxy's own container keeps that behaviour.
+        """
+        with self._lock:
+            servers = list(self._toxiproxies)
+        for server in servers:
+            server.redirect(inner_host, down=True)
+
+    def register_toxiproxy(self, server: ContainerToxiproxy) -> None:
+        with self._lock:
+            if server not in self._toxiproxies:
+                self._toxiproxies.append(server)
+
+    def unregister_toxiproxy(self, server: ContainerToxiproxy) -> None:
+        with self._lock:
+            if server in self._toxiproxies:
+                self._toxiproxies.remove(server)
+
+    def upstream_up(self, inner_host: str) -> None:
+        """After a container (re)started: its proxies dial it again."""
+        with self._lock:
+            servers = list(self._toxiproxies)
+        for server in servers:
+            server.redirect(inner_host, down=False)
 
     def address_of(self, name: str) -> str:
         """The address the network gives container ``name``."""
@@ -777,6 +814,8 @@ class ContainerPostgres(PostgresCluster):
             raise ClusterError(f"{self.name} is already running (container {self.container_name})")
         self._wrapped().start()
         self._await_ready(timeout_s)
+        if self.backend is not None:
+            self.backend.upstream_up(self.inner_host)
 
     def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
         """Stop the server; ``immediate`` is the fence: SIGKILL of the whole container."""
@@ -785,6 +824,8 @@ class ContainerPostgres(PostgresCluster):
         wrapped = self._wrapped()
         started = time.monotonic()
         sig = "SIGINT" if mode == "fast" else "SIGKILL"
+        if self.backend is not None:
+            self.backend.upstream_down(self.inner_host)
         try:
             if self.is_paused() and mode == "immediate":
                 # podman kills a frozen container as it is (no thaw, so no
@@ -827,6 +868,7 @@ class ContainerPostgres(PostgresCluster):
         """Keep the server's log next to the local backend's, then remove the container."""
         if self.container is None or self.backend is None:
             return
+        self.backend.upstream_down(self.inner_host)
         with contextlib.suppress(OSError):
             self.log_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log_path, "a") as log:
@@ -931,6 +973,7 @@ class ContainerToxiproxy(ToxiproxyServer):
         self.pool_size = pool_size or int(os.environ.get(PROXY_POOL_ENV, DEFAULT_PROXY_POOL))
         self._free: list[int] = []
         self._port_of: dict[str, int] = {}
+        self._upstream_of: dict[str, str] = {}  # proxy -> upstream it was made with
         self._pool_lock = threading.Lock()
 
     def start(self) -> ContainerToxiproxy:
@@ -955,6 +998,7 @@ class ContainerToxiproxy(ToxiproxyServer):
                     break
                 continue
             self._free = pool
+            self.backend.register_toxiproxy(self)
             self.inner_host = self.backend.address_of(self.container_name)
             for port in pool:
                 self.backend.publish(port, self.container_name, self.inner_host, port)
@@ -988,6 +1032,7 @@ class ContainerToxiproxy(ToxiproxyServer):
     def stop(self) -> None:
         if self.container is None:
             return
+        self.backend.unregister_toxiproxy(self)
         with contextlib.suppress(OSError):
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / "toxiproxy.log").write_text(_logs(self.container))
@@ -1016,6 +1061,7 @@ class ContainerToxiproxy(ToxiproxyServer):
             raise
         with self._pool_lock:
             self._port_of[name] = port
+            self._upstream_of[name] = upstream
         link = Link(self, replace(info, listen=f"127.0.0.1:{port}"))
         self._links[name] = link
         return link
@@ -1028,8 +1074,25 @@ class ContainerToxiproxy(ToxiproxyServer):
                 raise
         with self._pool_lock:
             port = self._port_of.pop(name, None)
+            self._upstream_of.pop(name, None)
             if port is not None:
                 self._free.append(port)
+
+    def redirect(self, inner_host: str, *, down: bool) -> None:
+        """Point the proxies to ``inner_host`` at a refusing port (down) or back."""
+        if self.container is None or inner_host == "":
+            return
+        with self._pool_lock:
+            targets = [
+                (name, upstream)
+                for name, upstream in self._upstream_of.items()
+                if upstream.rpartition(":")[0] == inner_host
+            ]
+        for name, upstream in targets:
+            with contextlib.suppress(ToxiproxyError):  # deleted meanwhile: nothing to do
+                self.client._call(
+                    "PATCH", f"/proxies/{name}", {"upstream": REFUSING if down else upstream}
+                )
 
 
 # --------------------------------------------------------------- mock tool
@@ -1110,6 +1173,7 @@ class ContainerMockTool(MockToolProcess):
         except BaseException:
             self.kill()
             raise
+        self.backend.upstream_up(self.inner_host)
         self.starts += 1
         return self
 
@@ -1140,6 +1204,10 @@ class ContainerMockTool(MockToolProcess):
             f"(container {self.container_name}); last: {last}"
         )
 
+    def _going_down(self) -> None:
+        if self.inner_host is not None:
+            self.backend.upstream_down(self.inner_host)
+
     def _finish(self, code: int | None) -> int | None:
         if self.container is not None:
             with contextlib.suppress(OSError):
@@ -1164,6 +1232,7 @@ class ContainerMockTool(MockToolProcess):
         """SIGKILL the server (a crash) and remove its container; the storage stays."""
         if self.container is None:
             return None
+        self._going_down()
         code: int | None = None
         with contextlib.suppress(docker.errors.APIError):
             if self.running:
@@ -1175,6 +1244,7 @@ class ContainerMockTool(MockToolProcess):
         """SIGTERM, ``stop_grace_s``, then SIGKILL; the container goes, the storage stays."""
         if self.container is None:
             return None
+        self._going_down()
         code: int | None = None
         with contextlib.suppress(docker.errors.APIError):
             if self.running:

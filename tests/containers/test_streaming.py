@@ -60,6 +60,11 @@ def test_async_commit_acknowledged_then_lost_by_promote_after_cut(
     try:
         assert isinstance(primary, ContainerPostgres) and isinstance(standby, ContainerPostgres)
         link = toxiproxy.links()[link_name]
+        worker = toxiproxy.link("worker_pg", backend.inner_address("127.0.0.1", primary.port))
+        with psycopg.connect(
+            f"host=127.0.0.1 port={worker.listen_port} user=postgres dbname=postgres"
+        ) as conn:
+            assert conn.execute("SELECT 1").fetchone() == (1,)
         # The WAL receiver really streams through the proxy, on the network.
         receiver = standby.query(
             "SELECT sender_host, sender_port, status FROM pg_stat_wal_receiver"
@@ -98,6 +103,20 @@ def test_async_commit_acknowledged_then_lost_by_promote_after_cut(
             -1,
         )
         assert [r["id"] for r in standby.query("SELECT id FROM t ORDER BY id")] == [1]
+        # A client of the fenced primary is refused at once, as by a dead local
+        # server, and toxiproxy stays responsive (its dial to a vanished
+        # container address would otherwise hang its whole API).
+        started = time.monotonic()
+        with pytest.raises(psycopg.OperationalError):
+            psycopg.connect(
+                f"host=127.0.0.1 port={worker.listen_port} user=postgres dbname=postgres "
+                "connect_timeout=10"
+            )
+        assert time.monotonic() - started < 5
+        started = time.monotonic()
+        toxiproxy.remove_link(worker.name)
+        toxiproxy.remove_link(link.name)
+        assert time.monotonic() - started < 5
         assert standby.query("SELECT pg_is_in_recovery() AS r")[0]["r"] is False
         standby.query("INSERT INTO t VALUES (3, 'new primary writes')")
         with pytest.raises(psycopg.OperationalError):
