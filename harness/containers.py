@@ -146,6 +146,7 @@ LABEL_PID = "org.fencecheck.owner-pid"
 LABEL_STARTED = "org.fencecheck.owner-started"
 LABEL_HOST = "org.fencecheck.owner-host"
 LABEL_ROLE = "org.fencecheck.role"
+LABEL_TMP = "org.fencecheck.tmp"  # on the network: the run's host temp directory
 
 PG_PORT = 5432
 TOOL_PORT = 8000
@@ -297,6 +298,10 @@ def cleanup_leftovers(client: Any, *, everything: bool = False) -> list[str]:
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 network.remove()
                 removed.append(str(network.name))
+            tmp = Path(labels.get(LABEL_TMP) or "/nonexistent")
+            if tmp.name.startswith("fencecheck-") and tmp.is_dir():
+                shutil.rmtree(tmp, ignore_errors=True)
+                removed.append(str(tmp))
     return removed
 
 
@@ -362,7 +367,8 @@ class ContainerBackend:
                 }
             except images.ImageMissing as exc:
                 raise BackendUnavailable(str(exc)) from exc
-            network = Network(docker_network_kw={"labels": dict(backend.labels)})
+            tmp = backend.init_script().parent
+            network = Network(docker_network_kw={"labels": {**backend.labels, LABEL_TMP: str(tmp)}})
             network.name = backend.prefix
             backend.network = network.create()
             backend._init_addresses()

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Iterator
@@ -116,6 +117,7 @@ def test_leftovers_of_a_killed_run_are_removed_at_the_next_start(
     try:
         assert set(left) <= set(backend.removed_leftovers)
         assert f"fencecheck-{run_id}" in backend.removed_leftovers  # its network
+        assert not list(Path(tempfile.gettempdir()).glob(f"fencecheck-{run_id}-*")), "its temp dir"
         assert _ours(client, **{LABEL_RUN: run_id}) == []
         # A live owner's containers (this backend's own) are never touched.
         from harness.containers import cleanup_leftovers
