@@ -33,7 +33,7 @@ def engine_problem() -> str | None:
     try:
         url = find_engine()
     except BackendUnavailable as exc:
-        return str(exc).split(";")[0]
+        return str(exc).split(" (")[0]
     client = images.engine(url, timeout_s=10)
     try:
         missing = [
