@@ -94,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     show = sub.add_parser("show", help="print one evidence archive with its timeline")
     show.add_argument("archive", help="path of a YAML archive (reports/<run>/archives/X.yaml)")
 
-    smoke = sub.add_parser("smoke", help="bring up every real part once and prove it works")
+    smoke = sub.add_parser(
+        "smoke",
+        help="bring up every real part once as local processes and prove it works "
+        "(the container backend has its own: make test-containers)",
+    )
     _common_env_options(smoke)
 
     mutants = sub.add_parser(
@@ -224,7 +228,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with SharedServices(settings) as shared:
         print(
-            f"  environment: {shared.binaries.describe()}; toxiproxy {shared.toxiproxy_version()}",
+            f"  environment: {shared.backend.deployment()}; toxiproxy {shared.toxiproxy_version()}",
             flush=True,
         )
         results = run_jobs(
@@ -288,6 +292,8 @@ def cmd_smoke(args: argparse.Namespace) -> int:
     from harness.environment import Settings
     from harness.smoke import smoke
 
+    if args.backend != "local":
+        raise UsageError("smoke runs local processes only; for containers use make test-containers")
     settings = _settings(args)
     assert isinstance(settings, Settings)
     return smoke(settings)
