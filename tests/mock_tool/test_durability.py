@@ -76,7 +76,11 @@ def test_sigkill_mid_load_loses_nothing_acknowledged(tool: MockToolProcess) -> N
         else:
             assert kept == row
     assert all(r["outcome"] != "pending" for r in after["requests"])
-    assert before["resources"] == after["resources"][: len(before["resources"])]
+    # Resources are listed by the seq of the request that made them, which is
+    # not their commit order under concurrency: compare by id, not by position.
+    after_resources = {r["resource_id"]: r for r in after["resources"]}
+    for r in before["resources"]:
+        assert after_resources.get(r["resource_id"]) == r, f"resource {r} changed or lost"
     assert before["messages"] == after["messages"][: len(before["messages"])]
     # Every resource has exactly one creating request in the log.
     creators = [r for r in after["requests"] if r["outcome"].startswith("created")]
