@@ -228,7 +228,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     with SharedServices(settings) as shared:
         print(
-            f"  environment: {shared.backend.deployment()}; toxiproxy {shared.toxiproxy_version()}",
+            "  environment: "
+            + ", ".join(f"{k} {v}" for k, v in shared.backend.deployment().items())
+            + f"; toxiproxy {shared.toxiproxy_version()}",
             flush=True,
         )
         results = run_jobs(
