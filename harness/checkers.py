@@ -169,6 +169,20 @@ def tool_resources(ctx: ExperimentContext, *, run_id: str | None = None) -> list
     return [r for r in tool_log(ctx)["resources"] if run_id is None or r.get("run_id") == run_id]
 
 
+def one_resource_per_operation(ctx: ExperimentContext, run_id: str | None = None) -> None:
+    """The tool's own resource table shows no operation acted on twice."""
+    per_op: dict[str, int] = {}
+    for r in tool_resources(ctx, run_id=run_id):
+        per_op[r["operation_id"]] = per_op.get(r["operation_id"], 0) + 1
+    dupes = {k: v for k, v in per_op.items() if v > 1}
+    ctx.invariant(
+        "one real resource per operation",
+        not dupes,
+        expected="no operation created twice at the tool",
+        observed=f"{len(per_op)} operation(s); duplicates {dupes}",
+    )
+
+
 # ---------------------------------------------------- protocol-wide checks
 
 

@@ -91,14 +91,5 @@ def run(ctx: ExperimentContext) -> None:
         expected=f"run succeeded at an epoch above {epoch_a}",
         observed=f"status {row['status']}, epoch {row['epoch']}, B exit {code_b}",
     )
-    resources = checkers.tool_resources(ctx, run_id=run_id)
-    per_op: dict[str, int] = {}
-    for r in resources:
-        per_op[r["operation_id"]] = per_op.get(r["operation_id"], 0) + 1
-    ctx.invariant(
-        "one resource per operation",
-        all(n == 1 for n in per_op.values()),
-        expected="no duplicate resource",
-        observed=f"{per_op}",
-    )
+    checkers.one_resource_per_operation(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])

@@ -115,13 +115,4 @@ def run(ctx: ExperimentContext) -> None:
     done = [r for r in rows if r["status"] == "succeeded"]
     ctx.equal("every run finished", len(done), RUNS, what="runs succeeded")
     checkers.lease_history_is_sound(ctx, run_ids)
-    per_op: dict[str, int] = {}
-    for r in checkers.tool_resources(ctx):
-        per_op[r["operation_id"]] = per_op.get(r["operation_id"], 0) + 1
-    dupes = {k: v for k, v in per_op.items() if v > 1}
-    ctx.invariant(
-        "one resource per operation",
-        not dupes,
-        expected="no duplicate resources",
-        observed=f"{len(per_op)} operations; duplicates {dupes}",
-    )
+    checkers.one_resource_per_operation(ctx)
