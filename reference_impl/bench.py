@@ -15,8 +15,8 @@ checkpoint
     INSERT the outbox row; COMMIT (7 round trips). A failed check leaves its
     ``\\gset`` without a row, which aborts pgbench: every check is enforced.
     ``impl``: ``ProtectedWriter.write`` in its fast path
-    (``fencecheck.protected_write`` in one autocommit round trip; every check
-    and the row lock inside the function). Both write to the same run under
+    (``fencecheck.protected_write_fast`` in one autocommit round trip; every
+    check and the row lock inside the function). Both write to the same run under
     the same lease (TTL one day). The seed connects as ``fencecheck_bench``, a
     role with just the DML grants the seed needs, under the same RLS policy
     (the worker role may not write tables directly). Two more sides explain
@@ -193,7 +193,7 @@ def pgbench_sql(statement: str, **literal: str) -> str:
 
 
 def protected_write_script(statement: str) -> str:
-    """The implementation's protected_write statement, carrying the revision on (\\gset)."""
+    """The implementation's fast protected-write statement, carrying the revision on (\\gset)."""
     text = pgbench_sql(statement, event_id="gen_random_uuid()", effect="NULL")
     if not text.startswith("SELECT revision,"):
         raise BenchError("the protected_write statement no longer starts with SELECT revision")
@@ -259,7 +259,9 @@ class Bench:
         self.scripts = {
             "seed": self._script("seed", SEED_CHECKPOINT),
             "ideal": self._script("ideal", IDEAL_CHECKPOINT),
-            "stmt": self._script("stmt", protected_write_script(self.q.sql("protected_write"))),
+            "stmt": self._script(
+                "stmt", protected_write_script(self.q.sql("protected_write_fast"))
+            ),
             "renew": self._script("renew", pgbench_sql(self.q.sql("renew"))),
             "claim": self._script("claim", pgbench_sql(self.q.sql("claim"))),
             "select1": self._script("select1", "SELECT 1;\n"),

@@ -7,6 +7,13 @@ Invariants:
 - A connection's notices of severity WARNING are kept until drained, so a
   caller can tell that a COMMIT was answered with a warning (for example the
   cancelled wait for synchronous replication) instead of a clean success.
+- Hot statements (the fast protected write, renew, claim) run through
+  :func:`execute`: on a cursor the connection keeps for that statement,
+  prepared from the first call. psycopg picks a cursor's adapters (a dumper
+  per parameter type, a loader per result column) when the cursor first runs
+  a query and keeps them while it runs the same query again;
+  ``Connection.execute`` makes a new cursor every time and pays for them on
+  every call (tens of microseconds for a 13-parameter call).
 """
 
 from __future__ import annotations
@@ -15,12 +22,45 @@ import contextlib
 import math
 import threading
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, LiteralString, TypeVar
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.abc import Params
+from psycopg.rows import DictRow, RowFactory, dict_row
 
 Conn = psycopg.Connection[DictRow]
+Row = TypeVar("Row")
+
+
+class Connection(psycopg.Connection[DictRow]):
+    """A worker connection that keeps one cursor per hot statement."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._kept: dict[str, psycopg.Cursor[Any]] = {}
+
+    def kept_cursor(self, query: str, row_factory: RowFactory[Row]) -> psycopg.Cursor[Row]:
+        """The cursor this connection keeps for ``query`` (one thread at a time)."""
+        cur = self._kept.get(query)
+        if cur is None or cur.closed:
+            cur = self._kept[query] = self.cursor(row_factory=row_factory)
+        return cur
+
+
+def execute(
+    conn: Conn, query: LiteralString, params: Params, row_factory: RowFactory[Row]
+) -> psycopg.Cursor[Row]:
+    """``conn.execute(query, params, prepare=True)``, on the cursor kept for ``query``.
+
+    Pass the same string object every time (a ``Queries.sql`` value is): the
+    cursor keeps its adapters only while its query is the same object. One
+    statement, one ``row_factory``: the kept cursor has the first one asked.
+    """
+    if isinstance(conn, Connection):
+        cur = conn.kept_cursor(query, row_factory)
+    else:
+        cur = conn.cursor(row_factory=row_factory)
+    return cur.execute(query, params, prepare=True)
 
 
 @dataclass(frozen=True)
@@ -60,6 +100,8 @@ class WarningLog:
                 self.items.append(Notice(severity, diag.sqlstate, diag.message_primary or ""))
 
     def drain(self) -> list[Notice]:
+        if not self.items:  # the usual case, without taking the lock
+            return []
         with self.lock:
             items, self.items = self.items, []
         return items
@@ -79,7 +121,7 @@ def connect(spec: ConnectionSpec) -> tuple[Conn, WarningLog]:
     }
     if spec.application_name:
         kwargs["application_name"] = spec.application_name
-    conn = psycopg.connect(spec.dsn, **kwargs)
+    conn = Connection.connect(spec.dsn, **kwargs)
     warnings = WarningLog()
     conn.add_notice_handler(warnings)
     return conn, warnings

@@ -15,12 +15,14 @@ import json
 import uuid
 from typing import Any
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
 
 def canonical_json(value: Any) -> str:
     """The canonical JSON text of ``value``."""
-    return json.dumps(
-        value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-    )
+    return _CANONICAL.encode(value)
 
 
 def request_digest(value: Any) -> str:
@@ -30,7 +32,12 @@ def request_digest(value: Any) -> str:
 
 def state_hash(state: Any) -> bytes:
     """SHA-256 of the canonical JSON of a checkpoint state (stored as bytea)."""
-    return hashlib.sha256(canonical_json(state).encode("utf-8")).digest()
+    return canonical_hash(canonical_json(state))
+
+
+def canonical_hash(canonical: str) -> bytes:
+    """SHA-256 of a canonical JSON text (``state_hash`` of the value it encodes)."""
+    return hashlib.sha256(canonical.encode("utf-8")).digest()
 
 
 def operation_id(tenant_id: str, run_id: str, step_id: str, effect_version: int) -> str:

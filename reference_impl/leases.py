@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from reference_impl import metrics
+from psycopg.rows import dict_row
+
+from reference_impl import db, metrics
 from reference_impl.db import Conn
 from reference_impl.queries import Queries
 
@@ -89,7 +91,9 @@ class Leases:
 
     def claim(self, conn: Conn, owner: str, ttl_ms: int) -> Grant:
         """Claim any runnable run (SKIP LOCKED); outcome ``none`` when nothing is claimable."""
-        row = conn.execute(self.q.sql("claim"), {"owner": owner, "ttl_ms": ttl_ms}).fetchone()
+        row = db.execute(
+            conn, self.q.sql("claim"), {"owner": owner, "ttl_ms": ttl_ms}, dict_row
+        ).fetchone()
         grant = (
             Grant.from_row(row)
             if row
@@ -111,9 +115,11 @@ class Leases:
         return grant
 
     def renew(self, conn: Conn, lease: Lease, ttl_ms: int) -> Renewal:
-        row = conn.execute(
+        row = db.execute(
+            conn,
             self.q.sql("renew"),
             {"run_id": lease.run_id, "owner": lease.owner, "epoch": lease.epoch, "ttl_ms": ttl_ms},
+            dict_row,
         ).fetchone()
         assert row is not None
         return Renewal(str(row["outcome"]), row["lease_expires_at"])

@@ -5,13 +5,17 @@ epoch + unexpired (database time), CASes the revision, applies the
 transition's ledger change and inserts the checkpoint and outbox rows. It
 never contains a network call other than to PostgreSQL.
 
-Two shapes, same checks (both run ``fencecheck.protected_write``, which
-itself calls ``fencecheck.lock_lease`` first):
-- fast path (no harness): the function in one autocommit round trip;
+Two shapes, same checks, same outcomes:
+- fast path (no harness): ``fencecheck.protected_write_fast`` in one
+  autocommit round trip; it locks and validates inline (no nested function
+  call); run by ``db.execute`` (a cursor kept for the statement, prepared
+  from the first call);
 - stepped path (``FENCECHECK_CONTROL`` set): BEGIN; lock_lease; point
-  ``after_lease_row_locked``; protected_write (re-locks: a no-op, re-validates);
-  point ``before_commit``; COMMIT. The row lock is held from lock_lease to
-  COMMIT, so a takeover waits at the barrier (experiment D).
+  ``after_lease_row_locked``; protected_write (calls lock_lease again: the
+  re-lock is a no-op, it re-validates); point ``before_commit``; COMMIT. The
+  row lock is held from lock_lease to COMMIT, so a takeover waits at the
+  barrier (experiment D). Mutants that overlay ``lock_lease`` or
+  ``protected_write`` change this path, the one the harness runs.
 
 Invariants:
 - a commit whose outcome is unknown is read back by its event_id before
@@ -33,13 +37,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+from psycopg.rows import tuple_row
 from psycopg.types.json import Jsonb
 
 from harness import injection
+from reference_impl import db, metrics
 from reference_impl import errors as e
-from reference_impl import metrics
 from reference_impl.db import Conn, Notice, Session
-from reference_impl.ids import new_event_id, state_hash
+from reference_impl.ids import canonical_hash, canonical_json, new_event_id
 from reference_impl.leases import Lease
 from reference_impl.logs import log
 from reference_impl.queries import Queries
@@ -85,14 +90,17 @@ class Write:
     event_id: uuid.UUID = field(default_factory=new_event_id)
 
     def params(self) -> dict[str, Any]:
+        # One JSON encoding of the state: its canonical text is both what is
+        # hashed and what is sent as the jsonb argument.
+        state = canonical_json(self.state)
         return {
             "run_id": self.lease.run_id,
             "owner": self.lease.owner,
             "epoch": self.lease.epoch,
             "expected_revision": self.expected_revision,
             "transition": self.transition,
-            "state": Jsonb(self.state),
-            "state_hash": state_hash(self.state),
+            "state": Jsonb(state, dumps=_encoded),
+            "state_hash": canonical_hash(state),
             "schema_version": self.schema_version,
             "current_step": self.current_step,
             "event_id": self.event_id,
@@ -112,6 +120,11 @@ class Written:
     ledger_status: str | None = None
     lock_wait_ms: float | None = None
     read_back: bool = False
+
+
+def _encoded(text: str) -> str:
+    """``dumps`` of a Jsonb whose object is already JSON text."""
+    return text
 
 
 class ReadBack(enum.Enum):
@@ -264,17 +277,13 @@ class ProtectedWriter:
     def _attempt(self, w: Write) -> Written:
         return self._stepped(w) if self.stepped else self._fast(w)
 
-    def _finish(self, w: Write, row: dict[str, Any] | None) -> Written:
+    def _finish(self, w: Write, row: tuple[Any, ...] | None) -> Written:
+        """``row``: revision, status, lock_wait_ms, ledger_status of the write."""
         assert row is not None
-        if row["lock_wait_ms"] is not None:
-            metrics.lease_row_lock_wait_seconds.observe(float(row["lock_wait_ms"]) / 1000.0)
-        written = Written(
-            int(row["revision"]),
-            str(row["status"]),
-            w.event_id,
-            row["ledger_status"],
-            row["lock_wait_ms"],
-        )
+        revision, status, lock_wait_ms, ledger_status = row
+        if lock_wait_ms is not None:
+            metrics.lease_row_lock_wait_seconds.observe(lock_wait_ms / 1000.0)
+        written = Written(revision, status, w.event_id, ledger_status, lock_wait_ms)
         notices = self.session.warnings.drain()
         if notices:
             return self.on_commit_warning(w, notices, written)
@@ -284,7 +293,9 @@ class ProtectedWriter:
         conn = self.session.conn
         self.session.warnings.drain()
         try:
-            row = conn.execute(self.q.sql("protected_write"), w.params()).fetchone()
+            row = db.execute(
+                conn, self.q.sql("protected_write_fast"), w.params(), tuple_row
+            ).fetchone()
         except psycopg.Error as exc:
             if outcome_unknown(exc):
                 self.session.discard()
@@ -323,7 +334,9 @@ class ProtectedWriter:
                 self.session.discard()
                 raise _CommitUnknown(str(exc)) from exc
             raise
-        return self._finish(w, row)
+        return self._finish(
+            w, (row["revision"], row["status"], row["lock_wait_ms"], row["ledger_status"])
+        )
 
     def _begin_locked(self, conn: Conn, lease: Lease) -> dict[str, Any]:
         """BEGIN, then lock and validate the lease row: the lock is held until COMMIT."""

@@ -58,7 +58,8 @@ def test_scripts_are_the_implementations_statements() -> None:
     q = Queries.load()
     assert pgbench_sql(q.sql("renew")).startswith("SELECT outcome, lease_expires_at FROM")
     assert ":run_id, :owner, :epoch, :ttl_ms" in pgbench_sql(q.sql("renew"))
-    script = protected_write_script(q.sql("protected_write"))
+    script = protected_write_script(q.sql("protected_write_fast"))
+    assert "fencecheck.protected_write_fast(" in script
     assert script.startswith("SELECT revision AS expected_revision,")
     assert "gen_random_uuid()" in script and script.endswith(" \\gset\n")
     assert "%(" not in script

@@ -39,6 +39,8 @@ def test_package_queries_load_and_replace() -> None:
         "renew",
         "release",
         "protected_write",
+        "protected_write_fast",
+        "lock_lease",
         "readback_by_event",
         "dispatch_claim",
         "record_tool_result",

@@ -1,5 +1,13 @@
+-- name: protected_write_fast
+-- The whole protected write in one autocommit round trip (fast path): lock + validate lease, CAS revision, ledger, checkpoint, outbox.
+SELECT revision, status, lock_wait_ms, ledger_status
+  FROM fencecheck.protected_write_fast(
+    %(run_id)s, %(owner)s, %(epoch)s, %(expected_revision)s, %(transition)s,
+    %(state)s, %(state_hash)s, %(schema_version)s, %(current_step)s,
+    %(event_id)s, %(event_type)s, %(payload)s, %(effect)s);
+
 -- name: protected_write
--- The whole protected write in one round trip: lock + validate lease, CAS revision, ledger, checkpoint, outbox.
+-- Second half of the stepped protected write (after lock_lease): re-lock + validate lease, CAS revision, ledger, checkpoint, outbox.
 SELECT revision, status, lock_wait_ms, ledger_status
   FROM fencecheck.protected_write(
     %(run_id)s, %(owner)s, %(epoch)s, %(expected_revision)s, %(transition)s,

@@ -1,0 +1,333 @@
+"""The protected write's two shapes give the same outcomes (rules 2, 3, 4, 12).
+
+The fast path (``fencecheck.protected_write_fast``, one autocommit call that
+locks and validates inline) and the stepped path the harness runs
+(``lock_lease`` then ``protected_write``, which calls ``lock_lease`` again)
+are separate SQL. Every scenario here runs once per shape on runs prepared the
+same way, and both must end with the same answers, the same rejections and
+the same rows. Also: the fast path takes the row lock before it validates,
+and it is as closed to the worker role as the rest of the API.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.rows import dict_row
+
+from harness.postgres import Database
+from reference_impl import db
+from reference_impl import errors as e
+from reference_impl.ids import canonical_json, state_hash
+from reference_impl.leases import Lease
+from reference_impl.ledger import intent_effect
+from reference_impl.protected import ProtectedWriter, Write
+from reference_impl.runtime import Runtime
+from tests.reference_impl.conftest import OTHER_TENANT, TENANT, cp, new_run, take
+
+SHAPES = ("fast", "stepped")
+REQUEST = {"order_id": "o1", "amount": 10}
+
+
+class Case:
+    """One scenario: a run (made by ``setup``) and the steps written against it."""
+
+    def __init__(self, rt: Runtime, shape: str, max_attempts: int = 12, ttl_ms: int = 10_000):
+        self.rt = rt
+        self.writer = ProtectedWriter(rt.session, rt.protocol.queries, stepped=shape == "stepped")
+        out = rt.runs.create(rt.conn, f"task-{uuid.uuid4().hex[:8]}", {}, max_attempts=max_attempts)
+        self.run = uuid.UUID(out["run_id"])
+        self.lease = take(rt, self.run, ttl_ms=ttl_ms).lease
+        self.answers: list[tuple[Any, ...]] = []
+
+    def write(self, w: Write) -> None:
+        try:
+            out = self.writer.write(w)
+        except e.ProtocolError as exc:
+            self.answers.append((type(exc).__name__, exc.reason))
+        else:
+            self.answers.append(("ok", out.revision, out.status, out.ledger_status))
+
+    def op_id(self) -> str:
+        return self.rt.protocol.operation_id(TENANT, str(self.run), "create_label", 1)
+
+    def intent(self, rev: int, request: dict[str, Any] | None = None) -> None:
+        effect = intent_effect(
+            self.op_id(), "create_label", 1, "idem", "idempotent", request or REQUEST
+        )
+        self.write(cp(self.lease, rev, transition="intent", effect=effect))
+
+    def claim(self) -> dict[str, Any]:
+        op = self.rt.ledger.claim(self.rt.conn, "D1", self.op_id())
+        assert op is not None
+        return {
+            "operation_id": op.operation_id,
+            "dispatch_owner": "D1",
+            "ledger_revision": op.revision,
+            "request_digest": op.request_digest,
+        }
+
+    def rows(self, db: Database) -> dict[str, Any]:
+        """What the writes left, without ids and times."""
+        run = db.query(
+            "SELECT status, revision, owner IS NOT NULL AS owned, epoch,"
+            " lease_expires_at IS NOT NULL AS leased, next_attempt_at > now() AS backoff,"
+            " attempt_count, current_step, checkpoint_schema_version, terminal_reason"
+            " FROM agent_runs WHERE run_id = %s",
+            [self.run],
+        )
+        checkpoints = db.query(
+            "SELECT revision, epoch, owner = %s AS by_holder, transition, state_json, state_hash,"
+            " schema_version FROM agent_checkpoints WHERE run_id = %s ORDER BY revision",
+            [self.lease.owner, self.run],
+        )
+        outbox = db.query(
+            "SELECT o.event_type, o.payload, c.revision"
+            " FROM outbox o JOIN agent_checkpoints c USING (event_id)"
+            " WHERE o.run_id = %s ORDER BY o.id",
+            [self.run],
+        )
+        ledger = db.query(
+            "SELECT status, revision, dispatch_owner, remote_id, result,"
+            " jsonb_array_length(evidence) AS evidence FROM tool_operations WHERE run_id = %s",
+            [self.run],
+        )
+        return {"run": run, "checkpoints": checkpoints, "outbox": outbox, "ledger": ledger}
+
+
+def _checkpoints(c: Case) -> None:
+    c.write(cp(c.lease, 0, {"a": [1, 2, {"é": None}]}, current_step="s1"))
+    c.write(cp(c.lease, 1, {"b": 1}, schema_version=1))
+    c.write(cp(c.lease, 1, {"again": True}))  # revision CAS
+    c.write(cp(c.lease, 7))
+
+
+def _start_and_terminals(transition: str) -> Callable[[Case], None]:
+    def steps(c: Case) -> None:
+        c.write(cp(c.lease, 0, transition="start", current_step="first"))
+        c.write(cp(c.lease, 1, transition=transition, payload={"reason": f"why-{transition}"}))
+        c.write(cp(c.lease, 2))  # the lease is given up: no write right any more
+
+    return steps
+
+
+def _stale_holders(c: Case) -> None:
+    lease = c.lease
+    c.write(cp(Lease(c.run, "someone-else", lease.epoch), 0))
+    c.write(cp(Lease(c.run, lease.owner, lease.epoch - 1), 0))
+    c.write(cp(Lease(c.run, lease.owner, lease.epoch + 1), 0))
+    c.write(cp(Lease(uuid.uuid4(), lease.owner, lease.epoch), 0))
+    c.write(cp(lease, 0))
+
+
+def _intent_result(c: Case) -> None:
+    c.intent(0)
+    c.intent(1)  # the same intent again: accepted, one ledger row
+    c.intent(2, {"order_id": "o1", "amount": 999})  # a different one: refused
+    claim = c.claim()
+    result = {"mode": "record", "outcome": "succeeded", "remote_id": "r-1", "result": {"x": 1}}
+    c.write(cp(c.lease, 2, transition="tool_result", effect={**claim, "ledger_revision": 0}))
+    c.write(cp(c.lease, 2, transition="tool_result", effect={**claim, **result}))
+    c.write(cp(c.lease, 3, transition="tool_result", effect={**claim, **result}))
+
+
+def _freeze(c: Case) -> None:
+    c.intent(0)
+    claim = c.claim()
+    effect = {**claim, "error": {"class": "Timeout"}}
+    c.write(cp(c.lease, 1, transition="freeze", effect=effect, payload={"reason": "in doubt"}))
+    c.write(cp(c.lease, 2))
+
+
+def _requeue(c: Case) -> None:
+    c.write(cp(c.lease, 0, transition="requeue", effect={"backoff_ms": 60_000}, payload={}))
+    c.write(cp(c.lease, 1))
+
+
+SCENARIOS: dict[str, tuple[Callable[[Case], None], dict[str, Any]]] = {
+    "checkpoints": (_checkpoints, {}),
+    "succeed": (_start_and_terminals("succeed"), {}),
+    "fail": (_start_and_terminals("fail"), {}),
+    "pause_human": (_start_and_terminals("pause_human"), {}),
+    "stale_holders": (_stale_holders, {}),
+    "intent_result": (_intent_result, {}),
+    "freeze": (_freeze, {}),
+    "requeue": (_requeue, {}),
+    "requeue_exhausted": (_requeue, {"max_attempts": 1}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_both_shapes_same_answers_and_rows(rt: Runtime, ref_db: Database, name: str) -> None:
+    steps, kwargs = SCENARIOS[name]
+    seen: dict[str, tuple[list[tuple[Any, ...]], dict[str, Any]]] = {}
+    for shape in SHAPES:
+        case = Case(rt, shape, **kwargs)
+        steps(case)
+        seen[shape] = (case.answers, case.rows(ref_db))
+    assert seen["fast"] == seen["stepped"]
+    answers, rows = seen["fast"]
+    assert any(a[0] == "ok" for a in answers) and any(a[0] != "ok" for a in answers), answers
+    assert len(rows["checkpoints"]) == len(rows["outbox"]) == rows["run"][0]["revision"]
+
+
+def test_expired_lease_same_rejection(rt: Runtime, ref_db: Database) -> None:
+    answers = []
+    for shape in SHAPES:
+        case = Case(rt, shape, ttl_ms=100)
+        time.sleep(0.15)
+        case.write(cp(case.lease, 0))
+        answers.append(case.answers)
+        assert case.rows(ref_db)["checkpoints"] == []
+    assert answers[0] == answers[1] == [("LeaseLost", "expired")]
+
+
+def test_other_tenant_same_rejection(make_rt: Callable[..., Runtime]) -> None:
+    a, b = make_rt("A"), make_rt("B", tenant=OTHER_TENANT)
+    lease = take(a, new_run(a)).lease
+    for shape in SHAPES:
+        writer = ProtectedWriter(b.session, b.protocol.queries, stepped=shape == "stepped")
+        with pytest.raises(e.RunNotFound):
+            writer.write(cp(lease, 0))
+    assert a.runs.state(a.conn, lease.run_id)["revision"] == 0
+
+
+def _sql_args(lease: Lease, transition: str, effect: dict[str, Any] | None) -> dict[str, Any]:
+    w = cp(lease, 0, transition="checkpoint", effect=effect)
+    return {**w.params(), "transition": transition}
+
+
+@pytest.mark.parametrize(
+    ("transition", "effect"),
+    [("bogus", None), ("requeue", {"backoff_ms": 86_400_001})],
+)
+def test_invalid_arguments_same_sqlstate(
+    rt: Runtime, transition: str, effect: dict[str, Any] | None
+) -> None:
+    """What Write refuses in Python (unknown transition) the database refuses too."""
+    q = rt.protocol.queries
+    lease = take(rt, new_run(rt)).lease
+    states = []
+    for name in ("protected_write_fast", "protected_write"):
+        with pytest.raises(psycopg.errors.InvalidParameterValue) as err:
+            rt.conn.execute(q.sql(name), _sql_args(lease, transition, effect))
+        states.append(err.value.sqlstate)
+    assert states == ["22023", "22023"]
+
+
+def test_state_is_encoded_once_and_hashed_canonically(rt: Runtime, ref_db: Database) -> None:
+    state = {"z": 1, "a": {"y": [1.5, "é", None], "b": True}}
+    lease = take(rt, new_run(rt)).lease
+    w = cp(lease, 0, state)
+    params = w.params()
+    assert params["state_hash"] == state_hash(state)
+    assert params["state"].dumps(params["state"].obj) == canonical_json(state)
+    rt.writer.write(w)
+    row = ref_db.query(
+        "SELECT state_json, state_hash FROM agent_checkpoints WHERE run_id = %s", [lease.run_id]
+    )[0]
+    assert row["state_json"] == state and bytes(row["state_hash"]) == state_hash(state)
+
+
+# ------------------------------------------------------------------ the row lock
+
+
+def test_fast_write_waits_for_the_row_lock_then_validates(
+    make_rt: Callable[..., Runtime], ref_db: Database
+) -> None:
+    """Experiment D on the fast path: the checks read the row after the lock.
+
+    B holds the lease row (a takeover in progress, not committed). A's write
+    with the old lease waits for it, then sees B's epoch and is refused.
+    """
+    a, b = make_rt("A"), make_rt("B")
+    run = new_run(a)
+    lease = take(a, run, ttl_ms=200).lease
+    assert not a.writer.stepped
+    time.sleep(0.25)  # A's lease expired; nobody took over yet
+    b.conn.execute("BEGIN")
+    grant = b.leases.takeover(b.conn, run, b.owner, 10_000)
+    assert grant.acquired and grant.epoch == lease.epoch + 1
+    lease_a = Lease(run, lease.owner, lease.epoch)
+    outcome: list[BaseException | object] = []
+
+    def write() -> None:
+        try:
+            outcome.append(a.writer.write(cp(lease_a, 0)))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=write)
+    t.start()
+    time.sleep(0.3)
+    assert not outcome, "the fast write did not wait for the row lock"
+    b.conn.execute("COMMIT")
+    t.join(5)
+    assert len(outcome) == 1 and isinstance(outcome[0], e.LeaseLost)
+    assert outcome[0].reason == "lost"
+    st = a.runs.state(a.conn, run)
+    assert (st["epoch"], st["owner"], st["revision"]) == (lease.epoch + 1, b.owner, 0)
+
+
+def test_fast_write_reports_its_lock_wait(make_rt: Callable[..., Runtime]) -> None:
+    a, b = make_rt("A"), make_rt("B")
+    run = new_run(a)
+    lease = take(a, run).lease
+    b.conn.execute("BEGIN")
+    b.conn.execute(
+        b.protocol.queries.sql("lock_lease"),
+        {"run_id": run, "owner": lease.owner, "epoch": lease.epoch},
+    )
+    done: list[Any] = []
+    t = threading.Thread(target=lambda: done.append(a.writer.write(cp(lease, 0))))
+    t.start()
+    time.sleep(0.2)
+    b.conn.execute("COMMIT")
+    t.join(5)
+    assert done and done[0].revision == 1
+    assert done[0].lock_wait_ms is not None and done[0].lock_wait_ms >= 150
+
+
+# ------------------------------------------------------------------ no bypass
+
+
+def test_fast_function_is_closed_like_the_rest_of_the_api(ref_db: Database) -> None:
+    row = ref_db.query(
+        "SELECT p.prosecdef, pg_get_userbyid(p.proowner) AS owner, p.proconfig,"
+        " has_function_privilege('fencecheck_worker', p.oid, 'EXECUTE') AS worker,"
+        " has_function_privilege('public', p.oid, 'EXECUTE') AS everyone"
+        " FROM pg_proc p WHERE p.oid = 'fencecheck.protected_write_fast'::regproc"
+    )[0]
+    assert row["prosecdef"] and row["owner"] == "fencecheck_owner"
+    assert row["proconfig"] == ["search_path=pg_catalog, pg_temp"]
+    assert row["worker"] and not row["everyone"]
+
+
+def test_fast_path_cursor_follows_a_new_connection(rt: Runtime) -> None:
+    lease = take(rt, new_run(rt)).lease
+    assert rt.writer.write(cp(lease, 0)).revision == 1
+    rt.session.discard()
+    assert rt.writer.write(cp(lease, 1)).revision == 2
+
+
+def test_hot_statements_keep_one_prepared_cursor_per_connection(rt: Runtime) -> None:
+    q = rt.protocol.queries.sql("run_state")
+    conn = rt.conn
+    assert isinstance(conn, db.Connection)
+    run = new_run(rt)
+    first = db.execute(conn, q, {"run_id": run}, dict_row)
+    assert first.fetchone()["run_id"] == run  # type: ignore[index]
+    again = db.execute(conn, q, {"run_id": run}, dict_row)
+    assert again is first
+    plain = psycopg.connect(conn.info.dsn, autocommit=True)
+    try:
+        other = db.execute(plain, q, {"run_id": run}, dict_row)  # type: ignore[arg-type]
+        assert other is not first and other.fetchone()["run_id"] == run  # type: ignore[index]
+    finally:
+        plain.close()
