@@ -25,7 +25,7 @@ from harness import injection
 from reference_impl import errors as e
 from reference_impl import history
 from reference_impl.cancellation import Cancellation
-from reference_impl.leases import Grant
+from reference_impl.leases import Grant, Lease
 from reference_impl.logs import log
 from reference_impl.runtime import Runtime
 from reference_impl.workflow import Draining, RefundWorkflow
@@ -116,54 +116,24 @@ class Runner:
             release = True
             return EXIT_OK
         except (e.ExecutionCancelled, e.LeaseLost, e.CommitOutcomeUnknown) as exc:
-            log(
-                _log,
-                logging.WARNING,
-                "execution stopped",
-                run_id=str(lease.run_id),
-                owner=lease.owner,
-                epoch=lease.epoch,
-                error=type(exc).__name__,
-                why=str(exc),
-            )
+            _log_stop(logging.WARNING, "execution stopped", lease, exc)
             return EXIT_CANCELLED
         except (e.SchemaVersionUnknown, e.CheckpointCorrupt) as exc:
-            log(
-                _log,
-                logging.ERROR,
-                "checkpoint refused",
-                run_id=str(lease.run_id),
-                owner=lease.owner,
-                epoch=lease.epoch,
-                error=type(exc).__name__,
-                why=str(exc),
-            )
+            _log_stop(logging.ERROR, "checkpoint refused", lease, exc)
             release = True
             return EXIT_SCHEMA
         except e.CommitInconsistent as exc:
-            log(
-                _log,
+            _log_stop(
                 logging.CRITICAL,
                 "ALERT: commit read-back inconsistent; run must be frozen",
-                run_id=str(lease.run_id),
-                owner=lease.owner,
-                epoch=lease.epoch,
-                why=str(exc),
+                lease,
+                exc,
             )
             return EXIT_INDOUBT
         except (e.ProtocolError, psycopg.Error) as exc:
             if cancel.cancelled:
                 return EXIT_CANCELLED
-            log(
-                _log,
-                logging.ERROR,
-                "execution failed",
-                run_id=str(lease.run_id),
-                owner=lease.owner,
-                epoch=lease.epoch,
-                error=type(exc).__name__,
-                why=str(exc),
-            )
+            _log_stop(logging.ERROR, "execution failed", lease, exc)
             return EXIT_ERROR
         finally:
             finished.set()
@@ -217,3 +187,17 @@ class Runner:
                 )
                 os._exit(EXIT_CANCELLED)
             finished.wait(0.05)
+
+
+def _log_stop(level: int, msg: str, lease: Lease, exc: BaseException) -> None:
+    """Why a run's execution ended, with the lease it ended under."""
+    log(
+        _log,
+        level,
+        msg,
+        run_id=str(lease.run_id),
+        owner=lease.owner,
+        epoch=lease.epoch,
+        error=type(exc).__name__,
+        why=str(exc),
+    )
