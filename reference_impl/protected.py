@@ -8,8 +8,8 @@ never contains a network call other than to PostgreSQL.
 Two shapes, same checks, same outcomes:
 - fast path (no harness): ``fencecheck.protected_write_fast`` in one
   autocommit round trip; it locks and validates inline (no nested function
-  call); run by ``db.execute`` (a cursor kept for the statement, prepared
-  from the first call);
+  call); run as a ``db.LibpqStatement`` (prepared once per connection,
+  text parameters, no cursor);
 - stepped path (``FENCECHECK_CONTROL`` set): BEGIN; lock_lease; point
   ``after_lease_row_locked``; protected_write (calls lock_lease again: the
   re-lock is a no-op, it re-validates); point ``before_commit``; COMMIT. The
@@ -158,6 +158,7 @@ class ProtectedWriter:
         # A commit whose outcome is unknown usually coincides with a network
         # fault: keep asking for a few seconds before giving up as unknown.
         self.readback_budget_s = readback_budget_s
+        self._fast_cache: tuple[str, db.LibpqStatement] | None = None
 
     # ------------------------------------------------------------ public
     def write(self, w: Write) -> Written:
@@ -292,16 +293,28 @@ class ProtectedWriter:
     def _fast(self, w: Write) -> Written:
         conn = self.session.conn
         self.session.warnings.drain()
+        statement = self._fast_statement()
         try:
-            row = db.execute(
-                conn, self.q.sql("protected_write_fast"), w.params(), tuple_row
-            ).fetchone()
+            if isinstance(conn, db.Connection):
+                text = statement.run(conn, w.params())
+                row = None if text is None else _typed_write_row(text)
+            else:  # a plain psycopg connection (a caller's own): the cursor path
+                row = db.execute(
+                    conn, self.q.sql("protected_write_fast"), w.params(), tuple_row
+                ).fetchone()
         except psycopg.Error as exc:
             if outcome_unknown(exc):
                 self.session.discard()
                 raise _CommitUnknown(str(exc)) from exc
             raise
         return self._finish(w, row)
+
+    def _fast_statement(self) -> db.LibpqStatement:
+        """The fast write's statement, re-derived only when the query text changes."""
+        text = self.q.sql("protected_write_fast")
+        if self._fast_cache is None or self._fast_cache[0] is not text:
+            self._fast_cache = (text, db.LibpqStatement.from_named(text))
+        return self._fast_cache[1]
 
     def _stepped(self, w: Write) -> Written:
         conn = self.session.conn
@@ -355,6 +368,18 @@ class ProtectedWriter:
                 conn.execute("ROLLBACK")
         except psycopg.Error:
             self.session.discard()
+
+
+def _typed_write_row(text: tuple[str | None, ...]) -> tuple[Any, ...]:
+    """revision, status, lock_wait_ms, ledger_status from their text form."""
+    revision, status, lock_wait_ms, ledger_status = text
+    assert revision is not None
+    return (
+        int(revision),
+        status,
+        None if lock_wait_ms is None else float(lock_wait_ms),
+        ledger_status,
+    )
 
 
 def classify_read_back(checkpoint: bool, outbox: bool) -> ReadBack:

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
 
 from harness.postgres import Database
 from reference_impl import db
@@ -29,6 +30,7 @@ from reference_impl.leases import Lease
 from reference_impl.ledger import intent_effect
 from reference_impl.protected import ProtectedWriter, Write
 from reference_impl.runtime import Runtime
+from reference_impl.sqlstate import outcome_unknown
 from tests.reference_impl.conftest import OTHER_TENANT, TENANT, cp, new_run, take
 
 SHAPES = ("fast", "stepped")
@@ -309,11 +311,77 @@ def test_fast_function_is_closed_like_the_rest_of_the_api(ref_db: Database) -> N
     assert row["worker"] and not row["everyone"]
 
 
-def test_fast_path_cursor_follows_a_new_connection(rt: Runtime) -> None:
+def test_fast_statement_is_prepared_again_on_a_new_connection(rt: Runtime) -> None:
     lease = take(rt, new_run(rt)).lease
     assert rt.writer.write(cp(lease, 0)).revision == 1
+    first = rt.conn
+    assert isinstance(first, db.Connection) and len(first.prepared) == 1
     rt.session.discard()
     assert rt.writer.write(cp(lease, 1)).revision == 2
+    assert rt.conn is not first and rt.conn.prepared == first.prepared  # type: ignore[attr-defined]
+
+
+def test_terminated_backend_is_outcome_unknown_then_read_back(
+    rt: Runtime, ref_db: Database
+) -> None:
+    """The connection dies under the fast write: no server verdict, so the
+    write is read back by its event_id (nothing committed) and retried with
+    the same event on a new connection: exactly one checkpoint and one event."""
+    run = new_run(rt)
+    lease = take(rt, run).lease
+    pid = rt.conn.info.backend_pid
+    ref_db.query("SELECT pg_terminate_backend(%s, 5000)", [pid])
+    w = cp(lease, 0)
+    out = rt.writer.write(w)
+    assert (out.revision, out.event_id, out.read_back) == (1, w.event_id, False)
+    rows = ref_db.query(
+        "SELECT (SELECT count(*) FROM agent_checkpoints WHERE run_id = %(r)s) AS checkpoints,"
+        " (SELECT count(*) FROM outbox WHERE run_id = %(r)s) AS events",
+        {"r": run},
+    )[0]
+    assert (rows["checkpoints"], rows["events"]) == (1, 1)
+    assert rt.conn.info.backend_pid != pid
+
+
+def test_libpq_statement_raises_as_the_cursor_path(rt: Runtime, ref_db: Database) -> None:
+    conn = rt.conn
+    assert isinstance(conn, db.Connection)
+    stmt = db.LibpqStatement.from_named("SELECT 1 / %(n)s AS q, %(n)s + 0 AS n")
+    assert stmt.names == ("n",) and b"$1" in stmt.text and b"%(" not in stmt.text
+    assert stmt.run(conn, {"n": 1}) == ("1", "1")
+    with pytest.raises(psycopg.errors.DivisionByZero) as err:
+        stmt.run(conn, {"n": 0})
+    assert err.value.sqlstate == "22012"
+    assert not conn.broken  # a server error leaves the connection usable
+    ref_db.query("SELECT pg_terminate_backend(%s, 5000)", [conn.info.backend_pid])
+    with pytest.raises(psycopg.OperationalError) as lost:
+        stmt.run(conn, {"n": 1})
+    assert outcome_unknown(lost.value)
+
+
+def test_libpq_statement_text_forms() -> None:
+    class Level(int):
+        pass
+
+    u = uuid.UUID(int=7)
+    assert db.LibpqStatement.from_named("SELECT %(a)s, %(b)s, %(a)s").text == b"SELECT $1, $2, $1"
+    forms = {
+        "none": (None, None),
+        "bool": (True, b"t"),
+        "int": (-3, b"-3"),
+        "subclass": (Level(4), b"4"),
+        "float": (0.5, b"0.5"),
+        "uuid": (u, str(u).encode()),
+        "bytes": (b"\x01\xff", b"\\x01ff"),
+        "json": (Jsonb({"b": 1, "a": [True]}), b'{"a":[true],"b":1}'),
+        "json text": (Jsonb('{"x":1}', dumps=lambda t: t), b'{"x":1}'),
+    }
+    stmt = db.LibpqStatement.from_named(" ".join(f"%({k.replace(' ', '_')})s" for k in forms))
+    assert len(stmt.names) == len(forms)
+    for name, (value, text) in forms.items():
+        assert db._as_text(value) == text, name
+    with pytest.raises(TypeError, match="no text form"):
+        db._as_text(object())
 
 
 def test_hot_statements_keep_one_prepared_cursor_per_connection(rt: Runtime) -> None:
