@@ -71,11 +71,12 @@ def test_prints_figures_and_three_ratios() -> None:
     assert proc.returncode == 0, out + err
     ratios = {m.group(1): m for m in RATIO.finditer(out)}
     assert set(ratios) == {"checkpoint", "renew", "claim"}, out
-    assert ratios["checkpoint"].group(2) == "seed"
+    assert ratios["checkpoint"].group(2) == "seed6"
     for op, m in ratios.items():
         assert float(m.group(3)) > 0
         assert m.group(2) == SIDES[op][0]
-    assert re.search(r"round 1: seed .* stmt .* impl .* impl/seed", out)
+    assert re.search(r"round 1: seed6 .* seed7 .* stmt .* impl .* impl/seed6", out)
+    assert re.search(r"ratio impl/seed6 .*; impl/seed7 \d+\.\d+x", out)
     _nothing_left(_work_dir(out))
 
 

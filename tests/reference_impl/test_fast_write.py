@@ -179,15 +179,46 @@ def test_both_shapes_same_answers_and_rows(rt: Runtime, ref_db: Database, name: 
     assert len(rows["checkpoints"]) == len(rows["outbox"]) == rows["run"][0]["revision"]
 
 
-def test_expired_lease_same_rejection(rt: Runtime, ref_db: Database) -> None:
+@pytest.mark.parametrize("expected_revision", [0, 5], ids=["revision_right", "revision_wrong"])
+def test_expired_lease_same_rejection(
+    rt: Runtime, ref_db: Database, expected_revision: int
+) -> None:
+    """Expiry is judged before the revision, in both shapes: the fast
+    checkpoint's UPDATE matches (right revision) and is undone by FC002, or
+    matches nothing (wrong revision) and the lock-first code names FC002."""
     answers = []
     for shape in SHAPES:
         case = Case(rt, shape, ttl_ms=100)
         time.sleep(0.15)
-        case.write(cp(case.lease, 0))
+        case.write(cp(case.lease, expected_revision))
         answers.append(case.answers)
-        assert case.rows(ref_db)["checkpoints"] == []
+        rows = case.rows(ref_db)
+        assert rows["checkpoints"] == [] and rows["run"][0]["revision"] == 0
     assert answers[0] == answers[1] == [("LeaseLost", "expired")]
+
+
+def test_lease_expiring_while_waiting_for_the_row_lock_is_refused(
+    rt: Runtime, ref_db: Database
+) -> None:
+    """The expiry is read after the lock even when the holder changed nothing
+    (PostgreSQL re-checks a WHERE only against a changed row): a lease valid
+    when the write was sent but expired when the lock came is refused."""
+    for shape in SHAPES:
+        case = Case(rt, shape, ttl_ms=300)
+        holder = psycopg.connect(ref_db.admin_dsn, autocommit=True)
+        try:
+            holder.execute("BEGIN")
+            holder.execute("SELECT 1 FROM agent_runs WHERE run_id = %s FOR UPDATE", [case.run])
+            t = threading.Thread(target=case.write, args=(cp(case.lease, 0),))
+            t.start()
+            time.sleep(0.45)
+            assert not case.answers, f"{shape}: the write did not wait for the row lock"
+            holder.execute("COMMIT")
+            t.join(5)
+        finally:
+            holder.close()
+        assert case.answers == [("LeaseLost", "expired")], shape
+        assert case.rows(ref_db)["checkpoints"] == []
 
 
 def test_other_tenant_same_rejection(make_rt: Callable[..., Runtime]) -> None:
