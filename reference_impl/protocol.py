@@ -10,7 +10,7 @@ FENCECHECK_MUTANT.
 | rule | place |
 |---|---|
 | 1 lease grant/renew/release | fencecheck._grant / renew / release (SQL), ``Leases`` |
-| 2 lock + validate in the write's transaction | fencecheck.lock_lease, fencecheck.protected_write (stepped path, the one the harness runs); fencecheck.protected_write_fast (fast path: the same checks inline) |
+| 2 lock + validate in the write's transaction | fencecheck.lock_lease, fencecheck.protected_write (stepped path, the one the harness runs); fencecheck.protected_write_fast (fast path: the same checks inline; a checkpoint locks the row by its UPDATE and judges expiry after the lock, 007) |
 | 3 revision CAS | fencecheck.protected_write, fencecheck.protected_write_fast (``WHERE revision = expected``) |
 | 4 ledger | fencecheck.dispatch_claim / record_tool_result / reconcile_expire_claims, ``Reconciler`` |
 | 5 stable operation_id, timeout never failure | ``Protocol.operation_id``, ``Dispatcher.on_unknown`` |
