@@ -340,6 +340,14 @@ def test_fast_function_is_closed_like_the_rest_of_the_api(ref_db: Database) -> N
     assert row["prosecdef"] and row["owner"] == "fencecheck_owner"
     assert row["proconfig"] == ["search_path=pg_catalog, pg_temp"]
     assert row["worker"] and not row["everyone"]
+    # 006's function, renamed by 007: the fallback, not a way around the fast path.
+    helper = ref_db.query(
+        "SELECT pg_get_userbyid(p.proowner) AS owner,"
+        " has_function_privilege('fencecheck_worker', p.oid, 'EXECUTE') AS worker,"
+        " has_function_privilege('public', p.oid, 'EXECUTE') AS everyone"
+        " FROM pg_proc p WHERE p.oid = 'fencecheck._protected_write_lock_first'::regproc"
+    )[0]
+    assert helper == {"owner": "fencecheck_owner", "worker": False, "everyone": False}
 
 
 def test_fast_statement_is_prepared_again_on_a_new_connection(rt: Runtime) -> None:
