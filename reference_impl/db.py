@@ -16,8 +16,8 @@ Invariants:
   every call (tens of microseconds for a 13-parameter call).
 - The hottest one, the fast protected write, runs below the cursor as a
   :class:`LibpqStatement` (PQexecPrepared, text in and out): about 40 us
-  less per checkpoint than a kept cursor, which is what the checkpoint
-  needs to reach twice the seed's rate (``python -m reference_impl.bench``).
+  less per checkpoint than a kept cursor, measured against pgbench by
+  ``python -m reference_impl.bench`` (figures in docs/reference-impl.md).
   It classifies failures as the cursor path does: a server error by its
   SQLSTATE, a broken connection as ``OperationalError`` (outcome unknown).
 """

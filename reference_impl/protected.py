@@ -7,9 +7,12 @@ never contains a network call other than to PostgreSQL.
 
 Two shapes, same checks, same outcomes:
 - fast path (no harness): ``fencecheck.protected_write_fast`` in one
-  autocommit round trip; it locks and validates inline (no nested function
-  call); run as a ``db.LibpqStatement`` (prepared once per connection,
-  text parameters, no cursor);
+  autocommit round trip; a checkpoint locks the row by its UPDATE (owner,
+  epoch, revision in the WHERE, expiry judged after the lock), anything
+  else, and a checkpoint that matched nothing, runs the lock-first code with
+  the same checks inline (migrations 006, 007); run as a
+  ``db.LibpqStatement`` (prepared once per connection, text parameters, no
+  cursor);
 - stepped path (``FENCECHECK_CONTROL`` set): BEGIN; lock_lease; point
   ``after_lease_row_locked``; protected_write (calls lock_lease again: the
   re-lock is a no-op, it re-validates); point ``before_commit``; COMMIT. The
