@@ -15,7 +15,7 @@ Invariants:
   ``Connection.execute`` makes a new cursor every time and pays for them on
   every call (tens of microseconds for a 13-parameter call).
 - The hottest one, the fast protected write, runs below the cursor as a
-  :class:`LibpqStatement` (PQexecPrepared, text in and out): about 40 us
+  :class:`LibpqStatement` (a prepared statement, text in and out): about 40 us
   less per checkpoint than a kept cursor, measured against pgbench by
   ``python -m reference_impl.bench`` (figures in docs/reference-impl.md).
   It classifies failures as the cursor path does: a server error by its
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, LiteralString, TypeVar, cast
 
 import psycopg
-from psycopg import pq
+from psycopg import generators, pq
 from psycopg.abc import Params
 from psycopg.errors import error_from_result
 from psycopg.rows import DictRow, RowFactory, dict_row
@@ -89,9 +89,9 @@ class LibpqStatement:
     Built from a named-parameter query (``%(name)s``, as in the ``.sql``
     files): ``names`` are its parameters in ``$n`` order. The prepared name
     is derived from the text, so a changed statement (a mutant's overlay) is
-    prepared anew. libpq releases the GIL while it waits, so a heartbeat
-    thread keeps running; the connection's notice handlers still see every
-    WARNING.
+    prepared anew. It waits as psycopg does (see ``_answer``): the GIL is
+    free meanwhile, so a heartbeat thread keeps running; the connection's
+    notice handlers still see every WARNING.
     """
 
     name: bytes
@@ -117,13 +117,30 @@ class LibpqStatement:
         with conn.lock:
             pgconn = conn.pgconn
             if self.name not in conn.prepared:
-                _check(conn, pgconn.prepare(self.name, self.text))
+                pgconn.send_prepare(self.name, self.text)
+                _check(conn, _answer(conn))
                 conn.prepared.add(self.name)
             # None is SQL NULL (libpq's NULL pointer); psycopg's stub omits it.
-            res = _check(conn, pgconn.exec_prepared(self.name, cast(Any, values)))
+            pgconn.send_query_prepared(self.name, cast(Any, values))
+            res = _check(conn, _answer(conn))
         if res.ntuples == 0:
             return None
         return tuple(_text_or_none(res.get_value(0, i)) for i in range(res.nfields))
+
+
+def _answer(conn: Connection) -> pq.abc.PGresult:
+    """The last result of what was just sent, waited for as psycopg waits.
+
+    ``Connection.wait`` runs psycopg's own (C) send-and-fetch generator and
+    wakes every 0.1 s, so signal handlers run and Ctrl-C cancels the query
+    on the server, as on the cursor path; a lost connection raises
+    ``OperationalError``. (Blocking ``PQexecPrepared`` costs the same and
+    could not be interrupted.)
+    """
+    results: list[pq.abc.PGresult] = conn.wait(generators.execute(conn.pgconn))
+    if not results:
+        raise psycopg.InterfaceError("the server sent no result")
+    return results[-1]
 
 
 def _jsonb_text(value: Jsonb) -> bytes:

@@ -11,6 +11,7 @@ and it is as closed to the worker role as the rest of the API.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 import uuid
@@ -380,6 +381,40 @@ def test_terminated_backend_is_outcome_unknown_then_read_back(
     )[0]
     assert (rows["checkpoints"], rows["events"]) == (1, 1)
     assert rt.conn.info.backend_pid != pid
+
+
+def test_fast_write_waiting_for_a_lock_is_interruptible(rt: Runtime, ref_db: Database) -> None:
+    """Ctrl-C reaches a fast write blocked on the row lock (psycopg's wait
+    wakes every 0.1 s), cancels it on the server, and nothing is written."""
+    lease = take(rt, new_run(rt)).lease
+    holder = psycopg.connect(ref_db.admin_dsn, autocommit=True)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    # The holder lets go after 3 s in any case: a write that cannot be
+    # interrupted then finishes late instead of hanging the test.
+    release = threading.Timer(3.0, holder.execute, ["COMMIT"])
+    try:
+        holder.execute("BEGIN")
+        holder.execute("SELECT 1 FROM agent_runs WHERE run_id = %s FOR UPDATE", [lease.run_id])
+        release.start()
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            rt.writer.write(cp(lease, 0))
+        assert time.monotonic() - t0 < 2.5, "the interrupt waited for the lock holder"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        release.cancel()
+        release.join(5)
+        if holder.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+            holder.execute("COMMIT")
+        holder.close()
+    assert rt.runs.state(rt.conn, lease.run_id)["revision"] == 0
+    assert rt.writer.write(cp(lease, 0)).revision == 1  # the session is usable again
 
 
 def test_libpq_statement_raises_as_the_cursor_path(rt: Runtime, ref_db: Database) -> None:
