@@ -66,6 +66,12 @@ class QueryResult:
     created_at: float
     resource_ids: tuple[str, ...]
     http_status: int
+    #: SHA-256 of the canonical JSON of the request that created the resource.
+    body_digest: str | None = None
+
+
+def _opt_str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 def _seg(value: str) -> str:
@@ -217,6 +223,7 @@ class ToolClient:
             created_at=float(decoded.get("created_at", 0.0)),
             resource_ids=tuple(str(r) for r in decoded.get("resource_ids", [rid])),
             http_status=status,
+            body_digest=_opt_str(decoded.get("body_digest")),
         )
 
     # -- broker ---------------------------------------------------------

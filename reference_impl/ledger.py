@@ -340,11 +340,9 @@ class Reconciler:
             log(_log, logging.WARNING, "query failed", operation_id=op_id, error=repr(exc))
             return None
         if found is not None:
-            digest_ok = True
-            body = getattr(found, "body_digest", None)
-            if body is not None and body != row["request_digest"]:
-                digest_ok = False
-            if not digest_ok:
+            # The remote resource must come from THIS request, not another
+            # body sent under the same operation_id.
+            if found.body_digest is not None and found.body_digest != row["request_digest"]:
                 self.ledger.add_evidence(conn, op_id, {"event": "query_digest_mismatch"})
                 return None
             status = self.ledger.converge(

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.postgres import Database
+from mock_tool.process import MockToolProcess
 from reference_impl import errors as e
 from reference_impl.ids import operation_id, request_digest
 from reference_impl.leases import Lease
@@ -213,3 +216,39 @@ def test_retry_is_new_run_and_old_callbacks_cannot_advance_it(
         ]
         == "dispatching"
     )
+
+
+@pytest.fixture
+def tool(tmp_path: Path) -> Iterator[MockToolProcess]:
+    with MockToolProcess(tmp_path / "tool") as proc:
+        yield proc
+
+
+@pytest.mark.parametrize("remote_request", ["same", "other"])
+def test_reconciler_converges_only_to_a_resource_of_the_same_request(
+    make_rt: Callable[..., Runtime], ref_db: Database, tool: MockToolProcess, remote_request: str
+) -> None:
+    """The query answer carries the digest of the body the tool acted on: a
+    resource created under the operation_id from another request body is not
+    this intent's effect, so the operation stays unknown with evidence."""
+    rt = make_rt("A", tool_url=tool.base_url)
+    run = new_run(rt)
+    lease = take(rt, run).lease
+    op_id = _intent(rt, lease, 0, tool="queryable", cap="query")
+    op = rt.ledger.claim(rt.conn, rt.owner)
+    assert op is not None
+    body = REQUEST if remote_request == "same" else {**REQUEST, "amount": 99}
+    tool.client().create("queryable", op_id, str(run), lease.epoch, body)
+    rt.ledger.mark_unknown(rt.conn, op, rt.owner, {})
+    row = rt.ledger.get(rt.conn, op_id) or {}
+    change = rt.reconciler.reconcile_one(rt.conn, {**row, "run_status": "waiting_tool"})
+    after = rt.ledger.get(rt.conn, op_id) or {}
+    if remote_request == "same":
+        assert change == {"operation_id": op_id, "from": "unknown", "to": "succeeded"}
+        assert after["status"] == "succeeded"
+    else:
+        assert change is None and after["status"] == "unknown"
+        evidence = ref_db.query(
+            "SELECT evidence FROM tool_operations WHERE operation_id = %s", [op_id]
+        )[0]["evidence"]
+        assert evidence[-1]["event"] == "query_digest_mismatch"
