@@ -161,7 +161,6 @@ class OpsServer:
                     "message": str(perr),
                     "reason": perr.reason,
                 }
-            ctx.session.discard() if ctx.session.conn.broken else None
             return {
                 "id": rid,
                 "ok": False,

@@ -16,8 +16,6 @@ import logging
 import uuid
 from typing import Any
 
-import psycopg
-
 from harness import injection
 from reference_impl.db import Conn
 from reference_impl.logs import log
@@ -91,19 +89,18 @@ class Consumer:
         """Apply one message in its own transaction; False when already processed."""
         event_id = uuid.UUID(str(msg["event_id"]))
         effect = f"{msg.get('topic')}:{_run_of(msg)}"
-        try:
-            with conn.transaction():
-                first = conn.execute(
-                    self.q.sql("consume_dedup"), {"consumer": consumer, "event_id": event_id}
-                ).fetchone()
-                if first is None:
-                    return False
-                conn.execute(
-                    self.q.sql("consume_effect"),
-                    {"consumer": consumer, "event_id": event_id, "effect": effect},
-                )
-        except psycopg.errors.UniqueViolation:
-            return False  # a concurrent consumer processed it first
+        with conn.transaction():
+            # ON CONFLICT DO NOTHING: a concurrent consumer of the same event
+            # makes this wait for its transaction, then returns no row.
+            first = conn.execute(
+                self.q.sql("consume_dedup"), {"consumer": consumer, "event_id": event_id}
+            ).fetchone()
+            if first is None:
+                return False
+            conn.execute(
+                self.q.sql("consume_effect"),
+                {"consumer": consumer, "event_id": event_id, "effect": effect},
+            )
         return True
 
 

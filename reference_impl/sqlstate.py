@@ -48,11 +48,7 @@ def protocol_error(exc: psycopg.Error) -> e.ProtocolError | None:
     text = diag.message_primary or cls.__doc__ or cls.__name__
     if diag.message_detail:
         text = f"{text} ({diag.message_detail})"
-    err = cls(text, reason=reason)
-    if isinstance(err, e.LeaseLost) and err.reason == "lost" and diag.message_detail:
-        # A run cancelled or finished under us is still "no write right".
-        err.reason = "lost"
-    return err
+    return cls(text, reason=reason)
 
 
 def is_retryable_conflict(exc: BaseException) -> bool:
