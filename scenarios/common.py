@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from harness.experiment import ExperimentContext
 from harness.processes import WorkerProcess
+from harness.waiting import WaitTimeout, wait_for
+
+T = TypeVar("T")
 
 
 def control_plane(ctx: ExperimentContext, tenant_id: str | None = None) -> WorkerProcess:
@@ -35,10 +39,19 @@ def new_run(
     return ctx.note_run(str(result["run_id"]))
 
 
+def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -> T | None:
+    """``wait_for`` for a fault check: the probe's first truthy answer, or None
+    when it never came (so the check records "did not take effect" with its
+    evidence instead of ending the experiment as a harness error)."""
+    try:
+        return wait_for(probe, what=what, timeout_s=timeout_s)
+    except WaitTimeout:
+        return None
+
+
 def wait_claimable(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0) -> None:
     """Wait until the run's lease and any dispatch claim on it have expired by
     database time, so a successor's takeover does not depend on timing."""
-    from harness.waiting import wait_for
 
     def ready() -> bool:
         rows = ctx.env.query(

@@ -49,6 +49,7 @@ def run(ctx: ExperimentContext) -> None:
     code_b = finish(ctx, b)
     rows = checkers.checkpoints(ctx, run_id)
     by_b = [c for c in rows if c["revision"] > last_a]
+    owners_a = {c["owner"] for c in rows if c["revision"] <= last_a}  # "A/<session>"
     revisions = [c["revision"] for c in rows]
     ctx.equal(
         "revisions gapless",
@@ -60,10 +61,12 @@ def run(ctx: ExperimentContext) -> None:
         "successor resumed from the committed revision",
         bool(by_b)
         and by_b[0]["revision"] == last_a + 1
-        and by_b[0]["owner"] != "A"
+        and not any(c["owner"] in owners_a or c["owner"].startswith("A/") for c in by_b)
         and all(c["epoch"] > crashed[-1].epoch for c in by_b if crashed[-1].epoch is not None),
-        expected=f"B's first checkpoint is revision {last_a + 1} at a newer epoch",
-        observed=f"B's checkpoints {[(c['revision'], c['epoch']) for c in by_b]} (B exit {code_b})",
+        expected=f"B's first checkpoint is revision {last_a + 1}, by another owner than A,"
+        " at a newer epoch",
+        observed=f"B's checkpoints {[(c['revision'], c['epoch'], c['owner']) for c in by_b]}"
+        f" (B exit {code_b})",
     )
     steps = [str((c["state_json"] or {}).get("step")) for c in rows]
     repeated = sorted({s for s in steps if steps.count(s) > 1 and s != "None"})

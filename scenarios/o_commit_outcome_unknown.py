@@ -13,8 +13,7 @@ import uuid
 from harness import checkers
 from harness.control import Hold
 from harness.experiment import ExperimentContext, ExperimentSpec
-from harness.waiting import wait_for
-from scenarios.common import new_run
+from scenarios.common import new_run, seen_within
 
 SPEC = ExperimentSpec(
     id="O",
@@ -61,23 +60,27 @@ def run(ctx: ExperimentContext) -> None:
     committed_at_fault = False
     if variant == "response_lost":
         committed_at_fault = bool(
-            wait_for(
+            seen_within(
                 lambda: ctx.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id]),
                 what="the COMMIT to reach the server while answers are dropped",
                 timeout_s=10,
             )
         )
     # Heal only once W's sessions from before the fault are gone on the server
-    # (toxiproxy closed them), so the answer to its COMMIT stays lost. A cut
-    # closes them at once: the COMMIT cannot travel on them any more.
-    if variant == "response_lost":
-        wait_for(
+    # (toxiproxy closed them): a cut COMMIT cannot travel on them any more, and
+    # a dropped answer to a COMMIT stays lost.
+    sessions_ended = bool(
+        seen_within(
             lambda: (
                 not ctx.env.query("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [sessions])
             ),
             what="W's sessions from before the fault to end on the server",
             timeout_s=10,
         )
+    )
+    committed_while_cut = bool(
+        ctx.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id])
+    )
     ctx.heal("worker_pg")
     reply = pending.result(30)
     events = ctx.sql(
@@ -88,16 +91,25 @@ def run(ctx: ExperimentContext) -> None:
     if variant == "request_lost":
         ctx.fault(
             "the COMMIT never reached the server",
-            fault.kind == "cut" and reply is not None,
-            expected="link cut while the transaction waited before COMMIT",
-            observed=f"{fault.detail}; reply {reply.ok or reply.error}",
+            fault.kind == "cut" and sessions_ended,
+            expected="link cut while the transaction waited before COMMIT, and W's sessions"
+            " from before the cut gone on the server before the link healed",
+            observed=f"{fault.detail}; sessions ended: {sessions_ended}",
+        )
+        ctx.invariant(
+            "nothing committed before the COMMIT was sent",
+            not committed_while_cut,
+            expected="no event row while the link was cut (the write waited at before_commit)",
+            observed=f"event row present while cut: {committed_while_cut}",
         )
     else:
         ctx.fault(
             "the server committed while the answer was dropped",
-            committed_at_fault,
-            expected="the event row visible on the server before the link healed",
-            observed=f"committed while dropped: {committed_at_fault}",
+            committed_at_fault and sessions_ended,
+            expected="the event row visible on the server before the link healed, and W's"
+            " sessions from before the fault gone (its answer lost)",
+            observed=f"committed while dropped: {committed_at_fault}; sessions ended:"
+            f" {sessions_ended}",
         )
     ctx.invariant(
         "worker converged on the committed write",
