@@ -99,7 +99,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, cast
@@ -122,6 +122,7 @@ import psycopg
 
 from harness import containers_images as images
 from harness.backend import BackendUnavailable
+from harness.containers_setup import SOCKET_PATH as PROJECT_SOCKET
 from harness.os_user import OsUser
 from harness.pg_binaries import PgBinaries
 from harness.postgres import BASE_SETTINGS, ClusterError, PostgresCluster
@@ -132,8 +133,6 @@ from mock_tool.client import ToolClient
 from mock_tool.errors import ToolError
 from mock_tool.process import MockToolProcess, MockToolStartError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-PROJECT_SOCKET = REPO_ROOT / ".tools" / "containers" / "podman.sock"
 DEFAULT_SOCKETS = ("/run/podman/podman.sock", "/var/run/docker.sock")
 SETUP_HINT = (
     "run `make containers-setup` (installs podman, runc and debootstrap with apt, builds the "
@@ -345,7 +344,7 @@ class ContainerBackend:
 
     # ------------------------------------------------------------ creation
     @classmethod
-    def create(cls, *, binaries: PgBinaries, toxiproxy_bin: str | None = None) -> ContainerBackend:
+    def create(cls, *, binaries: PgBinaries) -> ContainerBackend:
         """Reach the engine, clean up dead runs, check the images, make the network."""
         base_url = find_engine()
         _configure_testcontainers(base_url)
@@ -363,7 +362,7 @@ class ContainerBackend:
                 backend.images = {
                     "postgres": images.ensure_pg_image(client),
                     "mock_tool": images.ensure_mock_tool_image(client)[0],
-                    "toxiproxy": images.ensure_toxiproxy_image(client, toxiproxy_bin)[0],
+                    "toxiproxy": images.ensure_toxiproxy_image(client)[0],
                 }
             except images.ImageMissing as exc:
                 raise BackendUnavailable(str(exc)) from exc
@@ -969,14 +968,13 @@ class ContainerToxiproxy(ToxiproxyServer):
         log_dir: Path,
         *,
         registry: ProcessRegistry | None = None,
-        pool_size: int | None = None,
     ) -> None:
         super().__init__(log_dir, registry=registry, startup_timeout_s=60.0)
         self.backend = backend
         self.container: DockerContainer | None = None
         self.container_name = backend.new_name("toxiproxy")
         self.inner_host = ""  # its address on the network
-        self.pool_size = pool_size or int(os.environ.get(PROXY_POOL_ENV, DEFAULT_PROXY_POOL))
+        self.pool_size = int(os.environ.get(PROXY_POOL_ENV, DEFAULT_PROXY_POOL))
         self._free: list[int] = []
         self._port_of: dict[str, int] = {}
         self._upstream_of: dict[str, str] = {}  # proxy -> upstream it was made with
@@ -1096,9 +1094,7 @@ class ContainerToxiproxy(ToxiproxyServer):
             ]
         for name, upstream in targets:
             with contextlib.suppress(ToxiproxyError):  # deleted meanwhile: nothing to do
-                self.client._call(
-                    "PATCH", f"/proxies/{name}", {"upstream": REFUSING if down else upstream}
-                )
+                self.client.set_upstream(name, REFUSING if down else upstream)
 
 
 # --------------------------------------------------------------- mock tool
@@ -1236,25 +1232,21 @@ class ContainerMockTool(MockToolProcess):
 
     def kill(self) -> int | None:
         """SIGKILL the server (a crash) and remove its container; the storage stays."""
-        if self.container is None:
-            return None
-        self._going_down()
-        code: int | None = None
-        with contextlib.suppress(docker.errors.APIError):
-            if self.running:
-                self.container.get_wrapped_container().kill(signal="SIGKILL")
-            code = self._wait_exit(10)
-        return self._finish(code)
+        return self._shut_down(lambda wrapped: wrapped.kill(signal="SIGKILL"))
 
     def stop(self) -> int | None:
         """SIGTERM, ``stop_grace_s``, then SIGKILL; the container goes, the storage stays."""
+        return self._shut_down(lambda wrapped: wrapped.stop(timeout=int(self.stop_grace_s)))
+
+    def _shut_down(self, signal_it: Callable[[Any], object]) -> int | None:
+        """``signal_it`` the running container, wait for its exit, remove it."""
         if self.container is None:
             return None
         self._going_down()
         code: int | None = None
         with contextlib.suppress(docker.errors.APIError):
             if self.running:
-                self.container.get_wrapped_container().stop(timeout=int(self.stop_grace_s))
+                signal_it(self.container.get_wrapped_container())
             code = self._wait_exit(10)
         return self._finish(code)
 

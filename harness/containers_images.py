@@ -29,13 +29,13 @@ from typing import Any
 import docker
 import docker.errors
 
+from harness.containers_setup import PG_IMAGE as DEFAULT_PG_IMAGE
+from harness.containers_setup import PYTHON_IMAGE as DEFAULT_PYTHON_IMAGE
 from harness.toxiproxy import find_toxiproxy_server
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PG_IMAGE_ENV = "FENCECHECK_PG_IMAGE"
-DEFAULT_PG_IMAGE = "localhost/fencecheck/postgres:latest"
 PYTHON_IMAGE_ENV = "FENCECHECK_PYTHON_IMAGE"
-DEFAULT_PYTHON_IMAGE = "localhost/fencecheck/python:latest"
 MOCK_TOOL_REPO = "localhost/fencecheck/mock-tool"
 TOXIPROXY_REPO = "localhost/fencecheck/toxiproxy"
 SETUP_HINT = "run `make containers-setup` (it builds the images locally)"
@@ -187,10 +187,10 @@ def ensure_toxiproxy_image(
 ) -> tuple[str, bool]:
     """(tag, built now) of the toxiproxy image holding the binary the harness found."""
     path = find_toxiproxy_server(binary)
-    data = path.read_bytes()
-    tag = f"{TOXIPROXY_REPO}:{_digest([('toxiproxy-server', data)])}"
+    tag = toxiproxy_tag(path)
     if has_image(client, tag):
         return tag, False
+    data = path.read_bytes()
     dockerfile = (
         f"FROM {python_image()}\n"
         "COPY toxiproxy-server /usr/local/bin/toxiproxy-server\n"

@@ -10,6 +10,8 @@ Every step is idempotent: a step whose result is already there is skipped.
    events logger.
 3. ``podman system service`` serves the Docker-compatible API on
    ``.tools/containers/podman.sock``; docker-py and testcontainers talk to it.
+   Its pid goes to ``.tools/containers/service.pid``; ``service-stop`` signals
+   that pid only while it still is this service (a stale file is removed).
 4. Images are built locally, since no container registry is reachable:
 
    * ``localhost/fencecheck/postgres:latest``: ``debootstrap --variant=minbase``
@@ -36,13 +38,16 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import psutil
+
+from harness.waiting import WaitTimeout, wait_for
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = REPO_ROOT / ".tools" / "containers"
@@ -52,9 +57,13 @@ PID_PATH = STATE_DIR / "service.pid"
 SERVICE_LOG = STATE_DIR / "service.log"
 BUILD_TIMES = STATE_DIR / "build-times.json"
 
+# The base images; harness.containers_images uses them as its defaults.
 PG_IMAGE = "localhost/fencecheck/postgres:latest"
 PYTHON_IMAGE = "localhost/fencecheck/python:latest"
 PACKAGES = ("podman", "runc", "debootstrap")
+SERVICE_START_TIMEOUT_S = 20.0
+SERVICE_TERM_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
+SERVICE_KILL_WAIT_S = 5.0  # after SIGKILL
 
 CONTAINERS_CONF = """\
 # Written by `make containers-setup` (harness/containers_setup.py).
@@ -179,16 +188,58 @@ def service_alive(timeout_s: float = 2.0) -> bool:
         return False
 
 
-def _service_pid() -> int | None:
+def _service_argv(podman: str) -> list[str]:
+    """How service_start runs the service; _service_process recognises it by this."""
+    return [podman, "system", "service", "--time=0", docker_host()]
+
+
+def _is_our_service(cmdline: list[str]) -> bool:
+    return (
+        bool(cmdline)
+        and Path(cmdline[0]).name == "podman"
+        and cmdline[1:] == _service_argv("podman")[1:]
+    )
+
+
+def _service_process() -> psutil.Process | None:
+    """The podman service the pid file names, if that pid still is one.
+
+    A stale pid file (the service died, the machine rebooted) can name a pid
+    the kernel gave to an unrelated process since: only a ``podman system
+    service`` on this project's socket counts. A stale file is removed.
+    """
     try:
         pid = int(PID_PATH.read_text().strip())
     except (OSError, ValueError):
         return None
     try:
-        os.kill(pid, 0)
-    except OSError:
-        return None
-    return pid
+        proc = psutil.Process(pid)
+        cmdline = proc.cmdline()
+    except psutil.ZombieProcess:
+        _reap(pid)
+        cmdline = []
+    except psutil.Error:  # gone, or not ours to look at
+        cmdline = []
+    if _is_our_service(cmdline):
+        return proc
+    PID_PATH.unlink(missing_ok=True)
+    what = f"is {' '.join(cmdline)!r}" if cmdline else "is not running"
+    log(f"removed stale {PID_PATH.name}: pid {pid} {what}, not our podman service")
+    return None
+
+
+def _reap(pid: int) -> None:
+    """Collect the exit status of ``pid`` if it is a child of this process."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _exited(proc: psutil.Process) -> bool:
+    _reap(proc.pid)
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def service_start() -> bool:
@@ -204,7 +255,7 @@ def service_start() -> bool:
         SOCKET_PATH.unlink()
     with open(SERVICE_LOG, "ab") as out:
         proc = subprocess.Popen(
-            [podman, "system", "service", "--time=0", docker_host()],
+            _service_argv(podman),
             env=podman_env(),
             stdin=subprocess.DEVNULL,
             stdout=out,
@@ -212,36 +263,56 @@ def service_start() -> bool:
             start_new_session=True,  # outlives make; stopped by service-stop
         )
     PID_PATH.write_text(f"{proc.pid}\n")
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
+
+    def answered() -> str | None:
         if proc.poll() is not None:
-            raise SetupError(
-                f"podman system service exited with {proc.returncode}; see {SERVICE_LOG}"
-            )
-        if service_alive():
-            log(f"podman service (pid {proc.pid}) on {SOCKET_PATH}")
-            return True
-        time.sleep(0.1)
-    raise SetupError(f"podman system service did not answer within 20s; see {SERVICE_LOG}")
+            return "exited"
+        return "answers" if service_alive() else None
+
+    try:
+        outcome = wait_for(
+            answered,
+            what=f"podman system service (pid {proc.pid}) to answer /_ping on {SOCKET_PATH}",
+            timeout_s=SERVICE_START_TIMEOUT_S,
+            max_interval_s=0.1,
+        )
+    except WaitTimeout as exc:
+        raise SetupError(f"{exc}; see {SERVICE_LOG}") from exc
+    if outcome == "exited":
+        raise SetupError(f"podman system service exited with {proc.returncode}; see {SERVICE_LOG}")
+    log(f"podman service (pid {proc.pid}) on {SOCKET_PATH}")
+    return True
 
 
 def service_stop() -> None:
-    pid = _service_pid()
-    if pid is None:
+    proc = _service_process()
+    if proc is None:
         log("no podman service of ours is running")
         return
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+    pid = proc.pid
+    try:
+        proc.terminate()  # psutil refuses if the pid was reused meanwhile
+        wait_for(
+            lambda: _exited(proc),
+            what=f"podman service (pid {pid}) to exit after SIGTERM",
+            timeout_s=SERVICE_TERM_GRACE_S,
+            max_interval_s=0.1,
+        )
+    except psutil.NoSuchProcess:
+        pass
+    except WaitTimeout as exc:
+        log(f"{exc}; sending SIGKILL")
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc.kill()
         try:
-            os.kill(pid, 0)
-        except OSError:
-            break
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
+            wait_for(
+                lambda: _exited(proc),
+                what=f"podman service (pid {pid}) to exit after SIGKILL",
+                timeout_s=SERVICE_KILL_WAIT_S,
+                max_interval_s=0.1,
+            )
+        except WaitTimeout as exc2:
+            raise SetupError(f"{exc2}; {PID_PATH} is kept for another try") from exc2
     PID_PATH.unlink(missing_ok=True)
     with contextlib.suppress(FileNotFoundError):
         SOCKET_PATH.unlink()

@@ -27,7 +27,6 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import TracebackType
@@ -227,6 +226,10 @@ class ToxiproxyClient:
         """PATCH enabled; disabling closes every open connection and stops listening."""
         return ProxyInfo.from_json(self._call("PATCH", f"/proxies/{name}", {"enabled": enabled}))
 
+    def set_upstream(self, name: str, upstream: str) -> ProxyInfo:
+        """PATCH upstream; connections made from now on dial ``upstream``."""
+        return ProxyInfo.from_json(self._call("PATCH", f"/proxies/{name}", {"upstream": upstream}))
+
     def add_toxic(self, proxy: str, toxic: Toxic) -> Toxic:
         return Toxic.from_json(self._call("POST", f"/proxies/{proxy}/toxics", toxic.to_json()))
 
@@ -235,10 +238,6 @@ class ToxiproxyClient:
 
     def list_toxics(self, proxy: str) -> list[Toxic]:
         return [Toxic.from_json(t) for t in self._call("GET", f"/proxies/{proxy}/toxics") or ()]
-
-    def reset(self) -> None:
-        """Enable every proxy and remove every toxic on the server."""
-        self._call("POST", "/reset")
 
 
 @dataclass
@@ -411,16 +410,6 @@ class Link:
         if not self.client.get_proxy(self.name).enabled:
             self.client.set_enabled(self.name, True)
         return healed
-
-    @contextlib.contextmanager
-    def fault(self, kind: str, **kwargs: Any) -> Iterator[FaultRecord]:
-        """`with link.fault("cut"):` starts a fault and always stops it."""
-        record: FaultRecord = getattr(self, kind)(**kwargs)
-        try:
-            yield record
-        finally:
-            with contextlib.suppress(KeyError):
-                self.stop(record.kind)
 
 
 def _describe_version(reported: str, binary: Path) -> str:
