@@ -487,6 +487,3 @@ class ControlServer:
                 for h in self._hits
                 if (worker in (None, ANY_WORKER, h.worker)) and (point in (None, h.point))
             ]
-
-    def reached(self, worker: str, point: str) -> bool:
-        return bool(self.hits(worker, point))

@@ -20,7 +20,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -168,12 +167,7 @@ class SharedServices:
             self._stack.callback(self.toxiproxy.stop)
             self.primary = self.backend.start_primary(self.root / "pg", "primary")
             self._stack.callback(self.primary.remove)
-            self.template = self.primary.create_template(
-                TEMPLATE_NAME,
-                lambda dsn: migrate(
-                    self.settings.worker_cmd, dsn, self.root / "logs", mutant=self.settings.mutant
-                ),
-            )
+            self.template = self.primary.create_template(TEMPLATE_NAME, self.migrate_database)
         except BaseException:
             self._stack.close()
             raise
@@ -184,8 +178,15 @@ class SharedServices:
         # environment itself is always torn down in the end.
         self._stack.close()
 
-    def close(self) -> None:
-        self._stack.close()
+    def migrate_database(self, admin_dsn: str, log_dir: Path | None = None) -> None:
+        """Migrate the database at ``admin_dsn`` with this run's worker (and mutant)
+        and add the audit trigger; ``migrate.log`` goes to ``log_dir``."""
+        migrate(
+            self.settings.worker_cmd,
+            admin_dsn,
+            log_dir or self.root / "logs",
+            mutant=self.settings.mutant,
+        )
 
     def _remove_root(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -268,7 +269,7 @@ class Environment:
         )
 
     def worker_env(
-        self, worker_id: str, tenant_id: str | None = None, pg_link: str = "worker_pg"
+        self, tenant_id: str | None = None, pg_link: str = "worker_pg"
     ) -> dict[str, str | None]:
         tool = self.links["worker_tool"]
         tool_url = f"http://{tool.listen_host}:{tool.listen_port}"
@@ -306,7 +307,7 @@ class Environment:
             list(args),
             log_dir=self.log_dir,
             control_socket=self.control.socket_path,
-            env={**self.worker_env(worker_id, tenant_id, pg_link), **(env or {})},
+            env={**self.worker_env(tenant_id, pg_link), **(env or {})},
             registry=self.shared.registry,
         )
         proc.start()
@@ -407,17 +408,16 @@ def _replicated_pair(
     tag: str,
     mode: Literal["async", "sync"],
 ) -> tuple[PostgresCluster, PostgresCluster, Link]:
-    """A primary of its own (migrated) and a standby streaming through a proxy."""
+    """A primary of its own and a standby streaming through a proxy.
+
+    The primary gets a migrated database named like the shared template, and
+    the experiment uses that database itself: the primary is its alone.
+    """
     assert shared.toxiproxy is not None and shared.template is not None
     primary = shared.backend.start_primary(work_dir / "pg", "primary")
     stack.callback(primary.remove)
-    with psycopg.connect(primary.admin_dsn(), autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{shared.template}"'.encode())
-    migrate(
-        shared.settings.worker_cmd,
-        primary.admin_dsn(shared.template),
-        work_dir / "logs",
-        mutant=shared.settings.mutant,
+    primary.create_template(
+        shared.template, lambda dsn: shared.migrate_database(dsn, log_dir=work_dir / "logs")
     )
     link = shared.toxiproxy.link(
         f"{tag}_replication", shared.backend.inner_address("127.0.0.1", primary.port)
@@ -435,7 +435,3 @@ def _replicated_pair(
     if mode == "sync":
         primary.set_sync_standby("replica")
     return primary, standby, link
-
-
-def timestamp() -> str:
-    return time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())

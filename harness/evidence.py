@@ -172,13 +172,14 @@ def digest_paths(paths: Iterable[Path]) -> str:
     return f"sha256:{h.hexdigest()}"
 
 
-def worker_digest(argv: list[str]) -> str:
-    """A digest of what the worker command runs.
+@cache
+def worker_digest(argv: tuple[str, ...]) -> str:
+    """A digest of what the worker command runs, computed once per command.
 
     For the reference implementation: its whole package. For another command:
     the executable and every argument that names an existing file.
     """
-    if argv[:3] == [argv[0], "-m", "reference_impl.worker"] or "reference_impl" in " ".join(argv):
+    if "reference_impl" in " ".join(argv):
         return digest_paths([REPO_ROOT / "reference_impl"])
     files = [Path(p) for p in argv if Path(p).is_file()]
     exe = shutil.which(argv[0])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -169,11 +169,6 @@ class ExperimentContext:
         if run_id not in self.run_ids:
             self.run_ids.append(run_id)
         return run_id
-
-    def step(self, text: str, action: Callable[[], Any]) -> Any:
-        """Do ``action`` and record it as an executed command."""
-        self.command(text)
-        return action()
 
     # ------------------------------------------------------ faults (logged)
     def pause(self, worker: WorkerProcess) -> SignalRecord:

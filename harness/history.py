@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.control import Hit
+from harness.control import Hit, _opt_int, _opt_str
 from harness.processes import SignalRecord
 from harness.toxiproxy import FaultRecord
 
@@ -78,14 +78,6 @@ class Event:
             source=source,
             line=line,
         )
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
 
 
 @dataclass(frozen=True)
@@ -180,18 +172,6 @@ def select(
         and (type is None or e.type == type)
         and (run_id is None or e.run_id == run_id)
     ]
-
-
-def by_worker(events: Iterable[Event], worker: str) -> list[Event]:
-    return select(events, worker=worker)
-
-
-def by_op(events: Iterable[Event], op: str) -> list[Event]:
-    return select(events, op=op)
-
-
-def by_type(events: Iterable[Event], type: str) -> list[Event]:
-    return select(events, type=type)
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,11 @@ clusters and the evidence archives must hold no secrets.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +29,8 @@ from psycopg import sql
 
 from harness.os_user import OsUser, first_untraversable, give_to, unprivileged_user
 from harness.pg_binaries import PgBinaries
+from harness.processes import pdeathsig_preexec
+from harness.toxiproxy import free_port
 from harness.waiting import wait_for
 
 ReplicationMode = Literal["async", "sync"]
@@ -72,13 +72,6 @@ EVIDENCE_SETTINGS = (
 
 class ClusterError(RuntimeError):
     """A PostgreSQL cluster could not be set up or did not behave as required."""
-
-
-def free_port() -> int:
-    """A loopback port nobody listens on right now (the caller retries on a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _dsn(port: int, dbname: str, user: str, **extra: str | int) -> str:
@@ -193,10 +186,8 @@ class PostgresCluster:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=_server_env(self.run_as),
-                    user=_uid(self.run_as),
-                    group=_gid(self.run_as),
-                    extra_groups=_groups(self.run_as),
-                    preexec_fn=pdeathsig_preexec(signal.SIGKILL),
+                    preexec_fn=pdeathsig_preexec(os.getpid()),
+                    **_user_kwargs(self.run_as),
                 )
             finally:
                 log.close()
@@ -205,9 +196,10 @@ class PostgresCluster:
                     self._ready,
                     what=f"{self.name} to accept connections on 127.0.0.1:{self.port}",
                     timeout_s=timeout_s,
+                    fatal=(ClusterError,),  # the server exited: no use waiting on
                 )
                 return
-            except TimeoutError as exc:
+            except (TimeoutError, ClusterError) as exc:
                 last = str(exc)
                 self._kill_now()
                 if "already in use" not in self.log_tail():
@@ -500,18 +492,6 @@ def failover(primary: PostgresCluster, standby: PostgresCluster) -> FailoverReco
 
 
 # ----------------------------------------------------------------- helpers
-def pdeathsig_preexec(sig: int) -> Callable[[], None]:
-    """A preexec_fn asking the kernel to send ``sig`` to the child when we die."""
-
-    def preexec() -> None:
-        import ctypes
-
-        pr_set_pdeathsig = 1
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(sig), 0, 0, 0)
-
-    return preexec
-
-
 def _make_owned_dir(path: Path, user: OsUser) -> Path:
     """A new 0700 directory owned by ``user``, reachable by that user.
 
@@ -533,21 +513,10 @@ def _make_owned_dir(path: Path, user: OsUser) -> Path:
     return path
 
 
-def _switching(user: OsUser) -> bool:
-    return bool(user.popen_kwargs())
-
-
-def _uid(user: OsUser) -> int | None:
-    return user.uid if _switching(user) else None
-
-
-def _gid(user: OsUser) -> int | None:
-    return user.gid if _switching(user) else None
-
-
-def _groups(user: OsUser) -> list[int] | None:
-    # extra_groups=[] drops root's supplementary groups; `user=` alone would not.
-    return [] if _switching(user) else None
+def _user_kwargs(user: OsUser) -> dict[str, Any]:
+    # user=, group= and extra_groups=[] (which drops root's supplementary
+    # groups; `user=` alone would not), or nothing when we already are ``user``.
+    return dict(user.popen_kwargs())
 
 
 def _server_env(user: OsUser) -> dict[str, str]:
@@ -572,23 +541,9 @@ def _run_as(user: OsUser, argv: list[str], *, what: str, timeout_s: float = 60.0
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
             env=_server_env(user),
-            user=_uid(user),
-            group=_gid(user),
-            extra_groups=_groups(user),
+            **_user_kwargs(user),
         )
     except subprocess.TimeoutExpired as exc:
         raise ClusterError(f"{what} did not finish within {timeout_s}s") from exc
     if proc.returncode != 0:
         raise ClusterError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
-
-
-@contextlib.contextmanager
-def running_primary(
-    binaries: PgBinaries, base_dir: Path, **kwargs: Any
-) -> Iterator[PostgresCluster]:
-    """A primary that is stopped and removed however the block ends."""
-    cluster = PostgresCluster.init_primary(binaries, base_dir, **kwargs)
-    try:
-        yield cluster
-    finally:
-        cluster.remove()

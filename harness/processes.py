@@ -113,8 +113,11 @@ def _load_prctl() -> Callable[..., int] | None:
 _PRCTL = _load_prctl()
 
 
-def _pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
+def pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
     """preexec_fn arming SIGKILL-on-parent-death in the child.
+
+    ``parent_pid`` is the pid of the process that starts the child (pass
+    ``os.getpid()``); a child whose parent is already gone kills itself.
 
     CPython runs preexec_fn after setgid/setuid, and a credential change
     clears the parent-death signal, so setting it here is what makes it stick
@@ -265,7 +268,7 @@ class ManagedProcess:
                     stdout=subprocess.PIPE if self.pipe_stdio else stdout_file,
                     stderr=stderr_file,
                     start_new_session=True,
-                    preexec_fn=_pdeathsig_preexec(os.getpid()),
+                    preexec_fn=pdeathsig_preexec(os.getpid()),
                     close_fds=True,
                     **user_kwargs,
                 )

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness import evidence
+from harness import checkers, evidence
 from harness.environment import Environment, SharedServices, experiment_environment
 from harness.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.history import read_history, timeline
@@ -122,7 +122,7 @@ def run_job(
         verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
     finished = time.time()
     if not archive:
-        archive = _minimal_archive(job, started, verdict, reason, harness_error, logs_dir)
+        archive = _minimal_archive(shared, job, started, verdict, reason, harness_error, logs_dir)
     archive.update(
         finished_at=_iso(finished),
         duration_s=round(finished - started, 3),
@@ -180,7 +180,7 @@ def _archive(
     settings = env.shared.settings
     tool_log: dict[str, Any] = {}
     with contextlib.suppress(Exception):
-        tool_log = env.tool.client().export()
+        tool_log = checkers.tool_log(ctx)
     history = read_history(env.event_files())
     events = history.events
     hits = env.control.hits()
@@ -188,13 +188,7 @@ def _archive(
     faults = [f for f in faults if f.link.startswith(env.tag)]
     audit: list[dict[str, Any]] = []
     with contextlib.suppress(Exception):
-        audit = ctx.sql(
-            "harness audit trail of agent_runs (trigger installed by the harness)",
-            "SELECT seq, at, txid, app, op, run_id, status, owner, epoch, revision, "
-            "lease_expires_at, old_status, old_owner, old_epoch, old_revision, "
-            "old_lease_expires_at "
-            "FROM fencecheck_audit.run_changes ORDER BY seq",
-        )
+        audit = checkers.audit(ctx)
     facts: dict[str, str] = {}
     with contextlib.suppress(Exception):
         facts = env.primary.server_facts()
@@ -216,7 +210,7 @@ def _archive(
         "deployment": {**env.shared.backend.deployment(), "replication": env.replication},
         "worker": {
             "command": settings.worker_command_text(),
-            "digest": evidence.worker_digest(list(settings.worker_cmd)),
+            "digest": evidence.worker_digest(tuple(settings.worker_cmd)),
             "mutant": settings.mutant,
         },
         "run_id": run_ids,
@@ -283,6 +277,7 @@ def _observed(ctx: ExperimentContext) -> str:
 
 
 def _minimal_archive(
+    shared: SharedServices,
     job: Job,
     started: float,
     verdict: Verdict,
@@ -292,6 +287,10 @@ def _minimal_archive(
 ) -> dict[str, Any]:
     """An archive for an experiment whose environment never came up."""
     spec = job.spec
+    deployment: dict[str, Any] = {"kind": shared.backend.kind}
+    with contextlib.suppress(Exception):  # the backend may be what failed
+        deployment = shared.backend.deployment()
+    deployment["replication"] = _replication_for(spec, job.variant)
     return {
         "archive_version": 1,
         "experiment_id": spec.id,
@@ -301,7 +300,7 @@ def _minimal_archive(
         "git_commit": evidence.git_commit(),
         "runtime_versions": evidence.runtime_versions(go_worker=False, toxiproxy=None),
         "postgres_version": "unknown",
-        "deployment": {"kind": "local-processes"},
+        "deployment": deployment,
         "worker": {"command": "unknown", "digest": "sha256:" + "0" * 64},
         "run_id": None,
         "tenant_id": None,

@@ -20,13 +20,16 @@ def wait_for(
     timeout_s: float,
     interval_s: float = 0.01,
     max_interval_s: float = 0.1,
+    fatal: tuple[type[BaseException], ...] = (),
 ) -> T:
     """Poll ``probe`` until it returns something truthy (an empty list is not).
 
     The interval grows from ``interval_s`` to ``max_interval_s`` so that short
     waits answer fast and long ones do not hammer what they poll. The last
     exception the probe raised, if any, is chained to the timeout so the
-    reader sees why the condition never came.
+    reader sees why the condition never came. An exception of a type in
+    ``fatal`` says the condition can never come (the server it waits for has
+    exited, say): it is raised at once instead of waiting out the timeout.
     """
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
@@ -34,6 +37,8 @@ def wait_for(
     while True:
         try:
             value = probe()
+        except fatal:
+            raise
         except Exception as exc:  # the probe's failure is what we report on timeout
             last_error = exc
             value = None
