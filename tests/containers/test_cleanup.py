@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 import pytest
 
 from harness.pg_binaries import PgBinaries
+from harness.waiting import wait_for
 from tests.containers.conftest import engine_problem, require_engine
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
@@ -44,16 +44,6 @@ def _ours(client: Any, **labels: str) -> list[str]:
 
     filters = [LABEL_RUN] + [f"{k}={v}" for k, v in labels.items()]
     return sorted(str(c.name) for c in client.containers.list(all=True, filters={"label": filters}))
-
-
-def _wait_until(what: str, probe: Any, timeout_s: float) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = probe()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_close_removes_every_container_and_the_network(
@@ -140,9 +130,9 @@ def test_interrupted_cli_run_removes_its_containers(client: Any, tmp_path: Path)
     )  # fmt: skip
     try:
         # H starts a primary and a standby of its own per variant: wait for them.
-        _wait_until(
-            "the run's standby containers",
+        wait_for(
             lambda: any("-pg-replica-" in n for n in _ours(client, **{LABEL_PID: str(proc.pid)})),
+            what="the run's standby containers",
             timeout_s=120,
         )
         proc.send_signal(signal.SIGINT)

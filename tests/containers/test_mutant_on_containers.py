@@ -14,24 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from harness.environment import DEFAULT_WORKER_CMD
+from harness.mutants import list_mutants
+
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.mutants]
 REPO = Path(__file__).resolve().parents[2]
 MUTANT = "assumes_sync_replication"
 
 
-def _known_mutants() -> list[str]:
-    proc = subprocess.run(
-        [sys.executable, "-m", "reference_impl.worker", "mutants"],
-        cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    if proc.returncode != 0:
-        return []
-    return [m["name"] for m in json.loads(proc.stdout)]
-
-
 def test_h_catches_a_mutant_on_containers(engine_ready: None, tmp_path: Path) -> None:
-    if MUTANT not in _known_mutants():
-        pytest.skip(f"the reference worker has no mutant {MUTANT}")
+    known = [m.name for m in list_mutants(DEFAULT_WORKER_CMD)]
+    assert MUTANT in known, f"the reference worker has no mutant {MUTANT}: {known}"
     reports = tmp_path / "reports"
     proc = subprocess.run(
         [sys.executable, "-m", "harness.cli", "run", "H", "--mutant", MUTANT,

@@ -5,8 +5,7 @@ from __future__ import annotations
 import socketserver
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -14,15 +13,6 @@ import psutil
 
 SCRIPTS = Path(__file__).parent / "scripts"
 PYTHON = sys.executable
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll `condition` until true; AssertionError names `what` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
 
 
 def descendants() -> set[tuple[int, float]]:

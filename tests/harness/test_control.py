@@ -25,7 +25,8 @@ from harness.control import (
     Hold,
 )
 from harness.processes import WorkerProcess
-from tests.harness.helpers import PYTHON, SCRIPTS, wait_for
+from harness.waiting import wait_for
+from tests.harness.helpers import PYTHON, SCRIPTS
 
 POINT_WORKER = [PYTHON, str(SCRIPTS / "point_worker.py")]
 
@@ -194,7 +195,7 @@ def test_bad_message_is_recorded_not_answered(control: ControlServer) -> None:
         s.connect(str(control.socket_path))
         s.sendall(b"this is not json\n")
         assert s.recv(100) == b""
-    wait_for("the protocol error to be recorded", lambda: bool(control.protocol_errors))
+    wait_for(lambda: control.protocol_errors, what="the protocol error to be recorded", timeout_s=5)
     assert control.hits() == []
 
 

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import os
-import threading
+import time
 from pathlib import Path
 
 import psycopg
 import pytest
 
 from harness.pg_binaries import PgBinaries, PgBinariesNotFound, find_pg_binaries
-from harness.postgres import Database, PostgresCluster
+from harness.postgres import ClusterError, Database, PostgresCluster
 
 
 def test_binaries_found_and_described(pg_binaries: PgBinaries) -> None:
@@ -60,21 +60,6 @@ def test_server_facts_for_evidence(pg_cluster: PostgresCluster) -> None:
         assert key in facts
 
 
-def _commit_in_thread(dsn: str, statement: str) -> tuple[threading.Thread, list[BaseException]]:
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            with psycopg.connect(dsn, autocommit=True) as conn:
-                conn.execute(statement.encode())
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return thread, errors
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root switches the server to another user")
 def test_binaries_the_server_user_cannot_reach_are_refused(
     tmp_path: Path, pg_binaries: PgBinaries, monkeypatch: pytest.MonkeyPatch
@@ -87,3 +72,20 @@ def test_binaries_the_server_user_cannot_reach_are_refused(
     monkeypatch.setenv("FENCECHECK_PG_BIN", str(private / "bin"))
     with pytest.raises(PgBinariesNotFound, match="cannot enter"):
         find_pg_binaries()
+
+
+def test_a_server_that_exits_at_start_fails_at_once(
+    pg_binaries: PgBinaries, session_tmp: Path
+) -> None:
+    """The readiness wait ends when the server process exits, not at its timeout."""
+    cluster = PostgresCluster.init_primary(pg_binaries, session_tmp / "exits", name="exits")
+    try:
+        cluster.stop()
+        with open(cluster.datadir / "postgresql.conf", "a") as f:
+            f.write("\nshared_buffers = 'not-a-size'\n")  # the server refuses to start
+        started = time.monotonic()
+        with pytest.raises(ClusterError, match="exited with code"):
+            cluster.start(timeout_s=30)
+        assert time.monotonic() - started < 10  # not the 30 s readiness timeout
+    finally:
+        cluster.remove()

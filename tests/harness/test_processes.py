@@ -19,7 +19,8 @@ from harness.processes import (
     WorkerChannelClosed,
     WorkerProcess,
 )
-from tests.harness.helpers import PYTHON, SCRIPTS, pid_alive, wait_for
+from harness.waiting import wait_for
+from tests.harness.helpers import PYTHON, SCRIPTS, pid_alive
 
 THREADED_SLEEPER = textwrap.dedent(
     """
@@ -42,7 +43,11 @@ IGNORES_SIGTERM = textwrap.dedent(
 def started(tmp_path: Path, code: str, **kwargs: object) -> ManagedProcess:
     proc = ManagedProcess("child", [PYTHON, "-c", code], log_dir=tmp_path, **kwargs)  # type: ignore[arg-type]
     proc.start()
-    wait_for("the child to print ready", lambda: b"ready" in proc.stdout_log.read_bytes())
+    wait_for(
+        lambda: b"ready" in proc.stdout_log.read_bytes(),
+        what="the child to print ready",
+        timeout_s=5,
+    )
     return proc
 
 
@@ -135,7 +140,11 @@ def test_run_as_unprivileged_user_gets_its_uid_gid_and_home(tmp_path: Path) -> N
         log_dir=tmp_path,
         run_as=user,
     ).start()
-    wait_for("the child to print ready", lambda: b"ready" in proc.stdout_log.read_bytes())
+    wait_for(
+        lambda: b"ready" in proc.stdout_log.read_bytes(),
+        what="the child to print ready",
+        timeout_s=5,
+    )
     try:
         ps = psutil.Process(proc.pid)
         assert tuple(ps.uids()) == (user.uid,) * 3
@@ -188,7 +197,9 @@ def test_children_die_with_a_sigkilled_parent(tmp_path: Path, who: str) -> None:
         parent.kill()
         parent.wait(5)
         wait_for(
-            f"grandchild {grandchild} to die with its parent", lambda: not pid_alive(grandchild)
+            lambda: not pid_alive(grandchild),
+            what=f"grandchild {grandchild} to die with its parent",
+            timeout_s=5,
         )
     finally:
         parent.kill()
@@ -216,14 +227,16 @@ def test_signal_group_reaches_grandchildren(tmp_path: Path) -> None:
     proc = ManagedProcess(
         "group", [PYTHON, "-c", code], log_dir=tmp_path, signal_group=True
     ).start()
-    wait_for("the grandchild pid", lambda: proc.stdout_log.read_text().strip() != "")
+    wait_for(lambda: proc.stdout_log.read_text().strip(), what="the grandchild pid", timeout_s=5)
     grandchild = int(proc.stdout_log.read_text())
     proc.pause()
     wait_for(
-        "the grandchild to be stopped too", lambda: psutil.Process(grandchild).status() == "stopped"
+        lambda: psutil.Process(grandchild).status() == "stopped",
+        what="the grandchild to be stopped too",
+        timeout_s=5,
     )
     proc.stop(grace_s=1.0)
-    wait_for("the grandchild to be gone", lambda: not pid_alive(grandchild))
+    wait_for(lambda: not pid_alive(grandchild), what="the grandchild to be gone", timeout_s=5)
 
 
 # -- ops channel ---------------------------------------------------------------

@@ -18,7 +18,8 @@ from harness.toxiproxy import (
     ToxiproxyServer,
     find_toxiproxy_server,
 )
-from tests.harness.helpers import EchoServer, echo_server, pid_alive, wait_for
+from harness.waiting import wait_for
+from tests.harness.helpers import EchoServer, echo_server, pid_alive
 
 IO_TIMEOUT_S = 0.5
 
@@ -111,7 +112,11 @@ def test_drop_responses_lets_requests_reach_the_server(link: Link, echo: EchoSer
     link.drop_responses()
     with pytest.raises(TimeoutError):
         roundtrip(link, b"commit\n")
-    wait_for("the request to reach the echo server", lambda: echo.received == [b"commit\n"])
+    wait_for(
+        lambda: echo.received == [b"commit\n"],
+        what="the request to reach the echo server",
+        timeout_s=5,
+    )
     link.stop("drop_responses")
     assert roundtrip(link, b"again\n") == b"again\n"
 

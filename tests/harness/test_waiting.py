@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from harness.waiting import WaitTimeout, wait_for
@@ -25,3 +27,25 @@ def test_last_probe_error_is_reported() -> None:
 
     with pytest.raises(WaitTimeout, match="refused"):
         wait_for(probe, what="a server", timeout_s=0.05)
+
+
+def test_a_fatal_probe_error_is_raised_at_once() -> None:
+    calls: list[int] = []
+
+    def probe() -> bool:
+        calls.append(1)
+        raise LookupError("gone for good")
+
+    started = time.monotonic()
+    with pytest.raises(LookupError, match="gone for good"):
+        wait_for(probe, what="a server", timeout_s=30, fatal=(LookupError,))
+    assert calls == [1]
+    assert time.monotonic() - started < 1.0
+
+
+def test_errors_not_named_fatal_still_keep_waiting() -> None:
+    def probe() -> bool:
+        raise ConnectionError("refused")
+
+    with pytest.raises(WaitTimeout, match="refused"):
+        wait_for(probe, what="a server", timeout_s=0.05, fatal=(LookupError,))

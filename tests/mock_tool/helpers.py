@@ -1,4 +1,4 @@
-"""Test helpers: bounded polling, raw HTTP, and a tiny callback receiver."""
+"""Test helpers: raw HTTP and a tiny callback receiver."""
 
 from __future__ import annotations
 
@@ -6,28 +6,11 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import urlsplit
-
-T = TypeVar("T")
-
-
-def wait_until(
-    predicate: Callable[[], T | None], what: str, timeout_s: float = 5.0, interval_s: float = 0.02
-) -> T:
-    """Poll until ``predicate`` returns something truthy; fail saying what we waited for."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(interval_s)
 
 
 def raw_request(

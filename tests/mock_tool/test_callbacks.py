@@ -6,8 +6,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from harness.waiting import wait_for
 from mock_tool.client import ToolClient
-from tests.mock_tool.helpers import CallbackReceiver, rows_for, wait_until
+from tests.mock_tool.helpers import CallbackReceiver, rows_for
 
 REQ = {"x": 1}
 
@@ -31,8 +32,10 @@ def test_callback_arrives_with_the_operation_identity(client: ToolClient) -> Non
         "tool": "idem",
         "attempt": 1,
     }
-    [logged] = wait_until(
-        lambda: settled_callbacks(client, "op-cb", 1), "the attempt to be logged with its status"
+    [logged] = wait_for(
+        lambda: settled_callbacks(client, "op-cb", 1),
+        what="the attempt to be logged with its status",
+        timeout_s=5,
     )
     assert (logged["http_status"], logged["attempt"], logged["url"]) == (200, 1, rx.url)
 
@@ -68,8 +71,10 @@ def test_failed_deliveries_are_retried_and_every_attempt_logged(client: ToolClie
     with CallbackReceiver(statuses=(500, 200)) as rx:
         client.create("idem", "op-retry", "r", 1, REQ, callback_url=rx.url)
         rx.wait_for(2)
-    attempts = wait_until(
-        lambda: settled_callbacks(client, "op-retry", 2), "both attempts to be logged"
+    attempts = wait_for(
+        lambda: settled_callbacks(client, "op-retry", 2),
+        what="both attempts to be logged",
+        timeout_s=5,
     )
     assert [(c["attempt"], c["http_status"]) for c in attempts] == [(1, 500), (2, 200)]
 
@@ -78,8 +83,10 @@ def test_unreachable_receiver_is_logged_as_an_error(client: ToolClient) -> None:
     with CallbackReceiver() as rx:
         url = rx.url  # a port that will be closed when the callback is due
     client.create("idem", "op-dead", "r", 1, REQ, callback_url=url)
-    attempts = wait_until(
-        lambda: settled_callbacks(client, "op-dead", 3), "three failed attempts to be logged"
+    attempts = wait_for(
+        lambda: settled_callbacks(client, "op-dead", 3),
+        what="three failed attempts to be logged",
+        timeout_s=5,
     )
     assert all(c["http_status"] is None and "Connection" in c["error"] for c in attempts)
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.waiting import wait_for
 from mock_tool.canonical import request_digest
 from mock_tool.client import CreateResult, ToolClient
 from mock_tool.constants import DEFAULT_TOOLS, deterministic_resource_id
 from mock_tool.errors import QueryUnsupported, ToolConflict, ToolRejected
 from mock_tool.process import MockToolProcess
-from tests.mock_tool.helpers import rows_for, wait_until
+from tests.mock_tool.helpers import rows_for
 
 REQ = {"amount": 5, "to": "acct-1"}
 
@@ -68,11 +69,20 @@ def test_idempotent_key_is_forgotten_after_the_retention_window(tmp_path: Path) 
         first = client.create("idem", "op-ret", "r", 1, REQ)
         # Repeats inside the window replay; poll until the window has passed.
 
+        errors: list[Exception] = []
+
         def fresh_create() -> CreateResult | None:
-            result = client.create("idem", "op-ret", "r", 1, REQ)
+            try:
+                result = client.create("idem", "op-ret", "r", 1, REQ)
+            except Exception as exc:  # wait_for would retry it: remember it to fail below
+                errors.append(exc)
+                raise
             return None if result.replayed else result
 
-        later = wait_until(fresh_create, "a repeat after the retention window to create anew")
+        later = wait_for(
+            fresh_create, what="a repeat after the retention window to create anew", timeout_s=5
+        )
+        assert not errors, errors
         assert later.resource_id != first.resource_id
         assert len(client.export()["resources"]) == 2
 

@@ -9,11 +9,12 @@ from typing import Any
 
 import pytest
 
+from harness.waiting import wait_for
 from mock_tool.client import CreateResult, ToolClient
 from mock_tool.errors import ToolConflict, ToolError
 from mock_tool.process import MockToolProcess
 from mock_tool.storage import DB_FILE
-from tests.mock_tool.helpers import rows_for, wait_until
+from tests.mock_tool.helpers import rows_for
 
 REQ = {"n": 1}
 
@@ -45,7 +46,11 @@ def test_sigkill_mid_load_loses_nothing_acknowledged(tool: MockToolProcess) -> N
     with ThreadPoolExecutor(4) as pool:
         futures = [pool.submit(_hammer, client, w, stop) for w in range(4)]
         # Kill once real load is in flight, not before it started.
-        wait_until(lambda: len(client.export()["requests"]) >= 40, "40 logged requests")
+        wait_for(
+            lambda: len(client.export()["requests"]) >= 40,
+            what="40 logged requests",
+            timeout_s=5,
+        )
         before = client.export()
         tool.kill()
         stop.set()
@@ -108,7 +113,7 @@ def test_request_received_but_not_acted_is_marked_interrupted(tool: MockToolProc
     impatient = tool.client(timeout_s=5.0)
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(impatient.create, "plain", "op-hung", "r", 1, REQ)
-        wait_until(lambda: client.faults()["hung"], "the request to hang")
+        wait_for(lambda: client.faults()["hung"], what="the request to hang", timeout_s=5)
         tool.kill()
         with pytest.raises(ToolError):
             pending.result(timeout=10)

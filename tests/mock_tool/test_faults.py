@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from harness.waiting import wait_for
 from mock_tool.client import ToolClient
 from mock_tool.errors import ToolBadRequest, ToolOutcomeUnknown, ToolRejected
 from mock_tool.process import MockToolProcess
-from tests.mock_tool.helpers import rows_for, wait_until
+from tests.mock_tool.helpers import rows_for
 
 REQ = {"k": "v"}
 
@@ -90,7 +91,7 @@ def test_hang_holds_the_request_until_released(client: ToolClient) -> None:
     client.set_fault("idem", "hang")
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(client.create, "idem", "op-hang", "r", 1, REQ)
-        hung = wait_until(lambda: client.faults()["hung"], "the request to hang")
+        hung = wait_for(lambda: client.faults()["hung"], what="the request to hang", timeout_s=5)
         assert hung[0]["operation_id"] == "op-hang"
         # Received and logged, but nothing done while it hangs.
         row = only_row(client, "op-hang")
@@ -107,12 +108,13 @@ def test_hang_past_the_caller_timeout_still_acts_after_release(tool: MockToolPro
     client.set_fault("idem", "hang")
     with pytest.raises(ToolOutcomeUnknown):
         impatient.create("idem", "op-late", "r", 1, REQ)
-    wait_until(lambda: client.faults()["hung"], "the request to still hang")
+    wait_for(lambda: client.faults()["hung"], what="the request to still hang", timeout_s=5)
     assert client.release() == 1
     # The caller gave up; the tool acted anyway: timeout is not failure.
-    row = wait_until(
+    row = wait_for(
         lambda: (r := only_row(client, "op-late"))["outcome"] == "created" and r,
-        "the released request to act",
+        what="the released request to act",
+        timeout_s=5,
     )
     assert resource_count(client, "op-late") == 1
     assert row["http_status"] == 201

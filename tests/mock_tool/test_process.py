@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.waiting import wait_for
 from mock_tool.client import ToolClient
 from mock_tool.errors import ToolUnavailable
 from mock_tool.process import MockToolProcess, MockToolStartError
-from tests.mock_tool.helpers import wait_until
 
 
 def alive(pid: int) -> bool:
@@ -69,7 +69,7 @@ def test_server_exits_when_its_parent_dies(tmp_path: Path) -> None:
         assert alive(server_pid)
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
-        wait_until(lambda: not alive(server_pid), "the orphaned server to exit", timeout_s=10)
+        wait_for(lambda: not alive(server_pid), what="the orphaned server to exit", timeout_s=10)
     finally:
         if parent.poll() is None:
             parent.kill()

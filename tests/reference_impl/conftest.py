@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from harness.postgres import Database, PostgresCluster
+from harness.waiting import wait_for
 from reference_impl.config import Settings
-from reference_impl.db import Conn, ConnectionSpec, Session, connect
 from reference_impl.leases import Grant, Lease
 from reference_impl.migrations import migrate
 from reference_impl.protected import Write
@@ -40,11 +40,6 @@ def ref_db(pg_cluster: PostgresCluster, ref_template: str) -> Iterator[Database]
 
 
 @pytest.fixture
-def spec(ref_db: Database) -> ConnectionSpec:
-    return ConnectionSpec(ref_db.dsn("fencecheck_worker"), TENANT, "test")
-
-
-@pytest.fixture
 def make_rt(ref_db: Database) -> Iterator[Callable[..., Runtime]]:
     made: list[Runtime] = []
 
@@ -65,15 +60,6 @@ def make_rt(ref_db: Database) -> Iterator[Callable[..., Runtime]]:
 @pytest.fixture
 def rt(make_rt: Callable[..., Runtime]) -> Runtime:
     return make_rt("A")
-
-
-@pytest.fixture
-def conn(spec: ConnectionSpec) -> Iterator[Conn]:
-    c, _ = connect(spec)
-    try:
-        yield c
-    finally:
-        c.close()
 
 
 def new_run(rt: Runtime, input_: dict[str, Any] | None = None) -> uuid.UUID:
@@ -101,5 +87,17 @@ def cp(lease: Lease, expected: int, state: dict[str, Any] | None = None, **kw: A
     )
 
 
-def session(spec: ConnectionSpec) -> Session:
-    return Session(spec)
+def wait_until_blocked_on_lock(db: Database, pid: int, timeout_s: float = 5.0) -> None:
+    """Wait (bounded) until backend ``pid`` is blocked on a lock, as the
+    server sees it: proof that a statement is waiting for a lock holder,
+    where a sleep only shows that it has not finished yet."""
+
+    def probe() -> list[dict[str, Any]] | None:
+        rows = db.query(
+            "SELECT pid, state, wait_event_type, wait_event, left(query, 120) AS query"
+            " FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+            [pid],
+        )
+        return rows or None
+
+    wait_for(probe, what=f"backend {pid} to wait on a lock", timeout_s=timeout_s)

@@ -24,6 +24,7 @@ from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
 from harness.postgres import Database
+from harness.waiting import WaitTimeout
 from reference_impl import db
 from reference_impl import errors as e
 from reference_impl.ids import canonical_json, state_hash
@@ -32,7 +33,14 @@ from reference_impl.ledger import intent_effect
 from reference_impl.protected import ProtectedWriter, Write
 from reference_impl.runtime import Runtime
 from reference_impl.sqlstate import outcome_unknown
-from tests.reference_impl.conftest import OTHER_TENANT, TENANT, cp, new_run, take
+from tests.reference_impl.conftest import (
+    OTHER_TENANT,
+    TENANT,
+    cp,
+    new_run,
+    take,
+    wait_until_blocked_on_lock,
+)
 
 SHAPES = ("fast", "stepped")
 REQUEST = {"order_id": "o1", "amount": 10}
@@ -204,18 +212,35 @@ def test_lease_expiring_while_waiting_for_the_row_lock_is_refused(
     """The expiry is read after the lock even when the holder changed nothing
     (PostgreSQL re-checks a WHERE only against a changed row): a lease valid
     when the write was sent but expired when the lock came is refused."""
+    ttl_s = 0.3
     for shape in SHAPES:
-        case = Case(rt, shape, ttl_ms=300)
+        case = Case(rt, shape, ttl_ms=int(ttl_s * 1000))
+        # Read after the takeover committed, so no earlier than the lease's
+        # start by the database's clock: leased_by + ttl_s is past its expiry.
+        leased_by = time.monotonic()
+        pid = rt.conn.info.backend_pid  # the connection case.writer writes on
         holder = psycopg.connect(ref_db.admin_dsn, autocommit=True)
         try:
             holder.execute("BEGIN")
             holder.execute("SELECT 1 FROM agent_runs WHERE run_id = %s FOR UPDATE", [case.run])
             t = threading.Thread(target=case.write, args=(cp(case.lease, 0),))
             t.start()
-            time.sleep(0.45)
+            wait_until_blocked_on_lock(ref_db, pid)
+            assert not case.answers, f"{shape}: the write did not wait for the row lock"
+            # Not a wait for the write: the lease must expire (by database
+            # time) while the write waits, so sleep out the rest of its TTL,
+            # with a margin, before the holder lets go.
+            time.sleep(max(0.0, leased_by + ttl_s + 0.15 - time.monotonic()))
+            expired = ref_db.query(
+                "SELECT lease_expires_at <= clock_timestamp() AS expired"
+                " FROM agent_runs WHERE run_id = %s",
+                [case.run],
+            )
+            assert expired == [{"expired": True}], f"{shape}: the lease has not expired yet"
             assert not case.answers, f"{shape}: the write did not wait for the row lock"
             holder.execute("COMMIT")
             t.join(5)
+            assert not t.is_alive(), f"{shape}: the write did not finish after the lock"
         finally:
             holder.close()
         assert case.answers == [("LeaseLost", "expired")], shape
@@ -297,19 +322,23 @@ def test_fast_write_waits_for_the_row_lock_then_validates(
         except BaseException as exc:
             outcome.append(exc)
 
+    a_pid = a.conn.info.backend_pid  # A's session connection, opened here, not in the thread
     t = threading.Thread(target=write)
     t.start()
-    time.sleep(0.3)
+    wait_until_blocked_on_lock(ref_db, a_pid)
     assert not outcome, "the fast write did not wait for the row lock"
     b.conn.execute("COMMIT")
     t.join(5)
+    assert not t.is_alive(), "the fast write did not finish after the lock holder committed"
     assert len(outcome) == 1 and isinstance(outcome[0], e.LeaseLost)
     assert outcome[0].reason == "lost"
     st = a.runs.state(a.conn, run)
     assert (st["epoch"], st["owner"], st["revision"]) == (lease.epoch + 1, b.owner, 0)
 
 
-def test_fast_write_reports_its_lock_wait(make_rt: Callable[..., Runtime]) -> None:
+def test_fast_write_reports_its_lock_wait(
+    make_rt: Callable[..., Runtime], ref_db: Database
+) -> None:
     a, b = make_rt("A"), make_rt("B")
     run = new_run(a)
     lease = take(a, run).lease
@@ -319,11 +348,18 @@ def test_fast_write_reports_its_lock_wait(make_rt: Callable[..., Runtime]) -> No
         {"run_id": run, "owner": lease.owner, "epoch": lease.epoch},
     )
     done: list[Any] = []
+    a_pid = a.conn.info.backend_pid  # A's session connection, opened here, not in the thread
     t = threading.Thread(target=lambda: done.append(a.writer.write(cp(lease, 0))))
     t.start()
+    wait_until_blocked_on_lock(ref_db, a_pid)
+    assert not done, "the fast write did not wait for the row lock"
+    # The write is waiting now: hold the lock 200 ms more, so that it waited
+    # at least that long and lock_wait_ms >= 150 is a real measurement.
     time.sleep(0.2)
+    assert not done, "the fast write did not wait for the row lock"
     b.conn.execute("COMMIT")
     t.join(5)
+    assert not t.is_alive(), "the fast write did not finish after the lock holder committed"
     assert done and done[0].revision == 1
     assert done[0].lock_wait_ms is not None and done[0].lock_wait_ms >= 150
 
@@ -387,32 +423,52 @@ def test_fast_write_waiting_for_a_lock_is_interruptible(rt: Runtime, ref_db: Dat
     """Ctrl-C reaches a fast write blocked on the row lock (psycopg's wait
     wakes every 0.1 s), cancels it on the server, and nothing is written."""
     lease = take(rt, new_run(rt)).lease
+    pid = rt.conn.info.backend_pid  # the connection rt.writer writes on
+    main_thread = threading.get_ident()
     holder = psycopg.connect(ref_db.admin_dsn, autocommit=True)
+    armed = threading.Event()  # outside the write, a late signal interrupts nothing
+    not_blocked: list[BaseException] = []
 
     def interrupt(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt
+        if armed.is_set():
+            raise KeyboardInterrupt
+
+    def interrupt_once_blocked() -> None:
+        """The Ctrl-C, sent once the server shows the write waiting on the lock."""
+        try:
+            wait_until_blocked_on_lock(ref_db, pid, timeout_s=2.0)
+        except WaitTimeout as exc:
+            not_blocked.append(exc)
+        else:
+            signal.pthread_kill(main_thread, signal.SIGALRM)
 
     previous = signal.signal(signal.SIGALRM, interrupt)
     # The holder lets go after 3 s in any case: a write that cannot be
     # interrupted then finishes late instead of hanging the test.
     release = threading.Timer(3.0, holder.execute, ["COMMIT"])
+    interrupter = threading.Thread(target=interrupt_once_blocked)
     try:
         holder.execute("BEGIN")
         holder.execute("SELECT 1 FROM agent_runs WHERE run_id = %s FOR UPDATE", [lease.run_id])
         release.start()
-        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        armed.set()
+        interrupter.start()
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):
             rt.writer.write(cp(lease, 0))
         assert time.monotonic() - t0 < 2.5, "the interrupt waited for the lock holder"
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
+        armed.clear()
+        if interrupter.ident is not None:
+            interrupter.join(5)
         signal.signal(signal.SIGALRM, previous)
         release.cancel()
         release.join(5)
         if holder.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
             holder.execute("COMMIT")
         holder.close()
+        if not_blocked:  # why no interrupt came, rather than only that none did
+            raise not_blocked[0]
     assert rt.runs.state(rt.conn, lease.run_id)["revision"] == 0
     assert rt.writer.write(cp(lease, 0)).revision == 1  # the session is usable again
 

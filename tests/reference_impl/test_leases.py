@@ -9,8 +9,10 @@ import time
 import uuid
 from collections.abc import Callable
 
+from harness.postgres import Database
+from reference_impl.leases import Grant
 from reference_impl.runtime import Runtime
-from tests.reference_impl.conftest import cp, new_run, take
+from tests.reference_impl.conftest import cp, new_run, take, wait_until_blocked_on_lock
 
 
 def test_claim_grants_epoch_plus_one_and_skips_held(make_rt: Callable[..., Runtime]) -> None:
@@ -77,29 +79,39 @@ def test_takeover_outcomes(make_rt: Callable[..., Runtime]) -> None:
     assert a.leases.takeover(a.conn, run, a.owner, 1000).outcome == "terminal"
 
 
-def test_takeover_waits_for_row_lock_holder(make_rt: Callable[..., Runtime]) -> None:
+def test_takeover_waits_for_row_lock_holder(
+    make_rt: Callable[..., Runtime], ref_db: Database
+) -> None:
     """Experiment D: B's targeted takeover waits for A's transaction to end."""
     a, b = make_rt("A"), make_rt("B")
     run = new_run(a)
     lease = take(a, run, ttl_ms=200).lease
-    done: list[float] = []
+    done: list[tuple[float, Grant]] = []
     a.conn.execute("BEGIN")
     a.conn.execute(
         a.protocol.queries.sql("lock_lease"),
         {"run_id": run, "owner": lease.owner, "epoch": lease.epoch},
     )
     time.sleep(0.25)  # lease now expired, but A holds the row lock
+    b_pid = b.conn.info.backend_pid  # B's session connection, opened here, not in the thread
 
     def other() -> None:
         g = b.leases.takeover(b.conn, run, b.owner, 10_000)
-        done.append(time.monotonic())
-        assert g.acquired and g.epoch == lease.epoch + 1 and g.lock_wait_ms and g.lock_wait_ms > 100
+        done.append((time.monotonic(), g))
 
     t = threading.Thread(target=other)
     t.start()
-    time.sleep(0.3)
+    wait_until_blocked_on_lock(ref_db, b_pid)
+    assert not done, "takeover did not wait for the lock holder"
+    # Hold the lock a while longer, so that lock_wait_ms > 100 below is
+    # the wait the server measured, not a coincidence of scheduling.
+    time.sleep(0.15)
     assert not done, "takeover did not wait for the lock holder"
     released = time.monotonic()
     a.conn.execute("ROLLBACK")
     t.join(5)
-    assert done and done[0] >= released
+    assert not t.is_alive(), "the takeover did not finish after the lock holder let go"
+    assert len(done) == 1
+    finished, g = done[0]
+    assert finished >= released
+    assert g.acquired and g.epoch == lease.epoch + 1 and g.lock_wait_ms and g.lock_wait_ms > 100
