@@ -79,21 +79,21 @@ $(VENV)/.installed-containers: pyproject.toml $(VENV)/.installed
 	@touch $@
 
 containers-setup: setup $(VENV)/.installed-containers
-	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.containers_setup setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.backends.containers_setup setup
 
 # Stops the podman service afterwards unless it was already running.
 test-containers: setup $(VENV)/.installed-containers
 	@was_running=0; \
-	$(PY) -m harness.containers_setup service-status >/dev/null 2>&1 && was_running=1; \
-	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.containers_setup setup || exit 1; \
+	$(PY) -m harness.backends.containers_setup service-status >/dev/null 2>&1 && was_running=1; \
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.backends.containers_setup setup || exit 1; \
 	rc=0; \
 	$(CONTAINERS_ENV) FENCECHECK_TOXIPROXY=$(TOXIPROXY) FENCECHECK_BACKEND=containers \
 	  $(PY) -m pytest tests/containers tests/test_matrix.py $(PYTEST_ARGS) || rc=$$?; \
-	if [ $$was_running = 0 ]; then $(PY) -m harness.containers_setup service-stop; fi; \
+	if [ $$was_running = 0 ]; then $(PY) -m harness.backends.containers_setup service-stop; fi; \
 	exit $$rc
 
 containers-stop:
-	@if [ -x $(PY) ]; then $(PY) -m harness.containers_setup service-stop; fi
+	@if [ -x $(PY) ]; then $(PY) -m harness.backends.containers_setup service-stop; fi
 
 containers-clean: $(VENV)/.installed-containers
-	$(PY) -m harness.containers cleanup
+	$(PY) -m harness.backends.containers cleanup

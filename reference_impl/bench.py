@@ -1,7 +1,7 @@
 """``python -m reference_impl.bench``: the reference implementation vs pgbench.
 
 Prints figures and ratios; asserts nothing about speed. One run starts its
-own throw-away PostgreSQL cluster (``harness.postgres``; the ``pgbench`` of
+own throw-away PostgreSQL cluster (``harness.parts.postgres``; the ``pgbench`` of
 the same bin directory), migrates one database, and for each operation runs
 ``--rounds`` rounds of [pgbench, implementation] (even rounds in reverse
 order), each side doing the same number of transactions of the same real
@@ -71,8 +71,8 @@ from typing import Any
 from psycopg import sql
 
 from harness import injection
-from harness.pg_binaries import PgBinaries, find_pg_binaries
-from harness.postgres import Database, PostgresCluster
+from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
+from harness.parts.postgres import Database, PostgresCluster
 from reference_impl.db import ConnectionSpec, Session, connect
 from reference_impl.ids import canonical_json, state_hash
 from reference_impl.leases import Lease, Leases

@@ -1,6 +1,6 @@
 """The acceptance matrix: one module per experiment, named ``<id>_<slug>.py``.
 
-Each module defines ``SPEC`` (an :class:`harness.experiment.ExperimentSpec`)
+Each module defines ``SPEC`` (an :class:`harness.engine.experiment.ExperimentSpec`)
 and ``run(ctx)``. Reading one module tells the whole story of its experiment:
 what it starts, what it injects, what it checks.
 """

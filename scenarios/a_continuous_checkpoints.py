@@ -7,8 +7,8 @@ and outbox row committed together.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(

@@ -8,8 +8,8 @@ write, then resumes A and has it renew, save and release with its old epoch.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(

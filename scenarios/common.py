@@ -6,8 +6,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from harness.experiment import ExperimentContext
-from harness.processes import WorkerProcess
+from harness.engine.experiment import ExperimentContext
+from harness.parts.processes import WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 
 T = TypeVar("T")

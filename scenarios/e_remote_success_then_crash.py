@@ -10,9 +10,9 @@ nothing at all but freeze (neither).
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.control import Crash, Hold
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Crash, Hold
 from harness.waiting import wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 

@@ -8,9 +8,9 @@ sent, or (c) unknown after the dispatcher died past the tool's answer.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.control import Crash, Hold
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Crash, Hold
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(

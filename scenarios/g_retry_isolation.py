@@ -7,9 +7,9 @@ run 1's operation arrives only now. It must not touch run 2.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.control import Hold
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Hold
 from scenarios.common import control_plane, finish, new_run
 
 SPEC = ExperimentSpec(

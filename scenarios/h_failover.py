@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness import checkers
-from harness.experiment import ExperimentContext, ExperimentSpec, Inconclusive
-from harness.postgres import PostgresCluster, failover
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.parts.postgres import PostgresCluster, failover
 from harness.waiting import wait_for
 from scenarios.common import new_run, seen_within
 
@@ -59,7 +59,7 @@ def _state(
 def _query_record(label: str, query: str, rows: list[dict[str, Any]]) -> Any:
     import time
 
-    from harness.experiment import QueryRecord
+    from harness.engine.experiment import QueryRecord
 
     return QueryRecord(time.time(), label, query, rows)
 

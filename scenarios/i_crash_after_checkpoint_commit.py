@@ -4,9 +4,9 @@ the committed version and redoes no completed step.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.control import Continue, Crash
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Continue, Crash
 from scenarios.common import finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(

@@ -4,9 +4,9 @@ idempotency: nothing may be resent automatically; the run is frozen in doubt.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.control import Crash
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Crash
 from scenarios.common import finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(

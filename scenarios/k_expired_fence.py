@@ -6,8 +6,8 @@ only the expiry check in renew and in the protected write can reject it.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(

@@ -5,9 +5,9 @@ effect still happens once.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.control import Crash
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Crash
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(

@@ -8,8 +8,8 @@ import hashlib
 import json
 import uuid
 
-from harness import checkers
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(

@@ -9,8 +9,8 @@ does not depend on the worker filtering by tenant.
 
 from __future__ import annotations
 
-from harness import checkers
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(

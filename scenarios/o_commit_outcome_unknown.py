@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import uuid
 
-from harness import checkers
-from harness.control import Hold
-from harness.experiment import ExperimentContext, ExperimentSpec
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Hold
 from scenarios.common import new_run, seen_within
 
 SPEC = ExperimentSpec(

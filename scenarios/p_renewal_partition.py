@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import time
 
-from harness import checkers
-from harness.control import Hold
-from harness.experiment import ExperimentContext, ExperimentSpec
-from harness.history import read_history
+from harness.checking import checkers
+from harness.checking.history import read_history
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Hold
 from harness.waiting import wait_for
 from scenarios.common import finish, new_run, wait_claimable
 

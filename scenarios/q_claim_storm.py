@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import random
 
-from harness import checkers
-from harness.control import Hold
-from harness.experiment import ExperimentContext, ExperimentSpec
-from harness.processes import WorkerProcess
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Hold
+from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 from scenarios.common import new_run
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.pg_binaries import PgBinaries, find_pg_binaries
-from harness.postgres import Database, PostgresCluster
-from harness.toxiproxy import ToxiproxyServer
+from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
+from harness.parts.postgres import Database, PostgresCluster
+from harness.parts.toxiproxy import ToxiproxyServer
 
 
 @pytest.fixture(scope="session")

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 import scenarios
-from harness.environment import DEFAULT_WORKER_CMD, Settings, SharedServices
-from harness.runner import Job, jobs_for, run_job
+from harness.engine.environment import DEFAULT_WORKER_CMD, Settings, SharedServices
+from harness.engine.runner import Job, jobs_for, run_job
 from harness.verdict import Verdict
 
 pytestmark = pytest.mark.matrix

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.environment import DEFAULT_WORKER_CMD, Settings
-from harness.mutants import list_mutants, run_mutants
+from harness.engine.environment import DEFAULT_WORKER_CMD, Settings
+from harness.mutation.named import list_mutants, run_mutants
 
 pytestmark = [pytest.mark.mutants, pytest.mark.slow]
 

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.pg_binaries import PgBinaries
+from harness.parts.pg_binaries import PgBinaries
 
 if TYPE_CHECKING:
-    from harness.containers import ContainerBackend
+    from harness.backends.containers import ContainerBackend
 
 SETUP = "run `make containers-setup`, then `make test-containers`"
 
@@ -25,9 +25,9 @@ SETUP = "run `make containers-setup`, then `make test-containers`"
 def engine_problem() -> str | None:
     """None when an engine answers and the base images exist, else why not."""
     try:
-        from harness import containers_images as images
-        from harness.backend import BackendUnavailable
-        from harness.containers import find_engine
+        from harness.backends import containers_images as images
+        from harness.backends.base import BackendUnavailable
+        from harness.backends.containers import find_engine
     except ImportError as exc:
         return f"docker-py/testcontainers missing ({exc})"
     try:
@@ -60,7 +60,7 @@ def engine_ready() -> None:
 @pytest.fixture(scope="module")
 def backend(engine_ready: None, pg_binaries: PgBinaries) -> Iterator[ContainerBackend]:
     """One backend (network, images) per module; nothing of it is left afterwards."""
-    from harness.containers import ContainerBackend
+    from harness.backends.containers import ContainerBackend
 
     made = ContainerBackend.create(binaries=pg_binaries)
     try:

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from harness.pg_binaries import PgBinaries
+from harness.parts.pg_binaries import PgBinaries
 from harness.waiting import wait_for
 from tests.containers.conftest import engine_problem, require_engine
 
@@ -29,8 +29,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def client(engine_ready: None) -> Iterator[Any]:
-    from harness import containers_images as images
-    from harness.containers import find_engine
+    from harness.backends import containers_images as images
+    from harness.backends.containers import find_engine
 
     made = images.engine(find_engine())
     try:
@@ -40,7 +40,7 @@ def client(engine_ready: None) -> Iterator[Any]:
 
 
 def _ours(client: Any, **labels: str) -> list[str]:
-    from harness.containers import LABEL_RUN
+    from harness.backends.containers import LABEL_RUN
 
     filters = [LABEL_RUN] + [f"{k}={v}" for k, v in labels.items()]
     return sorted(str(c.name) for c in client.containers.list(all=True, filters={"label": filters}))
@@ -49,8 +49,8 @@ def _ours(client: Any, **labels: str) -> list[str]:
 def test_close_removes_every_container_and_the_network(
     client: Any, pg_binaries: PgBinaries, tmp_path: Path
 ) -> None:
-    from harness.containers import LABEL_RUN, ContainerBackend
-    from harness.processes import ProcessRegistry
+    from harness.backends.containers import LABEL_RUN, ContainerBackend
+    from harness.parts.processes import ProcessRegistry
 
     backend = ContainerBackend.create(binaries=pg_binaries)
     try:
@@ -68,8 +68,8 @@ CHILD = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from harness.containers import ContainerBackend
-    from harness.pg_binaries import find_pg_binaries
+    from harness.backends.containers import ContainerBackend
+    from harness.parts.pg_binaries import find_pg_binaries
     backend = ContainerBackend.create(binaries=find_pg_binaries())
     backend.start_primary(Path(sys.argv[1]), "primary")
     print(backend.run_id, flush=True)
@@ -81,7 +81,7 @@ CHILD = textwrap.dedent(
 def test_leftovers_of_a_killed_run_are_removed_at_the_next_start(
     client: Any, pg_binaries: PgBinaries, tmp_path: Path
 ) -> None:
-    from harness.containers import LABEL_RUN, ContainerBackend
+    from harness.backends.containers import LABEL_RUN, ContainerBackend
 
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, str(tmp_path / "pg")],
@@ -110,7 +110,7 @@ def test_leftovers_of_a_killed_run_are_removed_at_the_next_start(
         assert not list(Path(tempfile.gettempdir()).glob(f"fencecheck-{run_id}-*")), "its temp dir"
         assert _ours(client, **{LABEL_RUN: run_id}) == []
         # A live owner's containers (this backend's own) are never touched.
-        from harness.containers import cleanup_leftovers
+        from harness.backends.containers import cleanup_leftovers
 
         backend.start_primary(tmp_path / "pg2", "alive")
         assert cleanup_leftovers(client) == []
@@ -120,7 +120,7 @@ def test_leftovers_of_a_killed_run_are_removed_at_the_next_start(
 
 
 def test_interrupted_cli_run_removes_its_containers(client: Any, tmp_path: Path) -> None:
-    from harness.containers import LABEL_PID
+    from harness.backends.containers import LABEL_PID
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "harness.cli", "run", "H", "--backend", "containers",

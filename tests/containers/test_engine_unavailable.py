@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.backend import BackendUnavailable, make_backend
-from harness.pg_binaries import PgBinaries
+from harness.backends.base import BackendUnavailable, make_backend
+from harness.parts.pg_binaries import PgBinaries
 
 pytestmark = pytest.mark.containers
 
@@ -44,7 +44,7 @@ def test_missing_socket_in_docker_host_names_the_variable_and_the_setup(
 def test_no_docker_host_and_no_socket_lists_what_was_tried(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pg_binaries: PgBinaries
 ) -> None:
-    import harness.containers as containers
+    import harness.backends.containers as containers
 
     monkeypatch.delenv("DOCKER_HOST", raising=False)
     monkeypatch.setattr(containers, "PROJECT_SOCKET", tmp_path / "podman.sock")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.environment import DEFAULT_WORKER_CMD
-from harness.mutants import list_mutants
+from harness.engine.environment import DEFAULT_WORKER_CMD
+from harness.mutation.named import list_mutants
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow, pytest.mark.mutants]
 REPO = Path(__file__).resolve().parents[2]

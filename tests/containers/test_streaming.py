@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 import psycopg
 import pytest
 
-from harness.postgres import PostgresCluster, failover
-from harness.processes import ProcessRegistry
-from harness.toxiproxy import ToxiproxyServer
+from harness.parts.postgres import PostgresCluster, failover
+from harness.parts.processes import ProcessRegistry
+from harness.parts.toxiproxy import ToxiproxyServer
 from harness.waiting import wait_for
 
 if TYPE_CHECKING:
-    from harness.containers import ContainerBackend
+    from harness.backends.containers import ContainerBackend
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 
@@ -54,7 +54,7 @@ def _pair(
 def test_async_commit_acknowledged_then_lost_by_promote_after_cut(
     backend: ContainerBackend, toxiproxy: ToxiproxyServer, tmp_path: Path
 ) -> None:
-    from harness.containers import ContainerPostgres
+    from harness.backends.containers import ContainerPostgres
 
     primary, standby, link_name = _pair(backend, toxiproxy, tmp_path / "pg")
     try:
@@ -129,7 +129,7 @@ def test_async_commit_acknowledged_then_lost_by_promote_after_cut(
 def test_pause_freezes_the_server_and_unpause_resumes_it(
     backend: ContainerBackend, tmp_path: Path
 ) -> None:
-    from harness.containers import ContainerPostgres
+    from harness.backends.containers import ContainerPostgres
 
     primary = backend.start_primary(tmp_path / "pg", "paused")
     try:

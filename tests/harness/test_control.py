@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from harness import injection
-from harness.control import (
+from harness.parts.control import (
     ANY_WORKER,
     Continue,
     ControlError,
@@ -24,7 +24,7 @@ from harness.control import (
     Delay,
     Hold,
 )
-from harness.processes import WorkerProcess
+from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 from tests.harness.helpers import PYTHON, SCRIPTS
 

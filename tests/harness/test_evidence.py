@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from harness import evidence
-from harness.report import ExperimentResult, write_junit, write_summary
+from harness.evidence import archive as evidence
+from harness.evidence.summary import ExperimentResult, write_junit, write_summary
 from harness.verdict import Verdict
 
 

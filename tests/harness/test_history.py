@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness import injection
-from harness.control import Hit
-from harness.history import (
+from harness.checking.history import (
     Event,
     load_history,
     operations,
@@ -19,8 +18,9 @@ from harness.history import (
     select,
     timeline,
 )
-from harness.processes import SignalRecord
-from harness.toxiproxy import FaultRecord
+from harness.parts.control import Hit
+from harness.parts.processes import SignalRecord
+from harness.parts.toxiproxy import FaultRecord
 
 
 def line(t: float, worker: str, type: str, op: str, **extra: object) -> str:

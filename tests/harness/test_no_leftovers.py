@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.control import ControlServer, Hold
-from harness.processes import ProcessRegistry, WorkerProcess
-from harness.toxiproxy import ToxiproxyServer
+from harness.parts.control import ControlServer, Hold
+from harness.parts.processes import ProcessRegistry, WorkerProcess
+from harness.parts.toxiproxy import ToxiproxyServer
 from tests.harness.helpers import PYTHON, SCRIPTS, descendants, pid_alive
 
 

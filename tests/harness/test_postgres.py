@@ -9,8 +9,8 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from harness.pg_binaries import PgBinaries, PgBinariesNotFound, find_pg_binaries
-from harness.postgres import ClusterError, Database, PostgresCluster
+from harness.parts.pg_binaries import PgBinaries, PgBinariesNotFound, find_pg_binaries
+from harness.parts.postgres import ClusterError, Database, PostgresCluster
 
 
 def test_binaries_found_and_described(pg_binaries: PgBinaries) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness.os_user import OsUser, is_root, unprivileged_user
-from harness.processes import (
+from harness.parts.os_user import OsUser, is_root, unprivileged_user
+from harness.parts.processes import (
     ManagedProcess,
     OpTimeout,
     ProcessRegistry,
@@ -123,7 +123,7 @@ def test_wait_timeout_names_the_process(tmp_path: Path) -> None:
 
 
 def test_missing_executable_is_a_clear_error(tmp_path: Path) -> None:
-    from harness.processes import ProcessError
+    from harness.parts.processes import ProcessError
 
     with pytest.raises(ProcessError, match="no-such-binary"):
         ManagedProcess("ghost", ["/nonexistent/no-such-binary"], log_dir=tmp_path).start()
@@ -169,8 +169,8 @@ INTERMEDIATE = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from harness.os_user import unprivileged_user
-    from harness.processes import ManagedProcess
+    from harness.parts.os_user import unprivileged_user
+    from harness.parts.processes import ManagedProcess
     run_as = unprivileged_user() if sys.argv[2] == "postgres" else None
     child = ManagedProcess("grandchild", ["sleep", "60"], log_dir=Path(sys.argv[1]), run_as=run_as)
     child.start()

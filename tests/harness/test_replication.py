@@ -10,9 +10,9 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from harness.pg_binaries import PgBinaries
-from harness.postgres import PostgresCluster, failover
-from harness.toxiproxy import Link, ToxiproxyServer
+from harness.parts.pg_binaries import PgBinaries
+from harness.parts.postgres import PostgresCluster, failover
+from harness.parts.toxiproxy import Link, ToxiproxyServer
 from harness.waiting import wait_for
 
 pytestmark = pytest.mark.slow

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import toxiproxy
-from harness.toxiproxy import (
+from harness.parts import toxiproxy
+from harness.parts.toxiproxy import (
     FaultActive,
     Link,
     ToxiproxyError,

@@ -9,10 +9,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from harness.control import ControlServer, Crash, Hold
-from harness.history import load_history
-from harness.postgres import Database
-from harness.processes import WorkerProcess
+from harness.checking.history import load_history
+from harness.parts.control import ControlServer, Crash, Hold
+from harness.parts.postgres import Database
+from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 
 
@@ -32,7 +32,7 @@ def control(tmp_path: Path) -> Iterator[ControlServer]:
 def _probe(db: Database, control: ControlServer, tmp_path: Path) -> WorkerProcess:
     return WorkerProcess(
         "probe",
-        [sys.executable, "-m", "harness.probe_worker"],
+        [sys.executable, "-m", "harness.parts.probe_worker"],
         "locks",
         ["1", "--linger"],
         log_dir=tmp_path / "logs",

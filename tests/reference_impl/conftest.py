@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harness.postgres import Database, PostgresCluster
+from harness.parts.postgres import Database, PostgresCluster
 from harness.waiting import wait_for
 from reference_impl.config import Settings
 from reference_impl.leases import Grant, Lease

@@ -23,7 +23,7 @@ import pytest
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
 
-from harness.postgres import Database
+from harness.parts.postgres import Database
 from harness.waiting import WaitTimeout
 from reference_impl import db
 from reference_impl import errors as e

@@ -9,7 +9,7 @@ import time
 import uuid
 from collections.abc import Callable
 
-from harness.postgres import Database
+from harness.parts.postgres import Database
 from reference_impl.leases import Grant
 from reference_impl.runtime import Runtime
 from tests.reference_impl.conftest import cp, new_run, take, wait_until_blocked_on_lock

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from harness.postgres import Database
+from harness.parts.postgres import Database
 from mock_tool.process import MockToolProcess
 from reference_impl import errors as e
 from reference_impl.ids import operation_id, request_digest

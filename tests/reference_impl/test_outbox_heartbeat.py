@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.postgres import Database
+from harness.parts.postgres import Database
 from harness.waiting import wait_for
 from reference_impl.cancellation import Cancellation
 from reference_impl.durability import read_contract

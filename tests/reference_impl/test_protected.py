@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.postgres import Database
+from harness.parts.postgres import Database
 from reference_impl import errors as e
 from reference_impl.leases import Lease
 from reference_impl.protected import ProtectedWriter, ReadBack, Write, Written, _CommitUnknown

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import psycopg
 import pytest
 
-from harness.postgres import Database
+from harness.parts.postgres import Database
 from reference_impl.migrations import migrate
 from reference_impl.runtime import Runtime
 from tests.reference_impl.conftest import OTHER_TENANT, cp, new_run, take

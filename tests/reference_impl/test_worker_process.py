@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from harness.postgres import Database
+from harness.parts.postgres import Database
 from mock_tool.process import MockToolProcess
 from tests.reference_impl.conftest import TENANT
 

@@ -118,7 +118,7 @@ def candidates(explicit: str | Path | None = None) -> list[tuple[str, Path]]:
 def _unreachable_by_server_user(bindir: Path) -> Path | None:
     """As root the server runs as an unprivileged user, who must be able to reach
     the binaries (a checkout under a 0700 home directory is not reachable)."""
-    from harness.os_user import first_untraversable, unprivileged_user
+    from harness.parts.os_user import first_untraversable, unprivileged_user
 
     if os.geteuid() != 0:
         return None

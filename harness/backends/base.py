@@ -12,10 +12,10 @@ import importlib
 from pathlib import Path
 from typing import Any, Protocol
 
-from harness.pg_binaries import PgBinaries
-from harness.postgres import PostgresCluster
-from harness.processes import ProcessRegistry
-from harness.toxiproxy import ToxiproxyServer
+from harness.parts.pg_binaries import PgBinaries
+from harness.parts.postgres import PostgresCluster
+from harness.parts.processes import ProcessRegistry
+from harness.parts.toxiproxy import ToxiproxyServer
 from mock_tool.process import MockToolProcess
 
 BACKENDS = ("local", "containers")
@@ -109,7 +109,7 @@ def make_backend(name: str, binaries: PgBinaries, toxiproxy_bin: str | None) -> 
         try:
             # Imported by name: the module and its dependencies (docker-py,
             # testcontainers) are only needed when this backend is chosen.
-            containers = importlib.import_module("harness.containers")
+            containers = importlib.import_module("harness.backends.containers")
         except ImportError as exc:
             raise BackendUnavailable(
                 f"the containers backend is not available: {exc}; see README.md "

@@ -1,6 +1,6 @@
 """One-time setup of the container backend: engine, service, images.
 
-Run by ``make containers-setup`` (``python -m harness.containers_setup setup``).
+Run by ``make containers-setup`` (``python -m harness.backends.containers_setup setup``).
 Every step is idempotent: a step whose result is already there is skipped.
 
 1. ``podman``, ``runc`` and ``debootstrap`` are installed with apt-get when
@@ -21,7 +21,7 @@ Every step is idempotent: a step whose result is already there is skipped.
      ``PGDATA``, ``/docker-entrypoint-initdb.d/*.sh``, ``-c`` options);
    * ``localhost/fencecheck/python:latest``: the same base with python3, the
      base of the mock tool and toxiproxy images, which the backend builds on
-     demand (see :mod:`harness.containers_images`).
+     demand (see :mod:`harness.backends.containers_images`).
 
    The apt mirror is the one this machine's apt is configured with. The build
    time of each image is written to ``.tools/containers/build-times.json``.
@@ -49,7 +49,7 @@ import psutil
 
 from harness.waiting import WaitTimeout, wait_for
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 STATE_DIR = REPO_ROOT / ".tools" / "containers"
 CONF_PATH = STATE_DIR / "containers.conf"
 SOCKET_PATH = STATE_DIR / "podman.sock"
@@ -57,7 +57,7 @@ PID_PATH = STATE_DIR / "service.pid"
 SERVICE_LOG = STATE_DIR / "service.log"
 BUILD_TIMES = STATE_DIR / "build-times.json"
 
-# The base images; harness.containers_images uses them as its defaults.
+# The base images; harness.backends.containers_images uses them as its defaults.
 PG_IMAGE = "localhost/fencecheck/postgres:latest"
 PYTHON_IMAGE = "localhost/fencecheck/python:latest"
 PACKAGES = ("podman", "runc", "debootstrap")
@@ -66,7 +66,7 @@ SERVICE_TERM_GRACE_S = 10.0  # after SIGTERM, before SIGKILL
 SERVICE_KILL_WAIT_S = 5.0  # after SIGKILL
 
 CONTAINERS_CONF = """\
-# Written by `make containers-setup` (harness/containers_setup.py).
+# Written by `make containers-setup` (harness/backends/containers_setup.py).
 [containers]
 default_ulimits = ["nofile=20000:20000", "nproc=32768:32768"]
 
@@ -504,7 +504,11 @@ def build_base_images(force: bool = False) -> dict[str, float]:
 
 def build_tool_images() -> dict[str, float]:
     """The mock tool and toxiproxy images (derived; the backend also builds them on demand)."""
-    from harness.containers_images import engine, ensure_mock_tool_image, ensure_toxiproxy_image
+    from harness.backends.containers_images import (
+        engine,
+        ensure_mock_tool_image,
+        ensure_toxiproxy_image,
+    )
 
     client = engine(docker_host())
     times: dict[str, float] = {}
@@ -547,7 +551,7 @@ def setup(force_images: bool = False) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.containers_setup")
+    parser = argparse.ArgumentParser(prog="python -m harness.backends.containers_setup")
     parser.add_argument(
         "command",
         choices=("setup", "service-start", "service-stop", "service-status", "env"),

@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import scenarios
-from harness.environment import Settings, SharedServices
-from harness.report import ExperimentResult
-from harness.runner import jobs_for, run_jobs
+from harness.engine.environment import Settings, SharedServices
+from harness.engine.runner import jobs_for, run_jobs
+from harness.evidence.summary import ExperimentResult
 from harness.verdict import Verdict
 
 

@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from harness.control import Action, Continue, ControlError, Hit
-from harness.processes import OpReply, SignalRecord, WorkerProcess
-from harness.toxiproxy import FaultRecord
+from harness.parts.control import Action, Continue, ControlError, Hit
+from harness.parts.processes import OpReply, SignalRecord, WorkerProcess
+from harness.parts.toxiproxy import FaultRecord
 from harness.verdict import Verdict
 
 if TYPE_CHECKING:
-    from harness.environment import Environment
+    from harness.engine.environment import Environment
 
 
 class Inconclusive(Exception):

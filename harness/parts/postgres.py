@@ -27,10 +27,10 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
-from harness.os_user import OsUser, first_untraversable, give_to, unprivileged_user
-from harness.pg_binaries import PgBinaries
-from harness.processes import pdeathsig_preexec
-from harness.toxiproxy import free_port
+from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
+from harness.parts.pg_binaries import PgBinaries
+from harness.parts.processes import pdeathsig_preexec
+from harness.parts.toxiproxy import free_port
 from harness.waiting import wait_for
 
 ReplicationMode = Literal["async", "sync"]

@@ -32,12 +32,12 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from harness.processes import ManagedProcess, ProcessRegistry
+from harness.parts.processes import ManagedProcess, ProcessRegistry
 
 ENV_VAR = "FENCECHECK_TOXIPROXY"
 BINARY_NAME = "toxiproxy-server"
 PINNED_VERSION = "v2.12.0"
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 LOCAL_BINARY = REPO_ROOT / ".tools" / "bin" / BINARY_NAME
 INSTALL_HINT = (
     f"run `make setup` (it builds the pinned release into {LOCAL_BINARY}), or build it yourself "

@@ -22,7 +22,7 @@ What runs where
   default the locally built ``localhost/fencecheck/postgres:latest``), each
   publishing 5432 on a random ``127.0.0.1`` port. An init script copied into
   ``/docker-entrypoint-initdb.d`` appends the harness's server settings
-  (``harness.postgres.BASE_SETTINGS``) to ``postgresql.conf`` and allows
+  (``harness.parts.postgres.BASE_SETTINGS``) to ``postgresql.conf`` and allows
   replication connections; authentication is ``trust``, as for the local
   clusters. A standby's container runs ``pg_basebackup`` from the primary's
   container (direct, over the network), then streams through toxiproxy.
@@ -57,7 +57,7 @@ Faults beyond toxiproxy
 -----------------------
 * fence, ``stop("immediate")``: ``docker kill`` (SIGKILL) of the container,
   so no process of the old primary survives, then promote the standby with
-  ``pg_promote()`` exactly as for local clusters (``harness.postgres.failover``).
+  ``pg_promote()`` exactly as for local clusters (``harness.parts.postgres.failover``).
 * ``stop("fast")``: SIGINT (PostgreSQL's fast shutdown), waiting for the exit.
 * ``pause()``/``unpause()``: ``docker pause`` (cgroup freezer) of the whole
   server: every backend freezes with its sockets open, an extra
@@ -72,7 +72,7 @@ creation failed half-way), also on Ctrl-C/SIGTERM through the environment's
 exit stack, and an ``atexit`` hook covers an interpreter that ends without
 ``close()``. No Ryuk reaper (its image cannot be pulled here): instead every
 backend start removes leftovers of runs whose owner is dead (pid gone or
-reused), and ``python -m harness.containers cleanup`` does the same by hand.
+reused), and ``python -m harness.backends.containers cleanup`` does the same by hand.
 
 Limits
 ------
@@ -120,15 +120,21 @@ except ImportError as exc:  # make_backend turns this into BackendUnavailable
 import psutil
 import psycopg
 
-from harness import containers_images as images
-from harness.backend import BackendUnavailable
-from harness.containers_setup import SOCKET_PATH as PROJECT_SOCKET
-from harness.os_user import OsUser
-from harness.pg_binaries import PgBinaries
-from harness.postgres import BASE_SETTINGS, ClusterError, PostgresCluster
-from harness.processes import ProcessRegistry
-from harness.toxiproxy import FaultRecord, Link, ToxiproxyClient, ToxiproxyError, ToxiproxyServer
-from harness.toxiproxy import free_port as free_loopback_port
+from harness.backends import containers_images as images
+from harness.backends.base import BackendUnavailable
+from harness.backends.containers_setup import SOCKET_PATH as PROJECT_SOCKET
+from harness.parts.os_user import OsUser
+from harness.parts.pg_binaries import PgBinaries
+from harness.parts.postgres import BASE_SETTINGS, ClusterError, PostgresCluster
+from harness.parts.processes import ProcessRegistry
+from harness.parts.toxiproxy import (
+    FaultRecord,
+    Link,
+    ToxiproxyClient,
+    ToxiproxyError,
+    ToxiproxyServer,
+)
+from harness.parts.toxiproxy import free_port as free_loopback_port
 from mock_tool.client import ToolClient
 from mock_tool.errors import ToolError
 from mock_tool.process import MockToolProcess, MockToolStartError
@@ -1254,7 +1260,7 @@ class ContainerMockTool(MockToolProcess):
 # --------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m harness.containers",
+        prog="python -m harness.backends.containers",
         description="Remove fencecheck containers and networks left behind by killed runs.",
     )
     parser.add_argument("command", choices=("cleanup",))

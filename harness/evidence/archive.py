@@ -1,7 +1,7 @@
 """Evidence archives: one YAML file per experiment run.
 
 An archive is validated against the published JSON Schema
-(``harness/schemas/evidence-archive.schema.json``) before it is written, is
+(``harness/evidence/schemas/evidence-archive.schema.json``) before it is written, is
 written atomically (temp file, fsync, rename) so a reader never sees half of
 one, and carries nothing secret in clear text (see :func:`mask`).
 """
@@ -25,7 +25,7 @@ import jsonschema
 import yaml
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "evidence-archive.schema.json"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # Keys whose values never appear in an archive. Request bodies and
 # checkpoints may carry user data (Chinese seed section 12).

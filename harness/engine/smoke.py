@@ -18,12 +18,12 @@ from pathlib import Path
 import psutil
 import psycopg
 
-from harness.control import ControlServer, Hold
-from harness.environment import Settings
-from harness.pg_binaries import find_pg_binaries
-from harness.postgres import PostgresCluster, failover
-from harness.processes import ProcessRegistry, WorkerProcess
-from harness.toxiproxy import ToxiproxyServer, find_toxiproxy_server
+from harness.engine.environment import Settings
+from harness.parts.control import ControlServer, Hold
+from harness.parts.pg_binaries import find_pg_binaries
+from harness.parts.postgres import PostgresCluster, failover
+from harness.parts.processes import ProcessRegistry, WorkerProcess
+from harness.parts.toxiproxy import ToxiproxyServer, find_toxiproxy_server
 from harness.waiting import wait_for
 from mock_tool.errors import ToolError
 from mock_tool.process import MockToolProcess
@@ -219,7 +219,7 @@ def _run_steps(
         control.arm("probe", "after_lease_row_locked", Hold())
         worker = WorkerProcess(
             "probe",
-            [sys.executable, "-m", "harness.probe_worker"],
+            [sys.executable, "-m", "harness.parts.probe_worker"],
             "smoke",
             ["1", "--linger"],
             log_dir=root / "logs",

@@ -2,7 +2,7 @@
 
 No registry is reachable, so nothing is ever pulled unless the user names an
 image of their own. Two base images come from ``make containers-setup``
-(:mod:`harness.containers_setup`): ``localhost/fencecheck/postgres:latest``
+(:mod:`harness.backends.containers_setup`): ``localhost/fencecheck/postgres:latest``
 (the default PostgreSQL image) and ``localhost/fencecheck/python:latest``.
 The mock tool and toxiproxy images are derived from the python one here, on
 demand, through the engine's build API (a ``COPY`` only, about a second):
@@ -11,7 +11,7 @@ demand, through the engine's build API (a ``COPY`` only, about a second):
   ``mock_tool`` package; the tag is a digest of its sources, so an edited
   package gets a new image and a stale one is never used.
 * ``localhost/fencecheck/toxiproxy:<digest>``: the toxiproxy-server binary
-  the local backend would run (``harness.toxiproxy.find_toxiproxy_server``),
+  the local backend would run (``harness.parts.toxiproxy.find_toxiproxy_server``),
   tagged by the binary's digest. The binary is dynamically linked against
   glibc, hence a Debian base rather than ``scratch``.
 """
@@ -29,11 +29,11 @@ from typing import Any
 import docker
 import docker.errors
 
-from harness.containers_setup import PG_IMAGE as DEFAULT_PG_IMAGE
-from harness.containers_setup import PYTHON_IMAGE as DEFAULT_PYTHON_IMAGE
-from harness.toxiproxy import find_toxiproxy_server
+from harness.backends.containers_setup import PG_IMAGE as DEFAULT_PG_IMAGE
+from harness.backends.containers_setup import PYTHON_IMAGE as DEFAULT_PYTHON_IMAGE
+from harness.parts.toxiproxy import find_toxiproxy_server
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PG_IMAGE_ENV = "FENCECHECK_PG_IMAGE"
 PYTHON_IMAGE_ENV = "FENCECHECK_PYTHON_IMAGE"
 MOCK_TOOL_REPO = "localhost/fencecheck/mock-tool"

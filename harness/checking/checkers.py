@@ -14,7 +14,7 @@ from typing import Any
 
 import psycopg
 
-from harness.experiment import ExperimentContext, Inconclusive
+from harness.engine.experiment import ExperimentContext, Inconclusive
 from harness.waiting import wait_for
 
 # ----------------------------------------------------------------- database
@@ -140,7 +140,7 @@ def as_worker_role(
 
 
 def _record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
-    from harness.experiment import QueryRecord
+    from harness.engine.experiment import QueryRecord
 
     rows = outcome[1] if isinstance(outcome[1], list) else [{"result": outcome[1]}]
     return QueryRecord(time.time(), f"{label}: {outcome[0]}", statement, rows)

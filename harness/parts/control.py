@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from harness.os_user import OsUser, first_untraversable
+from harness.parts.os_user import OsUser, first_untraversable
 
 ANY_WORKER = "*"
 READ_TIMEOUT_S = 5.0

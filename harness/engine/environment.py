@@ -28,54 +28,17 @@ from typing import Any, Literal
 
 import psycopg
 
-from harness.backend import Backend, make_backend
-from harness.control import ControlServer
-from harness.pg_binaries import PgBinaries, find_pg_binaries
-from harness.postgres import Database, PostgresCluster
-from harness.processes import ProcessRegistry, WorkerProcess
-from harness.toxiproxy import Link, ToxiproxyServer
+from harness.backends.base import Backend, make_backend
+from harness.checking.audit import AUDIT_SQL
+from harness.parts.control import ControlServer
+from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
+from harness.parts.postgres import Database, PostgresCluster
+from harness.parts.processes import ProcessRegistry, WorkerProcess
+from harness.parts.toxiproxy import Link, ToxiproxyServer
 from mock_tool.process import MockToolProcess
 
 DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")
 TEMPLATE_NAME = "fencecheck_template"
-
-# The harness's own witness of lease history: a trigger it installs itself on
-# agent_runs, recording every change of owner, epoch, revision and status with
-# the database's time and transaction id. SECURITY DEFINER so the worker role
-# needs no grant on the audit table and cannot write to it directly.
-AUDIT_SQL = """
-CREATE SCHEMA IF NOT EXISTS fencecheck_audit;
-REVOKE ALL ON SCHEMA fencecheck_audit FROM PUBLIC;
-CREATE TABLE IF NOT EXISTS fencecheck_audit.run_changes (
-  seq bigserial PRIMARY KEY,
-  at timestamptz NOT NULL DEFAULT clock_timestamp(),
-  txid bigint NOT NULL DEFAULT txid_current(),
-  app text NOT NULL DEFAULT current_setting('application_name'),
-  op text NOT NULL,
-  run_id uuid NOT NULL,
-  status text, owner text, epoch bigint, revision bigint, lease_expires_at timestamptz,
-  old_status text, old_owner text, old_epoch bigint, old_revision bigint,
-  old_lease_expires_at timestamptz
-);
-CREATE OR REPLACE FUNCTION fencecheck_audit.record_run_change() RETURNS trigger
-LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog AS $$
-BEGIN
-  INSERT INTO fencecheck_audit.run_changes
-    (op, run_id, status, owner, epoch, revision, lease_expires_at,
-     old_status, old_owner, old_epoch, old_revision, old_lease_expires_at)
-  VALUES (TG_OP, NEW.run_id, NEW.status, NEW.owner, NEW.epoch, NEW.revision,
-          NEW.lease_expires_at,
-          CASE WHEN TG_OP = 'UPDATE' THEN OLD.status END,
-          CASE WHEN TG_OP = 'UPDATE' THEN OLD.owner END,
-          CASE WHEN TG_OP = 'UPDATE' THEN OLD.epoch END,
-          CASE WHEN TG_OP = 'UPDATE' THEN OLD.revision END,
-          CASE WHEN TG_OP = 'UPDATE' THEN OLD.lease_expires_at END);
-  RETURN NULL;
-END $$;
-DROP TRIGGER IF EXISTS fencecheck_audit_runs ON public.agent_runs;
-CREATE TRIGGER fencecheck_audit_runs AFTER INSERT OR UPDATE ON public.agent_runs
-  FOR EACH ROW EXECUTE FUNCTION fencecheck_audit.record_run_change();
-"""
 
 
 class EnvironmentError_(RuntimeError):

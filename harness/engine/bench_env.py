@@ -1,6 +1,6 @@
 """Environment timings, printed (not asserted): how long the real parts take to come up.
 
-    python -m harness.bench_env [--rounds N]
+    python -m harness.engine.bench_env [--rounds N]
 
 Measures, as medians over N rounds in one run: primary start (initdb +
 start), a fresh database from a template, primary + streaming standby in
@@ -17,14 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from harness.pg_binaries import find_pg_binaries
-from harness.postgres import PostgresCluster, failover
-from harness.processes import ProcessRegistry
-from harness.toxiproxy import ToxiproxyServer
+from harness.parts.pg_binaries import find_pg_binaries
+from harness.parts.postgres import PostgresCluster, failover
+from harness.parts.processes import ProcessRegistry
+from harness.parts.toxiproxy import ToxiproxyServer
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m harness.bench_env")
+    parser = argparse.ArgumentParser(prog="python -m harness.engine.bench_env")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     binaries = find_pg_binaries()

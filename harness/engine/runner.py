@@ -20,11 +20,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness import checkers, evidence
-from harness.environment import Environment, SharedServices, experiment_environment
-from harness.experiment import ExperimentContext, ExperimentSpec, Inconclusive
-from harness.history import read_history, timeline
-from harness.report import ExperimentResult
+from harness.checking import checkers
+from harness.checking.history import read_history, timeline
+from harness.engine.environment import Environment, SharedServices, experiment_environment
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.evidence import archive as evidence
+from harness.evidence.summary import ExperimentResult
 from harness.verdict import Verdict
 
 Progress = Callable[[str], None]

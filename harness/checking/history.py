@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.control import Hit, _opt_int, _opt_str
-from harness.processes import SignalRecord
-from harness.toxiproxy import FaultRecord
+from harness.parts.control import Hit, _opt_int, _opt_str
+from harness.parts.processes import SignalRecord
+from harness.parts.toxiproxy import FaultRecord
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ transaction, visits injection points while holding the lock, updates the row
 and commits, recording each step in its event history. That is enough to show
 a barrier holding a real row lock, SIGSTOP keeping it, and SIGKILL freeing it.
 
-    python -m harness.probe_worker TABLE ROW_ID [--linger]
+    python -m harness.parts.probe_worker TABLE ROW_ID [--linger]
 """
 
 from __future__ import annotations

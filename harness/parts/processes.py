@@ -45,7 +45,7 @@ from typing import IO, Any, Self
 
 import psutil
 
-from harness.os_user import OsUser, first_untraversable, give_to
+from harness.parts.os_user import OsUser, first_untraversable, give_to
 
 POLL_INTERVAL_S = 0.002
 DEFAULT_SIGNAL_TIMEOUT_S = 5.0

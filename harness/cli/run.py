@@ -1,0 +1,132 @@
+"""``fencecheck run [IDS...]``: run experiments and write the run's reports."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import secrets
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from harness.cli.common import (
+    REPO_ROOT,
+    UsageError,
+    common_env_options,
+    positive,
+    settings_from_args,
+)
+
+if TYPE_CHECKING:
+    from harness.engine.environment import SharedServices
+
+NAME = "run"
+HELP = "run experiments and write evidence archives"
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    run.add_argument("ids", nargs="*", help="experiment ids (A..Q); all when omitted")
+    run.add_argument("--repeat", type=positive, default=1, help="run each experiment N times")
+    run.add_argument("--seed", type=int, help="seed for generated inputs (default: random)")
+    run.add_argument(
+        "--keep",
+        action="store_true",
+        help="leave the environment up after the run and print how to connect; Ctrl-C ends it",
+    )
+    run.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
+    run.add_argument("--mutant", help="start the reference worker with this named mutant")
+    run.add_argument("--quiet", action="store_true", help="no per-experiment progress lines")
+    common_env_options(run)
+
+
+def main(args: argparse.Namespace) -> int:
+    import scenarios
+    from harness.engine.environment import SharedServices
+    from harness.engine.runner import jobs_for, run_jobs
+    from harness.evidence.summary import (
+        overall,
+        terminal_table,
+        write_junit,
+        write_results_json,
+        write_summary,
+    )
+    from harness.verdict import Verdict, exit_code
+
+    try:
+        modules = scenarios.select(args.ids)
+    except scenarios.UnknownExperiment as exc:
+        raise UsageError(str(exc)) from exc
+    settings = settings_from_args(args, mutant=args.mutant)
+    seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    report_dir = Path(args.report_dir) / run_id
+    report_dir.mkdir(parents=True, exist_ok=True)
+    jobs = jobs_for(modules, args.repeat)
+    progress = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", flush=True))
+    print(
+        f"fencecheck run {run_id}: {len(jobs)} experiment run(s), seed {seed}, "
+        f"worker `{settings.worker_command_text()}`"
+        + (f", mutant {settings.mutant}" if settings.mutant else ""),
+        flush=True,
+    )
+    started = time.monotonic()
+    with SharedServices(settings) as shared:
+        print(
+            "  environment: "
+            + ", ".join(f"{k} {v}" for k, v in shared.backend.deployment().items())
+            + f"; toxiproxy {shared.toxiproxy_version()}",
+            flush=True,
+        )
+        results = run_jobs(
+            shared, jobs, report_dir=report_dir, seed=seed, parallel=args.jobs, progress=progress
+        )
+        wall = time.monotonic() - started
+        if settings.keep:
+            _keep_up(shared)
+    header = {
+        "run": run_id,
+        "worker": settings.worker_command_text(),
+        "mutant": settings.mutant or "none",
+        "seed": str(seed),
+        "postgres": shared.binaries.describe(),
+    }
+    write_summary(report_dir / "summary.md", results, header=header, wall_s=wall)
+    write_junit(report_dir / "junit.xml", results, suite=f"fencecheck {run_id}")
+    write_results_json(report_dir / "results.json", results)
+    latest = Path(args.report_dir) / "latest"
+    with contextlib.suppress(OSError):
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(run_id)
+    print()
+    print(terminal_table(results))
+    verdict = overall(results)
+    not_passed = [r for r in results if r.verdict is not Verdict.PASS]
+    if not_passed:
+        print(f"\nnot passed ({len(not_passed)} of {len(results)}):")
+        for r in not_passed:
+            print(f"  {r.name} {r.verdict.value}: {r.reason}  [{r.archive_path}]")
+    print(f"\noverall: {verdict.value.upper()} in {wall:.1f}s; reports in {report_dir}")
+    print(
+        f"  summary {report_dir / 'summary.md'}, JUnit {report_dir / 'junit.xml'}, "
+        f"archives {report_dir / 'archives'}"
+    )
+    return exit_code(verdict)
+
+
+def _keep_up(shared: SharedServices) -> None:
+    assert shared.primary is not None
+    print("\n--keep: PostgreSQL and toxiproxy stay up until you press Ctrl-C.")
+    for key, value in shared.describe().items():
+        print(f"  {key}: {value}")
+    databases = shared.primary.query(
+        "SELECT datname FROM pg_database WHERE datname NOT IN "
+        "('postgres', 'template0', 'template1') ORDER BY oid"
+    )
+    print("  experiment databases (one per experiment run, as the experiment left it):")
+    for row in databases:
+        print(f"    psql '{shared.primary.admin_dsn(row['datname'])}'")
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print("tearing down")
