@@ -12,7 +12,7 @@ import pkgutil
 import re
 from types import ModuleType
 
-_MODULE = re.compile(r"^([a-q])_[a-z0-9_]+$")
+_MODULE = re.compile(r"^([a-z])_[a-z0-9_]+$")
 
 
 class UnknownExperiment(ValueError):
@@ -20,7 +20,7 @@ class UnknownExperiment(ValueError):
 
 
 def all_modules() -> list[ModuleType]:
-    """Every experiment module, in matrix order (A to Q)."""
+    """Every experiment module, in matrix order (by id letter)."""
     names = sorted(
         m.name for m in pkgutil.iter_modules(__path__) if _MODULE.match(m.name) is not None
     )
