@@ -8,6 +8,8 @@
 //	fencecheck-go-worker ops                           # JSON lines on stdin/stdout
 //	fencecheck-go-worker mutants                       # the named mutants, JSON
 //	fencecheck-go-worker seed-variants                 # the seeds' literal forms, JSON
+//	fencecheck-go-worker bench OP N [--run-id ID --owner O --epoch E]   # timing (make go-bench)
+//	fencecheck-go-worker bench-scripts                 # its statements as pgbench scripts, JSON
 package main
 
 import (
@@ -17,6 +19,8 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -54,7 +58,14 @@ func run(args []string) int {
 	runID := fs.String("run-id", "", "run: only this run (targeted takeover, waits on the row lock)")
 	once := fs.Bool("once", false, "run: exit after one run")
 	idle := fs.Bool("exit-when-idle", false, "run: exit 0 when nothing is claimable")
-	if err := fs.Parse(args[1:]); err != nil {
+	owner := fs.String("owner", "", "bench: the lease owner")
+	epoch := fs.Int64("epoch", 0, "bench: the lease epoch")
+	var positional []string
+	rest := args[1:]
+	for len(rest) > 0 && !strings.HasPrefix(rest[0], "-") {
+		positional, rest = append(positional, rest[0]), rest[1:]
+	}
+	if err := fs.Parse(rest); err != nil {
 		return 64
 	}
 	switch mode {
@@ -62,7 +73,9 @@ func run(args []string) int {
 		return printJSON(mutants.Registry)
 	case "seed-variants":
 		return printJSON(mutants.SeedVariants)
-	case "migrate", "run", "ops":
+	case "bench-scripts":
+		return printJSON(worker.BenchScripts(protocol.Correct()))
+	case "migrate", "run", "ops", "bench":
 	default:
 		usage()
 		return 64
@@ -93,6 +106,9 @@ func run(args []string) int {
 	if mode == "ops" {
 		return worker.NewOps(rt, os.Stdout).Serve(os.Stdin)
 	}
+	if mode == "bench" {
+		return bench(rt, positional, protocol.Lease{RunID: *runID, Owner: *owner, Epoch: *epoch})
+	}
 	var stop atomic.Bool
 	sigs := make(chan os.Signal, 1)
 	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
@@ -101,6 +117,24 @@ func run(args []string) int {
 		stop.Store(true) // stop claiming; the current short transaction finishes
 	}()
 	return worker.Run(rt, *runID, *once, *idle, &stop)
+}
+
+func bench(rt *worker.Runtime, positional []string, lease protocol.Lease) int {
+	if len(positional) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: fencecheck-go-worker bench {checkpoint|renew|claim} N [--run-id ID --owner O --epoch E]")
+		return 64
+	}
+	n, err := strconv.Atoi(positional[1])
+	if err != nil || n <= 0 {
+		fmt.Fprintf(os.Stderr, "fencecheck-go-worker: bench N must be a positive integer, got %q\n", positional[1])
+		return 64
+	}
+	took, err := worker.Bench(rt, positional[0], n, lease)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fencecheck-go-worker: bench: %v\n", err)
+		return 1
+	}
+	return printJSON(map[string]any{"op": positional[0], "n": n, "seconds": took.Seconds()})
 }
 
 func migrate(s worker.Settings, overlays []schema.Overlay) int {
