@@ -108,11 +108,8 @@ func (p *Protocol) Renew(ctx context.Context, db DB, l Lease, leaseMS int64) (ti
 	}
 	if !p.RenewConfirmed(rows.CommandTag()) {
 		why, err := p.leaseMiss(ctx, db, l.RunID)
-		if err != nil {
-			why = "lost"
-		}
-		if why == "held" || why == "expired" {
-			why = map[string]string{"held": "lost", "expired": "expired"}[why]
+		if err != nil || why == "held" {
+			why = "lost" // another holder's live lease, or the cause could not be read
 		}
 		return time.Time{}, newErr("LeaseLost", why, "renew refused: %s", why)
 	}

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -107,8 +108,7 @@ func (c *Client) Create(name, opID, runID string, epoch int64, request any) Answ
 	body, _ := json.Marshal(map[string]any{"operation_id": opID, "run_id": runID, "epoch": epoch, "request": request})
 	resp, err := c.http.Post(c.base+"/tools/"+url.PathEscape(name)+"/operations", "application/json", bytes.NewReader(body))
 	if err != nil {
-		var opErr interface{ Timeout() bool }
-		if strings.Contains(err.Error(), "connection refused") && !(errors.As(err, &opErr) && opErr.Timeout()) {
+		if errors.Is(err, syscall.ECONNREFUSED) {
 			// The request was never sent: the tool certainly did not act.
 			return Answer{Kind: "rejected_retryable", Error: errInfo("ToolUnavailable", 0)}
 		}

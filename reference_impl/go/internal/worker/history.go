@@ -35,7 +35,7 @@ func record(op string, id ids, detail map[string]any) func(err error, after ids)
 		if err != nil {
 			e.Error = protocol.ClassOf(err)
 			e.Type = "fail"
-			if e.Error == "CommitOutcomeUnknown" || e.Error == "OperationalError" || protocol.IsConnectionError(err) && e.Error != "ExecutionCancelled" {
+			if e.Error == "CommitOutcomeUnknown" || (protocol.IsConnectionError(err) && e.Error != "ExecutionCancelled") {
 				e.Type = "info"
 			}
 		}

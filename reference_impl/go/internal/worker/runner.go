@@ -60,10 +60,6 @@ func acquire(rt *Runtime, runID string) (*protocol.Claim, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
-	var rid *string
-	if runID != "" {
-		rid = &runID
-	}
 	done := record("claim", ids{RunID: runID}, map[string]any{"owner": rt.S.Owner()})
 	var claim *protocol.Claim
 	why := "acquired"
@@ -86,7 +82,6 @@ func acquire(rt *Runtime, runID string) (*protocol.Claim, string, error) {
 		return nil, why, err
 	}
 	done(nil, ids{RunID: claim.RunID, Epoch: i64(claim.Epoch), Revision: i64(claim.Revision)})
-	_ = rid
 	return claim, why, nil
 }
 
