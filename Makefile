@@ -11,13 +11,16 @@ PY := $(VENV)/bin/python
 TOOLS := $(CURDIR)/.tools
 TOXIPROXY_VERSION := v2.12.0
 TOXIPROXY := $(TOOLS)/bin/toxiproxy-server
+GO_DIR := reference_impl/go
+GO_WORKER := $(GO_DIR)/bin/fencecheck-go-worker
+GO_SOURCES := $(shell find $(GO_DIR) -name '*.go' -o -name '*.sql' -o -name 'go.mod' -o -name 'go.sum')
 REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint bench smoke clean
+.PHONY: setup run test test-fast lint bench smoke clean go-check go-matrix go-bench
 
-setup: $(VENV)/.installed $(TOXIPROXY)
+setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER)
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,14 +39,35 @@ $(TOXIPROXY):
 	  GOBIN=$(TOOLS)/bin go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) && mv $(TOOLS)/bin/server $@; \
 	fi
 
+# The Go worker (reference_impl/go, README "A second worker in Go"): built
+# from its own module; the first build downloads pgx into the Go module cache,
+# later builds, vet and tests run offline.
+$(GO_WORKER): $(GO_SOURCES)
+	@command -v go >/dev/null 2>&1 || { echo "error: the Go worker needs Go 1.23+ (apt-get install golang)"; exit 1; }
+	cd $(GO_DIR) && go build -o bin/fencecheck-go-worker ./cmd/fencecheck-go-worker
+
 run: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck run --report-dir $(REPORT_DIR) $(ARGS)
 
 smoke: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck smoke
 
+# The Python suite (the matrix against the Python worker, its mutants), then
+# the Go worker: go vet, go test (against a real PostgreSQL it starts with the
+# harness's binaries) and the whole matrix against the Go binary.
 test: setup lint
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) go-check go-matrix
+
+go-check: setup
+	cd $(GO_DIR) && go vet ./... && go test -count=1 ./...
+
+go-matrix: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) FENCECHECK_WORKER_CMD=$(CURDIR)/$(GO_WORKER) \
+	  $(PY) -m pytest tests/test_matrix.py $(PYTEST_ARGS)
+
+go-bench: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench_go --worker $(CURDIR)/$(GO_WORKER) $(ARGS)
 
 test-fast: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
@@ -52,12 +76,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	@test -z "$$(gofmt -l $(GO_DIR))" || { echo "gofmt: these Go files need formatting:"; gofmt -l $(GO_DIR); exit 1; }
 
 bench: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache $(GO_DIR)/bin
 
 # ---------------------------------------------------------------------------
 # Container backend (README: "Container backend"). Not part of `make test`.

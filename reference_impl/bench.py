@@ -215,6 +215,17 @@ def protected_write_script(statement: str) -> str:
     return text.rstrip().rstrip(";") + " \\gset\n"
 
 
+def run_pgbench(argv: list[str], env: dict[str, str], n: int) -> Measure:
+    """Run pgbench for exactly ``n`` transactions; its rate without connection time."""
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    out = proc.stdout + proc.stderr
+    done = re.search(r"number of transactions actually processed: (\d+)", out)
+    tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    if proc.returncode != 0 or done is None or tps is None or int(done.group(1)) != n:
+        raise BenchError(f"pgbench failed (exit {proc.returncode}):\n{out.strip()}")
+    return Measure(n, n / float(tps.group(1)))
+
+
 @dataclass
 class Measure:
     """One timed side: transactions, seconds (no connection time), client CPU."""
@@ -325,15 +336,7 @@ class Bench:
         for key, value in variables.items():
             argv += ["-D", f"{key}={value}"]
         argv.append(self.db.name)
-        proc = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=600, check=False
-        )
-        out = proc.stdout + proc.stderr
-        done = re.search(r"number of transactions actually processed: (\d+)", out)
-        tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-        if proc.returncode != 0 or done is None or tps is None or int(done.group(1)) != n:
-            raise BenchError(f"pgbench failed (exit {proc.returncode}):\n{out.strip()}")
-        return Measure(n, n / float(tps.group(1)))
+        return run_pgbench(argv, env, n)
 
     def round_trip_us(self, n: int = 2000) -> float:
         """One loopback round trip as pgbench sees it (SELECT 1, prepared)."""

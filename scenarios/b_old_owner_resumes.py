@@ -29,6 +29,10 @@ def run(ctx: ExperimentContext) -> None:
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
     b = ctx.env.start_worker("B", "ops")
+    # Started now, not after B's claim: a process start under load can outlast
+    # B's lease, and a write refused for B's expiry proves nothing about the
+    # owner+epoch check this session is there to probe.
+    a2 = ctx.env.start_worker("A2", "ops")
     lease_a = ctx.ok(a, "claim", run_id=run_id)
     epoch_a, rev = lease_a["epoch"], lease_a["revision"]
     ctx.ok(
@@ -92,7 +96,6 @@ def run(ctx: ExperimentContext) -> None:
     # A's session at the revision B's write left, sent by a process that has not
     # noticed the loss (A's own may refuse client-side once its heartbeat failed):
     # only the database's owner+epoch check can refuse it.
-    a2 = ctx.env.start_worker("A2", "ops")
     save_current = ctx.op(
         a2,
         "save_checkpoint",

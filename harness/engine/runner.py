@@ -203,7 +203,7 @@ def _archive(
         "variant": job.variant,
         "git_commit": evidence.git_commit(),
         "runtime_versions": evidence.runtime_versions(
-            go_worker="go" in settings.worker_command_text(),
+            go_worker=evidence.go_build_version(tuple(settings.worker_cmd)),
             toxiproxy=env.shared.toxiproxy.version if env.shared.toxiproxy else None,
         ),
         "postgres_version": facts.get("version", "unknown"),
@@ -299,7 +299,7 @@ def _minimal_archive(
         "seed_section": spec.seed_section,
         "variant": job.variant,
         "git_commit": evidence.git_commit(),
-        "runtime_versions": evidence.runtime_versions(go_worker=False, toxiproxy=None),
+        "runtime_versions": evidence.runtime_versions(go_worker=None, toxiproxy=None),
         "postgres_version": "unknown",
         "deployment": deployment,
         "worker": {"command": "unknown", "digest": "sha256:" + "0" * 64},

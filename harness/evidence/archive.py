@@ -136,25 +136,31 @@ def git_commit() -> str:
 
 
 @cache
-def go_version() -> str | None:
+def go_build_version(argv: tuple[str, ...]) -> str | None:
+    """The Go version a worker binary was built with (``go version BINARY``), or
+    None when the worker command is not a Go binary (or Go is not installed)."""
     go = shutil.which("go")
-    if go is None:
+    exe = shutil.which(argv[0]) if argv else None
+    if go is None or exe is None:
         return None
     try:
-        return subprocess.run(
-            [go, "version"], capture_output=True, text=True, timeout=10, check=True
+        out = subprocess.run(
+            [go, "version", exe], capture_output=True, text=True, timeout=10, check=True
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
+    _, _, version = out.rpartition(": ")
+    return version or None
 
 
-def runtime_versions(*, go_worker: bool, toxiproxy: str | None) -> dict[str, str | None]:
+def runtime_versions(*, go_worker: str | None, toxiproxy: str | None) -> dict[str, str | None]:
+    """``go_worker``: the Go version the worker under test was built with, if it is Go."""
     versions: dict[str, str | None] = {
         "python": platform.python_version(),
         "toxiproxy": toxiproxy,
     }
     if go_worker:
-        versions["go"] = go_version()
+        versions["go"] = go_worker
     return versions
 
 
@@ -176,10 +182,11 @@ def digest_paths(paths: Iterable[Path]) -> str:
 def worker_digest(argv: tuple[str, ...]) -> str:
     """A digest of what the worker command runs, computed once per command.
 
-    For the reference implementation: its whole package. For another command:
-    the executable and every argument that names an existing file.
+    For the Python reference implementation (``-m reference_impl.worker``): its
+    whole package. For another command (the Go worker's binary included): the
+    executable and every argument that names an existing file.
     """
-    if "reference_impl" in " ".join(argv):
+    if "reference_impl.worker" in argv:
         return digest_paths([REPO_ROOT / "reference_impl"])
     files = [Path(p) for p in argv if Path(p).is_file()]
     exe = shutil.which(argv[0])
