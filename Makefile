@@ -15,7 +15,7 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint bench smoke clean
+.PHONY: setup browser run test test-fast lint bench smoke clean
 
 setup: $(VENV)/.installed $(TOXIPROXY)
 
@@ -36,13 +36,29 @@ $(TOXIPROXY):
 	  GOBIN=$(TOOLS)/bin go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) && mv $(TOOLS)/bin/server $@; \
 	fi
 
+# Headless Chromium for the report's rendering tests (tests/report/test_browser.py):
+# Debian's `chromium`, installed with apt-get when missing and running as root.
+# Without root nothing is installed; the browser tests then fail and say how to
+# get it (they never pass without a browser). FENCECHECK_CHROMIUM names another binary.
+browser:
+	@if [ -n "$$FENCECHECK_CHROMIUM" ] || [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the report's browser tests (about 30 s)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
+	else \
+	  echo "note: headless Chromium is missing and this is not root, so it was not installed;"; \
+	  echo "  the report's browser tests will fail until you run: sudo apt-get install chromium"; \
+	  echo "  (or set FENCECHECK_CHROMIUM to a Chromium binary)"; \
+	fi
+
 run: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck run --report-dir $(REPORT_DIR) $(ARGS)
 
 smoke: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck smoke
 
-test: setup lint
+test: setup lint browser
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: setup
