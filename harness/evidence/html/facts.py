@@ -534,21 +534,32 @@ class _Builder:
                     tenure["lease"] = lease
                     tenure["renewals"] += 1
             if new.get("revision") != old.get("revision") and new.get("revision") is not None:
+                # Drawn in the colour of the connection that wrote it: a write
+                # by anyone but the holder stands out on the holder's bar.
+                holder = owner_worker(owner)
+                writer = c.app if c.app in self.workers else holder
                 self.marks.append(
                     Mark(
                         DATABASE,
                         row,
                         c.at,
                         "accepted",
-                        f"r{new.get('revision')}",
+                        f"r{new.get('revision')}" + ("" if writer == holder else f" by {writer}"),
                         f"revision {old.get('revision')} → {new.get('revision')} accepted at "
-                        f"epoch {epoch} (owner {owner}, connection {c.app}, txid "
-                        f"{c.txid})",
+                        f"epoch {epoch} (owner {owner}) from connection {c.app}, txid "
+                        f"{c.txid}",
                         "database",
                         outcome="accepted",
-                        owner=owner_worker(owner),
+                        owner=writer,
                     )
                 )
+                if writer != holder:
+                    self.moment(
+                        c.at,
+                        f"the database accepts revision {new.get('revision')} from {writer}'s "
+                        f"connection while {holder} holds epoch {epoch}",
+                        "database",
+                    )
             if new.get("status") != old.get("status") and not granted:
                 self.marks.append(
                     Mark(

@@ -25,7 +25,7 @@ pre { background: var(--soft); border: 1px solid var(--line); padding: 8px; over
 table { border-collapse: collapse; margin: 6px 0 10px; width: 100%; }
 th, td { border: 1px solid var(--line); padding: 3px 6px; text-align: left; vertical-align: top; }
 th { background: #edf2f7; font-weight: 600; }
-td { word-break: break-word; }
+td { overflow-wrap: break-word; }
 table.kv th { width: 210px; }
 .num { text-align: right; white-space: nowrap; font-variant-numeric: tabular-nums; }
 .muted { color: var(--muted); }
