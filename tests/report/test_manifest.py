@@ -3,6 +3,7 @@ an added file are each found and named; an untouched run verifies."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -133,3 +134,14 @@ def test_report_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert main(["report", str(tmp_path)]) == 64
     assert "no archives" in capsys.readouterr().err
     assert main(["report"]) == 64
+
+
+def test_pages_built_elsewhere_link_to_the_run(run_pass: Path, tmp_path: Path) -> None:
+    out = tmp_path / "pages"
+    assert main(["report", str(run_pass), "--out", str(out)]) == 0
+    index = (out / "index.html").read_text()
+    page = (out / "experiments" / "B.html").read_text()
+    for html, base in ((index, out), (page, out / "experiments")):
+        for href in re.findall(r'href="([^"#]+)"', html):
+            assert (base / href).exists(), f"{href} from {base} leads nowhere"
+    assert not (run_pass / "index.html").exists(), "the run folder is left untouched"

@@ -52,6 +52,8 @@ def test_pages_are_self_contained(run_mixed: Path) -> None:
         assert "<script" not in html and "<link" not in html, page
         assert not re.search(r'(src|href)="(https?:)?//', html), page
         parse(page)  # well-formed
+        for href in re.findall(r'href="([^"#]+)"', html):
+            assert (page.parent / href).exists(), f"{page.name}: {href} leads nowhere"
 
 
 def test_pages_are_deterministic(run_pass: Path, tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -563,8 +564,21 @@ def experiment_page(
 
 
 # ------------------------------------------------------------- index
-def _row(e: Entry, pages: str) -> Markup:
-    link = f"{pages}/{e.label}.html"
+@dataclass(frozen=True)
+class IndexLinks:
+    """Where an index row's links go: its pages, and the run's evidence (which
+    is elsewhere when the pages are built with --out)."""
+
+    pages: str
+    evidence: str
+    junit: bool
+
+    def to(self, rel_path: str) -> str:
+        return f"{self.evidence}{rel_path}"
+
+
+def _row(e: Entry, links: IndexLinks) -> Markup:
+    link = f"{links.pages}/{e.label}.html"
     broken = (
         el("ul", [el("li", b) for b in e.broken[:5]], class_="note")
         if e.broken and e.verdict is not Verdict.PASS
@@ -584,9 +598,10 @@ def _row(e: Entry, pages: str) -> Markup:
             "td",
             el("a", "page", href=link),
             " · ",
-            el("a", "archive", href=f"{ARCHIVES}/{e.label}.yaml"),
+            el("a", "archive", href=links.to(f"{ARCHIVES}/{e.label}.yaml")),
             " · ",
             el("a", "logs", href=f"{link}#logs"),
+            render([" · ", el("a", "JUnit", href=links.to("junit.xml"))]) if links.junit else None,
         ),
         class_=f"row-{e.verdict.value}",
         data_experiment=e.label,
@@ -607,7 +622,7 @@ HEADERS = (
 )
 
 
-def _experiments(entries: Sequence[Entry], pages: str) -> Markup:
+def _experiments(entries: Sequence[Entry], links: IndexLinks) -> Markup:
     ranked = sorted(entries, key=lambda e: ORDER[e.verdict])  # stable: run order within
     attention = [e for e in ranked if e.verdict is not Verdict.PASS]
     passed = [e for e in ranked if e.verdict is Verdict.PASS]
@@ -619,13 +634,13 @@ def _experiments(entries: Sequence[Entry], pages: str) -> Markup:
             el(
                 "table",
                 head,
-                el("tbody", [_row(e, pages) for e in attention]),
+                el("tbody", [_row(e, links) for e in attention]),
                 class_="experiments",
             )
         )
     if passed:
         rows = el(
-            "table", head, el("tbody", [_row(e, pages) for e in passed]), class_="experiments"
+            "table", head, el("tbody", [_row(e, links) for e in passed]), class_="experiments"
         )
         title = f"Passed ({len(passed)})"
         out.append(el("h2", title) if len(passed) <= PASS_ROWS_OPEN else Markup(""))
@@ -766,6 +781,8 @@ def index_page(
 ) -> Path:
     """Write ``out_dir/index.html`` for the run in ``report_dir``."""
     pages = rel(out_dir / PAGES, out_dir)
+    evidence = "" if report_dir.resolve() == out_dir.resolve() else rel(report_dir, out_dir) + "/"
+    links = IndexLinks(pages, evidence, (report_dir / "junit.xml").is_file())
     verdict = Verdict.merge(e.verdict for e in entries)
     n = {v: sum(e.verdict is v for e in entries) for v in Verdict}
     name = title or f"fencecheck run {report_dir.resolve().name}"
@@ -790,7 +807,7 @@ def index_page(
         el("h2", "Run"),
         _facts_table(report_dir, entries, digest, out_dir),
         _rollup(entries, pages),
-        _experiments(entries, pages),
+        _experiments(entries, links),
     ]
     return write_index(
         out_dir / "index.html",
