@@ -370,36 +370,28 @@ class Page:
         )
         return {k: float(v) for k, v in (value or {}).items()}
 
-    def screenshot(self, path: Path, *, full_page: bool = True, max_height: int = 12000) -> Path:
-        """A PNG of the page (the whole document, up to ``max_height`` pixels)."""
-        params: dict[str, Any] = {"format": "png"}
-        if full_page:
-            metrics = self.call("Page.getLayoutMetrics")
-            size = metrics.get("cssContentSize") or metrics.get("contentSize") or {}
-            params["captureBeyondViewport"] = True
-            params["clip"] = {
-                "x": 0,
-                "y": 0,
-                "width": float(size.get("width", 1280)),
-                "height": float(min(size.get("height", 900), max_height)),
-                "scale": 1,
-            }
-        data = self.call("Page.captureScreenshot", params)["data"]
-        path.write_bytes(base64.b64decode(data))
-        return path
-
-    def screenshot_element(self, selector: str, path: Path) -> Path:
-        """A PNG of the first element matching ``selector``."""
-        box = self.evaluate(
-            f"(() => {{ const r = document.querySelector({json.dumps(selector)})"
-            ".getBoundingClientRect(); return {x: r.left + window.scrollX, "
-            "y: r.top + window.scrollY, width: r.width, height: r.height}; })()"
-        )
-        data = self.call(
-            "Page.captureScreenshot",
-            {"format": "png", "captureBeyondViewport": True, "clip": {**box, "scale": 1}},
-        )["data"]
-        path.write_bytes(base64.b64decode(data))
+    def screenshot(
+        self,
+        path: Path,
+        *,
+        top: float = 0.0,
+        bottom: float | None = None,
+        max_height: int = 12000,
+    ) -> Path:
+        """A PNG of the page from ``top`` to ``bottom`` (default: the end of the
+        document), at most ``max_height`` pixels tall."""
+        metrics = self.call("Page.getLayoutMetrics")
+        size = metrics.get("cssContentSize") or metrics.get("contentSize") or {}
+        end = float(size.get("height", 900)) if bottom is None else bottom
+        clip = {
+            "x": 0,
+            "y": top,
+            "width": float(size.get("width", 1280)),
+            "height": min(end - top, float(max_height)),
+            "scale": 1,
+        }
+        params = {"format": "png", "captureBeyondViewport": True, "clip": clip}
+        path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", params)["data"]))
         return path
 
     def close(self) -> None:

@@ -1,6 +1,7 @@
 """Figures for the pages: size, build time, and render time in headless Chromium.
 
     python -m harness.evidence.html.bench REPORT_DIR [REPORT_DIR ...]
+    python -m harness.evidence.html.bench --shot PAGE.html OUT.png [--element CSS] [--until CSS]
 
 For each run folder: the time ``write_run_pages`` takes (into a temporary
 folder; the run is not touched), the size of the index and of every
@@ -61,10 +62,33 @@ def measure(run: Path, browser: Chromium) -> None:
     )
 
 
+def shot(page: Path, out: Path, *, element: str | None, until: str | None) -> None:
+    """A PNG of a page (the docs' screenshots): from the top of ``element`` (or
+    of the page) down to the bottom of ``until`` (or of ``element``, or of the page)."""
+    with Chromium() as browser:
+        tab = browser.new_page(offline=True)
+        tab.load(page.resolve().as_uri())
+        box = (
+            "(s, edge) => { const r = document.querySelector(s).getBoundingClientRect();"
+            " return (edge === 'top' ? r.top : r.bottom) + window.scrollY; }"
+        )
+        top = tab.evaluate(f"({box})({element!r}, 'top')") if element else 0
+        last = until or element
+        bottom = tab.evaluate(f"({box})({last!r}, 'bottom')") if last else None
+        tab.screenshot(out, top=float(top), bottom=None if bottom is None else float(bottom) + 6)
+    print(f"{out}: {out.stat().st_size / 1024:.0f} KiB")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path)
+    parser.add_argument("runs", nargs="*", type=Path)
+    parser.add_argument("--shot", nargs=2, type=Path, metavar=("PAGE", "PNG"))
+    parser.add_argument("--element", help="with --shot: from this element (CSS selector)")
+    parser.add_argument("--until", help="with --shot: down to the bottom of this element")
     args = parser.parse_args()
+    if args.shot:
+        shot(args.shot[0], args.shot[1], element=args.element, until=args.until)
+        return
     with Chromium() as browser:
         for run in args.runs:
             measure(run, browser)

@@ -441,6 +441,7 @@ class _Builder:
                 continue  # drawn from the fault journal and the barrier hits
             label = command if len(command) <= 48 else command[:47] + "…"
             self.marks.append(Mark(HARNESS, "actions", at, "action", label, command, "harness"))
+            self.moment(at, f"the harness: {command}", "harness")
 
     # ---------------------------------------------------------- database
     def database_facts(self, end: float) -> list[str]:
