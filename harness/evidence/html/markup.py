@@ -74,6 +74,15 @@ def table(headers: Iterable[str], rows: Iterable[Iterable[Node]], **attributes: 
     return el("table", head, body, **attributes)
 
 
+def kv_table(rows: Iterable[tuple[Node, Node]], *, class_: str = "kv") -> Markup:
+    """A two-column table: a header cell and a value cell per row."""
+    return el(
+        "table",
+        el("tbody", [el("tr", el("th", key), el("td", value)) for key, value in rows]),
+        class_=class_,
+    )
+
+
 def details(summary: Node, *children: Node, open_: bool = False, **attributes: Any) -> Markup:
     """A collapsible section: its content is in the page either way."""
     return el("details", el("summary", summary), *children, open=open_ or None, **attributes)

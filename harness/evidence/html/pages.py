@@ -2,7 +2,7 @@
 self-contained (inline CSS and SVG, no script, no network), opened from disk.
 
 Invariants:
-- Built from the run directory's files alone (see ``runs``); the same files
+- Built from the run directory's files alone (see ``harness.evidence.run_dir``); the same files
   give the same bytes (no build time in a page), so a rebuild can be compared.
 - Every archive gets a row on the index and a page, readable or not; a page
   leads with what broke when its verdict is not pass.
@@ -23,7 +23,17 @@ import yaml
 
 from harness.evidence.archive import atomic_write_text, fencecheck_version
 from harness.evidence.html.facts import FAULT_KINDS, SOURCE_TEXT, build_picture, counts, mapping
-from harness.evidence.html.markup import Markup, Node, details, el, render, table, text, thead
+from harness.evidence.html.markup import (
+    Markup,
+    Node,
+    details,
+    el,
+    kv_table,
+    render,
+    table,
+    text,
+    thead,
+)
 from harness.evidence.html.style import CSS
 from harness.evidence.html.svg import timeline_svg
 from harness.evidence.run_dir import (
@@ -113,26 +123,15 @@ def value_html(value: Any, depth: int = 0) -> Markup:
     if isinstance(value, Mapping):
         if not value:
             return el("span", "{}", class_="muted")
-        return el(
-            "table",
-            el(
-                "tbody",
-                [
-                    el("tr", el("th", str(k)), el("td", value_html(v, depth + 1)))
-                    for k, v in value.items()
-                ],
-            ),
-            class_="kv",
-        )
+        return kv_table((str(k), value_html(v, depth + 1)) for k, v in value.items())
     if isinstance(value, list):
         if not value:
             return el("span", "none", class_="muted")
         if all(isinstance(v, Mapping) for v in value):
             return rows_table(value, depth)
         if all(not isinstance(v, Mapping | list) for v in value):
-            return el(
-                "ul", [el("li", value_html(v, depth + 1)) for v in value[:MAX_ROWS]], _more(value)
-            )
+            items = el("ul", [el("li", value_html(v, depth + 1)) for v in value[:MAX_ROWS]])
+            return render([items, _more(value)])
         return el("pre", yaml.safe_dump(value, sort_keys=False, allow_unicode=True, width=110))
     return text(repr(value))
 
@@ -169,15 +168,12 @@ def _check_card(check: Mapping[str, Any]) -> Markup:
             "h3",
             f"{'invariant broken' if kind != 'fault' else 'fault not confirmed'}: {check.get('name')}",
         ),
-        el(
-            "table",
-            el(
-                "tbody",
-                el("tr", el("th", "expected"), el("td", value_html(check.get("expected")))),
-                el("tr", el("th", "observed"), el("td", value_html(check.get("observed")))),
-                [el("tr", el("th", str(k)), el("td", value_html(v))) for k, v in extra.items()],
-            ),
-            class_="kv",
+        kv_table(
+            [
+                ("expected", value_html(check.get("expected"))),
+                ("observed", value_html(check.get("observed"))),
+                *((str(k), value_html(v)) for k, v in extra.items()),
+            ]
         ),
         class_=f"check {'fault' if kind == 'fault' else 'invariant'}",
         data_check=str(check.get("name")),
@@ -306,11 +302,7 @@ def _summary_table(archive: Mapping[str, Any], entry: Entry) -> Markup:
         ("git commit", archive.get("git_commit")),
         ("fencecheck version", archive.get("fencecheck_version") or "not recorded in this archive"),
     ]
-    return el(
-        "table",
-        el("tbody", [el("tr", el("th", k), el("td", value_html(v))) for k, v in rows]),
-        class_="kv facts",
-    )
+    return kv_table(((k, value_html(v)) for k, v in rows), class_="kv facts")
 
 
 def _checks_table(archive: Mapping[str, Any]) -> Markup:
