@@ -7,6 +7,8 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import pytest
+
 from harness.evidence.html import write_run_pages
 from harness.evidence.html.facts import build_picture
 from tests.report.conftest import load
@@ -150,3 +152,20 @@ def test_worker_accounts_never_draw_epochs() -> None:
     picture = build_picture(archive)
     assert not [s for s in picture.spans if s.kind == "epoch"]
     assert any(m.source == "worker" and m.label.startswith("claim e") for m in picture.marks)
+
+
+@pytest.mark.slow
+def test_a_large_run_is_built_the_same_by_a_process_pool(
+    run_pass: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import harness.evidence.html as html
+
+    source = (run_pass / "archives" / "B.yaml").read_bytes()
+    for n in range(1, html.PARALLEL_FROM + 2):
+        (run_pass / "archives" / f"B-r{n}.yaml").write_bytes(source)
+    pooled, serial = tmp_path / "pooled", tmp_path / "serial"
+    write_run_pages(run_pass, pooled)
+    monkeypatch.setattr(html, "PARALLEL_FROM", 10_000)
+    write_run_pages(run_pass, serial)
+    for page in sorted(serial.rglob("*.html")):
+        assert (pooled / page.relative_to(serial)).read_bytes() == page.read_bytes(), page.name
