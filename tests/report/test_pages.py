@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.evidence.html import write_run_pages
-from harness.evidence.html.facts import build_picture
+from harness.evidence.html.facts import Picture, build_picture
 from tests.report.conftest import load
 from tests.report.expect import expected_fault_spans, expected_lanes
 
@@ -169,3 +169,33 @@ def test_a_large_run_is_built_the_same_by_a_process_pool(
     write_run_pages(run_pass, serial)
     for page in sorted(serial.rglob("*.html")):
         assert (pooled / page.relative_to(serial)).read_bytes() == page.read_bytes(), page.name
+
+
+def test_an_audit_trail_of_old_and_new_rows_draws_the_same_epochs() -> None:
+    """The audit trail may grow to every protocol table, each change as old/new rows."""
+    archive = load(Path(__file__).parent / "fixtures" / "run-pass" / "archives" / "B.yaml")
+    flat = build_picture(archive)
+    nested = []
+    for row in archive["audit_trail"]:
+        new = {k: v for k, v in row.items() if not k.startswith("old_")}
+        old = {k[4:]: v for k, v in row.items() if k.startswith("old_")}
+        common = {k: new.pop(k) for k in ("seq", "at", "txid", "app", "op")}
+        nested.append({**common, "table": "agent_runs", "new": new, "old": old})
+    nested.append(
+        {
+            "seq": 99,
+            "at": nested[-1]["at"],
+            "app": "B",
+            "op": "INSERT",
+            "table": "outbox",
+            "new": {"event_id": "e1"},
+            "old": None,
+        }
+    )
+    picture = build_picture({**archive, "audit_trail": nested})
+
+    def epochs(p: Picture) -> list[tuple[str, float]]:
+        return [(s.label, s.start) for s in p.spans if s.kind == "epoch"]
+
+    assert epochs(picture) == epochs(flat) and len(epochs(flat)) == 2
+    assert [m.label for m in picture.marks if m.row == "other tables"] == ["outbox insert"]

@@ -128,6 +128,8 @@ def timestamp(value: Any) -> float | None:
         return None
     if isinstance(value, int | float):
         return float(value)
+    if isinstance(value, dt.datetime):  # a YAML timestamp the loader already parsed
+        return (value if value.tzinfo else value.replace(tzinfo=dt.UTC)).timestamp()
     if isinstance(value, str) and value:
         try:
             parsed = dt.datetime.fromisoformat(value)
