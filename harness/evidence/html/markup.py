@@ -7,6 +7,7 @@ Text is escaped unless it is :class:`Markup`, which only these helpers make.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from html import escape
 from typing import Any, Union
@@ -26,6 +27,7 @@ def text(value: Any) -> Markup:
     return Markup("" if value is None else escape(str(value), quote=True))
 
 
+@functools.cache
 def _attr_name(key: str) -> str:
     # class_ -> class, data_lane -> data-lane, aria_label -> aria-label
     return key.rstrip("_").replace("_", "-")
@@ -37,24 +39,33 @@ def attrs(values: dict[str, Any]) -> str:
         if value is None or value is False:
             continue
         name = _attr_name(key)
-        parts.append(f' {name}="{text(name if value is True else value)}"')
+        parts.append(f' {name}="{escape(name if value is True else str(value), quote=True)}"')
     return "".join(parts)
+
+
+def _parts(node: Node, out: list[str]) -> None:
+    # Depth-first into one list: pages have tens of thousands of elements.
+    if node is None:
+        return
+    if type(node) is Markup:
+        out.append(node)
+    elif isinstance(node, str | int | float):
+        out.append(escape(str(node), quote=True))
+    else:
+        for child in node:
+            _parts(child, out)
 
 
 def render(node: Node) -> Markup:
     """Markup for a node: Markup as it is, text escaped, iterables joined."""
-    if node is None:
-        return Markup("")
-    if isinstance(node, Markup):
-        return node
-    if isinstance(node, str | int | float):
-        return text(node)
-    return Markup("".join(render(child) for child in node))
+    out: list[str] = []
+    _parts(node, out)
+    return Markup("".join(out))
 
 
 def el(tag: str, *children: Node, **attributes: Any) -> Markup:
     """One element. Keyword attributes: ``class_="x"``, ``data_kind="y"``; None omits."""
-    opening = f"<{tag}{attrs(attributes)}"
+    opening = f"<{tag}{attrs(attributes)}" if attributes else f"<{tag}"
     if tag in VOID:
         return Markup(opening + "/>")
     body = render(children)
