@@ -61,7 +61,7 @@ smoke: setup
 test: setup lint browser
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: setup browser
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 lint: setup
