@@ -11,7 +11,7 @@ import pytest
 
 from harness.evidence.html import write_run_pages
 from harness.evidence.html.facts import Picture, build_picture
-from tests.report.conftest import load
+from tests.report.conftest import dump, load
 from tests.report.expect import expected_fault_spans, expected_lanes
 
 
@@ -199,3 +199,12 @@ def test_an_audit_trail_of_old_and_new_rows_draws_the_same_epochs() -> None:
 
     assert epochs(picture) == epochs(flat) and len(epochs(flat)) == 2
     assert [m.label for m in picture.marks if m.row == "other tables"] == ["outbox insert"]
+
+
+def test_control_characters_keep_the_page_well_formed(run_pass: Path) -> None:
+    archive = load(run_pass / "archives" / "B.yaml")
+    archive["observed_result"] = "torn line \x00\x07 from a killed worker"
+    archive["worker_stdout_tail"] = ["\x1b[31mred\x1b[0m"]
+    dump(run_pass / "archives" / "B.yaml", archive)
+    write_run_pages(run_pass)
+    parse(run_pass / "experiments" / "B.html")

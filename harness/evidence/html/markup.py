@@ -8,6 +8,7 @@ Text is escaped unless it is :class:`Markup`, which only these helpers make.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable
 from html import escape
 from typing import Any, Union
@@ -22,9 +23,17 @@ class Markup(str):
     """Text that is already markup: inserted as it is."""
 
 
+# Control characters XML forbids (a torn log line may carry them): shown as U+FFFD.
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+
+
+def _escape(value: str) -> str:
+    return escape(_NOT_XML.sub("\ufffd", value), quote=True)
+
+
 def text(value: Any) -> Markup:
     """``value`` as escaped text; None is empty."""
-    return Markup("" if value is None else escape(str(value), quote=True))
+    return Markup("" if value is None else _escape(str(value)))
 
 
 @functools.cache
@@ -39,7 +48,7 @@ def attrs(values: dict[str, Any]) -> str:
         if value is None or value is False:
             continue
         name = _attr_name(key)
-        parts.append(f' {name}="{escape(name if value is True else str(value), quote=True)}"')
+        parts.append(f' {name}="{_escape(name if value is True else str(value))}"')
     return "".join(parts)
 
 
@@ -50,7 +59,7 @@ def _parts(node: Node, out: list[str]) -> None:
     if type(node) is Markup:
         out.append(node)
     elif isinstance(node, str | int | float):
-        out.append(escape(str(node), quote=True))
+        out.append(_escape(str(node)))
     else:
         for child in node:
             _parts(child, out)
