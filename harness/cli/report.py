@@ -66,13 +66,20 @@ def _rebuild(report_dir: Path, out: Path | None) -> int:
                 "`fencecheck verify` for details, or build elsewhere with --out DIR"
             )
             return 1
-    index = write_run_pages(report_dir, out)
+    if (report_dir / "mutants.json").is_file() and not (report_dir / "archives").is_dir():
+        if out is not None:
+            raise UsageError("a mutants folder's pages are rebuilt in place; drop --out")
+        from harness.evidence.html.mutants import write_mutants_pages
+
+        index = write_mutants_pages(report_dir)
+    else:
+        index = write_run_pages(report_dir, out)
     if out is None:
         manifest.write_manifest(report_dir)
         note = "resealed" if sealed else "sealed now (it had no MANIFEST.sha256: the seal covers "
         note += "" if sealed else "its files as they are now, not as the run left them)"
         print(f"MANIFEST.sha256 {note}")
-    pages = len(list((index.parent / "experiments").glob("*.html")))
+    pages = len(list(index.parent.glob("**/experiments/*.html")))
     print(f"{index} and {pages} experiment page(s) built in {time.perf_counter() - started:.2f}s")
     return 0
 

@@ -65,3 +65,7 @@ def test_mutants_folder_pages(run_fail: Path, tmp_path: Path) -> None:
     assert (folder / "write_ignores_epoch" / "experiments" / "B.html").is_file()
     manifest.write_manifest(folder)
     assert manifest.verify_report(folder).intact
+    (folder / "index.html").write_text("tampered")
+    assert main(["report", str(folder)]) == 0, "rebuilt in place from mutants.json and the runs"
+    assert "write_ignores_epoch" in (folder / "index.html").read_text()
+    assert manifest.verify_report(folder).intact
