@@ -47,8 +47,9 @@ def write_run_pages(
     if len(paths) < PARALLEL_FROM or processes < 2:
         entries = [_page(report_dir, p, out) for p in paths]
     else:
-        # forkserver: no fork of a process that may still hold threads and locks.
-        context = multiprocessing.get_context("forkserver")
+        # spawn: no fork of a process that may still hold threads and locks,
+        # and no helper process outlives the pool.
+        context = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(processes, mp_context=context) as pool:
             jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
             entries = [job.result() for job in jobs]
