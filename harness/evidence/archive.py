@@ -96,11 +96,16 @@ def write_archive(path: Path, archive: dict[str, Any]) -> Path:
     )
 
 
-def atomic_write_text(path: Path, text: str) -> Path:
+def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> Path:
     """Write ``text`` to ``path`` through a synced temp file and a rename: a
-    reader sees the old file or the whole new one, never half of it."""
+    reader sees the old file or the whole new one, never half of it. ``mode``
+    None keeps the temp file's owner-only mode; pages and summaries pass 0o644."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        if mode is not None:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, mode & ~umask)
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()

@@ -38,6 +38,7 @@ DIGEST_LINE = "- **evidence digest**: "
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 INDEX_DIGEST_RE = re.compile(r'data-evidence-digest="(sha256:[0-9a-f]{64})"')
 _CHUNK = 1 << 20
+READABLE = 0o644  # views and the manifest, like the summary and JUnit files
 
 
 class ManifestError(ValueError):
@@ -125,7 +126,7 @@ def stamp_summary(report_dir: Path, digest: str) -> Path | None:
     # After the header's last "- **key**: value" line, before the table.
     at = max((i + 1 for i, line in enumerate(kept) if line.startswith("- **")), default=len(kept))
     kept.insert(at, stamp)
-    atomic_write_text(path, "\n".join(kept) + "\n")
+    atomic_write_text(path, "\n".join(kept) + "\n", mode=READABLE)
     return path
 
 
@@ -136,7 +137,7 @@ def write_manifest(report_dir: Path) -> Path:
     root = _directory(report_dir)
     stamp_summary(root, run_digest(root))
     path = root / MANIFEST_NAME
-    atomic_write_text(path, "".join(manifest_lines(hash_tree(root))))
+    atomic_write_text(path, "".join(manifest_lines(hash_tree(root))), mode=READABLE)
     return path
 
 

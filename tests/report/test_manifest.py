@@ -3,6 +3,7 @@ an added file are each found and named; an untouched run verifies."""
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -33,6 +34,11 @@ def test_an_untouched_run_verifies(run_pass: Path, capsys: pytest.CaptureFixture
     assert code == 0 and "INTACT" in out and digest in out
     assert f"**evidence digest**: {digest}" in (run_pass / "summary.md").read_text()
     assert f'data-evidence-digest="{digest}"' in (run_pass / "index.html").read_text()
+    # Views and the seal are as readable as the summary and JUnit files always were.
+    umask = os.umask(0)
+    os.umask(umask)
+    for name in ("summary.md", "index.html", "experiments/B.html", "MANIFEST.sha256"):
+        assert (run_pass / name).stat().st_mode & 0o777 == 0o644 & ~umask, name
 
 
 def test_manifest_is_what_sha256sum_checks(run_pass: Path) -> None:

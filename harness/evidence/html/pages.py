@@ -36,6 +36,7 @@ from harness.evidence.html.markup import (
 )
 from harness.evidence.html.style import CSS
 from harness.evidence.html.svg import timeline_svg
+from harness.evidence.manifest import READABLE
 from harness.evidence.run_dir import (
     ARCHIVES,
     PAGES,
@@ -551,6 +552,7 @@ def experiment_page(
             data_verdict=entry.verdict.value,
             data_label=label,
         ),
+        mode=READABLE,
     )
     return entry
 
@@ -826,4 +828,4 @@ def write_index(
         ),
     )
     text = page(title, *body, footer, data_verdict=verdict.value, data_evidence_digest=digest)
-    return atomic_write_text(path, text)
+    return atomic_write_text(path, text, mode=READABLE)
