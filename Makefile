@@ -18,7 +18,7 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint bench smoke clean go-check go-matrix go-bench
+.PHONY: setup browser run test test-fast lint bench smoke clean go-check go-matrix go-bench
 
 setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER)
 
@@ -46,6 +46,22 @@ $(GO_WORKER): $(GO_SOURCES)
 	@command -v go >/dev/null 2>&1 || { echo "error: the Go worker needs Go 1.23+ (apt-get install golang)"; exit 1; }
 	cd $(GO_DIR) && go build -o bin/fencecheck-go-worker ./cmd/fencecheck-go-worker
 
+# Headless Chromium for the report's rendering tests (tests/report/test_browser.py):
+# Debian's `chromium`, installed with apt-get when missing and running as root.
+# Without root nothing is installed; the browser tests then fail and say how to
+# get it (they never pass without a browser). FENCECHECK_CHROMIUM names another binary.
+browser:
+	@if [ -n "$$FENCECHECK_CHROMIUM" ] || [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the report's browser tests (about 30 s)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
+	else \
+	  echo "note: headless Chromium is missing and this is not root, so it was not installed;"; \
+	  echo "  the report's browser tests will fail until you run: sudo apt-get install chromium"; \
+	  echo "  (or set FENCECHECK_CHROMIUM to a Chromium binary)"; \
+	fi
+
 run: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck run --report-dir $(REPORT_DIR) $(ARGS)
 
@@ -55,7 +71,7 @@ smoke: setup
 # The Python suite (the matrix against the Python worker, its mutants), then
 # the Go worker: go vet, go test (against a real PostgreSQL it starts with the
 # harness's binaries) and the whole matrix against the Go binary.
-test: setup lint
+test: setup lint browser
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(PYTEST_ARGS)
 	$(MAKE) go-check go-matrix
 
@@ -69,7 +85,7 @@ go-matrix: setup
 go-bench: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench_go --worker $(CURDIR)/$(GO_WORKER) $(ARGS)
 
-test-fast: setup
+test-fast: setup browser
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 lint: setup

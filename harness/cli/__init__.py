@@ -5,6 +5,8 @@
     fencecheck show ARCHIVE     one evidence archive, readably, with its timeline
     fencecheck smoke            bring up every real part once, prove it works, tear down
     fencecheck mutants [NAMES]  prove the matrix catches every protocol mutant
+    fencecheck report DIR       rebuild a run's HTML pages from its archives; --compare A B
+    fencecheck verify DIR       re-hash a run folder against its MANIFEST.sha256
 
 Each command module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``main(args) -> int``; a new command is a new module listed in ``COMMANDS``.
@@ -21,11 +23,11 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from harness.cli import listing, mutants, run, show, smoke
+from harness.cli import listing, mutants, report, run, show, smoke, verify
 from harness.cli.common import UsageError
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
-COMMANDS: tuple[ModuleType, ...] = (run, listing, show, smoke, mutants)
+COMMANDS: tuple[ModuleType, ...] = (run, listing, show, smoke, mutants, report, verify)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -93,6 +93,7 @@ def main(args: argparse.Namespace) -> int:
     write_summary(report_dir / "summary.md", results, header=header, wall_s=wall)
     write_junit(report_dir / "junit.xml", results, suite=f"fencecheck {run_id}")
     write_results_json(report_dir / "results.json", results)
+    pages, digest = _publish(report_dir)
     latest = Path(args.report_dir) / "latest"
     with contextlib.suppress(OSError):
         latest.unlink(missing_ok=True)
@@ -110,7 +111,22 @@ def main(args: argparse.Namespace) -> int:
         f"  summary {report_dir / 'summary.md'}, JUnit {report_dir / 'junit.xml'}, "
         f"archives {report_dir / 'archives'}"
     )
+    print(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
     return exit_code(verdict)
+
+
+def _publish(report_dir: Path) -> tuple[str, str]:
+    """The auditor's pages, then the seal over every file the run wrote (last)."""
+    from harness.evidence.html import write_run_pages
+    from harness.evidence.manifest import run_digest, write_manifest
+
+    pages = "not written"
+    try:
+        pages = str(write_run_pages(report_dir))
+    except Exception as exc:  # the verdict stands on the archives; say why pages are missing
+        pages = f"NOT WRITTEN ({type(exc).__name__}: {exc}; rebuild: fencecheck report)"
+    write_manifest(report_dir)
+    return pages, run_digest(report_dir)
 
 
 def _keep_up(shared: SharedServices) -> None:

@@ -91,10 +91,23 @@ def write_archive(path: Path, archive: dict[str, Any]) -> Path:
     clean = to_plain(mask(archive))
     validate(clean)
     path.parent.mkdir(parents=True, exist_ok=True)
+    return atomic_write_text(
+        path, yaml.safe_dump(clean, sort_keys=False, allow_unicode=True, width=100)
+    )
+
+
+def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> Path:
+    """Write ``text`` to ``path`` through a synced temp file and a rename: a
+    reader sees the old file or the whole new one, never half of it. ``mode``
+    None keeps the temp file's owner-only mode; pages and summaries pass 0o644."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        if mode is not None:
+            umask = os.umask(0)
+            os.umask(umask)
+            os.fchmod(fd, mode & ~umask)
         with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(clean, f, sort_keys=False, allow_unicode=True, width=100)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -133,6 +146,17 @@ def git_commit() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown (not a git checkout)"
     return f"{head}{'-dirty' if dirty else ''}"
+
+
+@cache
+def fencecheck_version() -> str:
+    """The installed fencecheck package's version (pyproject.toml)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("fencecheck")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 @cache

@@ -206,4 +206,18 @@ def run_mutants(
             indent=2,
         )
     )
+    _publish(report_dir)
     return 0 if caught == len(outcomes) else 1
+
+
+def _publish(report_dir: Path) -> None:
+    """Pages for every mutant's runs and the folder's index, then the seal (last)."""
+    from harness.evidence.html.mutants import write_mutants_pages
+    from harness.evidence.manifest import run_digest, write_manifest
+
+    try:
+        print(f"pages: {write_mutants_pages(report_dir)}")
+    except Exception as exc:  # the score stands on mutants.json; say why pages are missing
+        print(f"pages NOT WRITTEN ({type(exc).__name__}: {exc})")
+    write_manifest(report_dir)
+    print(f"evidence digest {run_digest(report_dir)} (fencecheck verify {report_dir})")
