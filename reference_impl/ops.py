@@ -215,18 +215,20 @@ class OpsServer:
     # ------------------------------------------------------------ ops
     def create_run(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         tenant = args.get("tenant_id")
-        session = ctx.session if not tenant else self.rt.session_for(str(tenant))
-        try:
-            with history.operation("create_run", task_id=args.get("task_id")):
-                return self.rt.runs.create(
-                    session.conn,
-                    str(args["task_id"]),
-                    dict(args.get("input") or {}),
-                    int(args.get("max_attempts", 12)),
-                )
-        finally:
-            if session is not ctx.session:
-                session.close()
+        if tenant and str(tenant) != self.rt.settings.tenant:
+            # The tenant comes from the login role's binding (contract v2):
+            # one session can never act for another tenant.
+            raise ValueError(
+                f"this session is bound to tenant {self.rt.settings.tenant}; a run of tenant"
+                f" {tenant} needs a login role bound to that tenant"
+            )
+        with history.operation("create_run", task_id=args.get("task_id")):
+            return self.rt.runs.create(
+                ctx.session.conn,
+                str(args["task_id"]),
+                dict(args.get("input") or {}),
+                int(args.get("max_attempts", 12)),
+            )
 
     def retry_run(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         with history.operation("retry_run", task_id=args.get("task_id")):

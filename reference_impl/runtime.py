@@ -43,12 +43,9 @@ class Runtime:
     def owner(self) -> str:
         return self.settings.owner
 
-    def session_for(self, tenant: str | None = None) -> Session:
-        """A separate session (another thread, or acting for another tenant)."""
-        spec = self.spec
-        if tenant is not None and tenant != spec.tenant:
-            spec = ConnectionSpec(spec.dsn, tenant, spec.application_name)
-        return Session(spec)
+    def session_for(self) -> Session:
+        """A separate session of the same login role (for another thread)."""
+        return Session(self.spec)
 
     def writer_for(self, session: Session) -> ProtectedWriter:
         return self.protocol.writer_cls(session, self.protocol.queries)

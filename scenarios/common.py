@@ -14,12 +14,14 @@ T = TypeVar("T")
 
 
 def control_plane(ctx: ExperimentContext, tenant_id: str | None = None) -> WorkerProcess:
-    """An ``ops`` worker used as the control plane: creates, cancels, retries runs."""
+    """An ``ops`` process logged in as the tenant's operator role: the control
+    plane that creates, cancels and retries runs, delivers callbacks and takes
+    operator decisions (the worker role may do none of these)."""
     name = "ctl" if tenant_id is None else f"ctl-{tenant_id[:4]}"
     existing = ctx.env.workers.get(name)
     if existing is not None and existing.is_alive():
         return existing
-    return ctx.env.start_worker(name, "ops", tenant_id=tenant_id)
+    return ctx.env.start_worker(name, "ops", tenant_id=tenant_id, role="operator")
 
 
 def new_run(

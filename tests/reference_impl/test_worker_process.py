@@ -15,7 +15,7 @@ import pytest
 
 from harness.parts.postgres import Database
 from mock_tool.process import MockToolProcess
-from tests.reference_impl.conftest import TENANT
+from tests.reference_impl.conftest import ROLES, TENANT
 
 
 @pytest.fixture
@@ -27,7 +27,7 @@ def tool(tmp_path: Path) -> Iterator[MockToolProcess]:
 def _env(db: Database, tool: MockToolProcess, worker: str = "A") -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("FENCECHECK_")}
     env.update(
-        FENCECHECK_DSN=db.dsn("fencecheck_worker"),
+        FENCECHECK_DSN=db.dsn(ROLES[(TENANT, "worker")]),
         FENCECHECK_ADMIN_DSN=db.admin_dsn,
         FENCECHECK_TENANT=TENANT,
         FENCECHECK_WORKER_ID=worker,
@@ -53,6 +53,12 @@ def _worker(env: dict[str, str], *args: str, stdin: str = "") -> subprocess.Comp
     )
 
 
+def _ctl(env: dict[str, str]) -> dict[str, str]:
+    """The same environment, logged in as the tenant's operator (control plane)."""
+    worker, operator = ROLES[(TENANT, "worker")], ROLES[(TENANT, "operator")]
+    return {**env, "FENCECHECK_DSN": env["FENCECHECK_DSN"].replace(worker, operator)}
+
+
 def _ops(env: dict[str, str], *reqs: dict[str, Any]) -> list[dict[str, Any]]:
     lines = "".join(json.dumps({"id": i, **r}) + "\n" for i, r in enumerate(reqs))
     out = _worker(env, "ops", stdin=lines)
@@ -64,7 +70,7 @@ def test_migrate_ops_run_relay_consume(ref_db: Database, tool: MockToolProcess) 
     env = _env(ref_db, tool)
     assert _worker(env, "migrate").returncode == 0
     replies = _ops(
-        env,
+        _ctl(env),
         {"op": "create_run", "args": {"task_id": "t1", "input": {"tool": "idem"}}},
         {
             "op": "create_run",
@@ -95,7 +101,7 @@ def test_migrate_ops_run_relay_consume(ref_db: Database, tool: MockToolProcess) 
 def test_plain_tool_lost_answer_freezes_in_doubt(ref_db: Database, tool: MockToolProcess) -> None:
     """Experiment J's end state: no automatic resend, ledger unknown, run paused."""
     env = _env(ref_db, tool)
-    _ops(env, {"op": "create_run", "args": {"task_id": "tj", "input": {"tool": "plain"}}})
+    _ops(_ctl(env), {"op": "create_run", "args": {"task_id": "tj", "input": {"tool": "plain"}}})
     tool.client().set_fault("plain", "drop_after_act", count=5)
     out = _worker(env, "run", "--once")
     assert out.returncode == 11, out.stderr
@@ -108,7 +114,7 @@ def test_plain_tool_lost_answer_freezes_in_doubt(ref_db: Database, tool: MockToo
 def test_schema_refused_exit_code(ref_db: Database, tool: MockToolProcess) -> None:
     """Experiment M's refusal path: an unknown checkpoint version exits 12."""
     env = _env(ref_db, tool)
-    (c,) = _ops(env, {"op": "create_run", "args": {"task_id": "tm", "input": {}}})
+    (c,) = _ops(_ctl(env), {"op": "create_run", "args": {"task_id": "tm", "input": {}}})
     run_id = c["result"]["run_id"]
     cl, sv = _ops(
         env,
@@ -137,7 +143,7 @@ def test_schema_refused_exit_code(ref_db: Database, tool: MockToolProcess) -> No
 def test_legacy_checkpoint_sample_is_migrated(ref_db: Database, tool: MockToolProcess) -> None:
     """Experiment M's migration path through the ops interface."""
     env = _env(ref_db, tool)
-    (c,) = _ops(env, {"op": "create_run", "args": {"task_id": "tl", "input": {}}})
+    (c,) = _ops(_ctl(env), {"op": "create_run", "args": {"task_id": "tl", "input": {}}})
     run_id = c["result"]["run_id"]
     (legacy,) = _ops(env, {"op": "legacy_checkpoint"})
     sample = legacy["result"]
