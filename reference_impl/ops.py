@@ -53,6 +53,11 @@ def _uuid(args: dict[str, Any], key: str) -> uuid.UUID:
     return uuid.UUID(str(args[key]))
 
 
+def _ticket(args: dict[str, Any]) -> str | None:
+    ticket = args.get("ticket")
+    return str(ticket) if ticket not in (None, "") else None
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
@@ -94,6 +99,11 @@ class OpsServer:
             "heartbeat": self.heartbeat,
             "run_state": self.run_state,
             "legacy_checkpoint": self.legacy_checkpoint,
+            "resolve_indoubt": self.resolve_indoubt,
+            "decide": self.decide,
+            "converge_operation": self.converge_operation,
+            "list_paused": self.list_paused,
+            "operator_actions": self.operator_actions,
         }
 
     # ------------------------------------------------------------ loop
@@ -345,8 +355,54 @@ class OpsServer:
         run_id = _uuid(args, "run_id")
         with history.operation("cancel", run_id=run_id):
             return self.rt.runs.cancel(
-                ctx.session.conn, run_id, str(args.get("reason", "cancelled"))
+                ctx.session.conn, run_id, str(args.get("reason", "cancelled")), _ticket(args)
             )
+
+    # ------------------------------------------------------------ operator
+    def resolve_indoubt(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        run_id = _uuid(args, "run_id")
+        op_id = str(args["operation_id"])
+        with history.operation("resolve_indoubt", run_id=run_id, operation_id=op_id):
+            return self.rt.runs.resolve(
+                ctx.session.conn,
+                run_id,
+                op_id,
+                str(args["decision"]),
+                args.get("remote_id"),
+                str(args["reason"]),
+                _ticket(args),
+            )
+
+    def decide(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        run_id = _uuid(args, "run_id")
+        supplement = args.get("supplement")
+        with history.operation("decide", run_id=run_id):
+            return self.rt.runs.decide(
+                ctx.session.conn,
+                run_id,
+                str(args["decision"]),
+                dict(supplement) if supplement is not None else None,
+                str(args["reason"]),
+                _ticket(args),
+            )
+
+    def converge_operation(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        op_id = str(args["operation_id"])
+        with history.operation("converge_operation", operation_id=op_id):
+            return self.rt.runs.converge(
+                ctx.session.conn,
+                op_id,
+                str(args["outcome"]),
+                args.get("remote_id"),
+                str(args["reason"]),
+                _ticket(args),
+            )
+
+    def list_paused(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        return {"runs": self.rt.runs.paused(ctx.session.conn)}
+
+    def operator_actions(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        return {"actions": self.rt.runs.actions(ctx.session.conn, _uuid(args, "run_id"))}
 
     def complete(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease(args)

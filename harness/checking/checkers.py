@@ -136,11 +136,12 @@ def as_worker_role(
                 outcome = ("ok", f"{cur.rowcount} row(s) affected")
     except psycopg.Error as exc:
         outcome = (f"refused ({exc.sqlstate} {type(exc).__name__})", str(exc).splitlines()[0])
-    ctx.queries.append(_record(f"as {role} (tenant {tenant_id[:8]})", statement, outcome))
+    ctx.queries.append(query_record(f"as {role} (tenant {tenant_id[:8]})", statement, outcome))
     return outcome
 
 
-def _record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
+def query_record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
+    """A probe run outside ``ctx.sql`` as an archive query record."""
     from harness.engine.experiment import QueryRecord
 
     rows = outcome[1] if isinstance(outcome[1], list) else [{"result": outcome[1]}]

@@ -27,7 +27,15 @@ TABLES = (
     "consumed_events",
     "consumer_effects",
 )
-CONTROL_PLANE = ("create_run", "retry_run", "cancel_run", "deliver_callback")
+CONTROL_PLANE = (
+    "create_run",
+    "retry_run",
+    "deliver_callback",
+    "operator_cancel",
+    "operator_resolve",
+    "operator_decide",
+    "operator_converge",
+)
 
 
 def test_cross_tenant_read_claim_write_refused(make_rt: Callable[..., Runtime]) -> None:

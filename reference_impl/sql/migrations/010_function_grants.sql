@@ -24,7 +24,8 @@ DECLARE
   -- Runs and their lifecycle outside a lease, callbacks, the automatic
   -- reconciler, and every operator decision (each writes an audit row).
   operator_api constant text[] := ARRAY[
-    'session_tenant', 'create_run', 'retry_run', 'cancel_run', 'deliver_callback',
+    'session_tenant', 'create_run', 'retry_run', 'deliver_callback',
+    'operator_cancel', 'operator_resolve', 'operator_decide', 'operator_converge',
     'record_tool_result', 'ledger_mark_unknown', 'ledger_return_rejected',
     'reconcile_expire_claims', 'ledger_converge', 'ledger_claim_retry', 'ledger_add_evidence'];
 BEGIN
