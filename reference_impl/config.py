@@ -25,6 +25,8 @@ class Settings:
     tool_timeout_ms: int = 3_000
     metrics_port: int | None = None
     mutant: str | None = None
+    #: run mode refuses to start below this durability mode (none < async < sync).
+    require_durability: str | None = None
     #: One worker session: fixed for the process's lifetime.
     session: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
@@ -37,6 +39,8 @@ class Settings:
             raise ValueError("lease TTL, heartbeat interval and timeout must be > 0 ms")
         if self.heartbeat_ms >= self.lease_ttl_ms:
             raise ValueError("the heartbeat interval must be shorter than the lease TTL")
+        if self.require_durability not in (None, "none", "async", "sync"):
+            raise ValueError("FENCECHECK_REQUIRE_DURABILITY must be none, async or sync")
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -61,6 +65,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "tool_timeout_ms": _int(env, "FENCECHECK_TOOL_TIMEOUT_MS"),
         "metrics_port": _int(env, "FENCECHECK_METRICS_PORT"),
         "mutant": env.get("FENCECHECK_MUTANT") or None,
+        "require_durability": env.get("FENCECHECK_REQUIRE_DURABILITY") or None,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     settings = Settings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]

@@ -79,9 +79,12 @@ def intent_effect(
     tool: str,
     capability: str,
     request: dict[str, Any],
+    retention_ms: int | None = None,
 ) -> dict[str, Any]:
-    """The ledger half of an ``intent`` protected write."""
+    """The ledger half of an ``intent`` protected write (``retention_ms``: how long
+    the tool declares it keeps the idempotency key)."""
     return {
+        "retention_ms": retention_ms,
         "operation_id": operation_id,
         "step_id": step_id,
         "effect_version": effect_version,
@@ -106,6 +109,12 @@ class Ledger:
 
     def get(self, conn: Conn, operation_id: str) -> dict[str, Any] | None:
         return conn.execute(self.q.sql("operation"), {"operation_id": operation_id}).fetchone()
+
+    def step_operations(self, conn: Conn, run_id: uuid.UUID, step_id: str) -> list[dict[str, Any]]:
+        """Every effect version of one step of a run, oldest first."""
+        return conn.execute(
+            self.q.sql("step_operations"), {"run_id": run_id, "step_id": step_id}
+        ).fetchall()
 
     def claim(self, conn: Conn, owner: str, operation_id: str | None = None) -> Operation | None:
         """Claim one prepared operation of a live run (SKIP LOCKED, with a deadline)."""
@@ -262,7 +271,10 @@ class Dispatcher:
             )
         except ToolRejected as exc:
             kind = "rejected_retryable" if exc.retryable else "failed_final"
-            answer = Answer(kind, error=_error(exc), result={"error": _error(exc)})
+            # A refusal is proof the tool did not act (executed: false).
+            answer = Answer(
+                kind, error=_error(exc), result={"error": _error(exc), "executed": False}
+            )
             if kind == "rejected_retryable":
                 return answer
         injection.point(
@@ -355,6 +367,11 @@ class Reconciler:
                 {"source": "query", "count": len(found.resource_ids)},
             )
             return {"operation_id": op_id, "from": "unknown", "to": status}
+        # Not found is no proof of "not executed": a dispatcher whose claim
+        # expired may still be about to send (experiment E[stale_dispatcher]
+        # holds one there). Only a same-key retry, which the tool folds into
+        # any late original, is safe; past the tool's retention window not
+        # even that (fencecheck.ledger_claim_retry refuses): a person decides.
         if cap in ("idempotent", "deterministic_id") and row["run_status"] in (
             "queued",
             "running",

@@ -37,6 +37,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout-ms", type=int, help="FENCECHECK_HEARTBEAT_TIMEOUT_MS")
     p.add_argument("--dispatch-ttl-ms", type=int, help="FENCECHECK_DISPATCH_TTL_MS")
     p.add_argument("--metrics-port", type=int, help="FENCECHECK_METRICS_PORT")
+    p.add_argument(
+        "--require-durability",
+        choices=["none", "async", "sync"],
+        help="run: refuse to start (exit 13) below this mode (FENCECHECK_REQUIRE_DURABILITY)",
+    )
     p.add_argument("--run-id", help="run: only this run (targeted takeover, waits on the lock)")
     p.add_argument("--once", action="store_true", help="run: exit after one run")
     p.add_argument("--exit-when-idle", action="store_true", help="run: exit 0 when idle")
@@ -56,6 +61,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         heartbeat_timeout_ms=args.heartbeat_timeout_ms,
         dispatch_ttl_ms=args.dispatch_ttl_ms,
         metrics_port=args.metrics_port,
+        require_durability=args.require_durability,
     )
 
 
@@ -122,6 +128,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return Runner(rt, stop).run(run_id, once=args.once, exit_when_idle=args.exit_when_idle)
     except psycopg.OperationalError as exc:
         logs.log(_log, logging.ERROR, "database unavailable", error=str(exc))
+        return 1
+    except ProtocolError as exc:  # e.g. TenantBindingMismatch at the first connection
+        logs.log(_log, logging.ERROR, "refused", error=type(exc).__name__, why=str(exc))
+        print(f"fencecheck-worker: {exc}", file=sys.stderr)
         return 1
     finally:
         rt.close()

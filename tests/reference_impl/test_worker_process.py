@@ -169,3 +169,47 @@ def test_legacy_checkpoint_sample_is_migrated(ref_db: Database, tool: MockToolPr
         for part in path.split("."):
             node = node[part]
         assert node == value, path
+
+
+def test_refused_effect_pauses_for_a_human_and_a_supplement_plans_version_2(
+    ref_db: Database, tool: MockToolProcess
+) -> None:
+    """A permanent error pauses for a human; the operator's supplement changes the
+    request, so the effect is planned again under effect_version 2 (v1 kept)."""
+    env = _env(ref_db, tool)
+    (c,) = _ops(
+        _ctl(env), {"op": "create_run", "args": {"task_id": "th", "input": {"tool": "plain"}}}
+    )
+    run_id = c["result"]["run_id"]
+    tool.client().set_fault("plain", "reject_final")
+    out = _worker(env, "run", "--once")
+    assert out.returncode == 0, out.stderr
+    assert ref_db.query("SELECT status FROM agent_runs")[0]["status"] == "paused_human"
+    (d,) = _ops(
+        _ctl(env),
+        {
+            "op": "decide",
+            "args": {
+                "run_id": run_id,
+                "decision": "supplement",
+                "supplement": {"address": "corrected"},
+                "reason": "address fixed with the customer",
+                "ticket": "CS-1",
+            },
+        },
+    )
+    assert d["ok"] and d["result"]["run_status"] == "queued", d
+    out = _worker(env, "run", "--once")
+    assert out.returncode == 0, out.stderr
+    rows = ref_db.query(
+        "SELECT effect_version, status, request_body->>'address' AS address FROM tool_operations"
+        " ORDER BY effect_version"
+    )
+    assert [(r["effect_version"], r["status"], r["address"]) for r in rows] == [
+        (1, "failed_final", None),
+        (2, "succeeded", "corrected"),
+    ]
+    assert ref_db.query("SELECT status FROM agent_runs")[0]["status"] == "succeeded"
+    assert len(tool.client().export()["resources"]) == 1
+    audit = ref_db.query("SELECT action, ticket, operator FROM operator_actions")
+    assert [(a["action"], a["ticket"]) for a in audit] == [("supplement", "CS-1")]

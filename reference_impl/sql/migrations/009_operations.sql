@@ -384,3 +384,127 @@ BEGIN
   RETURN v;
 END
 $$;
+
+-- ------------------------------------------------------------ effect versions
+
+-- What the tool promised when the intent was registered: how long it keeps
+-- an idempotency key (NULL: no bounded key memory, or no key at all), and
+-- when the first request under the key may have left (the first dispatch
+-- claim: never later than the tool's own receipt, so the window judged
+-- from it ends no later than the tool's).
+ALTER TABLE public.tool_operations
+  ADD COLUMN retention_ms bigint CHECK (retention_ms IS NULL OR retention_ms >= 0),
+  ADD COLUMN first_dispatched_at timestamptz;
+
+CREATE FUNCTION fencecheck._ledger_first_dispatch() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF NEW.status = 'dispatching' AND NEW.first_dispatched_at IS NULL THEN
+    NEW.first_dispatched_at := clock_timestamp();
+  END IF;
+  RETURN NEW;
+END
+$$;
+CREATE TRIGGER tool_operations_first_dispatch BEFORE UPDATE OF status ON public.tool_operations
+  FOR EACH ROW EXECUTE FUNCTION fencecheck._ledger_first_dispatch();
+
+-- Register an intent (as in 003), plus two rules:
+-- * effect_version N > 1 of a step may be registered only when every earlier
+--   version of that step is definitely without effect (failed_final with
+--   executed=false, or cancelled): a changed or re-planned effect never
+--   runs beside one that may have happened (English seed §9.3: "modifying a
+--   planned effect increments effect_version, preserving original intent");
+-- * the tool's declared key retention is stored with the intent.
+CREATE OR REPLACE FUNCTION fencecheck._ledger_register_intent(p_run_id uuid, p_tenant uuid,
+                                                              p_effect jsonb)
+RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  o public.tool_operations%ROWTYPE;
+  v_version integer := (p_effect->>'effect_version')::integer;
+BEGIN
+  IF v_version > 1 AND EXISTS (
+       SELECT 1 FROM public.tool_operations x
+        WHERE x.run_id = p_run_id AND x.step_id = p_effect->>'step_id'
+          AND x.effect_version < v_version
+          AND NOT (x.status = 'cancelled'
+                   OR (x.status = 'failed_final'
+                       AND COALESCE(x.result->>'executed', 'false') = 'false'))) THEN
+    RAISE EXCEPTION 'step % of run %: an earlier effect version may have happened',
+      p_effect->>'step_id', p_run_id USING ERRCODE = 'FC006';
+  END IF;
+  INSERT INTO public.tool_operations (
+    operation_id, tenant_id, run_id, step_id, effect_version, tool_name, tool_capability,
+    idempotency_key, request_digest, request_body, status, retention_ms)
+  VALUES (
+    p_effect->>'operation_id', p_tenant, p_run_id, p_effect->>'step_id', v_version,
+    p_effect->>'tool_name', p_effect->>'tool_capability',
+    p_effect->>'idempotency_key', p_effect->>'request_digest', p_effect->'request_body', 'prepared',
+    (p_effect->>'retention_ms')::bigint)
+  ON CONFLICT DO NOTHING;
+  IF FOUND THEN
+    RETURN 'prepared';
+  END IF;
+  SELECT * INTO o FROM public.tool_operations x WHERE x.operation_id = p_effect->>'operation_id';
+  IF NOT FOUND OR o.run_id <> p_run_id OR o.tool_name <> p_effect->>'tool_name'
+     OR o.request_digest <> p_effect->>'request_digest' THEN
+    RAISE EXCEPTION 'intent % conflicts with a different registered intent', p_effect->>'operation_id'
+      USING ERRCODE = 'FC006';
+  END IF;
+  RETURN o.status;  -- the same intent, registered before
+END
+$$;
+
+-- Same-key retry of an unknown operation (as in 004), only while the tool
+-- still remembers the key: the retry must reach the tool before the
+-- declared retention window, counted from the first dispatch, runs out
+-- (English seed §9 capability table; Chinese seed §7). Past it a repeat
+-- could create a second resource: the operation is left to query or to a
+-- person.
+CREATE OR REPLACE FUNCTION fencecheck.ledger_claim_retry(p_dispatch_owner text, p_ttl_ms bigint,
+                                              p_operation_id text, p_expected_revision bigint)
+RETURNS SETOF public.tool_operations
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN QUERY
+  UPDATE public.tool_operations o
+     SET status = 'dispatching', dispatch_owner = p_dispatch_owner,
+         dispatch_until = clock_timestamp() + fencecheck._ms(p_ttl_ms),
+         evidence = o.evidence || jsonb_build_array(jsonb_build_object(
+           'at', clock_timestamp(), 'event', 'same_key_retry', 'dispatch_owner', p_dispatch_owner)),
+         revision = o.revision + 1, updated_at = clock_timestamp()
+   WHERE o.operation_id = p_operation_id AND o.status = 'unknown'
+     AND o.revision = p_expected_revision
+     AND o.tool_capability IN ('idempotent', 'deterministic_id')
+     AND (o.tool_capability <> 'idempotent' OR o.retention_ms IS NULL
+          OR o.first_dispatched_at IS NULL
+          OR clock_timestamp() + fencecheck._ms(p_ttl_ms)
+             < o.first_dispatched_at + o.retention_ms * interval '1 millisecond')
+     AND EXISTS (SELECT 1 FROM public.agent_runs r
+                  WHERE r.run_id = o.run_id AND r.status IN ('queued', 'running', 'waiting_tool'))
+  RETURNING o.*;
+END
+$$;
+
+-- ------------------------------------------------------------ cancel policy
+
+-- An effect that turns out to have happened after its run was cancelled is
+-- recorded on the ledger (never hidden) and announced for compensation: the
+-- run stays cancelled (English seed §9.3: "define remote cancel,
+-- compensation, or manual handling").
+CREATE FUNCTION fencecheck._ledger_after_cancel() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF NEW.status = 'succeeded' AND OLD.status <> 'succeeded' AND EXISTS (
+       SELECT 1 FROM public.agent_runs r WHERE r.run_id = NEW.run_id AND r.status = 'cancelled') THEN
+    INSERT INTO public.outbox (event_id, tenant_id, run_id, event_type, payload)
+    VALUES (gen_random_uuid(), NEW.tenant_id, NEW.run_id, 'agent.compensation_required',
+            jsonb_build_object('run_id', NEW.run_id, 'operation_id', NEW.operation_id,
+                               'tool', NEW.tool_name, 'remote_id', NEW.remote_id));
+  END IF;
+  RETURN NULL;
+END
+$$;
+CREATE TRIGGER tool_operations_after_cancel AFTER UPDATE OF status ON public.tool_operations
+  FOR EACH ROW EXECUTE FUNCTION fencecheck._ledger_after_cancel();
+ALTER FUNCTION fencecheck._ledger_after_cancel() OWNER TO fencecheck_owner;
