@@ -24,6 +24,8 @@ class Settings:
     dispatch_ttl_ms: int = 10_000
     tool_timeout_ms: int = 3_000
     metrics_port: int | None = None
+    #: where to write the final metrics at exit (the harness reads it).
+    metrics_file: str | None = None
     mutant: str | None = None
     #: run mode refuses to start below this durability mode (none < async < sync).
     require_durability: str | None = None
@@ -64,6 +66,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "dispatch_ttl_ms": _int(env, "FENCECHECK_DISPATCH_TTL_MS"),
         "tool_timeout_ms": _int(env, "FENCECHECK_TOOL_TIMEOUT_MS"),
         "metrics_port": _int(env, "FENCECHECK_METRICS_PORT"),
+        "metrics_file": env.get("FENCECHECK_METRICS_FILE") or None,
         "mutant": env.get("FENCECHECK_MUTANT") or None,
         "require_durability": env.get("FENCECHECK_REQUIRE_DURABILITY") or None,
     }

@@ -165,6 +165,7 @@ class Ledger:
         ).fetchone()
         status = _checked(row, op.operation_id)
         metrics.tool_operation_unknown_total.inc()
+        metrics.tool_unknown_result_total.inc()
         return status
 
     def return_rejected(self, conn: Conn, op: Operation, owner: str, error: dict[str, Any]) -> str:
@@ -183,6 +184,7 @@ class Ledger:
         rows = conn.execute(self.q.sql("expire_claims"), {"limit": limit}).fetchall()
         if rows:
             metrics.tool_operation_unknown_total.inc(len(rows))
+            metrics.tool_unknown_result_total.inc(len(rows))
         return [
             {"operation_id": r["operation_id"], "from": r["from_status"], "to": r["to_status"]}
             for r in rows
@@ -218,11 +220,6 @@ class Ledger:
 
     def unknown_operations(self, conn: Conn, limit: int = 100) -> list[dict[str, Any]]:
         return conn.execute(self.q.sql("unknown_operations"), {"limit": limit}).fetchall()
-
-    def refresh_gauges(self, conn: Conn) -> None:
-        row = conn.execute(self.q.sql("unknown_age")).fetchone()
-        if row:
-            metrics.tool_operation_unknown_oldest_age_seconds.set(float(row["oldest_s"]))
 
 
 def _checked(row: dict[str, Any] | None, op_id: str) -> str:
@@ -335,11 +332,18 @@ class Reconciler:
             change = self.reconcile_one(conn, row)
             if change is not None:
                 changes.append(change)
-        self.ledger.refresh_gauges(conn)
         return changes
 
     def reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
-        """Try to learn the remote fact of one unknown operation."""
+        """Try to learn the remote fact of one unknown operation (reconcile_total
+        counts success, failure or no_result)."""
+        change = self._reconcile_one(conn, row)
+        to = (change or {}).get("to")
+        outcome = {"succeeded": "success", "failed_final": "failure"}.get(str(to), "no_result")
+        metrics.reconcile_total.labels(outcome).inc()
+        return change
+
+    def _reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
         op_id = str(row["operation_id"])
         cap = str(row["tool_capability"])
         if cap == "none":

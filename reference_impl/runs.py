@@ -25,6 +25,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from reference_impl import errors as e
+from reference_impl import metrics
 from reference_impl.checkpoint_schema import Checkpoint, decode
 from reference_impl.db import Conn
 from reference_impl.queries import Queries
@@ -76,6 +77,7 @@ class RunControl:
         rows = translated(
             conn, self.q.sql("cancel_run"), {"run_id": run_id, "reason": reason, "ticket": ticket}
         )
+        metrics.operator_actions_total.labels("cancel").inc()
         return dict(rows[0])
 
     def resolve(
@@ -101,6 +103,7 @@ class RunControl:
                 "ticket": ticket,
             },
         )
+        metrics.operator_actions_total.labels("resolve").inc()
         return dict(rows[0])
 
     def decide(
@@ -124,6 +127,7 @@ class RunControl:
                 "ticket": ticket,
             },
         )
+        metrics.operator_actions_total.labels(decision).inc()
         return dict(rows[0])
 
     def converge(
@@ -147,6 +151,7 @@ class RunControl:
                 "ticket": ticket,
             },
         )
+        metrics.operator_actions_total.labels("converge").inc()
         return dict(rows[0])
 
     def paused(self, conn: Conn) -> list[dict[str, Any]]:
@@ -180,6 +185,14 @@ class RunControl:
         if not rows:
             return None
         row = rows[0]
-        return self.decoder(
-            int(row["revision"]), row["schema_version"], row["state_json"], row["state_hash"]
-        )
+        try:
+            ck = self.decoder(
+                int(row["revision"]), row["schema_version"], row["state_json"], row["state_hash"]
+            )
+        except (e.SchemaVersionUnknown, e.CheckpointCorrupt):
+            metrics.checkpoint_migrations_total.labels("refused").inc()
+            metrics.checkpoint_migration_failures_total.inc()
+            raise
+        if ck.migrated_from is not None:
+            metrics.checkpoint_migrations_total.labels("migrated").inc()
+        return ck

@@ -10,6 +10,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 import psycopg
@@ -104,13 +105,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from reference_impl.runtime import Runtime
 
-    if settings.metrics_port:
-        metrics.serve(settings.metrics_port)
     try:
         rt = Runtime(settings, protocol)
     except ValueError as exc:
         print(f"fencecheck-worker: {exc}", file=sys.stderr)
         return 1
+    if settings.metrics_port or settings.metrics_file:
+        dsn = settings.dsn or ""
+        metrics.watch_database(
+            lambda: psycopg.connect(dsn, connect_timeout=2, options="-c statement_timeout=2000")
+        )
+    if settings.metrics_port:
+        try:
+            metrics.serve(settings.metrics_port)
+        except OSError as exc:  # the port was taken meanwhile: still write the exit file
+            logs.log(_log, logging.WARNING, "metrics port unavailable", error=str(exc))
     try:
         if args.mode == "ops":
             from reference_impl.ops import OpsServer
@@ -135,6 +144,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     finally:
         rt.close()
+        if settings.metrics_file:
+            try:
+                metrics.write_snapshot(Path(settings.metrics_file))
+            except OSError as exc:
+                print(f"fencecheck-worker: metrics not written: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

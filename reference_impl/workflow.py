@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from harness import injection
-from reference_impl import backoff, history
+from reference_impl import backoff, history, metrics
 from reference_impl import errors as e
 from reference_impl.cancellation import Cancellation
 from reference_impl.checkpoint_schema import CURRENT_VERSION, DEFAULT_PLAN, validate_v2
@@ -392,6 +392,8 @@ class RefundWorkflow:
             out = self.rt.writer.write(w)
             h.ids["revision"] = out.revision
         self.revision = out.revision
+        if out.status in ("paused_indoubt", "paused_human"):
+            metrics.runs_paused_total.labels(out.status, str((payload or {}).get("reason"))).inc()
         log(
             _log,
             logging.INFO,

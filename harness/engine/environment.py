@@ -31,11 +31,12 @@ import psycopg
 
 from harness.backends.base import Backend, make_backend
 from harness.checking.audit import AUDIT_SQL
+from harness.evidence import metrics as worker_metrics
 from harness.parts.control import ControlServer
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
 from harness.parts.processes import ProcessRegistry, WorkerProcess
-from harness.parts.toxiproxy import Link, ToxiproxyServer
+from harness.parts.toxiproxy import Link, ToxiproxyServer, free_port
 from mock_tool.process import MockToolProcess
 
 DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")
@@ -204,6 +205,10 @@ class Environment:
     aborted: str | None = None
     extra_links: list[str] = field(default_factory=list)
     roles: dict[tuple[str, RoleKind], str] = field(default_factory=dict)
+    #: Every worker's metrics: scraped before it is stopped, or the snapshot
+    #: it wrote when it exited on its own (harness/evidence/metrics.py).
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
 
     def abort(self, timeout_s: float) -> None:
         """The experiment's global timeout: kill its workers and release its
@@ -217,7 +222,27 @@ class Environment:
             self.control.release_all()
         for worker in reversed(list(self.workers.values())):
             with contextlib.suppress(Exception):
+                self._keep_metrics(worker)
                 worker.stop(grace_s=2.0)
+        for worker in self.workers.values():  # those that wrote a snapshot at exit
+            with contextlib.suppress(Exception):
+                self._keep_metrics(worker)
+
+    def _keep_metrics(self, worker: WorkerProcess) -> None:
+        """Scrape a live worker; read the exit snapshot of one that ended."""
+        wid = worker.worker_id
+        if worker.is_alive() and wid in self.metrics_ports:
+            text = worker_metrics.scrape(self.metrics_ports[wid])
+            if text is not None:
+                self.metrics[wid] = {"source": "scrape", "samples": worker_metrics.samples(text)}
+                return
+        if self.metrics.get(wid, {}).get("source") != "scrape":
+            text = worker_metrics.read_snapshot(self.metrics_file(wid))
+            if text is not None:
+                self.metrics[wid] = {"source": "exit", "samples": worker_metrics.samples(text)}
+
+    def metrics_file(self, worker_id: str) -> Path:
+        return self.log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', worker_id)}.metrics.txt"
 
     def query(self, statement: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
         return self.primary.query(statement, params, dbname=self.db.name)
@@ -312,6 +337,11 @@ class Environment:
         ``operator`` for a control-plane ``ops`` process."""
         if worker_id in self.workers and self.workers[worker_id].is_alive():
             raise EnvironmentError_(f"worker {worker_id!r} is already running")
+        self.metrics_ports[worker_id] = free_port()
+        metrics_env = {
+            "FENCECHECK_METRICS_PORT": str(self.metrics_ports[worker_id]),
+            "FENCECHECK_METRICS_FILE": str(self.metrics_file(worker_id)),
+        }
         proc = WorkerProcess(
             worker_id,
             list(self.shared.settings.worker_cmd),
@@ -319,7 +349,7 @@ class Environment:
             list(args),
             log_dir=self.log_dir,
             control_socket=self.control.socket_path,
-            env={**self.worker_env(tenant_id, pg_link, role), **(env or {})},
+            env={**self.worker_env(tenant_id, pg_link, role), **metrics_env, **(env or {})},
             registry=self.shared.registry,
         )
         proc.start()

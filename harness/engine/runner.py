@@ -238,6 +238,7 @@ def _archive(
         "audit_trail": audit,
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
+        "metrics": env.metrics,
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from harness.evidence.metrics import samples, total
 from harness.parts.postgres import Database
 from mock_tool.process import MockToolProcess
 from tests.reference_impl.conftest import ROLES, TENANT
@@ -98,13 +99,26 @@ def test_migrate_ops_run_relay_consume(ref_db: Database, tool: MockToolProcess) 
     assert n > 0 and c1["result"] == {"consumed": n, "duplicates": 0}
 
 
-def test_plain_tool_lost_answer_freezes_in_doubt(ref_db: Database, tool: MockToolProcess) -> None:
+def test_plain_tool_lost_answer_freezes_in_doubt(
+    ref_db: Database, tool: MockToolProcess, tmp_path: Path
+) -> None:
     """Experiment J's end state: no automatic resend, ledger unknown, run paused."""
     env = _env(ref_db, tool)
     _ops(_ctl(env), {"op": "create_run", "args": {"task_id": "tj", "input": {"tool": "plain"}}})
     tool.client().set_fault("plain", "drop_after_act", count=5)
-    out = _worker(env, "run", "--once")
+    snapshot = tmp_path / "w.metrics.txt"
+    out = _worker({**env, "FENCECHECK_METRICS_FILE": str(snapshot)}, "run", "--once")
     assert out.returncode == 11, out.stderr
+    # The metrics the worker leaves at exit say the same, across the process boundary.
+    found = samples(snapshot.read_text())
+    assert total(found, "runs_paused_total", status="paused_indoubt") == 1
+    assert total(found, "tool_unknown_result_total") == 1
+    assert total(found, "agent_runs_by_status", status="paused_indoubt") == 1
+    assert total(found, "in_doubt_age_seconds") > 0
+    logs = [json.loads(line) for line in out.stderr.splitlines() if line.startswith("{")]
+    frozen = [line for line in logs if line.get("msg") == "freeze committed"]
+    assert frozen and len(frozen[0]["trace_id"]) == 32
+    assert any(line.get("msg") == "durability contract" for line in logs)
     assert ref_db.query("SELECT status FROM agent_runs")[0]["status"] == "paused_indoubt"
     assert ref_db.query("SELECT status FROM tool_operations")[0]["status"] == "unknown"
     creates = [r for r in tool.client().export()["requests"] if r.get("tool") == "plain"]

@@ -38,12 +38,6 @@ SELECT o.operation_id, o.run_id, o.tool_name, o.tool_capability, o.request_body,
  ORDER BY o.updated_at
  LIMIT %(limit)s;
 
--- name: unknown_age
--- Count and age (seconds) of the oldest unknown operation, for the gauges.
-SELECT count(*) AS n,
-       COALESCE(extract(epoch FROM clock_timestamp() - min(updated_at)), 0)::float8 AS oldest_s
-  FROM tool_operations WHERE status = 'unknown';
-
 -- name: converge
 -- Unknown operation converges to the remote fact found by query.
 SELECT outcome, status, revision
