@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import psycopg
 
+from harness import injection
 from reference_impl import errors as e
 from reference_impl import history
 from reference_impl.cancellation import Cancellation
@@ -360,11 +361,20 @@ class OpsServer:
 
     # ------------------------------------------------------------ operator
     def resolve_indoubt(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        """Under the harness in steps: lock the run, point ``after_operator_lock``,
+        decide, commit (a racing takeover waits on the lock meanwhile)."""
         run_id = _uuid(args, "run_id")
         op_id = str(args["operation_id"])
-        with history.operation("resolve_indoubt", run_id=run_id, operation_id=op_id):
+        conn = ctx.session.conn
+        with (
+            history.operation("resolve_indoubt", run_id=run_id, operation_id=op_id),
+            conn.transaction(),
+        ):
+            if injection.active():
+                conn.execute(self.rt.protocol.queries.sql("operator_lock_run"), {"run_id": run_id})
+                injection.point("after_operator_lock", run_id=run_id, operation_id=op_id)
             return self.rt.runs.resolve(
-                ctx.session.conn,
+                conn,
                 run_id,
                 op_id,
                 str(args["decision"]),

@@ -52,6 +52,7 @@ CONTROL_PLANE = frozenset(
         "operator_decide",
         "operator_converge",
         "operator_purge",
+        "operator_lock_run",
     )
 )
 

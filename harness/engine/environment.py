@@ -371,6 +371,7 @@ def experiment_environment(
     dispatch_ttl_ms: int,
     replication: Literal["async", "sync"] | None = None,
     tools: dict[str, str] | None = None,
+    tool_retention_s: float | None = None,
     log_dir: Path,
 ) -> Iterator[Environment]:
     """Bring up one experiment's world and tear all of it down afterwards."""
@@ -402,7 +403,9 @@ def experiment_environment(
             stack.callback(_delete_link, toxi, link.name)
 
         add_link("worker_pg", shared.backend.inner_address("127.0.0.1", primary.port))
-        tool = shared.backend.start_mock_tool(work_dir / "tool", log_dir / "mock_tool.log", tools)
+        tool = shared.backend.start_mock_tool(
+            work_dir / "tool", log_dir / "mock_tool.log", tools, tool_retention_s
+        )
         stack.callback(tool.stop)
         add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
         control = stack.enter_context(ControlServer(work_dir))

@@ -92,6 +92,7 @@ def run_job(
             heartbeat_timeout_ms=spec.heartbeat_timeout_ms,
             dispatch_ttl_ms=spec.dispatch_ttl_ms,
             replication=_replication_for(spec, job.variant),
+            tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
             log_dir=logs_dir,
         ) as env:
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed)

@@ -95,4 +95,20 @@ MUTANTS = (
         "forbids dispatching them later",
         SqlOverlay("cancel_keeps_prepared.sql", "fencecheck.cancel_run"),
     ),
+    Mutant(
+        "resolve_unaudited",
+        4,
+        ("J",),
+        "the operator's resolution of an operation in doubt writes no audit row (who, why, "
+        "ticket, before/after)",
+        SqlOverlay("resolve_unaudited.sql", "fencecheck.operator_resolve"),
+    ),
+    Mutant(
+        "retry_ignores_retention",
+        4,
+        ("E",),
+        "a same-key retry is sent after the tool's declared idempotency retention has run "
+        "out: the tool no longer knows the key and creates a second resource",
+        SqlOverlay("retry_ignores_retention.sql", "fencecheck.ledger_claim_retry"),
+    ),
 )

@@ -584,3 +584,13 @@ BEGIN
                             jsonb_build_object('tasks', n, 'older_than_ms', p_older_than_ms));
 END
 $$;
+
+-- The run row locked for an operator decision made in steps (the harness
+-- puts the injection point after_operator_lock between this and the
+-- decision): a worker's takeover waits for the decision's transaction.
+CREATE FUNCTION fencecheck.operator_lock_run(p_run_id uuid) RETURNS text
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN (fencecheck._lock_run(p_run_id)).status;
+END
+$$;

@@ -26,7 +26,7 @@ DECLARE
   operator_api constant text[] := ARRAY[
     'session_tenant', 'create_run', 'retry_run', 'deliver_callback',
     'operator_cancel', 'operator_resolve', 'operator_decide', 'operator_converge',
-    'operator_purge',
+    'operator_purge', 'operator_lock_run',
     'record_tool_result', 'ledger_mark_unknown', 'ledger_return_rejected',
     'reconcile_expire_claims', 'ledger_converge', 'ledger_claim_retry', 'ledger_add_evidence'];
 BEGIN

@@ -17,6 +17,10 @@ SELECT run_status, operation_status, audit_id
   FROM fencecheck.operator_resolve(%(run_id)s, %(operation_id)s, %(decision)s, %(remote_id)s,
                                    %(reason)s, %(ticket)s);
 
+-- name: operator_lock_run
+-- Lock the run row for an operator decision taken in steps (point after_operator_lock follows).
+SELECT fencecheck.operator_lock_run(%(run_id)s) AS status;
+
 -- name: decide_human
 -- Operator decides a run paused for a human: approve, supplement or terminate; audited.
 SELECT run_status, audit_id
