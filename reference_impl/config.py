@@ -24,6 +24,8 @@ class Settings:
     dispatch_ttl_ms: int = 10_000
     tool_timeout_ms: int = 3_000
     metrics_port: int | None = None
+    #: base64 of the 32-byte key that seals sensitive fields at rest.
+    data_key: str | None = None
     #: where to write the final metrics at exit (the harness reads it).
     metrics_file: str | None = None
     mutant: str | None = None
@@ -67,6 +69,7 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "tool_timeout_ms": _int(env, "FENCECHECK_TOOL_TIMEOUT_MS"),
         "metrics_port": _int(env, "FENCECHECK_METRICS_PORT"),
         "metrics_file": env.get("FENCECHECK_METRICS_FILE") or None,
+        "data_key": env.get("FENCECHECK_DATA_KEY") or None,
         "mutant": env.get("FENCECHECK_MUTANT") or None,
         "require_durability": env.get("FENCECHECK_REQUIRE_DURABILITY") or None,
     }

@@ -36,6 +36,7 @@ from reference_impl.db import Conn
 from reference_impl.ids import request_digest
 from reference_impl.logs import log
 from reference_impl.queries import Queries
+from reference_impl.sealing import Sealer
 from reference_impl.tools import ToolGateway
 
 _log = logging.getLogger("reference_impl.ledger")
@@ -80,9 +81,11 @@ def intent_effect(
     capability: str,
     request: dict[str, Any],
     retention_ms: int | None = None,
+    digest: str | None = None,
 ) -> dict[str, Any]:
     """The ledger half of an ``intent`` protected write (``retention_ms``: how long
-    the tool declares it keeps the idempotency key)."""
+    the tool declares it keeps the idempotency key; ``digest``: of the request as
+    the tool sees it, when ``request`` carries sealed fields)."""
     return {
         "retention_ms": retention_ms,
         "operation_id": operation_id,
@@ -91,7 +94,7 @@ def intent_effect(
         "tool_name": tool,
         "tool_capability": capability,
         "idempotency_key": operation_id,
-        "request_digest": request_digest(request),
+        "request_digest": digest or request_digest(request),
         "request_body": request,
     }
 
@@ -237,6 +240,8 @@ class Dispatcher:
         self.ledger = ledger
         self.tools = tools
         self.owner = owner
+        #: Opens sealed request fields just before they go to the tool.
+        self.sealer = Sealer(None)
 
     def send(self, op: Operation, epoch: int, cancel: Cancellation | None = None) -> Answer:
         """Call the tool for a claim we hold, with the stable operation_id as key."""
@@ -250,7 +255,11 @@ class Dispatcher:
             cancel.check()  # last check before the side effect
         try:
             res = self.tools.create(
-                op.tool_name, op.operation_id, str(op.run_id), epoch, op.request_body
+                op.tool_name,
+                op.operation_id,
+                str(op.run_id),
+                epoch,
+                self.sealer.open(op.request_body),
             )
             answer = Answer(
                 "succeeded",

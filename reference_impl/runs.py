@@ -29,6 +29,7 @@ from reference_impl import metrics
 from reference_impl.checkpoint_schema import Checkpoint, decode
 from reference_impl.db import Conn
 from reference_impl.queries import Queries
+from reference_impl.sealing import Sealer
 from reference_impl.sqlstate import protocol_error
 
 
@@ -51,6 +52,8 @@ class RunControl:
     ) -> None:
         self.q = queries
         self.decoder = decoder
+        #: Seals the sensitive fields of a run's input before it is stored.
+        self.sealer = Sealer(None)
 
     def create(
         self, conn: Conn, task_id: str, input_: dict[str, Any], max_attempts: int = 12
@@ -58,7 +61,11 @@ class RunControl:
         rows = translated(
             conn,
             self.q.sql("create_run"),
-            {"task_id": task_id, "input": Jsonb(input_), "max_attempts": max_attempts},
+            {
+                "task_id": task_id,
+                "input": Jsonb(self.sealer.seal(input_)),
+                "max_attempts": max_attempts,
+            },
         )
         return {"run_id": str(rows[0]["run_id"]), "task_id": rows[0]["task_id"]}
 
@@ -122,7 +129,9 @@ class RunControl:
             {
                 "run_id": run_id,
                 "decision": decision,
-                "supplement": Jsonb(supplement) if supplement is not None else None,
+                "supplement": Jsonb(self.sealer.seal(supplement))
+                if supplement is not None
+                else None,
                 "reason": reason,
                 "ticket": ticket,
             },

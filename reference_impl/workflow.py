@@ -33,11 +33,13 @@ from reference_impl import backoff, history, metrics
 from reference_impl import errors as e
 from reference_impl.cancellation import Cancellation
 from reference_impl.checkpoint_schema import CURRENT_VERSION, DEFAULT_PLAN, validate_v2
+from reference_impl.ids import request_digest
 from reference_impl.leases import Lease
 from reference_impl.ledger import Answer, intent_effect
 from reference_impl.logs import log
 from reference_impl.protected import Write, Written
 from reference_impl.runtime import Runtime
+from reference_impl.sealing import SENSITIVE
 
 _log = logging.getLogger("reference_impl.workflow")
 
@@ -67,7 +69,12 @@ def initial_state(input_: dict[str, Any]) -> dict[str, Any]:
         "workflow": "refund",
         "plan": plan,
         "cursor": 0,
-        "data": {"order_id": input_.get("order_id", "order-1"), "amount": input_.get("amount", 10)},
+        "data": {
+            "order_id": input_.get("order_id", "order-1"),
+            "amount": input_.get("amount", 10),
+            # sensitive fields travel sealed (reference_impl/sealing.py)
+            **{k: input_[k] for k in sorted(SENSITIVE) if k in input_},
+        },
         "results": {},
         "pending": None,
     }
@@ -171,7 +178,14 @@ class RefundWorkflow:
             if row is None:
                 cap = rt.tools.capability(tool)
                 effect = intent_effect(
-                    op_id, step, version, tool, cap, request, rt.tools.retention_ms(tool)
+                    op_id,
+                    step,
+                    version,
+                    tool,
+                    cap,
+                    rt.sealer.seal(request),
+                    rt.tools.retention_ms(tool),
+                    request_digest(rt.sealer.open(request)),
                 )
                 pending = {"operation_id": op_id, "tool": tool, "step": step}
                 state["pending"] = pending

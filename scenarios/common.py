@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -34,7 +35,14 @@ def new_run(
     """Create a task with one run through the worker's control plane; return run_id."""
     ctl = control_plane(ctx, tenant_id)
     task_id = f"task-{ctx.spec.id.lower()}-{uuid.uuid4().hex[:8]}"
-    args: dict[str, Any] = {"task_id": task_id, "input": {"tool": tool, **(input or {})}}
+    # Every run carries a sensitive field (contract: sealed at rest, sent to the
+    # tool, never logged); the harness masks its value wherever it shows up.
+    token = f"ct_{secrets.token_hex(12)}"
+    ctx.env.secrets.add(token)
+    args: dict[str, Any] = {
+        "task_id": task_id,
+        "input": {"tool": tool, "customer_token": token, **(input or {})},
+    }
     if tenant_id is not None:
         args["tenant_id"] = tenant_id
     result = ctx.ok(ctl, "create_run", **args)

@@ -14,6 +14,7 @@ reverse order, also on an exception or Ctrl-C.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -209,6 +210,10 @@ class Environment:
     #: it wrote when it exited on its own (harness/evidence/metrics.py).
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)
+    #: Values the harness knows to be secret (the data key it hands workers,
+    #: sensitive inputs it plants): masked wherever they appear in an archive.
+    secrets: set[str] = field(default_factory=set)
+    data_key: str = field(default_factory=lambda: base64.b64encode(os.urandom(32)).decode())
 
     def abort(self, timeout_s: float) -> None:
         """The experiment's global timeout: kill its workers and release its
@@ -317,6 +322,7 @@ class Environment:
             "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(self.heartbeat_timeout_ms),
             "FENCECHECK_DISPATCH_TTL_MS": str(self.dispatch_ttl_ms),
             "FENCECHECK_MUTANT": self.shared.settings.mutant,
+            "FENCECHECK_DATA_KEY": self.data_key,
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -430,6 +436,7 @@ def experiment_environment(
             replication=replication,
         )
         stack.callback(_remove_links, toxi, env.extra_links)
+        env.secrets.add(env.data_key)
         stack.callback(_drop_roles, primary, env.roles)
         # Every role the experiment's tenants need, made before any fault (a
         # role made after the replication link is cut would not reach the standby).

@@ -83,6 +83,7 @@ def run_job(
     harness_error: str | None = None
     verdict, reason = Verdict.UNKNOWN, "not run"
     archive: dict[str, Any] = {}
+    secrets: set[str] = set()
     try:
         with experiment_environment(
             shared,
@@ -119,6 +120,7 @@ def run_job(
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
             archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
+            secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
         verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
@@ -133,7 +135,7 @@ def run_job(
     )
     written: Path | None = None
     try:
-        written = evidence.write_archive(archive_path, archive)
+        written = evidence.write_archive(archive_path, archive, secrets)
     except Exception as exc:
         verdict, reason = Verdict.UNKNOWN, f"archive not written: {exc}"
     failed = [

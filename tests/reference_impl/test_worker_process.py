@@ -3,6 +3,7 @@ real mock tool, checked from the database."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -227,3 +228,38 @@ def test_refused_effect_pauses_for_a_human_and_a_supplement_plans_version_2(
     assert len(tool.client().export()["resources"]) == 1
     audit = ref_db.query("SELECT action, ticket, operator FROM operator_actions")
     assert [(a["action"], a["ticket"]) for a in audit] == [("supplement", "CS-1")]
+
+
+def test_sensitive_input_sealed_at_rest_sent_in_clear_never_logged(
+    ref_db: Database, tool: MockToolProcess
+) -> None:
+    secret = "ct_feedfacecafebeef00112233"
+    key = base64.b64encode(bytes(range(32))).decode()
+    env = {**_env(ref_db, tool), "FENCECHECK_DATA_KEY": key}
+    (c,) = _ops(
+        _ctl(env),
+        {
+            "op": "create_run",
+            "args": {"task_id": "ts", "input": {"tool": "idem", "customer_token": secret}},
+        },
+    )
+    assert c["ok"], c
+    out = _worker(env, "run", "--once")
+    assert out.returncode == 0, out.stderr
+    at_rest = ref_db.query(
+        "SELECT (SELECT string_agg(input::text, '') FROM agent_runs) AS runs,"
+        " (SELECT string_agg(state_json::text, '') FROM agent_checkpoints) AS checkpoints,"
+        " (SELECT string_agg(request_body::text, '') FROM tool_operations) AS ledger,"
+        " (SELECT string_agg(payload::text, '') FROM outbox) AS outbox"
+    )[0]
+    assert all(secret not in (v or "") for v in at_rest.values()), at_rest
+    assert "$sealed" in at_rest["ledger"] and "$sealed" in at_rest["checkpoints"]
+    (resource,) = tool.client().export()["resources"]
+    assert resource["request"]["customer_token"] == secret  # the tool gets the value itself
+    assert secret not in out.stdout + out.stderr
+    # without the key, the sensitive field is refused, never stored in clear
+    (refused,) = _ops(
+        _ctl(_env(ref_db, tool)),
+        {"op": "create_run", "args": {"task_id": "tk", "input": {"customer_token": secret}}},
+    )
+    assert refused["error"] == "SensitiveDataWithoutKey", refused
