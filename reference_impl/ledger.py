@@ -141,7 +141,9 @@ class Ledger:
         return Operation.from_row(row) if row else None
 
     def record_result(self, conn: Conn, op: Operation, owner: str, answer: Answer) -> str:
-        """Ledger-only result of our claim; LedgerConflict when the claim no longer matches."""
+        """Ledger-only result of our claim; LedgerConflict when the claim no longer
+        matches. A late answer that does not match is kept as evidence on the
+        ledger row (English seed §9.3): it never moves anything."""
         row = conn.execute(
             self.q.sql("record_tool_result"),
             {
@@ -154,6 +156,19 @@ class Ledger:
                 "result": Jsonb(answer.result),
             },
         ).fetchone()
+        if row is None or row["outcome"] != "ok":
+            self.add_evidence(
+                conn,
+                op.operation_id,
+                {
+                    "event": "late_result_refused",
+                    "why": row["outcome"] if row else "missing",
+                    "answer": answer.kind,
+                    "remote_id": answer.remote_id,
+                    "dispatch_owner": owner,
+                    "claim_revision": op.revision,
+                },
+            )
         return _checked(row, op.operation_id)
 
     def mark_unknown(self, conn: Conn, op: Operation, owner: str, error: dict[str, Any]) -> str:

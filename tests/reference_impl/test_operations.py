@@ -288,3 +288,30 @@ def test_cancel_then_late_success_asks_for_compensation(rt: Runtime) -> None:
         [run],
     ).fetchall()
     assert [r["payload"]["remote_id"] for r in rows] == ["res-9"]
+
+
+def test_late_mismatched_result_is_kept_as_evidence(rt: Runtime) -> None:
+    run = new_run(rt)
+    lease = take(rt, run).lease
+    op = rt.protocol.operation_id(TENANT, str(run), "label", 1)
+    rt.writer.write(
+        cp(
+            lease,
+            0,
+            transition="intent",
+            effect=intent_effect(op, "label", 1, "idem", "idempotent", {}),
+        )
+    )
+    stale = rt.ledger.claim(rt.conn, "D1", op)
+    assert stale is not None
+    rt.ledger.mark_unknown(rt.conn, stale, "D1", {})
+    from reference_impl.ledger import Answer
+
+    with pytest.raises(e.LedgerConflict):
+        rt.ledger.record_result(rt.conn, stale, "D1", Answer("succeeded", "res-late", {}))
+    row = rt.conn.execute(
+        "SELECT status, evidence FROM tool_operations WHERE operation_id = %s", [op]
+    ).fetchone()
+    assert row is not None and row["status"] == "unknown"
+    late = [ev for ev in row["evidence"] if ev.get("event") == "late_result_refused"]
+    assert late and late[0]["remote_id"] == "res-late"
