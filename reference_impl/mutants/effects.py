@@ -111,4 +111,20 @@ MUTANTS = (
         "out: the tool no longer knows the key and creates a second resource",
         SqlOverlay("retry_ignores_retention.sql", "fencecheck.ledger_claim_retry"),
     ),
+    Mutant(
+        "requeue_without_backoff",
+        4,
+        ("U",),
+        "a requeued run is due again at once: the worker's backoff is ignored and a refusing "
+        "tool is asked again without waiting",
+        SqlOverlay("requeue_without_backoff.sql", "fencecheck.protected_write"),
+    ),
+    Mutant(
+        "grant_without_attempt_count",
+        4,
+        ("U",),
+        "claiming a queued run does not count the attempt: the attempt budget is never spent and "
+        "a refusing tool is retried forever",
+        SqlOverlay("grant_without_attempt_count.sql", "fencecheck._grant"),
+    ),
 )
