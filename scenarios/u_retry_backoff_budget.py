@@ -138,8 +138,7 @@ def _judge(
     delays = [d for d, _ in seen]
     ctx.invariant(
         f"{short}: the delay grows with every attempt",
-        len(delays) == ATTEMPTS - 1
-        and all(b > a for a, b in itertools.pairwise(delays)),
+        len(delays) == ATTEMPTS - 1 and all(b > a for a, b in itertools.pairwise(delays)),
         expected=f"{ATTEMPTS - 1} requeues, each delay longer than the one before",
         observed=f"delays (ms): {[round(d) for d in delays]}",
     )

@@ -127,4 +127,12 @@ MUTANTS = (
         "a refusing tool is retried forever",
         SqlOverlay("grant_without_attempt_count.sql", "fencecheck._grant"),
     ),
+    Mutant(
+        "supplement_dropped",
+        5,
+        ("V",),
+        "an operator's supplement queues the run again but its fields are dropped: the effect "
+        "is planned again with the refused request",
+        SqlOverlay("supplement_dropped.sql", "fencecheck.operator_decide"),
+    ),
 )
