@@ -4,7 +4,6 @@ test_worker_process.py)."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -46,7 +45,7 @@ def tool(tmp_path: Path) -> Iterator[MockToolProcess]:
         yield proc
 
 
-def test_lease_metrics(rt: Runtime, make_rt: Callable[..., Runtime]) -> None:
+def test_lease_metrics(rt: Runtime, make_rt: Callable[..., Runtime], ref_db: Database) -> None:
     run = new_run(rt)
     success, busy = (
         Moves("lease_acquire_total", outcome="success"),
@@ -57,11 +56,16 @@ def test_lease_metrics(rt: Runtime, make_rt: Callable[..., Runtime]) -> None:
         Moves("lease_acquire_total", outcome="missing"),
     )
     takeover = Moves("workflow_takeover_duration_seconds_count")
-    lease = take(rt, run, ttl_ms=100).lease
+    lease = take(rt, run, ttl_ms=60_000).lease
     b = make_rt("B")
     assert not b.leases.takeover(b.conn, run, b.owner, 1000).acquired
     assert b.leases.takeover(b.conn, uuid.uuid4(), b.owner, 1000).outcome == "missing"
-    time.sleep(0.15)
+    # expire the lease by the database's clock (no sleep a loaded machine could stretch)
+    ref_db.query(
+        "UPDATE agent_runs SET lease_expires_at = clock_timestamp() - interval '1 s'"
+        " WHERE run_id = %s",
+        [run],
+    )
     assert b.leases.takeover(b.conn, run, b.owner, 1000).acquired
     assert (success.by(), busy.by(), conflicts.by(), missing.by(), takeover.by()) == (2, 1, 1, 1, 1)
     # the old holder: its renewal and its write are refused for a stale fence
