@@ -170,9 +170,14 @@ class ProtectedWriter:
             raise ValueError(f"unknown transition {w.transition!r}")
         unknown_left = self.unknown_budget
         serial_left = self.serialization_budget
+        started = time.perf_counter()
         while True:
             try:
-                return self._attempt(w)
+                written = self._attempt(w)
+                metrics.checkpoint_commit_latency_seconds.labels(w.transition).observe(
+                    time.perf_counter() - started
+                )
+                return written
             except _CommitUnknown as exc:
                 if unknown_left <= 0:
                     raise e.CommitOutcomeUnknown(f"commit outcome unknown: {exc}") from exc
@@ -193,6 +198,8 @@ class ProtectedWriter:
                 reason = _REJECT_REASON.get(type(perr))
                 if reason:
                     metrics.protected_write_rejected_total.labels(reason).inc()
+                if isinstance(perr, e.LeaseLost):
+                    metrics.stale_fence_rejections_total.inc()
                 raise perr from exc
 
     def resolve_unknown(self, w: Write, cause: BaseException) -> Written | None:

@@ -64,7 +64,7 @@ def run(ctx: ExperimentContext) -> None:
     if old_request is None:
         return
     callback = ctx.op(
-        b,
+        ctl,
         "deliver_callback",
         run_id=old_run,
         operation_id=old_request["operation_id"],
@@ -77,9 +77,9 @@ def run(ctx: ExperimentContext) -> None:
         },
     )
     ctx.fault(
-        "the late callback reached the worker",
+        "the late callback reached the control plane",
         callback.ok or callback.error not in (None, "Unsupported"),
-        expected="the worker answered the delivery (accepted or refused)",
+        expected="the control plane answered the delivery (accepted or refused)",
         observed=f"reply ok={callback.ok} {callback.result or callback.error}",
     )
     after = checkers.run_row(ctx, new_run_id, "new run after the late callback")

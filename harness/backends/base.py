@@ -45,7 +45,11 @@ class Backend(Protocol):
     def start_toxiproxy(self, log_dir: Path, registry: ProcessRegistry) -> ToxiproxyServer: ...
 
     def start_mock_tool(
-        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+        self,
+        storage: Path,
+        log_path: Path,
+        tools: dict[str, str] | None,
+        retention_s: float | None = None,
     ) -> MockToolProcess: ...
 
     def inner_address(self, host: str, port: int) -> str:
@@ -87,9 +91,15 @@ class LocalBackend:
         return ToxiproxyServer(log_dir, binary=self.toxiproxy_bin, registry=registry).start()
 
     def start_mock_tool(
-        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+        self,
+        storage: Path,
+        log_path: Path,
+        tools: dict[str, str] | None,
+        retention_s: float | None = None,
     ) -> MockToolProcess:
-        return MockToolProcess(storage, tools=tools, log_path=log_path).start()
+        return MockToolProcess(
+            storage, tools=tools, log_path=log_path, idempotency_retention_s=retention_s
+        ).start()
 
     def inner_address(self, host: str, port: int) -> str:
         return f"{host}:{port}"  # every server shares the harness's loopback

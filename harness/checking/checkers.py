@@ -118,12 +118,13 @@ def backend_waiting_on_lock(ctx: ExperimentContext, app: str, timeout_s: float =
 def as_worker_role(
     ctx: ExperimentContext, tenant_id: str, statement: str, params: list[Any] | None = None
 ) -> tuple[str, list[dict[str, Any]] | str]:
-    """Run one statement as the worker role with a tenant set, directly on the
-    database (not through any worker code): what the database itself allows."""
-    dsn = ctx.env.db.dsn("fencecheck_worker", application_name="fencecheck-harness-as-worker")
+    """Run one statement as the experiment's worker login role of ``tenant_id``,
+    directly on the database (not through any worker code): what the database
+    itself allows a session bound to that tenant."""
+    role = ctx.env.login_role(tenant_id, "worker")
+    dsn = ctx.env.db.dsn(role, application_name="fencecheck-harness-as-worker")
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SELECT set_config('app.tenant_id', %s, false)", [tenant_id])
             cur = conn.execute(statement.encode(), params)
             rows = (
                 [dict(zip([c.name for c in cur.description], r, strict=True)) for r in cur]
@@ -135,11 +136,12 @@ def as_worker_role(
                 outcome = ("ok", f"{cur.rowcount} row(s) affected")
     except psycopg.Error as exc:
         outcome = (f"refused ({exc.sqlstate} {type(exc).__name__})", str(exc).splitlines()[0])
-    ctx.queries.append(_record(f"as fencecheck_worker, tenant {tenant_id[:8]}", statement, outcome))
+    ctx.queries.append(query_record(f"as {role} (tenant {tenant_id[:8]})", statement, outcome))
     return outcome
 
 
-def _record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
+def query_record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
+    """A probe run outside ``ctx.sql`` as an archive query record."""
     from harness.engine.experiment import QueryRecord
 
     rows = outcome[1] if isinstance(outcome[1], list) else [{"result": outcome[1]}]

@@ -60,6 +60,8 @@ class ExperimentSpec:
     variants: tuple[str, ...] = ()
     # Per-variant natural waits where variants differ, e.g. (("unknown", 0.8),).
     variant_waits: tuple[tuple[str, float], ...] = ()
+    # Per-variant idempotency retention of the mock tool, e.g. (("retention_expired", 1.0),).
+    tool_retention: tuple[tuple[str, float], ...] = ()
     timeout_s: float = 60.0
 
     def natural_wait(self, variant: str | None) -> float:

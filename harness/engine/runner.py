@@ -83,6 +83,7 @@ def run_job(
     harness_error: str | None = None
     verdict, reason = Verdict.UNKNOWN, "not run"
     archive: dict[str, Any] = {}
+    secrets: set[str] = set()
     try:
         with experiment_environment(
             shared,
@@ -92,6 +93,7 @@ def run_job(
             heartbeat_timeout_ms=spec.heartbeat_timeout_ms,
             dispatch_ttl_ms=spec.dispatch_ttl_ms,
             replication=_replication_for(spec, job.variant),
+            tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
             log_dir=logs_dir,
         ) as env:
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed)
@@ -118,6 +120,7 @@ def run_job(
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
             archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
+            secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
         verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
@@ -132,7 +135,7 @@ def run_job(
     )
     written: Path | None = None
     try:
-        written = evidence.write_archive(archive_path, archive)
+        written = evidence.write_archive(archive_path, archive, secrets)
     except Exception as exc:
         verdict, reason = Verdict.UNKNOWN, f"archive not written: {exc}"
     failed = [
@@ -240,6 +243,7 @@ def _archive(
         "audit_trail": audit,
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
+        "metrics": env.metrics,
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),

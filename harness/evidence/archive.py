@@ -35,6 +35,14 @@ SECRET_KEY = re.compile(
     re.I,
 )
 SECRET_IN_TEXT = re.compile(r"(password|passwd|secret|token)=([^\s&]+)", re.I)
+# Values that are secret whatever key they sit under: bearer credentials,
+# API keys of the usual shapes, JWTs, PEM private keys.
+SECRET_VALUE = re.compile(
+    r"Bearer\s+[A-Za-z0-9._~+/-]{8,}=*"
+    r"|\b(?:sk|pk|rk|tok)_(?:live|test)_[A-Za-z0-9]{8,}\b"
+    r"|\beyJ[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}\.[A-Za-z0-9_-]{8,}"
+    r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
+)
 MASK = "***masked***"
 
 
@@ -48,20 +56,32 @@ def schema() -> dict[str, Any]:
     return loaded
 
 
-def mask(value: Any) -> Any:
-    """A copy of ``value`` with secret-looking keys and ``key=value`` pairs masked.
+def mask(value: Any, secrets: Iterable[str] = ()) -> Any:
+    """A copy of ``value`` with secrets masked: by key name, ``key=value`` pairs,
+    value shapes (:data:`SECRET_VALUE`), and every occurrence of a value known
+    to be secret (``secrets``: what the harness itself planted or handed out,
+    e.g. a data key, a sensitive run input), wherever it appears.
 
     Bare "token" or "pass" are not secret words here: the archive must keep
     the fencing token and ``pass_or_fail``. Only string values are masked.
     """
+    known = sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True)
+    return _mask(value, known)
+
+
+def _mask(value: Any, known: list[str]) -> Any:
     if isinstance(value, dict):
         return {
-            k: (MASK if isinstance(v, str) and SECRET_KEY.search(str(k)) else mask(v))
+            k: (MASK if isinstance(v, str) and SECRET_KEY.search(str(k)) else _mask(v, known))
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):
-        return [mask(v) for v in value]
+        return [_mask(v, known) for v in value]
     if isinstance(value, str):
+        for secret in known:
+            if secret in value:
+                value = value.replace(secret, MASK)
+        value = SECRET_VALUE.sub(MASK, value)
         return SECRET_IN_TEXT.sub(lambda m: f"{m.group(1)}={MASK}", value)
     return value
 
@@ -86,9 +106,10 @@ def validate(archive: dict[str, Any]) -> None:
         raise ArchiveInvalid("evidence archive does not match its schema:\n" + "\n".join(lines))
 
 
-def write_archive(path: Path, archive: dict[str, Any]) -> Path:
-    """Mask, validate and atomically write ``archive`` as YAML to ``path``."""
-    clean = to_plain(mask(archive))
+def write_archive(path: Path, archive: dict[str, Any], secrets: Iterable[str] = ()) -> Path:
+    """Mask (``secrets``: values known to be secret), validate and atomically
+    write ``archive`` as YAML to ``path``."""
+    clean = mask(to_plain(archive), secrets)
     validate(clean)
     path.parent.mkdir(parents=True, exist_ok=True)
     return atomic_write_text(

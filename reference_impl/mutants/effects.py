@@ -95,4 +95,44 @@ MUTANTS = (
         "forbids dispatching them later",
         SqlOverlay("cancel_keeps_prepared.sql", "fencecheck.cancel_run"),
     ),
+    Mutant(
+        "resolve_unaudited",
+        4,
+        ("J",),
+        "the operator's resolution of an operation in doubt writes no audit row (who, why, "
+        "ticket, before/after)",
+        SqlOverlay("resolve_unaudited.sql", "fencecheck.operator_resolve"),
+    ),
+    Mutant(
+        "retry_ignores_retention",
+        4,
+        ("E",),
+        "a same-key retry is sent after the tool's declared idempotency retention has run "
+        "out: the tool no longer knows the key and creates a second resource",
+        SqlOverlay("retry_ignores_retention.sql", "fencecheck.ledger_claim_retry"),
+    ),
+    Mutant(
+        "requeue_without_backoff",
+        4,
+        ("U",),
+        "a requeued run is due again at once: the worker's backoff is ignored and a refusing "
+        "tool is asked again without waiting",
+        SqlOverlay("requeue_without_backoff.sql", "fencecheck.protected_write"),
+    ),
+    Mutant(
+        "grant_without_attempt_count",
+        4,
+        ("U",),
+        "claiming a queued run does not count the attempt: the attempt budget is never spent and "
+        "a refusing tool is retried forever",
+        SqlOverlay("grant_without_attempt_count.sql", "fencecheck._grant"),
+    ),
+    Mutant(
+        "supplement_dropped",
+        5,
+        ("V",),
+        "an operator's supplement queues the run again but its fields are dropped: the effect "
+        "is planned again with the refused request",
+        SqlOverlay("supplement_dropped.sql", "fencecheck.operator_decide"),
+    ),
 )
