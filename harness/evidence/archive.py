@@ -91,10 +91,18 @@ def write_archive(path: Path, archive: dict[str, Any]) -> Path:
     clean = to_plain(mask(archive))
     validate(clean)
     path.parent.mkdir(parents=True, exist_ok=True)
+    return write_atomically(
+        path, yaml.safe_dump(clean, sort_keys=False, allow_unicode=True, width=100)
+    )
+
+
+def write_atomically(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file, fsync and rename: a reader
+    sees the old file or the whole new one, never half of it."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(clean, f, sort_keys=False, allow_unicode=True, width=100)
+            f.write(text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

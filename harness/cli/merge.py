@@ -1,0 +1,53 @@
+"""``fencecheck merge DIR... --into DIR``: the parts of a sharded run as one run."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from harness.cli.common import UsageError
+from harness.evidence.gate import add_gate_option
+
+NAME = "merge"
+HELP = "merge the run directories of `run --shard K/N` parts into one run directory"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "dirs",
+        nargs="+",
+        type=Path,
+        help="run directories of the parts, or directories holding them (e.g. downloaded "
+        "CI artifacts)",
+    )
+    parser.add_argument(
+        "--into", required=True, type=Path, help="the merged run directory (new or empty)"
+    )
+    add_gate_option(parser)
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.evidence.gate import gate_exit, gate_line
+    from harness.evidence.merge import MergeRefused, merge
+    from harness.evidence.summary import overall, terminal_table
+
+    try:
+        merged = merge(args.dirs, args.into)
+    except MergeRefused as exc:
+        raise UsageError(str(exc)) from exc
+    results = merged.results
+    count = merged.parts[0].record.shard_count
+    print(
+        f"fencecheck merge {merged.run_id}: {len(merged.parts)} of {count} part(s), "
+        f"{len(results)} experiment run(s)"
+    )
+    for k in merged.missing_parts:
+        print(f"  part {k}/{count} is missing: its experiment runs are unknown")
+    print()
+    print(terminal_table(results))
+    print(
+        f"\noverall: {overall(results).value.upper()}; slowest part {merged.wall_s:.1f}s; "
+        f"reports in {merged.into}"
+    )
+    print(gate_line(results, args.fail_on))
+    return gate_exit(results, args.fail_on)
