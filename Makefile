@@ -11,13 +11,16 @@ PY := $(VENV)/bin/python
 TOOLS := $(CURDIR)/.tools
 TOXIPROXY_VERSION := v2.12.0
 TOXIPROXY := $(TOOLS)/bin/toxiproxy-server
+# Lints the GitHub Actions workflow under docs/ci (tests/test_ci_files.py).
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := $(TOOLS)/bin/actionlint
 REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup run test test-fast lint bench smoke clean
 
-setup: $(VENV)/.installed $(TOXIPROXY)
+setup: $(VENV)/.installed $(TOXIPROXY) $(ACTIONLINT)
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +38,11 @@ $(TOXIPROXY):
 	  command -v go >/dev/null 2>&1 || { echo "error: toxiproxy needs Go 1.23+ to build (apt-get install golang, or put toxiproxy-server on PATH)"; exit 1; }; \
 	  GOBIN=$(TOOLS)/bin go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) && mv $(TOOLS)/bin/server $@; \
 	fi
+
+$(ACTIONLINT):
+	@mkdir -p $(TOOLS)/bin
+	@command -v go >/dev/null 2>&1 || { echo "error: actionlint needs Go to build (apt-get install golang)"; exit 1; }
+	GOBIN=$(TOOLS)/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
 run: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck run --report-dir $(REPORT_DIR) $(ARGS)
@@ -72,7 +80,7 @@ CONTAINERS_SOCKET := $(TOOLS)/containers/podman.sock
 CONTAINERS_DOCKER_HOST ?= unix://$(CONTAINERS_SOCKET)
 CONTAINERS_ENV := DOCKER_HOST=$(CONTAINERS_DOCKER_HOST) TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_CONNECTION_MODE=docker_host
 
-.PHONY: containers-setup test-containers containers-stop containers-clean
+.PHONY: containers-setup test-containers containers-stop containers-clean image
 
 $(VENV)/.installed-containers: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,containers]'
@@ -97,3 +105,10 @@ containers-stop:
 
 containers-clean: $(VENV)/.installed-containers
 	$(PY) -m harness.backends.containers cleanup
+
+# The container image of fencecheck itself (docs/ci.md): harness, reference
+# worker, mock tool, toxiproxy, PostgreSQL 18 (wheel) and Debian's server,
+# non-root. IMAGE_ARGS=--no-debian-postgres leaves Debian's server out.
+IMAGE_ARGS ?=
+image: containers-setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.backends.fencecheck_image build $(IMAGE_ARGS)

@@ -26,6 +26,8 @@ import yaml
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "evidence-archive.schema.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Where a copy without git (the fencecheck container image) keeps its commit.
+COMMIT_FILE = ".fencecheck-commit"
 
 # Keys whose values never appear in an archive. Request bodies and
 # checkpoints may carry user data (Chinese seed section 12).
@@ -139,7 +141,10 @@ def git_commit() -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git checkout)"
+        try:
+            return (REPO_ROOT / COMMIT_FILE).read_text().strip()
+        except OSError:
+            return "unknown (not a git checkout)"
     return f"{head}{'-dirty' if dirty else ''}"
 
 
