@@ -1,4 +1,4 @@
-"""``fencecheck merge DIR... --into DIR``: the parts of a sharded run as one run."""
+"""``fencecheck merge DIR... --into DIR``: the parts of a sharded run (or mutant run) as one."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from harness.cli.common import UsageError
 from harness.evidence.gate import add_gate_option
 
 NAME = "merge"
-HELP = "merge the run directories of `run --shard K/N` parts into one run directory"
+HELP = "merge the run directories of `run --shard K/N` (or `mutants --shard K/N`) parts into one"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -27,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from harness.evidence.gate import gate_exit, gate_line
+    from harness.evidence.gate import gate_exit, gate_line, mutants_gate
     from harness.evidence.merge import MergeRefused, merge
     from harness.evidence.summary import overall, terminal_table
 
@@ -35,15 +35,27 @@ def main(args: argparse.Namespace) -> int:
         merged = merge(args.dirs, args.into)
     except MergeRefused as exc:
         raise UsageError(str(exc)) from exc
-    results = merged.results
     count = merged.parts[0].record.shard_count
+    what = "experiment run(s)" if merged.kind == "run" else "mutant(s)"
     print(
         f"fencecheck merge {merged.run_id}: {len(merged.parts)} of {count} part(s), "
-        f"{len(results)} experiment run(s)"
+        f"{len(merged.results) + len(merged.mutants)} {what}"
     )
     for k in merged.missing_parts:
-        print(f"  part {k}/{count} is missing: its experiment runs are unknown")
+        print(f"  part {k}/{count} is missing: its {what} are unknown")
     print()
+    if merged.kind == "mutants":
+        for entry in merged.mutants:
+            caught = ",".join(entry["caught_by"]) or (
+                "NOT RUN" if entry.get("not_run") else "NOT CAUGHT"
+            )
+            print(f"  {entry['mutant']}: {caught}  {str(entry['detail'])[:90]}")
+        caught_count = sum(bool(e["caught_by"]) for e in merged.mutants)
+        print(f"\nmutation score: {caught_count}/{len(merged.mutants)}; reports in {merged.into}")
+        code, line = mutants_gate(merged.mutants, args.fail_on)
+        print(line)
+        return code
+    results = merged.results
     print(terminal_table(results))
     print(
         f"\noverall: {overall(results).value.upper()}; slowest part {merged.wall_s:.1f}s; "

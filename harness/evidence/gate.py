@@ -15,10 +15,11 @@ not 0, names every experiment behind it.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from harness.evidence.summary import ExperimentResult, overall
-from harness.verdict import EXIT_FAIL, Verdict, exit_code
+from harness.verdict import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN, Verdict, exit_code
 
 FAIL_ON = ("fail", "unknown")
 
@@ -55,3 +56,24 @@ def gate_line(results: Sequence[ExperimentResult], fail_on: str) -> str:
             parts.append(f"{verdict.value} {', '.join(names)}")
     policy = " (--fail-on unknown)" if fail_on == "unknown" else ""
     return f"fencecheck: exit {code}{policy}: {'; '.join(parts)}"
+
+
+def mutants_gate(entries: Sequence[Mapping[str, Any]], fail_on: str) -> tuple[int, str]:
+    """Exit code and last line of a mutant run (``mutants.json`` entries).
+
+    1 when a mutant ran and no experiment failed it (the matrix missed a broken
+    rule); otherwise 2 when some mutant was not run (an absent part: unknown,
+    1 with ``--fail-on unknown``); 0 only when every mutant was caught.
+    """
+    escaped = [str(e["mutant"]) for e in entries if not e.get("not_run") and not e["caught_by"]]
+    not_run = [str(e["mutant"]) for e in entries if e.get("not_run")]
+    if escaped:
+        code = EXIT_FAIL
+    elif not_run or not entries:
+        code = EXIT_FAIL if fail_on == "unknown" else EXIT_UNKNOWN
+    else:
+        return EXIT_PASS, f"fencecheck: exit 0: all {len(entries)} mutant(s) caught"
+    parts = [f"not caught {', '.join(escaped)}"] if escaped else []
+    parts += [f"not run {', '.join(not_run)}"] if not_run else []
+    policy = " (--fail-on unknown)" if fail_on == "unknown" and not escaped else ""
+    return code, f"fencecheck: exit {code}{policy}: {'; '.join(parts) or 'no mutant ran'}"

@@ -17,6 +17,10 @@ Each part (``fencecheck run --shard K/N``) is a complete run directory with a
 * builds the results from the archives alone and writes the run-level
   reports through one call (:func:`write_reports`), so the verdict and the
   exit code are those of one run of the whole list.
+
+Parts of ``fencecheck mutants --shard K/N`` merge the same way: one
+``mutants.json`` for the whole mutant list, each mutant's archives copied,
+and a mutant whose part is absent is *not run*, never caught.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.evidence.archive import ArchiveInvalid, read_archive, validate
+from harness.evidence.archive import ArchiveInvalid, read_archive, validate, write_atomically
 from harness.evidence.shard_record import (
     RECORD_NAME,
     RecordInvalid,
@@ -48,7 +52,7 @@ from harness.evidence.summary import (
 )
 from harness.verdict import Verdict
 
-PART_REPORTS = ("shard.json", "summary.md", "junit.xml", "results.json")
+PART_REPORTS = ("shard.json", "summary.md", "junit.xml", "results.json", "mutants.json")
 
 
 class MergeRefused(ValueError):
@@ -65,9 +69,13 @@ class Part:
 class Merged:
     into: Path
     run_id: str
-    results: list[ExperimentResult]
+    kind: str
     parts: list[Part]
     missing_parts: list[int]
+    # kind "run": one result per experiment run; kind "mutants": one
+    # mutants.json entry per mutant.
+    results: list[ExperimentResult] = field(default_factory=list)
+    mutants: list[dict[str, Any]] = field(default_factory=list)
     header: dict[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
 
@@ -224,6 +232,35 @@ def _take_item(item: ShardItem, part: Part | None, into: Path, count: int) -> Ex
     )
 
 
+def _take_mutant(
+    item: ShardItem, part: Part | None, into: Path, count: int, entries: dict[str, dict[str, Any]]
+) -> dict[str, Any]:
+    """One mutant of the whole list: its entry and archives from its part, or
+    an entry saying it was not run (never counted as caught)."""
+    where = f"part {item.shard}/{count}"
+    entry = entries.get(item.label) if part is not None else None
+    if part is None or entry is None:
+        why = "was not given to merge" if part is None else f"({part.path}) has no result for it"
+        return {
+            "mutant": item.label,
+            "caught_by": [],
+            "expected_caught": False,
+            "detail": f"not run: {where} {why}",
+            "not_run": True,
+        }
+    if (part.path / item.label).is_dir():
+        shutil.copytree(part.path / item.label, into / item.label, symlinks=True)
+    return {**entry, "not_run": False}
+
+
+def _mutant_entries(part: Part) -> dict[str, dict[str, Any]]:
+    try:
+        raw = json.loads((part.path / "mutants.json").read_text())
+    except (OSError, ValueError):
+        return {}  # an interrupted part: every mutant of it is "not run"
+    return {str(e["mutant"]): e for e in raw if isinstance(e, dict) and "mutant" in e}
+
+
 def write_reports(
     into: Path, results: Sequence[ExperimentResult], *, header: dict[str, str], wall_s: float
 ) -> None:
@@ -239,13 +276,25 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
     parts = find_parts(paths)
     check_one_run(parts)
     first = parts[0].record
-    if first.kind != "run":
-        raise MergeRefused(f"{parts[0].path} holds a {first.kind} run; merge takes `run` parts")
+    if first.kind not in ("run", "mutants"):
+        raise MergeRefused(f"{parts[0].path} holds a {first.kind!r} run, which merge cannot take")
     _prepare_into(into)
     by_index = {p.record.shard_index: p for p in parts}
-    results = [
-        _take_item(item, by_index.get(item.shard), into, first.shard_count) for item in first.items
-    ]
+    results: list[ExperimentResult] = []
+    mutants: list[dict[str, Any]] = []
+    if first.kind == "run":
+        results = [
+            _take_item(item, by_index.get(item.shard), into, first.shard_count)
+            for item in first.items
+        ]
+    else:
+        entries = {k: _mutant_entries(p) for k, p in by_index.items()}
+        mutants = [
+            _take_mutant(
+                item, by_index.get(item.shard), into, first.shard_count, entries.get(item.shard, {})
+            )
+            for item in first.items
+        ]
     for part in parts:
         keep = into / "shards" / f"{part.record.shard_index}-of-{first.shard_count}"
         keep.mkdir(parents=True, exist_ok=True)
@@ -276,13 +325,18 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
     merged = Merged(
         into=into,
         run_id=run_id,
-        results=results,
+        kind=first.kind,
         parts=parts,
         missing_parts=missing,
+        results=results,
+        mutants=mutants,
         header=header,
         wall_s=max(walls, default=0.0),
     )
-    write_reports(into, results, header=header, wall_s=merged.wall_s)
+    if first.kind == "run":
+        write_reports(into, results, header=header, wall_s=merged.wall_s)
+    else:
+        write_atomically(into / "mutants.json", json.dumps(mutants, indent=2) + "\n")
     (into / "merge.json").write_text(
         json.dumps(
             {

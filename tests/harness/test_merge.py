@@ -10,6 +10,7 @@ processes wrote.
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +23,13 @@ from harness.engine.runner import jobs_for
 from harness.engine.shards import Shard
 from harness.evidence import archive as evidence
 from harness.evidence.merge import MergeRefused, merge
-from harness.evidence.shard_record import ShardRecord, job_items, read_record, write_record
+from harness.evidence.shard_record import (
+    ShardRecord,
+    job_items,
+    named_items,
+    read_record,
+    write_record,
+)
 from harness.verdict import Verdict
 from tests.harness.test_evidence import _archive
 
@@ -278,3 +285,53 @@ def test_real_parts_run_at_once_merge_into_one_run(tmp_path: Path) -> None:
     half = _cli("merge", str(tmp_path / "part1"), "--into", str(tmp_path / "h"), cwd=repo)
     assert half.returncode == 2
     assert "part 2/2 is missing" in half.stdout
+
+
+# ------------------------------------------------------------------ mutants
+MUTANTS = {f"mutant_{i}": float(i % 4) for i in range(26)}
+
+
+def _mutant_part(root: Path, count: int, index: int, escaped: tuple[str, ...] = ()) -> Path:
+    items = named_items(MUTANTS, count)
+    record = dataclasses.replace(
+        _record(count, index), kind="mutants", items=tuple(items), run_id=f"mutants-{index}"
+    )
+    run_dir = root / f"mutants-part-{index}"
+    run_dir.mkdir(parents=True)
+    write_record(run_dir, record)
+    entries = []
+    for item in record.mine():
+        (run_dir / item.label).mkdir()
+        (run_dir / item.label / "evidence").write_text(item.label)
+        caught = [] if item.label in escaped else ["K"]
+        entries.append({"mutant": item.label, "caught_by": caught, "detail": "by the test"})
+    (run_dir / "mutants.json").write_text(json.dumps(entries))
+    return run_dir
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_mutant_parts_merge_into_the_whole_list(tmp_path: Path, count: int) -> None:
+    parts = [_mutant_part(tmp_path / "in", count, k) for k in range(1, count + 1)]
+    merged = merge(parts, tmp_path / "out")
+    assert [e["mutant"] for e in merged.mutants] == list(MUTANTS)
+    assert all(e["caught_by"] == ["K"] for e in merged.mutants)
+    assert json.loads((tmp_path / "out" / "mutants.json").read_text()) == merged.mutants
+    assert (tmp_path / "out" / "mutant_7" / "evidence").read_text() == "mutant_7"
+
+
+def test_a_missing_mutant_part_is_not_run_and_an_escaped_mutant_fails(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    not_run = [i.label for i in named_items(MUTANTS, 2) if i.shard == 2]
+    escaped = not_run[1:3]
+    first = _mutant_part(tmp_path / "in", 2, 1)
+    second = _mutant_part(tmp_path / "in", 2, 2, escaped=tuple(escaped))
+    code = cli_main(["merge", str(first), "--into", str(tmp_path / "a")])
+    assert code == 2
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last == f"fencecheck: exit 2: not run {', '.join(not_run)}"
+    code = cli_main(["merge", str(first), str(second), "--into", str(tmp_path / "b")])
+    assert code == 1
+    assert capsys.readouterr().out.strip().splitlines()[-1] == (
+        f"fencecheck: exit 1: not caught {', '.join(escaped)}"
+    )
