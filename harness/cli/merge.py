@@ -41,6 +41,8 @@ def main(args: argparse.Namespace) -> int:
         f"fencecheck merge {merged.run_id}: {len(merged.parts)} of {count} part(s), "
         f"{len(merged.results) + len(merged.mutants)} {what}"
     )
+    for why in merged.passed_over:
+        print(f"  passed over {why}")
     for k in merged.missing_parts:
         print(f"  part {k}/{count} is missing: its {what} are unknown")
     print()

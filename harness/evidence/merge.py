@@ -76,36 +76,44 @@ class Merged:
     # mutants.json entry per mutant.
     results: list[ExperimentResult] = field(default_factory=list)
     mutants: list[dict[str, Any]] = field(default_factory=list)
+    passed_over: list[str] = field(default_factory=list)
     header: dict[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
 
 
-def find_parts(paths: Sequence[Path]) -> list[Part]:
-    """The run directories named by ``paths``: each path is one (it holds a
-    shard.json) or directly holds some (as CI artifact downloads do)."""
+def find_parts(paths: Sequence[Path]) -> tuple[list[Part], list[str]]:
+    """The run directories named by ``paths`` (each path is one, or directly
+    holds some, as CI artifact downloads do), and why others were passed over.
+
+    A directory without a readable shard.json is passed over with its reason,
+    not refused: a part that died before its services came up leaves just
+    that, and its jobs then count as not run (unknown), never as passed.
+    """
     parts: list[Part] = []
+    passed_over: list[str] = []
     for path in paths:
         if not path.is_dir():
             raise MergeRefused(f"{path} is not a directory")
-        if (path / RECORD_NAME).exists():
-            found = [path]
-        else:
-            found = sorted(
-                d
-                for d in path.iterdir()
-                if d.is_dir() and not d.is_symlink() and (d / RECORD_NAME).exists()
-            )
+        found = (
+            [path]
+            if (path / RECORD_NAME).exists()
+            else sorted(d for d in path.iterdir() if d.is_dir() and not d.is_symlink())
+        )
         if not found:
-            raise MergeRefused(
-                f"{path} holds no run directory (no {RECORD_NAME} in it or in its "
-                "subdirectories); give the directories `fencecheck run --shard K/N` wrote"
-            )
+            passed_over.append(f"{path}: empty")
         for run_dir in found:
             try:
                 parts.append(Part(run_dir, read_record(run_dir)))
             except RecordInvalid as exc:
-                raise MergeRefused(str(exc)) from exc
-    return parts
+                passed_over.append(str(exc))
+    if not parts:
+        raise MergeRefused(
+            "no run directory to merge (none holds a readable "
+            f"{RECORD_NAME}):\n  "
+            + "\n  ".join(passed_over)
+            + "\ngive the directories `fencecheck run --shard K/N` wrote"
+        )
+    return parts, passed_over
 
 
 def check_one_run(parts: Sequence[Part]) -> None:
@@ -273,7 +281,7 @@ def write_reports(
 
 def merge(paths: Sequence[Path], into: Path) -> Merged:
     """Merge the parts found under ``paths`` into the new run directory ``into``."""
-    parts = find_parts(paths)
+    parts, passed_over = find_parts(paths)
     check_one_run(parts)
     first = parts[0].record
     if first.kind not in ("run", "mutants"):
@@ -330,6 +338,7 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
         missing_parts=missing,
         results=results,
         mutants=mutants,
+        passed_over=passed_over,
         header=header,
         wall_s=max(walls, default=0.0),
     )
@@ -347,6 +356,7 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
                     for p in parts
                 ],
                 "missing_parts": missing,
+                "passed_over": passed_over,
             },
             indent=2,
         )

@@ -221,8 +221,20 @@ def test_into_must_be_new_or_empty(tmp_path: Path) -> None:
 
 
 def test_a_directory_without_runs_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(MergeRefused, match="holds no run directory"):
-        merge([tmp_path], tmp_path / "out")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(MergeRefused, match="no run directory to merge"):
+        merge([tmp_path / "empty"], tmp_path / "out")
+
+
+def test_a_part_that_never_started_is_passed_over_and_its_jobs_are_unknown(
+    tmp_path: Path,
+) -> None:
+    parts = _parts(tmp_path / "in", 2)
+    (parts[1] / "shard.json").unlink()  # as a part that died before its services came up
+    merged = merge([p.parent for p in parts], tmp_path / "out")
+    assert merged.missing_parts == [2]
+    assert any("has no shard.json" in why for why in merged.passed_over)
+    assert {r.verdict for r in merged.results} == {Verdict.PASS, Verdict.UNKNOWN}
 
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
