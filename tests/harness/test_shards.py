@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import scenarios
+from harness.cli import main as cli_main
 from harness.engine.runner import jobs_for
 from harness.engine.shards import Shard, ShardError, assign, job_cost, job_key, pick
 
@@ -78,3 +80,21 @@ def test_more_parts_than_items_is_refused() -> None:
 def test_items_named_twice_are_refused() -> None:
     with pytest.raises(ShardError, match="named twice: a"):
         assign(["a", "b", "a"], 2, key=str, cost=lambda _i: 1.0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--shard", "2/4"], "--shard 2/4 needs --seed"),
+        (["run", "--shard", "5/4", "--seed", "1"], "between 1 and the number of parts"),
+        (["run", "A", "B", "--shard", "1/3", "--seed", "1"], "use at most 2 shards"),
+        (["run", "--shard", "two", "--seed", "1"], "is not K/N"),
+    ],
+)
+def test_bad_shard_options_are_usage_errors(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = cli_main([*argv, "--report-dir", str(tmp_path)])
+    assert code == 64
+    assert message in capsys.readouterr().err
+    assert not any(tmp_path.iterdir()), "a refused run leaves no run directory"
