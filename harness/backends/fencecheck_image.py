@@ -102,9 +102,9 @@ RUN mkdir -p /etc/postgresql-common \\
  && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends {apt} \\
  && apt-get clean && rm -rf /var/lib/apt/lists/* /usr/sbin/policy-rc.d
 COPY requirements.txt /tmp/requirements.txt
-RUN --mount=type=bind,source=wheels,target=/tmp/wheels \
-    python3 -m venv {APP}/.venv \
- && {APP}/.venv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check \
+RUN --mount=type=bind,source=wheels,target=/tmp/wheels \\
+    python3 -m venv {APP}/.venv \\
+ && {APP}/.venv/bin/pip install --quiet --no-cache-dir --disable-pip-version-check \\
       --no-index --find-links /tmp/wheels -r /tmp/requirements.txt
 COPY toxiproxy-server /usr/local/bin/toxiproxy-server
 COPY fencecheck fencecheck-entrypoint /usr/local/bin/

@@ -116,6 +116,13 @@ def find_parts(paths: Sequence[Path]) -> tuple[list[Part], list[str]]:
     return parts, passed_over
 
 
+def _first_difference(ours: Sequence[Any], theirs: Sequence[Any]) -> str:
+    for index, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if a != b:
+            return f", #{index + 1} is {tuple(b)}"
+    return ""
+
+
 def check_one_run(parts: Sequence[Part]) -> None:
     """Refuse parts of different runs, and a part given twice."""
     if not parts:
@@ -126,7 +133,10 @@ def check_one_run(parts: Sequence[Part]) -> None:
         values = {str(p.path): p.record.identity()[name] for p in parts}
         if any(v != value for v in values.values()):
             if name == "item list and split":
-                shown = ", ".join(f"{path}: {len(v)} items" for path, v in values.items())
+                shown = ", ".join(
+                    f"{path}: {len(v)} items{_first_difference(value, v)}"
+                    for path, v in values.items()
+                )
             else:
                 shown = ", ".join(f"{path}: {v}" for path, v in values.items())
             differences.append(f"  {name} differs ({shown})")

@@ -151,6 +151,14 @@ def test_parts_of_different_split_sizes_are_refused(tmp_path: Path) -> None:
         merge([two, _write_part(tmp_path / "in", three)], tmp_path / "out")
 
 
+def test_parts_of_different_job_lists_are_refused(tmp_path: Path) -> None:
+    one = _write_part(tmp_path / "in", _record(2, 1))
+    items = tuple(job_items(jobs_for(scenarios.all_modules(), repeat=2), 2))
+    other = _write_part(tmp_path / "in", _record(2, 2, items=items))
+    with pytest.raises(MergeRefused, match=r"item list and split differs .* 52 items"):
+        merge([one, other], tmp_path / "out")
+
+
 def test_the_same_part_twice_is_refused(tmp_path: Path) -> None:
     first = _write_part(tmp_path / "a", _record(2, 1))
     again = _write_part(tmp_path / "b", _record(2, 1, run_id="again"))
