@@ -111,7 +111,11 @@ COPY fencecheck fencecheck-entrypoint /usr/local/bin/
 RUN useradd --uid {UID} --gid 0 --home-dir {HOME} --create-home --shell /bin/sh fencecheck \\
  && mkdir -p /reports && chown {UID}:0 /reports && chmod 1777 /reports
 COPY src {APP}/
-RUN rm -rf {APP}/reports && ln -s /reports {APP}/reports && chmod -R a+rX {APP}
+# Bytecode now: the sources are read-only at run time, and without it every
+# worker and mock tool process would compile the harness again at start.
+RUN rm -rf {APP}/reports && ln -s /reports {APP}/reports \\
+ && python3 -m compileall -q {APP}/harness {APP}/scenarios {APP}/mock_tool {APP}/reference_impl \\
+ && chmod -R a+rX {APP}
 ENV PYTHONPATH={APP} PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 HOME={HOME} LANG=C.UTF-8 \\
     {IMAGE_ENV}={tag}
 USER {UID}
