@@ -14,13 +14,16 @@ TOXIPROXY := $(TOOLS)/bin/toxiproxy-server
 GO_DIR := reference_impl/go
 GO_WORKER := $(GO_DIR)/bin/fencecheck-go-worker
 GO_SOURCES := $(shell find $(GO_DIR) -name '*.go' -o -name '*.sql' -o -name 'go.mod' -o -name 'go.sum')
+# Lints the GitHub Actions workflow under docs/ci (tests/test_ci_files.py).
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := $(TOOLS)/bin/actionlint
 REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
 .PHONY: setup browser run test test-fast lint bench smoke clean go-check go-matrix go-bench
 
-setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER)
+setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT)
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +64,10 @@ browser:
 	  echo "  the report's browser tests will fail until you run: sudo apt-get install chromium"; \
 	  echo "  (or set FENCECHECK_CHROMIUM to a Chromium binary)"; \
 	fi
+$(ACTIONLINT):
+	@mkdir -p $(TOOLS)/bin
+	@command -v go >/dev/null 2>&1 || { echo "error: actionlint needs Go to build (apt-get install golang)"; exit 1; }
+	GOBIN=$(TOOLS)/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
 
 run: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck run --report-dir $(REPORT_DIR) $(ARGS)
@@ -113,7 +120,7 @@ CONTAINERS_SOCKET := $(TOOLS)/containers/podman.sock
 CONTAINERS_DOCKER_HOST ?= unix://$(CONTAINERS_SOCKET)
 CONTAINERS_ENV := DOCKER_HOST=$(CONTAINERS_DOCKER_HOST) TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_CONNECTION_MODE=docker_host
 
-.PHONY: containers-setup test-containers containers-stop containers-clean
+.PHONY: containers-setup test-containers containers-stop containers-clean image
 
 $(VENV)/.installed-containers: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,containers]'
@@ -138,3 +145,10 @@ containers-stop:
 
 containers-clean: $(VENV)/.installed-containers
 	$(PY) -m harness.backends.containers cleanup
+
+# The container image of fencecheck itself (docs/ci.md): harness, reference
+# worker, mock tool, toxiproxy, PostgreSQL 18 (wheel) and Debian's server,
+# non-root. IMAGE_ARGS=--no-debian-postgres leaves Debian's server out.
+IMAGE_ARGS ?=
+image: containers-setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.backends.fencecheck_image build $(IMAGE_ARGS)

@@ -9,6 +9,7 @@ processes on the host, so that SIGSTOP/SIGKILL reach them directly.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from harness.parts.toxiproxy import ToxiproxyServer
 from mock_tool.process import MockToolProcess
 
 BACKENDS = ("local", "containers")
+IMAGE_ENV = "FENCECHECK_IMAGE"
 
 
 class BackendUnavailable(RuntimeError):
@@ -105,7 +107,11 @@ class LocalBackend:
         return f"{host}:{port}"  # every server shares the harness's loopback
 
     def deployment(self) -> dict[str, Any]:
-        return {"kind": self.kind, "postgres_binaries": self.binaries.describe()}
+        found: dict[str, Any] = {"kind": self.kind, "postgres_binaries": self.binaries.describe()}
+        # Set by the fencecheck container image (make image): which image ran.
+        if os.environ.get(IMAGE_ENV):
+            found["inside_image"] = os.environ[IMAGE_ENV]
+        return found
 
     def close(self) -> None:
         return None

@@ -5,7 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.common import REPO_ROOT, UsageError, common_env_options, settings_from_args
+from harness.cli.common import (
+    REPO_ROOT,
+    UsageError,
+    common_env_options,
+    settings_from_args,
+    shard_from_args,
+    shard_option,
+)
+from harness.evidence.gate import add_gate_option
 
 NAME = "mutants"
 HELP = "prove the matrix catches every protocol mutant of the reference worker"
@@ -14,6 +22,8 @@ HELP = "prove the matrix catches every protocol mutant of the reference worker"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("names", nargs="*", help="mutant names (all when omitted)")
     parser.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
+    shard_option(parser, "mutants")
+    add_gate_option(parser)
     common_env_options(parser)
 
 
@@ -23,7 +33,12 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
         return run_mutants(
-            settings, args.names, report_root=Path(args.report_dir), parallel=args.jobs
+            settings,
+            args.names,
+            report_root=Path(args.report_dir),
+            parallel=args.jobs,
+            shard=shard_from_args(args),
+            fail_on=args.fail_on,
         )
     except (MutantListUnavailable, ValueError) as exc:
         raise UsageError(str(exc)) from exc

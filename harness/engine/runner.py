@@ -25,7 +25,7 @@ from harness.checking.history import read_history, timeline
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.evidence import archive as evidence
-from harness.evidence.summary import ExperimentResult
+from harness.evidence.summary import ExperimentResult, failed_check_lines
 from harness.verdict import Verdict
 
 Progress = Callable[[str], None]
@@ -138,11 +138,7 @@ def run_job(
         written = evidence.write_archive(archive_path, archive, secrets)
     except Exception as exc:
         verdict, reason = Verdict.UNKNOWN, f"archive not written: {exc}"
-    failed = [
-        f"{c['kind']} {c['name']}: expected {c['expected']}, observed {c['observed']}"
-        for c in archive.get("checks", [])
-        if not c["ok"]
-    ]
+    failed = failed_check_lines(archive.get("checks", []))
     result = ExperimentResult(
         experiment_id=spec.id,
         title=spec.title,

@@ -26,6 +26,8 @@ import yaml
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "evidence-archive.schema.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# Where a copy without git (the fencecheck container image) keeps its commit.
+COMMIT_FILE = ".fencecheck-commit"
 
 # Keys whose values never appear in an archive. Request bodies and
 # checkpoints may carry user data (Chinese seed section 12).
@@ -138,8 +140,13 @@ def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> Path
     return path
 
 
+# libyaml's loader when PyYAML has it: Q's archive (about 1 MB) loads in
+# 0.7 s instead of 3.7 s, which merging a run of many archives feels.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_archive(path: Path) -> dict[str, Any]:
-    loaded = yaml.safe_load(path.read_text())
+    loaded = yaml.load(path.read_text(), Loader=_SAFE_LOADER)
     if not isinstance(loaded, dict):
         raise ArchiveInvalid(f"{path} is not an evidence archive (top level is not a mapping)")
     return loaded
@@ -165,7 +172,10 @@ def git_commit() -> str:
             check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return "unknown (not a git checkout)"
+        try:
+            return (REPO_ROOT / COMMIT_FILE).read_text().strip()
+        except OSError:
+            return "unknown (not a git checkout)"
     return f"{head}{'-dirty' if dirty else ''}"
 
 
