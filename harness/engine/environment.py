@@ -197,6 +197,7 @@ class Environment:
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     aborted: str | None = None
     extra_links: list[str] = field(default_factory=list)
+    write_path: str = "fast"
 
     def abort(self, timeout_s: float) -> None:
         """The experiment's global timeout: kill its workers and release its
@@ -247,6 +248,7 @@ class Environment:
             "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(self.heartbeat_timeout_ms),
             "FENCECHECK_DISPATCH_TTL_MS": str(self.dispatch_ttl_ms),
             "FENCECHECK_MUTANT": self.shared.settings.mutant,
+            "FENCECHECK_WRITE_PATH": self.write_path,
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -293,6 +295,7 @@ def experiment_environment(
     replication: Literal["async", "sync"] | None = None,
     tools: dict[str, str] | None = None,
     log_dir: Path,
+    write_path: str = "fast",
 ) -> Iterator[Environment]:
     """Bring up one experiment's world and tear all of it down afterwards."""
     assert shared.primary is not None and shared.toxiproxy is not None
@@ -346,6 +349,7 @@ def experiment_environment(
             log_dir=log_dir,
             standby=standby,
             replication=replication,
+            write_path=write_path,
         )
         stack.callback(_remove_links, toxi, env.extra_links)
         stack.callback(env.stop_workers)

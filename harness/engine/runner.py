@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.checking.history import read_history, timeline
+from harness.checking.invariants import experiment as invariants
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.evidence import archive as evidence
@@ -93,6 +94,7 @@ def run_job(
             dispatch_ttl_ms=spec.dispatch_ttl_ms,
             replication=_replication_for(spec, job.variant),
             log_dir=logs_dir,
+            write_path=spec.write_path,
         ) as env:
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed)
             watchdog = threading.Timer(spec.timeout_s, env.abort, args=(spec.timeout_s,))
@@ -117,6 +119,7 @@ def run_job(
                 verdict, reason = Verdict.UNKNOWN, f"aborted: {env.aborted}"
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
+            verdict, reason = invariants.judge(ctx, verdict, reason)
             archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
     except Exception as exc:
         harness_error = traceback.format_exc()
@@ -238,6 +241,7 @@ def _archive(
         "audit_trail": audit,
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
+        "global_invariants": ctx.extra.get("global_invariants"),
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),
