@@ -18,7 +18,7 @@ from functools import cache
 
 from harness.checking.history import read_history
 from harness.checking.invariants.gather import gather
-from harness.checking.invariants.paths import paths_taken
+from harness.checking.invariants.paths import path_per_write, paths_taken
 from harness.checking.invariants.registry import check
 from harness.engine.experiment import ExperimentContext
 from harness.verdict import Verdict
@@ -88,6 +88,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
         "write_path_asked": ctx.spec.write_path,
         "write_paths_declared": evidence.write_paths,
         "write_paths_taken": paths_taken(evidence),
+        "write_path_per_write": path_per_write(evidence),
         "audit_changes": len(evidence.changes),
     }
     shown = [r for r in results if not r.ok]

@@ -10,6 +10,8 @@ write took is the harness's observation, not the worker's word.
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.checking.invariants.model import Change, Evidence, Finding
 from harness.checking.invariants.registry import invariant
 from harness.checking.invariants.writes import protected_writes
@@ -21,12 +23,24 @@ def path_of(ev: Evidence, write: Change) -> str | None:
     return found[0] if len(found) == 1 else None
 
 
+def path_per_write(ev: Evidence) -> list[dict[str, Any]]:
+    """Each protected write with the path it took (``undeclared``: no marker matched)."""
+    return [
+        {
+            "run_id": w.row.get("run_id"),
+            "revision": w.row.get("revision"),
+            "app": w.app,
+            "path": path_of(ev, w) or "undeclared",
+        }
+        for w in protected_writes(ev)
+    ]
+
+
 def paths_taken(ev: Evidence) -> dict[str, int]:
-    """Protected writes per path (``undeclared`` for a statement no marker matches)."""
+    """Protected writes per path."""
     counts: dict[str, int] = {}
-    for w in protected_writes(ev):
-        name = path_of(ev, w) or "undeclared"
-        counts[name] = counts.get(name, 0) + 1
+    for w in path_per_write(ev):
+        counts[w["path"]] = counts.get(w["path"], 0) + 1
     return counts
 
 
