@@ -32,8 +32,8 @@ def _ledger_changes(ev: Evidence) -> dict[str, list[Change]]:
 
 
 def _state_at(changes: list[Change], t: float) -> tuple[Change | None, Change | None]:
-    """The change in force at time ``t``, and the claim (change into
-    ``dispatching``) it belongs to, if the row was dispatching then."""
+    """The change in force at time ``t``, and the last claim (change into
+    ``dispatching``) made before ``t``."""
     current = claim = None
     for c in changes:
         if c.at > t:
@@ -41,9 +41,13 @@ def _state_at(changes: list[Change], t: float) -> tuple[Change | None, Change | 
         current = c
         if c.after("status") == "dispatching" and c.before("status") != "dispatching":
             claim = c
-        elif c.after("status") != "dispatching":
-            claim = None
     return current, claim
+
+
+# Ledger statuses a request may meet on arrival: its claim is live, or expired
+# and turned unknown while the request was on its way (a claim's expiry does
+# not revoke a request already sent; English seed §9.2).
+IN_FLIGHT = ("dispatching", "unknown")
 
 
 def _epoch_at(ev: Evidence, run_id: str, t: float) -> int | None:
@@ -111,8 +115,9 @@ def no_resend_without_idempotency(ev: Evidence) -> Finding:
     "effect.sent_only_under_a_dispatch_claim",
     "SPEC rule 4; English seed §8, §9.2",
     "every create request names an operation registered in the ledger for the run it names, "
-    "arrives while that operation is claimed for dispatch (status dispatching), and carries "
-    "an epoch of that run between the one at the claim and the current one",
+    "arrives after a dispatch claim of it and while it is still in flight (dispatching, or "
+    "unknown after that claim expired), and carries an epoch of that run between the one at "
+    "the claim and the current one",
 )
 def sent_only_under_claim(ev: Evidence) -> Finding:
     ledger = {str(r["operation_id"]): r for r in ev.rows("tool_operations")}
@@ -130,8 +135,10 @@ def sent_only_under_claim(ev: Evidence) -> Finding:
             why = f"ledger run is {row.get('run_id')}"
         else:
             current, claim = _state_at(history.get(op, []), t)
+            status = current.after("status") if current else None
             if claim is None:
-                status = current.after("status") if current else None
+                why = f"never claimed for dispatch before it arrived (ledger {status!r})"
+            elif status not in IN_FLIGHT:
                 why = f"ledger status {status!r} when the request arrived"
             else:
                 low = _epoch_at(ev, str(row["run_id"]), claim.at)
