@@ -110,6 +110,9 @@ class Evidence:
     # contains), and the one the experiment asked for (None: not judged).
     write_paths: dict[str, str] = field(default_factory=dict)
     asked_write_path: str | None = None
+    # Index of changes by (txid, table), built on first use.
+    _by_tx: dict[Any, list[Change]] | None = field(default=None, repr=False, compare=False)
+    _indexed: int = field(default=-1, repr=False, compare=False)
 
     # ------------------------------------------------------------ access
     def of(self, table: str, op: str | None = None) -> Iterator[Change]:
@@ -129,7 +132,11 @@ class Evidence:
         return str(value) if value is not None else None
 
     def in_tx(self, txid: int, table: str) -> list[Change]:
-        return [c for c in self.changes if c.txid == txid and c.table == table]
+        """Changes of ``table`` made by transaction ``txid``, in audit order."""
+        if self._by_tx is None or self._indexed != len(self.changes):
+            self._by_tx = group(self.changes, lambda c: (c.txid, c.table))
+            self._indexed = len(self.changes)
+        return self._by_tx.get((txid, table), [])
 
 
 @dataclass(frozen=True)
