@@ -85,10 +85,13 @@ def changes_by(
     ctx: ExperimentContext, apps: list[str], *, after_seq: int = 0, since: float | None = None
 ) -> list[dict[str, Any]]:
     """Every audited change of a contract table made by sessions of ``apps``
-    after audit position ``after_seq`` (and database time ``since``)."""
+    after audit position ``after_seq`` (and database time ``since``);
+    ``renewal`` marks a change of agent_runs that only moved the lease expiry."""
     return ctx.sql(
         f"changes by {', '.join(apps)} (audit trail)",
         "SELECT seq, at, txid, app, tbl, op, coalesce(new, old)->>'run_id' AS run_id, "
+        "(tbl = 'agent_runs' AND op = 'UPDATE' AND old - 'lease_expires_at' - 'updated_at' "
+        " = new - 'lease_expires_at' - 'updated_at') AS renewal, "
         "left(statement, 120) AS statement FROM fencecheck_audit.changes "
         "WHERE app = ANY(%s) AND seq > %s AND at > coalesce(to_timestamp(%s), '-infinity') "
         "ORDER BY seq",
