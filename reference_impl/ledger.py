@@ -236,6 +236,12 @@ class Ledger:
             self.q.sql("add_evidence"), {"operation_id": op_id, "evidence": Jsonb(evidence)}
         )
 
+    def run_epoch(self, conn: Conn, run_id: uuid.UUID) -> int:
+        """The run's epoch now, read after a claim: the epoch a request carries
+        when its dispatcher is not the run's lease holder."""
+        row = conn.execute(self.q.sql("run_epoch"), {"run_id": run_id}).fetchone()
+        return int(row["epoch"]) if row else 0
+
     def unknown_operations(self, conn: Conn, limit: int = 100) -> list[dict[str, Any]]:
         return conn.execute(self.q.sql("unknown_operations"), {"limit": limit}).fetchall()
 
@@ -335,7 +341,7 @@ class Dispatcher:
         op = self.ledger.claim(conn, self.owner, operation_id)
         if op is None:
             return {"operation_id": operation_id, "status": None, "remote_id": None}
-        answer = self.send(op, epoch=0)
+        answer = self.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.owner, answer)
         else:
@@ -415,7 +421,7 @@ class Reconciler:
         )
         if op is None:
             return None
-        answer = self.dispatcher.send(op, epoch=0)
+        answer = self.dispatcher.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.dispatcher.owner, answer)
         else:

@@ -1,4 +1,4 @@
-"""``python -m reference_impl.worker {migrate,run,ops,mutants}`` (worker contract, section 1)."""
+"""``python -m reference_impl.worker {migrate,run,ops,mutants,write-paths}`` (worker contract, section 1)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ _log = logging.getLogger("reference_impl.worker")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fencecheck-worker", description=__doc__)
-    p.add_argument("mode", choices=["migrate", "run", "ops", "mutants"])
+    p.add_argument("mode", choices=["migrate", "run", "ops", "mutants", "write-paths"])
     p.add_argument("--dsn", help="worker-role DSN (FENCECHECK_DSN)")
     p.add_argument("--admin-dsn", help="superuser DSN for migrate (FENCECHECK_ADMIN_DSN)")
     p.add_argument("--worker-id", help="FENCECHECK_WORKER_ID")
@@ -76,10 +76,22 @@ def print_mutants() -> int:
     return 0
 
 
+# The protected write's two shapes, by a text each one's top-level statement
+# contains (worker contract §1, ``write-paths``): the harness's audit trigger
+# records that statement, so it sees which path every write took.
+WRITE_PATHS = {
+    "fast": "fencecheck.protected_write_fast(",
+    "stepped": "fencecheck.protected_write(",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.mode == "mutants":
         return print_mutants()
+    if args.mode == "write-paths":
+        print(json.dumps(WRITE_PATHS))
+        return 0
     try:
         settings = settings_from(args)
     except ValueError as exc:

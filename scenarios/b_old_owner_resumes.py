@@ -126,15 +126,16 @@ def run(ctx: ExperimentContext) -> None:
         what="(owner, epoch, revision, lease_expires_at)",
     )
     ctx.equal("B's revision is the last", after["revision"], rev_b, what="agent_runs.revision")
-    late = [
-        r
-        for r in checkers.audit(ctx, run_id)
-        if r["app"] == "A" and r["epoch"] is not None and r["epoch"] >= epoch_b
-    ]
+    b_grant = min(
+        (r["seq"] for r in checkers.audit(ctx, run_id) if r["epoch"] == epoch_b), default=0
+    )
+    late = checkers.changes_by(ctx, ["A", "A2"], after_seq=b_grant)
     ctx.invariant(
         "no change by A after the takeover",
-        not late,
-        expected="no audited change of the run made by A's connections after B's claim",
-        observed=f"{len(late)} change(s) by A: {[r['seq'] for r in late]}" if late else "none",
+        b_grant > 0 and not late,
+        expected="no audited change of any contract table by A's sessions (A, A2) after B's claim",
+        observed=f"{len(late)} change(s) by A: {[(r['seq'], r['tbl'], r['op']) for r in late]}"
+        if late
+        else f"none after audit position {b_grant}",
     )
     checkers.lease_history_is_sound(ctx, [run_id])

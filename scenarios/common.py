@@ -49,6 +49,15 @@ def new_run(
     return ctx.note_run(str(result["run_id"]))
 
 
+def workflow_steps(extra_steps: int = 0) -> list[str]:
+    """The ``current_step`` of each protected write of the built-in workflow, in
+    order, for a run that goes through without a fault (worker contract §7):
+    start and plan, lookup, the tool step's intent and result, notify, the
+    extra work steps, finish."""
+    work = [f"work_{i + 1}" for i in range(extra_steps)]
+    return ["plan", "plan", "lookup", "create_label", "create_label", "notify", *work, "finish"]
+
+
 def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -> T | None:
     """``wait_for`` for a fault check: the probe's first truthy answer, or None
     when it never came (so the check records "did not take effect" with its

@@ -54,6 +54,51 @@ def audit(ctx: ExperimentContext, run_id: str | None = None) -> list[dict[str, A
     )
 
 
+def writes(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
+    """The run's protected writes as the audit trigger saw them, in revision order:
+    revision, epoch and owner of the checkpoint, its event_id, the transaction
+    that inserted it, the outbox rows inserted with that event_id (and their
+    transactions), the run's ``current_step`` as that transaction left it, and
+    the session that wrote it."""
+    return ctx.sql(
+        f"protected writes of run {run_id[:8]} (audit trail)",
+        "SELECT (c.new->>'revision')::bigint AS revision, (c.new->>'epoch')::bigint AS epoch, "
+        "c.new->>'owner' AS owner, c.new->>'event_id' AS event_id, c.txid, c.app, "
+        "(SELECT r.new->>'current_step' FROM fencecheck_audit.changes r WHERE r.txid = c.txid "
+        " AND r.tbl = 'agent_runs' AND r.new->>'run_id' = c.new->>'run_id' "
+        " ORDER BY r.seq DESC LIMIT 1) AS current_step, "
+        "(SELECT array_agg(o.txid ORDER BY o.seq) FROM fencecheck_audit.changes o "
+        " WHERE o.tbl = 'outbox' AND o.op = 'INSERT' AND o.new->>'event_id' = c.new->>'event_id')"
+        " AS outbox_txids "
+        "FROM fencecheck_audit.changes c WHERE c.tbl = 'agent_checkpoints' AND c.op = 'INSERT' "
+        "AND c.new->>'run_id' = %s ORDER BY (c.new->>'revision')::bigint",
+        [run_id],
+    )
+
+
+def with_outbox_in_same_tx(write: dict[str, Any]) -> bool:
+    """One outbox row with the write's event_id, inserted by the write's transaction."""
+    return list(write["outbox_txids"] or []) == [write["txid"]]
+
+
+def changes_by(
+    ctx: ExperimentContext, apps: list[str], *, after_seq: int = 0, since: float | None = None
+) -> list[dict[str, Any]]:
+    """Every audited change of a contract table made by sessions of ``apps``
+    after audit position ``after_seq`` (and database time ``since``);
+    ``renewal`` marks a change of agent_runs that only moved the lease expiry."""
+    return ctx.sql(
+        f"changes by {', '.join(apps)} (audit trail)",
+        "SELECT seq, at, txid, app, tbl, op, coalesce(new, old)->>'run_id' AS run_id, "
+        "(tbl = 'agent_runs' AND op = 'UPDATE' AND old - 'lease_expires_at' - 'updated_at' "
+        " = new - 'lease_expires_at' - 'updated_at') AS renewal, "
+        "left(statement, 120) AS statement FROM fencecheck_audit.changes "
+        "WHERE app = ANY(%s) AND seq > %s AND at > coalesce(to_timestamp(%s), '-infinity') "
+        "ORDER BY seq",
+        [apps, after_seq, since],
+    )
+
+
 def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"tool ledger of run {run_id[:8]}",

@@ -214,6 +214,7 @@ class Environment:
     #: sensitive inputs it plants): masked wherever they appear in an archive.
     secrets: set[str] = field(default_factory=set)
     data_key: str = field(default_factory=lambda: base64.b64encode(os.urandom(32)).decode())
+    write_path: str = "fast"
 
     def abort(self, timeout_s: float) -> None:
         """The experiment's global timeout: kill its workers and release its
@@ -323,6 +324,7 @@ class Environment:
             "FENCECHECK_DISPATCH_TTL_MS": str(self.dispatch_ttl_ms),
             "FENCECHECK_MUTANT": self.shared.settings.mutant,
             "FENCECHECK_DATA_KEY": self.data_key,
+            "FENCECHECK_WRITE_PATH": self.write_path,
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -379,6 +381,7 @@ def experiment_environment(
     tools: dict[str, str] | None = None,
     tool_retention_s: float | None = None,
     log_dir: Path,
+    write_path: str = "fast",
 ) -> Iterator[Environment]:
     """Bring up one experiment's world and tear all of it down afterwards."""
     assert shared.primary is not None and shared.toxiproxy is not None
@@ -434,6 +437,7 @@ def experiment_environment(
             log_dir=log_dir,
             standby=standby,
             replication=replication,
+            write_path=write_path,
         )
         stack.callback(_remove_links, toxi, env.extra_links)
         env.secrets.add(env.data_key)

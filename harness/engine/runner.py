@@ -22,6 +22,7 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.checking.history import read_history, timeline
+from harness.checking.invariants import experiment as invariants
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.evidence import archive as evidence
@@ -95,6 +96,7 @@ def run_job(
             replication=_replication_for(spec, job.variant),
             tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
             log_dir=logs_dir,
+            write_path=spec.write_path,
         ) as env:
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed)
             watchdog = threading.Timer(spec.timeout_s, env.abort, args=(spec.timeout_s,))
@@ -119,6 +121,7 @@ def run_job(
                 verdict, reason = Verdict.UNKNOWN, f"aborted: {env.aborted}"
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
+            verdict, reason = invariants.judge(ctx, verdict, reason)
             archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
             secrets = env.secrets
     except Exception as exc:
@@ -240,6 +243,7 @@ def _archive(
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
         "metrics": env.metrics,
+        "global_invariants": ctx.extra.get("global_invariants"),
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),

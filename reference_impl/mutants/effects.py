@@ -8,7 +8,7 @@ from typing import Any
 from mock_tool.errors import ToolError
 from reference_impl import ids
 from reference_impl.db import Conn
-from reference_impl.ledger import Reconciler
+from reference_impl.ledger import Ledger, Reconciler
 from reference_impl.mutants.base import Component, Method, Mutant, SqlOverlay
 from reference_impl.protocol import Protocol
 
@@ -45,6 +45,15 @@ class ResendingReconciler(Reconciler):
         return {"operation_id": op_id, "from": "unknown", "to": status}
 
 
+class EpochlessLedger(Ledger):
+    """Sends requests of a dispatcher that does not hold the lease with epoch 0."""
+
+    def run_epoch(self, conn: Conn, run_id: uuid.UUID) -> int:
+        # MUTANT: the request does not carry the run's epoch: the tool (and any
+        # high-water check of its own) cannot tell which term sent it.
+        return 0
+
+
 MUTANTS = (
     Mutant(
         "expired_claim_back_to_prepared",
@@ -62,6 +71,14 @@ MUTANTS = (
         "whoever holds the claim and whatever the ledger revision: a stale "
         "dispatcher's late answer overwrites a newer claim still in flight",
         SqlOverlay("result_ignores_dispatch_claim.sql", "fencecheck.record_tool_result"),
+    ),
+    Mutant(
+        "request_without_run_epoch",
+        4,
+        ("E",),
+        "a dispatcher that is not the run's lease holder (a standalone dispatch or a "
+        "same-key retry) sends the request with epoch 0 instead of the run's epoch",
+        Component("ledger_cls", EpochlessLedger),
     ),
     Mutant(
         "new_operation_id_on_retry",

@@ -74,3 +74,7 @@ SELECT operation_id, effect_version, status, remote_id, result, request_digest
 -- name: deliver_callback
 -- A tool callback; accepted only for the named run's own operation while that run is active and live.
 SELECT fencecheck.deliver_callback(%(run_id)s, %(operation_id)s, %(payload)s) AS accepted;
+
+-- name: run_epoch
+-- The run's current epoch: what a dispatcher that is not the lease holder sends with a request.
+SELECT epoch FROM agent_runs WHERE run_id = %(run_id)s;
