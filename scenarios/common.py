@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -31,7 +30,7 @@ def new_run(
 ) -> str:
     """Create a task with one run through the worker's control plane; return run_id."""
     ctl = control_plane(ctx, tenant_id)
-    task_id = f"task-{ctx.spec.id.lower()}-{uuid.uuid4().hex[:8]}"
+    task_id = f"task-{ctx.spec.id.lower()}-{ctx.uuid()[:8]}"
     args: dict[str, Any] = {"task_id": task_id, "input": {"tool": tool, **(input or {})}}
     if tenant_id is not None:
         args["tenant_id"] = tenant_id

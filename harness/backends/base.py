@@ -55,6 +55,11 @@ class Backend(Protocol):
 
     def deployment(self) -> dict[str, Any]: ...
 
+    def footprint(self) -> dict[str, Any]:
+        """What the backend keeps outside the run's temp root, for the run record
+        (``harness.engine.run_records``): ``temp_dirs``, ``container_run``, ``engine``."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -96,6 +101,9 @@ class LocalBackend:
 
     def deployment(self) -> dict[str, Any]:
         return {"kind": self.kind, "postgres_binaries": self.binaries.describe()}
+
+    def footprint(self) -> dict[str, Any]:
+        return {}  # everything lives in the run's temp root
 
     def close(self) -> None:
         return None

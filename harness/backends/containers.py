@@ -117,7 +117,6 @@ except ImportError as exc:  # make_backend turns this into BackendUnavailable
         "`pip install -e '.[containers]'` (or `make containers-setup`)"
     ) from exc
 
-import psutil
 import psycopg
 
 from harness.backends import containers_images as images
@@ -126,7 +125,7 @@ from harness.backends.containers_setup import SOCKET_PATH as PROJECT_SOCKET
 from harness.parts.os_user import OsUser
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.postgres import BASE_SETTINGS, ClusterError, PostgresCluster
-from harness.parts.processes import ProcessRegistry
+from harness.parts.processes import ProcessRegistry, process_started
 from harness.parts.toxiproxy import (
     FaultRecord,
     Link,
@@ -266,13 +265,6 @@ def _configure_testcontainers(base_url: str) -> None:
 
 
 # ------------------------------------------------------------------ cleanup
-def _process_started(pid: int) -> float | None:
-    try:
-        return float(psutil.Process(pid).create_time())
-    except (psutil.Error, ValueError):
-        return None
-
-
 def owner_alive(labels: dict[str, str]) -> bool:
     """Whether the harness that created something with these labels still runs.
 
@@ -285,7 +277,7 @@ def owner_alive(labels: dict[str, str]) -> bool:
         started = float(labels.get(LABEL_STARTED, ""))
     except ValueError:
         return False
-    actual = _process_started(pid)
+    actual = process_started(pid)
     return actual is not None and abs(actual - started) < 1.0
 
 
@@ -307,6 +299,26 @@ def cleanup_leftovers(client: Any, *, everything: bool = False) -> list[str]:
             if tmp.name.startswith("fencecheck-") and tmp.is_dir():
                 shutil.rmtree(tmp, ignore_errors=True)
                 removed.append(str(tmp))
+    return removed
+
+
+def remove_run(run_id: str, engine: str | None = None) -> list[str]:
+    """Remove the containers and network of run ``run_id`` (a dead run's, from its
+    run record); returns what was removed."""
+    client = docker.DockerClient(base_url=engine or find_engine(), timeout=30)
+    removed: list[str] = []
+    try:
+        flt = {"label": f"{LABEL_RUN}={run_id}"}
+        for container in client.containers.list(all=True, filters=flt):
+            with contextlib.suppress(docker.errors.NotFound):
+                container.remove(force=True, v=True)
+                removed.append(str(container.name))
+        for network in client.networks.list(filters=flt):
+            with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
+                network.remove()
+                removed.append(str(network.name))
+    finally:
+        client.close()
     return removed
 
 
@@ -332,7 +344,7 @@ class ContainerBackend:
         self.labels = {
             LABEL_RUN: self.run_id,
             LABEL_PID: str(os.getpid()),
-            LABEL_STARTED: f"{_process_started(os.getpid()) or 0:.3f}",
+            LABEL_STARTED: f"{process_started(os.getpid()) or 0:.3f}",
             LABEL_HOST: socket.gethostname(),
         }
         self.images: dict[str, str] = {}
@@ -646,14 +658,30 @@ class ContainerBackend:
             "workers": "host processes",
         }
 
+    def footprint(self) -> dict[str, Any]:
+        return {
+            "container_run": self.run_id,
+            "engine": self.base_url,
+            "temp_dirs": [str(self._tmp)] if self._tmp is not None else [],
+        }
+
     def close(self) -> None:
-        """Remove every container and the network of this run; idempotent."""
+        """Remove every container and the network of this run; idempotent.
+
+        Containers are removed in parallel (each removal is a round trip of a
+        second or so to a busy engine): a stopping run has seconds, not tens.
+        """
         self._closed = True
         with self._lock:
             names = list(self._containers)
-        for name in names:
-            with contextlib.suppress(Exception):
-                self.remove_container(name)
+        removers = [
+            threading.Thread(target=self._remove_quietly, args=(name,), daemon=True)
+            for name in names
+        ]
+        for thread in removers:
+            thread.start()
+        for thread in removers:
+            thread.join(timeout=30)
         # By label too: whatever was created but never registered.
         with contextlib.suppress(Exception):
             for container in self.client.containers.list(
@@ -674,6 +702,10 @@ class ContainerBackend:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None
         _LIVE.discard(self)
+
+    def _remove_quietly(self, name: str) -> None:
+        with contextlib.suppress(Exception):
+            self.remove_container(name)
 
     def leftovers(self) -> list[str]:
         """Names of this run's containers and networks still in the engine."""
@@ -1039,7 +1071,8 @@ class ContainerToxiproxy(ToxiproxyServer):
             f"toxiproxy container ({self.backend.images['toxiproxy']}) not ready: {last}",
         )
 
-    def stop(self) -> None:
+    def stop(self, grace_s: float = 3.0) -> None:
+        del grace_s  # removing the container is the stop
         if self.container is None:
             return
         self.backend.unregister_toxiproxy(self)

@@ -5,7 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from harness.cli.common import REPO_ROOT, UsageError, common_env_options, settings_from_args
+from harness.cli.common import (
+    REPO_ROOT,
+    UsageError,
+    common_env_options,
+    reap_and_report,
+    settings_from_args,
+)
 
 NAME = "mutants"
 HELP = "prove the matrix catches every protocol mutant of the reference worker"
@@ -21,6 +27,7 @@ def main(args: argparse.Namespace) -> int:
     from harness.mutation.named import MutantListUnavailable, run_mutants
 
     settings = settings_from_args(args)
+    reap_and_report(settings.work_dir, print)
     try:
         return run_mutants(
             settings, args.names, report_root=Path(args.report_dir), parallel=args.jobs

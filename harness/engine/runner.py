@@ -8,27 +8,33 @@ scenario can forget it and no worker can supply it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import random
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness import stopping
 from harness.checking import checkers
 from harness.checking.history import read_history, timeline
+from harness.engine import stalls
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult
 from harness.verdict import Verdict
 
-Progress = Callable[[str], None]
+# After a stop request, how long the running experiments get to unwind (their
+# workers are killed at once) before the run reports them and tears down.
+STOP_GRACE_S = 1.5
 
 
 def _iso(ts: float) -> str:
@@ -65,24 +71,36 @@ def jobs_for(modules: Sequence[ModuleType], repeat: int) -> list[Job]:
     return jobs
 
 
+def job_rng(seed: int | None, job: Job) -> random.Random:
+    """The job's own generator: the run's seed and the job's label decide every
+    random choice, so the same seed gives the same schedule (a repetition has
+    its own label, hence its own choices)."""
+    return random.Random(f"{seed}/{job.label}") if seed is not None else random.Random()
+
+
 def run_job(
     shared: SharedServices,
     job: Job,
     *,
     report_dir: Path,
     seed: int | None,
-    progress: Progress = lambda _m: None,
+    progress: Progress | None = None,
 ) -> ExperimentResult:
     """One experiment, start to archive. Never raises for what the experiment does:
-    a harness failure becomes verdict *unknown* with the error in the archive."""
+    a harness failure, an interruption or a stall of the harness that could
+    have decided the outcome becomes verdict *unknown* with the reason in the
+    archive."""
     spec = job.spec
     started = time.time()
-    progress(f"{job.label}: {spec.title} ...")
+    if progress is not None:
+        progress.job_started(job.label, spec.title)
     archive_path = report_dir / "archives" / f"{job.label}.yaml"
     logs_dir = report_dir / "logs" / job.label
     harness_error: str | None = None
     verdict, reason = Verdict.UNKNOWN, "not run"
     archive: dict[str, Any] = {}
+    interrupted: str | None = None
+    rng = job_rng(seed, job)
     try:
         with experiment_environment(
             shared,
@@ -93,42 +111,49 @@ def run_job(
             dispatch_ttl_ms=spec.dispatch_ttl_ms,
             replication=_replication_for(spec, job.variant),
             log_dir=logs_dir,
+            rng=rng,
         ) as env:
-            ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed)
-            watchdog = threading.Timer(spec.timeout_s, env.abort, args=(spec.timeout_s,))
-            watchdog.daemon = True
-            watchdog.start()
-            try:
-                job.module.run(ctx)
-                verdict, reason = ctx.verdict()
-            except Inconclusive as exc:
-                verdict, reason = Verdict.UNKNOWN, f"inconclusive: {exc}"
-            except Exception as exc:
-                harness_error = traceback.format_exc()
-                verdict, reason = Verdict.UNKNOWN, f"harness error: {type(exc).__name__}: {exc}"
-                # An invariant that already broke, with every fault confirmed,
-                # is evidence of its own: a later error does not erase it.
-                checked, why = ctx.verdict()
-                if checked is Verdict.FAIL:
-                    verdict, reason = checked, f"{why} (then harness error: {exc})"
-            finally:
-                watchdog.cancel()
-            if env.aborted:
+            ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed, rng=rng)
+            verdict, reason, harness_error = _run_scenario(job, ctx)
+            # Steps that judge the experiment after its scenario (a global
+            # invariant checker, say) go here, one call each, while the
+            # environment is still up: `verdict, reason = step(ctx, verdict, reason)`.
+            if env.interrupted:
+                interrupted = env.interrupted
+                verdict, reason = Verdict.UNKNOWN, _interrupted_reason(interrupted, ctx)
+            elif env.aborted:
                 verdict, reason = Verdict.UNKNOWN, f"aborted: {env.aborted}"
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
             archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
     except Exception as exc:
         harness_error = traceback.format_exc()
-        verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
+        if stopping.requested():
+            interrupted = stopping.reason()
+            verdict, reason = Verdict.UNKNOWN, f"{interrupted} while it ran ({exc})"
+        else:
+            verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
     finished = time.time()
+    seen_stalls = stalls.monitor().stalls(started, finished)
+    verdict, reason = stalls.judge(verdict, reason, seen_stalls, spec.heartbeat_timeout_ms / 1000)
     if not archive:
-        archive = _minimal_archive(shared, job, started, verdict, reason, harness_error, logs_dir)
+        archive = _minimal_archive(
+            shared, job, seed, started, verdict, reason, harness_error, logs_dir
+        )
     archive.update(
         finished_at=_iso(finished),
         duration_s=round(finished - started, 3),
         pass_or_fail=verdict.value,
         verdict_reason=reason,
+        harness_stalls=[
+            {
+                "started_at": _iso(st.started_at),
+                "length_s": round(st.length_s, 3),
+                "seen_by": st.seen_by,
+            }
+            for st in seen_stalls
+        ],
+        interrupted=interrupted,
     )
     written: Path | None = None
     try:
@@ -140,21 +165,46 @@ def run_job(
         for c in archive.get("checks", [])
         if not c["ok"]
     ]
-    result = ExperimentResult(
-        experiment_id=spec.id,
-        title=spec.title,
-        variant=job.variant,
-        repeat_index=job.repeat_index,
-        verdict=verdict,
-        reason=reason,
-        duration_s=finished - started,
-        natural_wait_s=spec.natural_wait(job.variant),
-        archive_path=written,
-        invariant=spec.invariant,
-        failed_checks=failed,
-    )
-    progress(f"{job.label}: {verdict.value.upper()} in {result.duration_s:.2f}s ({reason})")
+    result = _result(job, verdict, reason, finished - started, written, failed)
+    if progress is not None:
+        progress.job_finished(
+            job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({reason})"
+        )
     return result
+
+
+def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str | None]:
+    """The scenario under its global timeout: verdict, reason, harness error."""
+    env = ctx.env
+    spec = job.spec
+    watchdog = threading.Timer(spec.timeout_s, env.abort, args=(spec.timeout_s,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        job.module.run(ctx)
+        verdict, reason = ctx.verdict()
+        return verdict, reason, None
+    except Inconclusive as exc:
+        return Verdict.UNKNOWN, f"inconclusive: {exc}", None
+    except Exception as exc:
+        harness_error = traceback.format_exc()
+        verdict, reason = Verdict.UNKNOWN, f"harness error: {type(exc).__name__}: {exc}"
+        # An invariant that already broke, with every fault confirmed, is
+        # evidence of its own: a later error does not erase it (unless the
+        # run was interrupted meanwhile: then nothing after the interrupt is).
+        checked, why = ctx.verdict()
+        if checked is Verdict.FAIL:
+            verdict, reason = checked, f"{why} (then harness error: {exc})"
+        return verdict, reason, harness_error
+    finally:
+        watchdog.cancel()
+
+
+def _interrupted_reason(why: str, ctx: ExperimentContext) -> str:
+    """Interrupted is a reason, never an environment error: what was cut, and how
+    far the experiment had come (its checks so far prove nothing)."""
+    done = len(ctx.checks)
+    return f"{why} while it ran ({done} check(s) recorded before the stop; none counts)"
 
 
 def _replication_for(spec: ExperimentSpec, variant: str | None) -> Any:
@@ -238,6 +288,9 @@ def _archive(
         "audit_trail": audit,
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
+        "worker_channel_errors": {
+            w.worker_id: list(w.protocol_errors) for w in env.workers.values() if w.protocol_errors
+        },
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),
@@ -280,6 +333,7 @@ def _observed(ctx: ExperimentContext) -> str:
 def _minimal_archive(
     shared: SharedServices,
     job: Job,
+    seed: int | None,
     started: float,
     verdict: Verdict,
     reason: str,
@@ -321,6 +375,7 @@ def _minimal_archive(
         "faults": [],
         "control_hits": [],
         "history": [],
+        "seed": seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),
         "finished_at": _iso(time.time()),
@@ -337,16 +392,101 @@ def run_jobs(
     report_dir: Path,
     seed: int | None,
     parallel: int,
-    progress: Progress,
+    progress: Progress | None = None,
+    on_result: Callable[[ExperimentResult], None] | None = None,
 ) -> list[ExperimentResult]:
-    """Run ``jobs``, ``parallel`` at a time; results come back in job order."""
-    if parallel <= 1:
+    """Run ``jobs``, ``parallel`` at a time; one result per job, in job order
+    (``on_result`` gets each as it comes, from the experiment's thread).
+
+    Invariants: once a stop was asked for (``harness.stopping``) no job starts,
+    and each job that never started gets an *interrupted* result; the running
+    ones are aborted by the stop itself (``SharedServices.interrupt``), and
+    this returns within ``STOP_GRACE_S`` of the stop request even when one's
+    teardown hangs (its result then says so). The experiment threads stay
+    alive until the run's services close: a child's parent-death signal fires
+    when the thread that started it exits, and ``--keep`` keeps children up.
+    """
+    results: list[ExperimentResult | None] = [None] * len(jobs)
+    queue = collections.deque(range(len(jobs)))
+    started_at: dict[int, float] = {}
+    cond = threading.Condition()
+    finished_threads = 0
+
+    def work() -> None:
+        nonlocal finished_threads
+        try:
+            while True:
+                with cond:
+                    if stopping.requested() or not queue:
+                        break
+                    index = queue.popleft()
+                    started_at[index] = time.time()
+                result = run_job(
+                    shared, jobs[index], report_dir=report_dir, seed=seed, progress=progress
+                )
+                with cond:
+                    results[index] = result
+                    cond.notify_all()
+                if on_result is not None:
+                    on_result(result)
+        finally:
+            with cond:
+                finished_threads += 1
+                cond.notify_all()
+        shared.closed.wait()
+
+    count = max(1, min(parallel, len(jobs)))
+    for n in range(count):
+        threading.Thread(target=work, name=f"experiment-{n + 1}", daemon=True).start()
+    with cond:
+        while finished_threads < count and not stopping.requested():
+            cond.wait(0.2)
+    if stopping.requested():
+        grace_ends = time.monotonic() + max(0.0, STOP_GRACE_S - (stopping.since_s() or 0.0))
+        with cond:
+            while finished_threads < count and time.monotonic() < grace_ends:
+                cond.wait(max(0.0, grace_ends - time.monotonic()))
+    with cond:
         return [
-            run_job(shared, j, report_dir=report_dir, seed=seed, progress=progress) for j in jobs
+            r if r is not None else interrupted_result(jobs[i], started_at.get(i), progress)
+            for i, r in enumerate(results)
         ]
-    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="experiment") as pool:
-        futures = [
-            pool.submit(run_job, shared, j, report_dir=report_dir, seed=seed, progress=progress)
-            for j in jobs
-        ]
-        return [f.result() for f in futures]
+
+
+def interrupted_result(
+    job: Job, started_at: float | None, progress: Progress | None
+) -> ExperimentResult:
+    """The result of a job the stop cut: never started, or whose teardown did
+    not end within the grace period (its archive, if any, is written later)."""
+    if started_at is None:
+        why, took = f"{stopping.reason()} before it started", 0.0
+    else:
+        why = f"{stopping.reason()} while it ran; its teardown did not end within {STOP_GRACE_S}s"
+        took = time.time() - started_at
+        if progress is not None:
+            progress.job_finished(job.label, f"UNKNOWN ({why})")
+    return _result(job, Verdict.UNKNOWN, why, took, None, [])
+
+
+def _result(
+    job: Job,
+    verdict: Verdict,
+    reason: str,
+    duration_s: float,
+    archive_path: Path | None,
+    failed_checks: list[str],
+) -> ExperimentResult:
+    spec = job.spec
+    return ExperimentResult(
+        experiment_id=spec.id,
+        title=spec.title,
+        variant=job.variant,
+        repeat_index=job.repeat_index,
+        verdict=verdict,
+        reason=reason,
+        duration_s=duration_s,
+        natural_wait_s=spec.natural_wait(job.variant),
+        archive_path=archive_path,
+        invariant=spec.invariant,
+        failed_checks=failed_checks,
+    )

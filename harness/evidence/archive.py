@@ -105,10 +105,45 @@ def write_archive(path: Path, archive: dict[str, Any]) -> Path:
 
 
 def read_archive(path: Path) -> dict[str, Any]:
-    loaded = yaml.safe_load(path.read_text())
+    """The YAML mapping in ``path``; ArchiveInvalid (saying what is wrong) when the
+    file is not text, not YAML, or not a mapping."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArchiveInvalid(
+            f"{path} is not an evidence archive: it is not UTF-8 text (byte {exc.start} "
+            "cannot be decoded); archives are YAML files in reports/<run>/archives/"
+        ) from None
+    except OSError as exc:
+        raise ArchiveInvalid(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if "\x00" in text:
+        raise ArchiveInvalid(f"{path} is not an evidence archive: it is a binary file")
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ArchiveInvalid(
+            f"{path} is not valid YAML{where}: {problem} (a truncated or edited archive?)"
+        ) from None
     if not isinstance(loaded, dict):
-        raise ArchiveInvalid(f"{path} is not an evidence archive (top level is not a mapping)")
+        kind = "empty" if loaded is None else f"a {type(loaded).__name__}"
+        raise ArchiveInvalid(
+            f"{path} is not an evidence archive: its top level is {kind}, not a mapping"
+        )
     return loaded
+
+
+def load_archive(path: Path) -> dict[str, Any]:
+    """:func:`read_archive`, then checked against the published schema: what
+    ``fencecheck show`` reads. ArchiveInvalid lists what does not match."""
+    archive = read_archive(path)
+    try:
+        validate(archive)
+    except ArchiveInvalid as exc:
+        raise ArchiveInvalid(f"{path}: {exc} (schema: {SCHEMA_PATH})") from None
+    return archive
 
 
 # ------------------------------------------------------------ provenance

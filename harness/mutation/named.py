@@ -13,6 +13,7 @@ proves nothing about the mutant.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import subprocess
@@ -23,7 +24,9 @@ from pathlib import Path
 from typing import Any
 
 import scenarios
+from harness import stopping
 from harness.engine.environment import Settings, SharedServices
+from harness.engine.progress import Progress
 from harness.engine.runner import jobs_for, run_jobs
 from harness.evidence.summary import ExperimentResult
 from harness.verdict import Verdict
@@ -106,17 +109,15 @@ def check_mutant(
             report_dir=report_dir / mutant.name,
             seed=seed,
             parallel=parallel,
-            progress=lambda _m: None,
         )
         expected_caught = bool(_failed(results))
-        if not expected_caught:
+        if not expected_caught and not stopping.requested():
             results += run_jobs(
                 shared,
                 jobs_for(rest, 1),
                 report_dir=report_dir / mutant.name,
                 seed=seed,
                 parallel=parallel,
-                progress=lambda _m: None,
             )
     failed = _failed(results)
     detail = (
@@ -161,7 +162,12 @@ def run_mutants(
     seed: int = 20261129,
     concurrent_mutants: int = 2,
 ) -> int:
-    """The CLI's ``mutants`` command; exit 0 only when every mutant was caught."""
+    """The CLI's ``mutants`` command; exit 0 only when every mutant was caught.
+
+    A stop request ends it within seconds: no further mutant starts, the
+    running ones' experiments are aborted, and it returns the stop's exit
+    status with ``mutants.json`` marked interrupted.
+    """
     known = list_mutants(settings.worker_cmd)
     by_name = {m.name: m for m in known}
     unknown = [n for n in names if n not in by_name]
@@ -171,39 +177,81 @@ def run_mutants(
     report_dir = report_root / ("mutants-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
     report_dir.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
-    print(f"fencecheck mutants: {len(chosen)} mutant(s); reports in {report_dir}", flush=True)
+    out = Progress(quiet=True)
+    out.say(f"fencecheck mutants: {len(chosen)} mutant(s); reports in {report_dir}")
 
-    def one(m: Mutant) -> MutantOutcome:
-        outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
+    def one(m: Mutant) -> MutantOutcome | None:
+        if stopping.requested():
+            return None
+        try:
+            outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
+        except stopping.Interrupted:
+            return None
+        if stopping.requested():
+            return None  # its experiments were cut: it proves nothing either way
         mark = "caught by " + ",".join(outcome.caught_by) if outcome.caught else "NOT CAUGHT"
-        print(f"  {m.name} (rule {m.rule}): {mark} in {outcome.wall_s:.1f}s", flush=True)
+        out.say(f"  {m.name} (rule {m.rule}): {mark} in {outcome.wall_s:.1f}s")
         return outcome
 
-    with ThreadPoolExecutor(max_workers=concurrent_mutants, thread_name_prefix="mutant") as pool:
-        outcomes = list(pool.map(one, chosen))
+    pool = ThreadPoolExecutor(max_workers=concurrent_mutants, thread_name_prefix="mutant")
+    futures = [pool.submit(one, m) for m in chosen]
+    try:
+        while not all(f.done() for f in futures) and not stopping.wait(0.2):
+            pass
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    if stopping.requested():
+        # The running mutants' experiments were aborted by the stop itself;
+        # give their teardown the run's grace, then report.
+        deadline = time.monotonic() + 2.0
+        for f in futures:
+            with contextlib.suppress(Exception):
+                f.result(timeout=max(0.0, deadline - time.monotonic()))
+    outcomes: list[MutantOutcome] = []
+    for f in futures:
+        if not f.done() or f.cancelled():
+            continue
+        error = f.exception()
+        if error is not None:
+            raise error
+        outcome = f.result()
+        if outcome is not None:
+            outcomes.append(outcome)
     wall = time.monotonic() - started
     caught = sum(o.caught for o in outcomes)
-    print()
-    print(table(outcomes))
-    print(
+    interrupted = stopping.reason() if stopping.requested() else None
+    out.say("")
+    out.say(table(outcomes))
+    out.say(
         f"\nmutation score: {caught}/{len(outcomes)} caught in {wall:.1f}s"
         f" ({sum(o.expected_caught for o in outcomes)} by their expected experiment)"
+        + (
+            f"; INTERRUPTED ({interrupted}): {len(chosen) - len(outcomes)} not checked"
+            if interrupted
+            else ""
+        )
     )
     (report_dir / "mutants.json").write_text(
         json.dumps(
-            [
-                {
-                    "mutant": o.mutant.name,
-                    "rule": o.mutant.rule,
-                    "expected": list(o.mutant.catchers),
-                    "caught_by": o.caught_by,
-                    "expected_caught": o.expected_caught,
-                    "detail": o.detail,
-                    "wall_s": round(o.wall_s, 2),
-                }
-                for o in outcomes
-            ],
+            {
+                "status": "interrupted" if interrupted else "complete",
+                "interrupted": interrupted,
+                "mutants": [
+                    {
+                        "mutant": o.mutant.name,
+                        "rule": o.mutant.rule,
+                        "expected": list(o.mutant.catchers),
+                        "caught_by": o.caught_by,
+                        "expected_caught": o.expected_caught,
+                        "detail": o.detail,
+                        "wall_s": round(o.wall_s, 2),
+                    }
+                    for o in outcomes
+                ],
+            },
             indent=2,
         )
     )
+    if interrupted:
+        return stopping.exit_status()
     return 0 if caught == len(outcomes) else 1

@@ -12,6 +12,7 @@ clusters and the evidence archives must hold no secrets.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
@@ -27,6 +28,7 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from harness import stopping
 from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.processes import pdeathsig_preexec
@@ -57,6 +59,10 @@ BASE_SETTINGS: dict[str, str] = {
     "deadlock_timeout": "200ms",
     "fsync": "on",
     "synchronous_commit": "on",
+    # Dynamic shared memory as files in the data directory, not /dev/shm:
+    # a server killed with SIGKILL then leaves nothing outside the directory
+    # the harness removes (its one System V segment is in postmaster.pid).
+    "dynamic_shared_memory_type": "mmap",
 }
 
 # Settings recorded in every evidence archive: they decide what a commit means.
@@ -72,6 +78,36 @@ EVIDENCE_SETTINGS = (
 
 class ClusterError(RuntimeError):
     """A PostgreSQL cluster could not be set up or did not behave as required."""
+
+
+@dataclass(frozen=True)
+class PostmasterPid:
+    """What a server wrote into its data directory's ``postmaster.pid``: enough
+    to find it, and its System V segment, after the harness that started it died."""
+
+    path: Path
+    pid: int
+    datadir: str
+    started: float  # seconds since the epoch
+    shm_key: int | None
+    shm_id: int | None
+
+    @classmethod
+    def read(cls, path: Path) -> PostmasterPid | None:
+        """The parsed file, or None when it is missing or not (yet) complete."""
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        try:
+            pid, datadir, started = int(lines[0]), lines[1], float(lines[2])
+        except (IndexError, ValueError):
+            return None
+        shm_key = shm_id = None
+        if len(lines) > 6 and len(lines[6].split()) == 2:
+            with contextlib.suppress(ValueError):
+                shm_key, shm_id = (int(f) for f in lines[6].split())
+        return cls(path, pid, datadir, started, shm_key, shm_id)
 
 
 def _dsn(port: int, dbname: str, user: str, **extra: str | int) -> str:
@@ -126,6 +162,7 @@ class PostgresCluster:
         start_timeout_s: float = 30.0,
     ) -> PostgresCluster:
         """initdb a new cluster under ``base_dir`` and start it on a free port."""
+        stopping.check(f"PostgreSQL cluster {name}")
         user = run_as or unprivileged_user()
         datadir = _make_owned_dir(base_dir / name, user)
         _run_as(
@@ -167,6 +204,7 @@ class PostgresCluster:
         """Start the server on a free port; retry with a new port if one was taken."""
         if self.process is not None and self.process.poll() is None:
             raise ClusterError(f"{self.name} is already running (pid {self.process.pid})")
+        stopping.check(f"PostgreSQL server {self.name}")
         last = ""
         for _ in range(3):
             self.port = free_port()
@@ -187,6 +225,9 @@ class PostgresCluster:
                     stdin=subprocess.DEVNULL,
                     env=_server_env(self.run_as),
                     preexec_fn=pdeathsig_preexec(os.getpid()),
+                    # Its own session: a terminal's Ctrl-C reaches the harness
+                    # alone, which decides when the server stops.
+                    start_new_session=True,
                     **_user_kwargs(self.run_as),
                 )
             finally:
@@ -231,7 +272,10 @@ class PostgresCluster:
         return time.monotonic() - started
 
     def _kill_now(self) -> None:
+        """SIGKILL the server and its backends (its process group) and reap it."""
         if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.kill()
             self.process.wait(timeout=10)
 
@@ -333,6 +377,7 @@ class PostgresCluster:
         The standby streams from a physical slot so the primary keeps the WAL
         it needs while the link is cut.
         """
+        stopping.check(f"PostgreSQL standby {name}")
         slot = name.replace("-", "_")
         with self.connect() as conn:
             conn.execute(
@@ -541,6 +586,7 @@ def _run_as(user: OsUser, argv: list[str], *, what: str, timeout_s: float = 60.0
             timeout=timeout_s,
             stdin=subprocess.DEVNULL,
             env=_server_env(user),
+            start_new_session=True,  # a terminal's Ctrl-C is the harness's to handle
             **_user_kwargs(user),
         )
     except subprocess.TimeoutExpired as exc:

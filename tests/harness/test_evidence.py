@@ -115,7 +115,7 @@ def test_cli_unknown_experiment_is_a_usage_error() -> None:
 
 def test_cli_bad_option_value() -> None:
     proc = _cli("run", "--repeat", "0")
-    assert proc.returncode == 2 and "expected 1 or more" in proc.stderr
+    assert proc.returncode == 64 and "expected 1 or more" in proc.stderr
 
 
 def test_cli_show_missing_archive() -> None:
