@@ -136,6 +136,14 @@ def _call(callback: Callable[[str], None], text: str) -> None:
         _say(f"while stopping: {type(exc).__name__}: {exc}")
 
 
+def trace(step: str) -> None:
+    """With FENCECHECK_TRACE_STOP=1: print a step of a stop with its time since the
+    signal (what made a stop slow, when one is)."""
+    at = since_s()
+    if at is not None and os.environ.get("FENCECHECK_TRACE_STOP"):
+        _say(f"stop +{at:.3f}s [{threading.current_thread().name}] {step}")
+
+
 def _say(text: str) -> None:
     # The terminal may be gone (SIGHUP): a failed write must not stop the stop.
     with contextlib.suppress(OSError, ValueError):

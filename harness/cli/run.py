@@ -180,6 +180,7 @@ def _run(
         )
         interrupted = stopping.reason() if stopping.requested() else None
         code = reports(results, interrupted)
+        stopping.trace("reports written")
         progress.close()
         _print_outcome(progress, results, report_dir, time.monotonic() - started, interrupted)
         if settings.keep and not interrupted:

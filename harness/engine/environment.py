@@ -225,10 +225,13 @@ class SharedServices:
             self.record = RunRecord.create(
                 base=settings.work_dir, kind="run", report_dir=report_dir
             )
+            self.record.set_backend(self.backend.footprint())
         except BaseException:
+            # Interrupted or failed half-way: nothing of this run may stay.
+            with contextlib.suppress(Exception):
+                self.record.release()
             self.backend.close()
             raise
-        self.record.set_backend(self.backend.footprint())
         self.root = self.record.temp_root
         self.log_dir = log_dir or self.root / "logs"
         self.registry = ProcessRegistry()
@@ -244,13 +247,15 @@ class SharedServices:
 
     def __enter__(self) -> SharedServices:
         try:
+            # Until everything is gone, an escalated stop must still find the
+            # kill-all: its hook leaves last.
+            self._stack.callback(stopping.on_escalate(self.hard_stop))
             self._stack.callback(self._release_record)
             self._stack.callback(self.backend.close)
             self._stack.callback(lambda: self.registry.reap_all(grace_s=_grace(3.0)))
             stalls.monitor().start()
             self._stack.callback(stalls.monitor().stop)
             self._stack.callback(stopping.on_stop(self.interrupt))
-            self._stack.callback(stopping.on_escalate(self.hard_stop))
             self.toxiproxy = self.backend.start_toxiproxy(self.log_dir, self.registry)
             toxiproxy = self.toxiproxy
             self._stack.callback(lambda: toxiproxy.stop(grace_s=_grace(3.0)))
@@ -267,6 +272,7 @@ class SharedServices:
     def __exit__(self, *exc: object) -> None:
         # --keep is honoured by the caller blocking before this exit; the
         # environment itself is always torn down in the end.
+        stopping.trace("tearing down the shared services")
         try:
             self._stack.close()
         finally:
@@ -285,7 +291,9 @@ class SharedServices:
     def _release_record(self) -> None:
         # Whatever teardown could not remove (a segment of a server that had
         # to be killed, a directory still in use) goes now, then the record.
+        stopping.trace("releasing the run record")
         self.final_reap = self.record.release()
+        stopping.trace("run record released")
 
     # ------------------------------------------------------- environments
     def register(self, env: Environment) -> None:
@@ -335,6 +343,7 @@ class SharedServices:
         """
         del why
         kill_all_children()
+        stopping.trace("hard stop: every child killed")
         closer = threading.Thread(target=self.backend.close, daemon=True)
         closer.start()
         closer.join(timeout=1.0)
@@ -590,6 +599,8 @@ def _stop_tool(tool: MockToolProcess) -> None:
 
 
 def _delete_link(toxi: ToxiproxyServer, name: str) -> None:
+    if stopping.requested():
+        return  # toxiproxy itself stops next
     with contextlib.suppress(Exception):
         toxi.remove_link(name)
 

@@ -118,14 +118,19 @@ def run_job(
             # Steps that judge the experiment after its scenario (a global
             # invariant checker, say) go here, one call each, while the
             # environment is still up: `verdict, reason = step(ctx, verdict, reason)`.
-            if env.interrupted:
-                interrupted = env.interrupted
+            # The stop's flag is up before its callbacks ran: either says so.
+            if env.interrupted or stopping.requested():
+                interrupted = env.interrupted or stopping.reason()
                 verdict, reason = Verdict.UNKNOWN, _interrupted_reason(interrupted, ctx)
             elif env.aborted:
                 verdict, reason = Verdict.UNKNOWN, f"aborted: {env.aborted}"
+            stopping.trace(f"{job.label}: scenario ended")
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
-            archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
+            archive = _archive(
+                ctx, env, job, started, verdict, reason, harness_error, logs_dir,
+                gather=interrupted is None,  # a stopping run has no time for queries
+            )  # fmt: skip
     except Exception as exc:
         harness_error = traceback.format_exc()
         if stopping.requested():
@@ -166,6 +171,7 @@ def run_job(
         if not c["ok"]
     ]
     result = _result(job, verdict, reason, finished - started, written, failed)
+    stopping.trace(f"{job.label}: result ready")
     if progress is not None:
         progress.job_finished(
             job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({reason})"
@@ -226,23 +232,28 @@ def _archive(
     reason: str,
     harness_error: str | None,
     logs_dir: Path,
+    *,
+    gather: bool = True,
 ) -> dict[str, Any]:
+    """The experiment's archive. ``gather`` False (the run is stopping) keeps to
+    what the harness already holds, without asking the tool or the database."""
     spec = job.spec
     settings = env.shared.settings
     tool_log: dict[str, Any] = {}
     with contextlib.suppress(Exception):
-        tool_log = checkers.tool_log(ctx)
+        tool_log = checkers.tool_log(ctx) if gather else {}
     history = read_history(env.event_files())
     events = history.events
     hits = env.control.hits()
     faults = env.shared.toxiproxy.journal() if env.shared.toxiproxy else []
     faults = [f for f in faults if f.link.startswith(env.tag)]
     audit: list[dict[str, Any]] = []
-    with contextlib.suppress(Exception):
-        audit = checkers.audit(ctx)
     facts: dict[str, str] = {}
-    with contextlib.suppress(Exception):
-        facts = env.primary.server_facts()
+    if gather:
+        with contextlib.suppress(Exception):
+            audit = checkers.audit(ctx)
+        with contextlib.suppress(Exception):
+            facts = env.primary.server_facts()
     commands = sorted(ctx.commands, key=lambda c: c["time"])
     run_ids: Any = ctx.run_ids[0] if len(ctx.run_ids) == 1 else (ctx.run_ids or None)
     return {
@@ -446,6 +457,7 @@ def run_jobs(
         with cond:
             while finished_threads < count and time.monotonic() < grace_ends:
                 cond.wait(max(0.0, grace_ends - time.monotonic()))
+        stopping.trace(f"{finished_threads} of {count} experiment thread(s) done")
     with cond:
         return [
             r if r is not None else interrupted_result(jobs[i], started_at.get(i), progress)

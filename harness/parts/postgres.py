@@ -180,6 +180,9 @@ class PostgresCluster:
                 "--locale=C",
                 "-N",
                 "--no-instructions",
+                # initdb's own bootstrap servers, too, keep their dynamic shared
+                # memory out of /dev/shm (initdb -c exists from PostgreSQL 16).
+                *(["-c", "dynamic_shared_memory_type=mmap"] if binaries.major >= 16 else []),
             ],
             what=f"initdb of {name}",
         )
@@ -217,8 +220,11 @@ class PostgresCluster:
                         str(self.datadir),
                         "-p",
                         str(self.port),
+                        # No Unix socket: everything connects over TCP, and a
+                        # socket path in a deep temp directory can exceed the
+                        # 107-byte limit (the server then refuses to start).
                         "-k",
-                        str(self.datadir),
+                        "",
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
@@ -290,9 +296,15 @@ class PostgresCluster:
             return "(no server log)"
 
     def remove(self) -> None:
-        """Stop (immediate) and delete the data directory."""
-        self.stop("immediate")
-        shutil.rmtree(self.datadir, ignore_errors=True)
+        """Stop (immediate) and delete the data directory.
+
+        Once the run was asked to stop, the directory stays for the run's own
+        final sweep (its run record removes the whole temp root in one pass):
+        a stopping run has seconds, and each directory costs a fraction.
+        """
+        self.stop("immediate", timeout_s=2.0 if stopping.requested() else 30.0)
+        if not stopping.requested():
+            shutil.rmtree(self.datadir, ignore_errors=True)
 
     # ------------------------------------------------------------- queries
     def admin_dsn(self, dbname: str = "postgres", **extra: str | int) -> str:
