@@ -29,11 +29,10 @@ from harness.cli.common import (
     seed_value,
     settings_from_args,
 )
-from harness.engine.progress import Progress
-from harness.parts.processes import kill_all_children
 
 if TYPE_CHECKING:
     from harness.engine.environment import Environment, Settings, SharedServices
+    from harness.engine.progress import Progress
     from harness.engine.runner import Job
     from harness.evidence.summary import ExperimentResult
 
@@ -79,6 +78,7 @@ def _check_mutant(worker_cmd: tuple[str, ...], mutant: str) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import scenarios
+    from harness.engine.progress import Progress
     from harness.engine.runner import jobs_for
 
     try:
@@ -115,6 +115,7 @@ def _run(
     from harness.engine.runner import interrupted_result, run_jobs
     from harness.evidence.run_report import RunInfo, write_run_reports
     from harness.evidence.summary import overall
+    from harness.parts.processes import kill_all_children
     from harness.verdict import exit_code
 
     started = time.monotonic()

@@ -80,14 +80,22 @@ CONTRACT_TABLES = (
     "consumed_events",
     "consumer_effects",
 )
+# How long `<worker-cmd> migrate` may take (FENCECHECK_MIGRATE_TIMEOUT_S overrides).
 MIGRATE_TIMEOUT_S = 60.0
+
+
+def migrate_timeout_s() -> float:
+    try:
+        return float(os.environ.get("FENCECHECK_MIGRATE_TIMEOUT_S", MIGRATE_TIMEOUT_S))
+    except ValueError:
+        return MIGRATE_TIMEOUT_S
 
 
 def migrate(
     worker_cmd: Sequence[str],
     admin_dsn: str,
     log_dir: Path,
-    timeout_s: float = MIGRATE_TIMEOUT_S,
+    timeout_s: float | None = None,
     mutant: str | None = None,
 ) -> None:
     """Run ``<worker-cmd> migrate`` against ``admin_dsn``, check it made the
@@ -105,6 +113,7 @@ def migrate(
     if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
         env["FENCECHECK_MUTANT"] = mutant
     command = f"`{shlex.join(worker_cmd)} migrate`"
+    timeout_s = timeout_s if timeout_s is not None else migrate_timeout_s()
     stopping.check(command)
     started = time.monotonic()
     try:

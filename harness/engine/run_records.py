@@ -292,8 +292,11 @@ def remove_tree(path: Path) -> int:
 def _postmaster_pids(temp_dirs: Iterable[Path]) -> list[PostmasterPid]:
     found: list[PostmasterPid] = []
     for root in temp_dirs:
-        if root.is_dir():
-            found.extend(p for f in root.rglob("postmaster.pid") if (p := PostmasterPid.read(f)))
+        for dirpath, _dirs, files in os.walk(root):  # errors (a dir gone meanwhile) skipped
+            if "postmaster.pid" in files:
+                parsed = PostmasterPid.read(Path(dirpath) / "postmaster.pid")
+                if parsed is not None:
+                    found.append(parsed)
     return found
 
 

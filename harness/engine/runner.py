@@ -135,7 +135,7 @@ def run_job(
         harness_error = traceback.format_exc()
         if stopping.requested():
             interrupted = stopping.reason()
-            verdict, reason = Verdict.UNKNOWN, f"{interrupted} while it ran ({exc})"
+            verdict, reason = Verdict.UNKNOWN, f"{interrupted} while its environment came up"
         else:
             verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
     finished = time.time()

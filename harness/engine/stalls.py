@@ -129,11 +129,14 @@ def judge(
 ) -> tuple[Verdict, str]:
     """``verdict`` unless a stall of at least ``limit_s`` overlapped the experiment:
     then a pass or fail it could have caused is *unknown*, and the reason says
-    which stall and which verdict it replaced. Unknown stays unknown."""
+    which stall and which verdict it replaced. Unknown stays unknown, its
+    reason naming the stall too."""
     long_ones = [s for s in stalls if s.length_s >= limit_s]
-    if verdict is Verdict.UNKNOWN or not long_ones:
+    if not long_ones:
         return verdict, reason
     worst = max(long_ones, key=lambda s: s.length_s)
+    if verdict is Verdict.UNKNOWN:  # it says why already; the stall may be the cause
+        return verdict, f"{reason} (the harness stalled {worst.describe()} meanwhile)"
     return (
         Verdict.UNKNOWN,
         f"harness stalled {worst.describe()}, at least the {limit_s:.2f}s that can change what a "

@@ -72,10 +72,11 @@ class Watcher:
                         self._note_maps(child.pid)
                 except psutil.Error:
                     continue
-            for pidfile in self.tmpdir.rglob("postmaster.pid"):
-                parsed = PostmasterPid.read(pidfile)
-                if parsed is not None and parsed.shm_id is not None and parsed.shm_key:
-                    self.seen.segments[parsed.shm_id] = parsed.shm_key
+            for dirpath, _dirs, files in os.walk(self.tmpdir):  # dirs vanish meanwhile: fine
+                if "postmaster.pid" in files:
+                    parsed = PostmasterPid.read(Path(dirpath) / "postmaster.pid")
+                    if parsed is not None and parsed.shm_id is not None and parsed.shm_key:
+                        self.seen.segments[parsed.shm_id] = parsed.shm_key
             time.sleep(0.05)
 
     def _note_maps(self, pid: int) -> None:
