@@ -42,7 +42,7 @@ from typing import Any
 
 from harness.parts import shared_memory
 from harness.parts.postgres import PostmasterPid
-from harness.parts.processes import process_started
+from harness.parts.processes import process_running, process_started
 
 RECORD_VERSION = 1
 # A pid's start time as psutil reads it and as recorded agree to well within this.
@@ -305,6 +305,8 @@ def _kill_orphan_server(pid: int, started: float) -> bool:
     actual = process_started(pid)
     if actual is None or abs(actual - started) > START_TIME_TOLERANCE_S + 1:
         return False
+    if not process_running(pid):
+        return False  # dead already (a zombie its new parent has yet to reap)
     with contextlib.suppress(ProcessLookupError, PermissionError):
         if os.getpgid(pid) == pid:
             os.killpg(pid, signal.SIGKILL)

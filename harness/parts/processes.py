@@ -183,6 +183,14 @@ def process_started(pid: int) -> float | None:
         return None
 
 
+def process_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def kill_all_children() -> list[str]:
     """SIGKILL every child of this process, with the process group it leads.
 

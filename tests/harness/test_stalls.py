@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -102,7 +103,7 @@ def _freeze_when(
     )
 
 
-def _archives(run: outside.Run) -> dict[str, dict[str, object]]:
+def _archives(run: outside.Run) -> dict[str, dict[str, Any]]:
     (run_dir,) = [p for p in run.reports.iterdir() if p.is_dir() and not p.is_symlink()]
     return {
         p.stem: yaml.safe_load(p.read_text()) for p in sorted((run_dir / "archives").glob("*.yaml"))
@@ -132,7 +133,7 @@ def test_a_frozen_harness_gives_unknown_not_fail(tmp_path: Path) -> None:
         # All four ran while the harness was frozen (--jobs 4): each saw the
         # stall, and none may conclude anything from a run it distorted.
         assert archive["pass_or_fail"] == "unknown", reasons[name]
-        (stall,) = [s for s in archive["harness_stalls"] if s["length_s"] > 2.5]  # type: ignore[union-attr]
+        (stall,) = [s for s in archive["harness_stalls"] if s["length_s"] > 2.5]
         assert stall["length_s"] < 4.0
     assert code == 2, run.output
 
@@ -149,7 +150,7 @@ def test_a_short_stall_leaves_a_mutants_fail_a_fail(tmp_path: Path) -> None:
     finally:
         run.close()
     archive = _archives(run)["B"]
-    recorded = [s["length_s"] for s in archive["harness_stalls"]]  # type: ignore[union-attr]
+    recorded = [s["length_s"] for s in archive["harness_stalls"]]
     assert any(0.1 <= length < 0.3 for length in recorded), recorded  # ours was seen
     if any(length >= 0.3 for length in recorded):
         pytest.skip(f"the machine itself stalled the harness ({recorded}); rerun when less loaded")
