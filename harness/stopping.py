@@ -60,6 +60,7 @@ class _State:
         self.escalate_callbacks: list[Callable[[str], None]] = []
         self.main_depth = 0  # how deep the main thread is in interruptible()
         self.main_raised = False
+        self.expected: str | None = None  # what to say when a stop is the way out
 
 
 _state = _State()
@@ -170,7 +171,8 @@ def request(signum: int | None = None, why: str | None = None) -> None:
         return
     _state.event.set()
     _say(
-        f"{reason()}: stopping (nothing new starts; running experiments are aborted); "
+        _state.expected
+        or f"{reason()}: stopping (nothing new starts; running experiments are aborted); "
         "a second signal kills everything at once"
     )
     for callback in callbacks:
@@ -259,6 +261,17 @@ def interruptible() -> Iterator[None]:
         yield
     finally:
         _state.main_depth -= 1
+
+
+@contextlib.contextmanager
+def expected(message: str) -> Iterator[None]:
+    """A stop is the normal way out of this section (``--keep`` waits for Ctrl-C):
+    announce it with ``message`` instead of as an interruption."""
+    _state.expected = message
+    try:
+        yield
+    finally:
+        _state.expected = None
 
 
 def reset() -> None:

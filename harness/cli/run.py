@@ -190,6 +190,8 @@ def _run(
     # run, whichever path forgot it (only here, where every child is ours).
     for left in kill_all_children():
         progress.say(f"fencecheck: killed a process teardown missed: {left}")
+    if settings.keep and not interrupted:
+        progress.say("fencecheck: --keep ended; everything it kept up has been removed")
     if interrupted:
         progress.say(
             f"fencecheck: {interrupted}: stopped in {stopping.since_s() or 0:.1f}s; everything "
@@ -243,17 +245,22 @@ def _keep_up(shared: SharedServices, progress: Progress) -> None:
     for env in shared.kept():
         for line in describe_environment(env):
             progress.say(line)
-    with contextlib.suppress(stopping.Interrupted), stopping.interruptible():
+    with (
+        stopping.expected("ending --keep: tearing everything down"),
+        contextlib.suppress(stopping.Interrupted),
+        stopping.interruptible(),
+    ):
         while not stopping.wait(3600):
             pass
-    progress.say("tearing down")
 
 
 def describe_environment(env: Environment) -> list[str]:
     """How to reach one kept experiment's parts: databases, tool, proxies, socket."""
     lines = [f"  {env.name}:"]
     lines.append(f"    database (superuser): psql '{env.primary.admin_dsn(env.db.name)}'")
-    if env.standby is not None:
+    if env.standby is env.primary:
+        lines.append("    standby: promoted by the experiment, now the database above")
+    elif env.standby is not None:
         lines.append(f"    standby (superuser):  psql '{env.standby.admin_dsn(env.db.name)}'")
     lines.append(f"    worker DSN (through its proxy): {env.worker_dsn()}")
     lines.append(f"    tenant: {env.tenant_id}")
