@@ -78,12 +78,22 @@ def to_plain(value: Any) -> Any:
 
 
 def validate(archive: dict[str, Any]) -> None:
+    """ArchiveInvalid listing what does not match the schema: the missing fields
+    in one line, then up to ten other mismatches with their paths."""
     errors = sorted(
         jsonschema.Draft202012Validator(schema()).iter_errors(archive), key=lambda e: e.path
     )
-    if errors:
-        lines = [f"  {'/'.join(map(str, e.path)) or '(top)'}: {e.message}" for e in errors[:10]]
-        raise ArchiveInvalid("evidence archive does not match its schema:\n" + "\n".join(lines))
+    if not errors:
+        return
+    missing = [
+        str(e.message).split("'")[1]
+        for e in errors
+        if e.validator == "required" and not e.path and "'" in str(e.message)
+    ]
+    others = [e for e in errors if not (e.validator == "required" and not e.path)]
+    lines = [f"  missing field(s): {', '.join(missing)}"] if missing else []
+    lines += [f"  {'/'.join(map(str, e.path)) or '(top)'}: {e.message}" for e in others[:10]]
+    raise ArchiveInvalid("evidence archive does not match its schema:\n" + "\n".join(lines))
 
 
 def write_archive(path: Path, archive: dict[str, Any]) -> Path:
