@@ -15,7 +15,7 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint bench smoke clean
+.PHONY: setup run test test-fast lint bench bench-stop smoke clean
 
 setup: $(VENV)/.installed $(TOXIPROXY)
 
@@ -55,6 +55,11 @@ lint: setup
 
 bench: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench $(ARGS)
+
+# How fast a run stops per signal and point, and what reaping a killed run
+# takes (docs/operations.md); ARGS='--rounds 3' or ARGS='--backend containers'.
+bench-stop: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m tests.harness.stop_times $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache

@@ -37,6 +37,9 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # From the first signal to the forced exit: the orderly stop gets this long,
 # the escalation the rest of the 5 s the harness promises.
 HARD_DEADLINE_S = 3.5
+# What the escalation itself may take (kill, remove, write) before the exit;
+# what it could not finish, the run record keeps for the next run to reap.
+ESCALATION_BUDGET_S = 1.2
 # What a `fencecheck` command exits with when a signal stopped it: the shell's
 # own convention, 128 + the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP).
 SIGNAL_EXIT_BASE = 128
@@ -200,8 +203,19 @@ def escalate(why: str) -> None:
             _state.requested_at = time.monotonic()
     _state.event.set()
     _say(f"{why}: killing everything this run started")
-    for callback in reversed(callbacks):
-        _call(callback, why)
+
+    def run_all() -> None:
+        for callback in reversed(callbacks):
+            _call(callback, why)
+
+    worker = threading.Thread(target=run_all, name="escalation", daemon=True)
+    worker.start()
+    worker.join(ESCALATION_BUDGET_S)
+    if worker.is_alive():
+        _say(
+            f"could not finish removing everything within {ESCALATION_BUDGET_S}s; the next "
+            "run (or `fencecheck clean`) reaps what is left"
+        )
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     os._exit(exit_status())

@@ -119,6 +119,7 @@ except ImportError as exc:  # make_backend turns this into BackendUnavailable
 
 import psycopg
 
+from harness import stopping
 from harness.backends import containers_images as images
 from harness.backends.base import BackendUnavailable
 from harness.backends.containers_setup import SOCKET_PATH as PROJECT_SOCKET
@@ -667,13 +668,14 @@ class ContainerBackend:
 
     def close(self) -> None:
         """Remove every container and the network of this run; idempotent.
+        After a stop request the abort already removed the containers.
 
         Containers are removed in parallel (each removal is a round trip of a
         second or so to a busy engine): a stopping run has seconds, not tens.
         """
         self._closed = True
         with self._lock:
-            names = list(self._containers)
+            names = [] if stopping.requested() else list(self._containers)
         removers = [
             threading.Thread(target=self._remove_quietly, args=(name,), daemon=True)
             for name in names
@@ -703,6 +705,27 @@ class ContainerBackend:
             self._tmp = None
         _LIVE.discard(self)
 
+    def abort(self) -> None:
+        """Kill every container of this run at once (SIGKILL, in parallel), then
+        remove them all with one prune: a stopping run has seconds, and the
+        engine takes about a second per removal (measured under load: six
+        PostgreSQL containers removed one by one 4 s, in parallel 2.8 s, killed
+        in parallel and pruned 2.3 s)."""
+        flt = {"label": f"{LABEL_RUN}={self.run_id}"}
+        try:
+            containers = self.client.containers.list(all=True, filters=flt)
+        except Exception:
+            return
+        killers = [
+            threading.Thread(target=_kill_quietly, args=(c,), daemon=True) for c in containers
+        ]
+        for thread in killers:
+            thread.start()
+        for thread in killers:
+            thread.join(timeout=10)
+        with contextlib.suppress(Exception):
+            self.client.containers.prune(filters=flt)
+
     def _remove_quietly(self, name: str) -> None:
         with contextlib.suppress(Exception):
             self.remove_container(name)
@@ -713,6 +736,11 @@ class ContainerBackend:
         return [str(c.name) for c in self.client.containers.list(all=True, filters=flt)] + [
             str(n.name) for n in self.client.networks.list(filters=flt)
         ]
+
+
+def _kill_quietly(container: Any) -> None:
+    with contextlib.suppress(Exception):
+        container.kill(signal="SIGKILL")
 
 
 # ---------------------------------------------------------------- postgres
@@ -908,8 +936,15 @@ class ContainerPostgres(PostgresCluster):
         return super().log_tail(lines)
 
     def remove(self) -> None:
-        """Keep the server's log next to the local backend's, then remove the container."""
+        """Keep the server's log next to the local backend's, then remove the container.
+
+        Once the run is stopping, the backend's abort kills and removes every
+        container at once; this then only lets go of it.
+        """
         if self.container is None or self.backend is None:
+            return
+        if stopping.requested():
+            self.container = None
             return
         self.backend.upstream_down(self.inner_host)
         with contextlib.suppress(OSError):
@@ -1076,6 +1111,9 @@ class ContainerToxiproxy(ToxiproxyServer):
         if self.container is None:
             return
         self.backend.unregister_toxiproxy(self)
+        if stopping.requested():  # the backend's abort removes every container at once
+            self.container = None
+            return
         with contextlib.suppress(OSError):
             self.log_dir.mkdir(parents=True, exist_ok=True)
             (self.log_dir / "toxiproxy.log").write_text(_logs(self.container))
@@ -1278,8 +1316,12 @@ class ContainerMockTool(MockToolProcess):
         return self._shut_down(lambda wrapped: wrapped.stop(timeout=int(self.stop_grace_s)))
 
     def _shut_down(self, signal_it: Callable[[Any], object]) -> int | None:
-        """``signal_it`` the running container, wait for its exit, remove it."""
+        """``signal_it`` the running container, wait for its exit, remove it
+        (once the run is stopping, the backend's abort does all of that)."""
         if self.container is None:
+            return None
+        if stopping.requested():
+            self.container = None
             return None
         self._going_down()
         code: int | None = None

@@ -250,6 +250,7 @@ class SharedServices:
         self._kept: list[tuple[Environment, contextlib.ExitStack]] = []
         self.closed = threading.Event()
         self.final_reap: Reaped | None = None
+        self._aborter: threading.Thread | None = None
         self.toxiproxy: ToxiproxyServer | None = None
         self.primary: PostgresCluster | None = None
         self.template: str | None = None
@@ -261,6 +262,7 @@ class SharedServices:
             self._stack.callback(stopping.on_escalate(self.hard_stop))
             self._stack.callback(self._release_record)
             self._stack.callback(self.backend.close)
+            self._stack.callback(self._join_aborter)
             self._stack.callback(lambda: self.registry.reap_all(grace_s=_grace(3.0)))
             stalls.monitor().start()
             self._stack.callback(stalls.monitor().stop)
@@ -339,9 +341,20 @@ class SharedServices:
 
     def interrupt(self, reason: str) -> None:
         """A stop was asked for: abort every running experiment at once (kill its
-        workers, release its barriers, wake whatever waits on them)."""
+        workers, release its barriers, wake whatever waits on them), and let the
+        backend end its servers its fastest way, alongside."""
+        with self._lock:
+            if self._aborter is None:
+                self._aborter = threading.Thread(
+                    target=self.backend.abort, name="backend-abort", daemon=True
+                )
+                self._aborter.start()
         for env in self.environments():
             env.interrupt(reason)
+
+    def _join_aborter(self) -> None:
+        if self._aborter is not None:
+            self._aborter.join(timeout=10)
 
     def hard_stop(self, why: str) -> None:
         """The stop escalated: kill every process this run started (every child

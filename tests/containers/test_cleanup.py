@@ -13,7 +13,6 @@ import subprocess
 import sys
 import tempfile
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,18 +24,6 @@ from tests.containers.conftest import engine_problem, require_engine
 
 pytestmark = [pytest.mark.containers, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def client(engine_ready: None) -> Iterator[Any]:
-    from harness.backends import containers_images as images
-    from harness.backends.containers import find_engine
-
-    made = images.engine(find_engine())
-    try:
-        yield made
-    finally:
-        made.close()
 
 
 def _ours(client: Any, **labels: str) -> list[str]:
