@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fencecheck: {exc}", file=sys.stderr)
         return EXIT_USAGE
     stopping.install()
+    stopping.on_escalate(_release_records)
     by_name = {command.NAME: command for command in COMMANDS}
     try:
         code: int = by_name[args.command].main(args)
@@ -105,3 +106,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return EXIT_UNKNOWN
+    finally:
+        _release_records("the command ended")
+
+
+def _release_records(why: str) -> None:
+    # A stop that struck between a run record's creation and the teardown that
+    # owns it must not leave the record (nor what it names) behind.
+    del why
+    from harness.engine.run_records import release_unreleased
+
+    release_unreleased()

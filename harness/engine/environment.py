@@ -241,6 +241,8 @@ class SharedServices:
                 self.record.release()
             self.backend.close()
             raise
+        # From here until __enter__ registers its teardown, a stop leaves the
+        # record to run_records.release_unreleased() (the command's last step).
         self.root = self.record.temp_root
         self.log_dir = log_dir or self.root / "logs"
         self.registry = ProcessRegistry()

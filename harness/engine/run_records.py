@@ -35,12 +35,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from harness.parts import shared_memory
+from harness.parts.files import remove_tree
 from harness.parts.postgres import PostmasterPid
 from harness.parts.processes import process_running, process_started
 
@@ -77,9 +77,23 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+# Records this process created and has not released yet.
+_UNRELEASED: set[RunRecord] = set()
+_UNRELEASED_LOCK = threading.Lock()
+
+
+def release_unreleased() -> list[Reaped]:
+    """Release every record this process created and never released: the last
+    step of a command, for a stop that struck between a record's creation and
+    the teardown that owns it. Only called where every record is done with."""
+    with _UNRELEASED_LOCK:
+        records = list(_UNRELEASED)
+    return [record.release() for record in records]
+
+
 class RunRecord:
     """The record of one live run. Create with :meth:`create`, add to it as the
-    run creates things, :meth:`close` at the end (after everything was removed)."""
+    run creates things, :meth:`release` at the end."""
 
     def __init__(self, path: Path, data: dict[str, Any]) -> None:
         self.path = path
@@ -115,6 +129,8 @@ class RunRecord:
             "backend": {},
         }
         record = cls(directory / f"run-{me}-{token}.json", data)
+        with _UNRELEASED_LOCK:
+            _UNRELEASED.add(record)
         try:
             _write_json(record.path, data)
             root.mkdir(mode=0o700)
@@ -178,12 +194,9 @@ class RunRecord:
         with self._release_lock:
             if self._released is None:
                 self._released = reap_record(self.path, self.as_dict())
+                with _UNRELEASED_LOCK:
+                    _UNRELEASED.discard(self)
             return self._released
-
-    def close(self) -> None:
-        """Forget the record without reaping (the caller removed everything)."""
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
 
 
 # ------------------------------------------------------------------ reaping
@@ -248,45 +261,6 @@ class ReapReport:
             f"temp directories, {segments} shared memory segment(s)"
             + (f"; {len(self.live)} live run(s) left alone" if self.live else ""),
         ]
-
-
-# Removing a temp root is thousands of unlinks of small files (a data
-# directory holds about a thousand), each waiting on the filesystem's journal,
-# which on a busy disk is slow: they go out from many threads at once.
-# Measured on this 2-core VM under load (load average 15), seven data
-# directories (280 MB): 2 threads 4.7 s, 8 threads 2.0 s, 32 threads 1.4 s.
-REMOVE_THREADS = 32
-_BATCH = 64
-
-
-def _unlink_all(paths: list[str]) -> int:
-    total = 0
-    for file in paths:
-        with contextlib.suppress(OSError):
-            total += os.lstat(file).st_blocks * 512
-            os.unlink(file)
-    return total
-
-
-def remove_tree(path: Path) -> int:
-    """Remove ``path`` and everything under it; the bytes it held. Files are
-    unlinked by several threads at once, then the directories bottom-up."""
-    directories: list[str] = []
-    files: list[str] = []
-    for dirpath, dirnames, filenames in os.walk(path):
-        directories.append(dirpath)
-        files.extend(os.path.join(dirpath, n) for n in filenames)
-        # A symlink to a directory is removed as a link, never followed.
-        files.extend(
-            os.path.join(dirpath, n) for n in dirnames if os.path.islink(os.path.join(dirpath, n))
-        )
-    batches = [files[i : i + _BATCH] for i in range(0, len(files), _BATCH)]
-    with ThreadPoolExecutor(max_workers=REMOVE_THREADS, thread_name_prefix="remove") as pool:
-        total = sum(pool.map(_unlink_all, batches))
-    for directory in reversed(directories):
-        with contextlib.suppress(OSError):
-            os.rmdir(directory)
-    return total
 
 
 def _postmaster_pids(temp_dirs: Iterable[Path]) -> list[PostmasterPid]:

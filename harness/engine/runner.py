@@ -140,7 +140,8 @@ def run_job(
             verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
     finished = time.time()
     seen_stalls = stalls.monitor().stalls(started, finished)
-    verdict, reason = stalls.judge(verdict, reason, seen_stalls, spec.heartbeat_timeout_ms / 1000)
+    limit = stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms)
+    verdict, reason = stalls.judge(verdict, reason, seen_stalls, limit)
     if not archive:
         archive = _minimal_archive(
             shared, job, seed, started, verdict, reason, harness_error, logs_dir

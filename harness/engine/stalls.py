@@ -12,12 +12,14 @@ stopped), how late it woke. The control server reports the same from its
 accept loop. A gap well beyond the tick is a stall: when, and how long.
 
 :func:`judge` turns a pass or fail into *unknown* when a stall long enough to
-matter overlapped the experiment. Long enough is the experiment's heartbeat
-timeout (300 ms by default): the shortest timer of the protocol, the least
-time in which a delay of the harness can change what a worker does. Shorter
-stalls (a busy machine's scheduling hiccups) leave verdicts alone, so a real
-fail is never hidden by noise; the reason of a changed verdict names the
-stall's time and length and the verdict it replaced.
+matter overlapped the experiment. Long enough (:func:`limit_s`) is the least
+slack the protocol's timers leave a worker that waits on the harness: a lease
+renewed on schedule has at worst its TTL minus one heartbeat interval left
+(800 - 150 = 650 ms by default), a dispatch claim its whole deadline (600 ms);
+a shorter stall cannot by itself make either run out. Shorter stalls (a busy
+machine's scheduling hiccups: 0.3-0.4 s were seen at load average 20) leave
+verdicts alone, so a real fail is never hidden by noise; the reason of a
+changed verdict names the stall's time and length and the verdict it replaced.
 """
 
 from __future__ import annotations
@@ -122,6 +124,11 @@ _MONITOR = StallMonitor()
 def monitor() -> StallMonitor:
     """The process's stall monitor."""
     return _MONITOR
+
+
+def limit_s(lease_ttl_ms: int, heartbeat_ms: int, dispatch_ttl_ms: int) -> float:
+    """The shortest stall of the harness that can change an experiment's outcome."""
+    return min(lease_ttl_ms - heartbeat_ms, dispatch_ttl_ms) / 1000
 
 
 def judge(

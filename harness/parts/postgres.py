@@ -16,7 +16,6 @@ import contextlib
 import itertools
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import time
@@ -29,6 +28,7 @@ import psycopg
 from psycopg import sql
 
 from harness import stopping
+from harness.parts.files import remove_tree
 from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.processes import pdeathsig_preexec
@@ -296,15 +296,10 @@ class PostgresCluster:
             return "(no server log)"
 
     def remove(self) -> None:
-        """Stop (immediate) and delete the data directory.
-
-        Once the run was asked to stop, the directory stays for the run's own
-        final sweep (its run record removes the whole temp root in one pass):
-        a stopping run has seconds, and each directory costs a fraction.
-        """
+        """Stop (immediate) and delete the data directory (its thousand files
+        unlinked from many threads: a stopping run has seconds)."""
         self.stop("immediate", timeout_s=2.0 if stopping.requested() else 30.0)
-        if not stopping.requested():
-            shutil.rmtree(self.datadir, ignore_errors=True)
+        remove_tree(self.datadir)
 
     # ------------------------------------------------------------- queries
     def admin_dsn(self, dbname: str = "postgres", **extra: str | int) -> str:

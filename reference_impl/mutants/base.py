@@ -140,7 +140,9 @@ class Mutant:
         if not _ID.match(self.name):
             raise ValueError(f"mutant name {self.name!r} must be snake_case")
         if self.rule not in RULES:
-            raise ValueError(f"mutant {self.name}: rule {self.rule} is not one of docs/protocol.md's rules 1-13")
+            raise ValueError(
+                f"mutant {self.name}: rule {self.rule} is not one of docs/protocol.md's rules 1-13"
+            )
         if not self.catchers or not set(self.catchers) <= EXPERIMENTS:
             raise ValueError(f"mutant {self.name}: catchers {self.catchers} must be ids A-Q")
         alt = self.alteration
