@@ -201,7 +201,14 @@ def _run(
 
 
 def _start_failed(report_dir: Path, exc: Exception) -> None:
-    """A failed start leaves a run directory that says so, with the full story."""
+    """A failed start leaves a run directory that says so, with the full story
+    (not for what is a usage error: then nothing was started at all)."""
+    from harness.backends.base import BackendUnavailable
+    from harness.parts.pg_binaries import PgBinariesNotFound
+    from harness.parts.toxiproxy import ToxiproxyNotFound
+
+    if isinstance(exc, BackendUnavailable | PgBinariesNotFound | ToxiproxyNotFound):
+        return
     with contextlib.suppress(OSError):
         report_dir.mkdir(parents=True, exist_ok=True)
         (report_dir / "error.txt").write_text(
