@@ -18,8 +18,6 @@ import contextlib
 import os
 import random
 import shlex
-import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -41,7 +39,12 @@ from harness.failures import PartFailed
 from harness.parts.control import ControlServer
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
-from harness.parts.processes import ProcessRegistry, WorkerProcess, kill_all_children
+from harness.parts.processes import (
+    ProcessRegistry,
+    WorkerProcess,
+    kill_all_children,
+    run_bounded,
+)
 from harness.parts.toxiproxy import Link, ToxiproxyServer
 from mock_tool.process import MockToolProcess
 
@@ -117,14 +120,7 @@ def migrate(
     stopping.check(command)
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(
-            [*worker_cmd, "migrate"],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            start_new_session=True,  # a terminal's Ctrl-C is the harness's to handle
-        )
+        done = run_bounded([*worker_cmd, "migrate"], timeout_s=timeout_s, env=env)
     except OSError as exc:
         raise PartFailed(
             f"the worker command {command} could not be started",
@@ -133,7 +129,7 @@ def migrate(
             log=None,
             hint="check --worker-cmd (docs/worker-contract.md)",
         ) from exc
-    out, err, status = _communicate(proc, timeout_s)
+    out, err, status = done.stdout, done.stderr, done.how
     took = time.monotonic() - started
     log.write_text(out + err)
     if status == "interrupted":
@@ -145,10 +141,10 @@ def migrate(
             stderr=err,
             log=log,
         )
-    if proc.returncode != 0:
+    if done.returncode != 0:
         raise PartFailed(
             f"the worker's {command} failed after {took:.2f}s",
-            status=f"exit status {proc.returncode}",
+            status=f"exit status {done.returncode}",
             stderr=err,
             log=log,
         )
@@ -172,33 +168,6 @@ def migrate(
                 "(is --worker-cmd a worker at all?)",
             )
         conn.execute(AUDIT_SQL.encode())
-
-
-def _communicate(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[str, str, str]:
-    """stdout, stderr and how it ended ("exited", "timeout" or "interrupted");
-    a command that hangs or outlives a stop request is killed with its group."""
-    deadline = time.monotonic() + timeout_s
-    status = "exited"
-    while True:
-        try:
-            out, err = proc.communicate(timeout=0.1)
-            break
-        except subprocess.TimeoutExpired:
-            if stopping.requested():
-                status = "interrupted"
-            elif time.monotonic() >= deadline:
-                status = "timeout"
-            else:
-                continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
-            break
-    return (
-        out.decode("utf-8", errors="replace"),
-        err.decode("utf-8", errors="replace"),
-        status,
-    )
 
 
 def _grace(normal_s: float) -> float:

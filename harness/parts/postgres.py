@@ -31,7 +31,7 @@ from harness import stopping
 from harness.parts.files import remove_tree
 from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
 from harness.parts.pg_binaries import PgBinaries
-from harness.parts.processes import pdeathsig_preexec
+from harness.parts.processes import pdeathsig_preexec, run_bounded
 from harness.parts.toxiproxy import free_port
 from harness.waiting import wait_for
 
@@ -585,18 +585,10 @@ def _append_conf(path: Path, settings: dict[str, str]) -> None:
 
 
 def _run_as(user: OsUser, argv: list[str], *, what: str, timeout_s: float = 60.0) -> None:
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-            env=_server_env(user),
-            start_new_session=True,  # a terminal's Ctrl-C is the harness's to handle
-            **_user_kwargs(user),
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ClusterError(f"{what} did not finish within {timeout_s}s") from exc
-    if proc.returncode != 0:
-        raise ClusterError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    done = run_bounded(argv, timeout_s=timeout_s, env=_server_env(user), **_user_kwargs(user))
+    if done.how == "interrupted":
+        raise stopping.Interrupted(f"{stopping.reason()}: {what} was killed")
+    if done.how == "timeout":
+        raise ClusterError(f"{what} did not finish within {timeout_s}s:\n{done.stderr.strip()}")
+    if done.returncode != 0:
+        raise ClusterError(f"{what} failed (exit {done.returncode}):\n{done.stderr.strip()}")

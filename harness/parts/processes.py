@@ -183,6 +183,70 @@ def process_started(pid: int) -> float | None:
         return None
 
 
+@dataclass(frozen=True)
+class Finished:
+    """How a bounded command ended: ``how`` is "exited", "timeout" or "interrupted"."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    how: str
+
+
+def run_bounded(argv: Sequence[str], *, timeout_s: float, **popen: Any) -> Finished:
+    """Run a short command (initdb, pg_basebackup, a worker's migrate) to its end.
+
+    It runs in a session of its own (a terminal's Ctrl-C is the harness's to
+    handle) with a parent-death signal. Past ``timeout_s``, once a stop was
+    asked for, or when anything interrupts the wait (an Interrupted raised in
+    the main thread), its whole process group is killed: a killed initdb must
+    not leave its bootstrap server writing into a directory being removed.
+    """
+    stopping.check(f"`{argv[0]}`")
+    proc = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=pdeathsig_preexec(os.getpid()),
+        **popen,
+    )
+    deadline = time.monotonic() + timeout_s
+    how = "exited"
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping.requested():
+                    how = "interrupted"
+                elif time.monotonic() >= deadline:
+                    how = "timeout"
+                else:
+                    continue
+                _kill_group(proc)
+                out, err = proc.communicate()
+                break
+    except BaseException:
+        _kill_group(proc)
+        with contextlib.suppress(Exception):
+            proc.communicate(timeout=5)
+        raise
+    return Finished(
+        proc.returncode,
+        out.decode("utf-8", errors="replace"),
+        err.decode("utf-8", errors="replace"),
+        how,
+    )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
 def process_running(pid: int) -> bool:
     """True while ``pid`` exists and is not a zombie."""
     try:

@@ -95,7 +95,8 @@ def main() -> int:
         for _round in range(args.rounds):
             for point in POINTS:
                 for signame in SIGNALS:
-                    took, code, left = _stop_once(point, signame, args.backend, Path(scratch))
+                    here = Path(tempfile.mkdtemp(dir=scratch))  # its own reports directory
+                    took, code, left = _stop_once(point, signame, args.backend, here)
                     worst[signame] = max(worst.get(signame, 0.0), took)
                     print(
                         f"{point:<10} {signame:<8} {code:>5} {took:>7.2f}  "
@@ -103,7 +104,7 @@ def main() -> int:
                         flush=True,
                     )
         print("worst: " + ", ".join(f"{s} {t:.2f}s" for s, t in worst.items()))
-        reaped = _reap_once(args.backend, Path(scratch))
+        reaped = _reap_once(args.backend, Path(tempfile.mkdtemp(dir=scratch)))
         print("after SIGKILL of `run H`, `fencecheck clean`:")
         print(re.sub(r"(?m)^", "  ", reaped or "(nothing reaped)"))
     return 0
