@@ -89,25 +89,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return 0
-    except PartFailed as exc:
-        print(f"fencecheck: harness/environment error: {exc}", file=sys.stderr)
-        return EXIT_UNKNOWN
     except Exception as exc:
-        from harness.backends.base import BackendUnavailable
-        from harness.parts.pg_binaries import PgBinariesNotFound
-        from harness.parts.toxiproxy import ToxiproxyNotFound
-
-        if isinstance(exc, PgBinariesNotFound | ToxiproxyNotFound | BackendUnavailable):
-            print(f"fencecheck: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        print(
-            f"fencecheck: harness error: {type(exc).__name__}: {exc}\n"
-            + "".join(traceback.format_exception(exc)[-6:]),
-            file=sys.stderr,
-        )
-        return EXIT_UNKNOWN
+        if not stopping.requested():
+            return _report_error(exc)
+        # A failure after a stop request is the stop's doing: interrupted.
+        print(f"\nfencecheck: {stopping.reason()} ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return stopping.exit_status()
     finally:
         _release_records("the command ended")
+
+
+def _report_error(exc: Exception) -> int:
+    """Exit code and message for an error no command handled itself."""
+    from harness.backends.base import BackendUnavailable
+    from harness.parts.pg_binaries import PgBinariesNotFound
+    from harness.parts.toxiproxy import ToxiproxyNotFound
+
+    if isinstance(exc, PartFailed):
+        print(f"fencecheck: harness/environment error: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    if isinstance(exc, PgBinariesNotFound | ToxiproxyNotFound | BackendUnavailable):
+        print(f"fencecheck: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(
+        f"fencecheck: harness error: {type(exc).__name__}: {exc}\n"
+        + "".join(traceback.format_exception(exc)[-6:]),
+        file=sys.stderr,
+    )
+    return EXIT_UNKNOWN
 
 
 def _release_records(why: str) -> None:

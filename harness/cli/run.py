@@ -156,13 +156,15 @@ def _run(
                         settings, log_dir=report_dir / "logs" / "run", report_dir=report_dir
                     )
                 )
-        except stopping.Interrupted:
+        except Exception as exc:
+            # After a stop request, a failed start is the stop's doing (a
+            # server killed half-way, a query cut): interrupted, not an error.
+            if not isinstance(exc, stopping.Interrupted) and not stopping.requested():
+                _start_failed(report_dir, exc)
+                raise
             code = reports(all_results([]), stopping.reason())
             progress.say(f"fencecheck: {stopping.reason()} while starting; reports in {report_dir}")
             return code
-        except Exception as exc:
-            _start_failed(report_dir, exc)
-            raise
         stack.callback(stopping.on_escalate(on_escalate))
         progress.say(
             "  environment: "

@@ -55,6 +55,8 @@ def _stop_once(point: str, signame: str, backend: str, tmp: Path) -> tuple[float
         wait_until(run)
         sent = run.signal(sig, group=to_group)
         code, ended, seen = run.finish()
+        if code != 128 + sig:
+            print(run.output[-3000:], file=sys.stderr)
         return ended - sent, code, outside.leftovers(seen, run.tmpdir)
     finally:
         run.close()
@@ -98,6 +100,8 @@ def main() -> int:
                     here = Path(tempfile.mkdtemp(dir=scratch))  # its own reports directory
                     took, code, left = _stop_once(point, signame, args.backend, here)
                     worst[signame] = max(worst.get(signame, 0.0), took)
+                    if code != 128 + SIGNALS[signame][0]:
+                        left = [*left, f"unexpected exit {code}"]
                     print(
                         f"{point:<10} {signame:<8} {code:>5} {took:>7.2f}  "
                         f"{'none' if not left else '; '.join(left)}",
