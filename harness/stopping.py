@@ -36,10 +36,10 @@ from collections.abc import Callable, Iterator
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # From the first signal to the forced exit: the orderly stop gets this long,
 # the escalation the rest of the 5 s the harness promises.
-HARD_DEADLINE_S = 3.2
+HARD_DEADLINE_S = 3.0
 # What the escalation itself may take (kill, remove, write) before the exit;
 # what it could not finish, the run record keeps for the next run to reap.
-ESCALATION_BUDGET_S = 1.0
+ESCALATION_BUDGET_S = 0.8
 # What a `fencecheck` command exits with when a signal stopped it: the shell's
 # own convention, 128 + the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP).
 SIGNAL_EXIT_BASE = 128

@@ -360,6 +360,7 @@ class ContainerBackend:
         self._closed = False
         self._tmp: Path | None = None
         self._toxiproxies: list[ContainerToxiproxy] = []
+        self._deployment: dict[str, Any] | None = None
 
     # ------------------------------------------------------------ creation
     @classmethod
@@ -646,18 +647,26 @@ class ContainerBackend:
         return ContainerMockTool(self, storage, log_path=log_path, tools=tools).start()
 
     def deployment(self) -> dict[str, Any]:
+        """What runs where, for every archive: asked of the engine once per run
+        (it does not change, and a busy or stopping engine answers slowly)."""
+        with self._lock:
+            if self._deployment is not None:
+                return dict(self._deployment)
         engine: dict[str, Any] = {"url": self.base_url}
         with contextlib.suppress(Exception):
             version = self.client.version()
             names = [c.get("Name") for c in version.get("Components") or []]
             engine.update(version=version.get("Version"), components=names)
-        return {
+        described = {
             "kind": self.kind,
             "engine": engine,
             "images": images.describe(self.client, self.images),
             "network": self.prefix,
             "workers": "host processes",
         }
+        with self._lock:
+            self._deployment = described
+        return dict(described)
 
     def footprint(self) -> dict[str, Any]:
         return {
@@ -712,10 +721,13 @@ class ContainerBackend:
         PostgreSQL containers removed one by one 4 s, in parallel 2.8 s, killed
         in parallel and pruned 2.3 s)."""
         flt = {"label": f"{LABEL_RUN}={self.run_id}"}
+        stopping.trace("containers: abort")
         try:
-            containers = self.client.containers.list(all=True, filters=flt)
+            # sparse: one call, not one inspection per container
+            containers = self.client.containers.list(all=True, sparse=True, filters=flt)
         except Exception:
             return
+        stopping.trace(f"containers: {len(containers)} to kill")
         killers = [
             threading.Thread(target=_kill_quietly, args=(c,), daemon=True) for c in containers
         ]
@@ -723,8 +735,10 @@ class ContainerBackend:
             thread.start()
         for thread in killers:
             thread.join(timeout=10)
+        stopping.trace(f"containers: {len(containers)} killed")
         with contextlib.suppress(Exception):
             self.client.containers.prune(filters=flt)
+        stopping.trace("containers: pruned")
 
     def _remove_quietly(self, name: str) -> None:
         with contextlib.suppress(Exception):

@@ -234,6 +234,7 @@ class SharedServices:
             self._stack.callback(self._release_record)
             self._stack.callback(self.backend.close)
             self._stack.callback(self._join_aborter)
+            self._stack.callback(self._release_local_if_stopping)
             self._stack.callback(lambda: self.registry.reap_all(grace_s=_grace(3.0)))
             stalls.monitor().start()
             self._stack.callback(stalls.monitor().stop)
@@ -269,6 +270,14 @@ class SharedServices:
             log_dir or self.log_dir,
             mutant=self.settings.mutant,
         )
+
+    def _release_local_if_stopping(self) -> None:
+        # A stopping run removes what is on this machine's disk first: a
+        # container engine may need longer than the stop has.
+        if stopping.requested():
+            stopping.trace("removing temp directories and shared memory")
+            self.record.release_local()
+            stopping.trace("temp directories and shared memory removed")
 
     def _release_record(self) -> None:
         # Whatever teardown could not remove (a segment of a server that had
@@ -324,8 +333,11 @@ class SharedServices:
             env.interrupt(reason)
 
     def _join_aborter(self) -> None:
+        # Waiting past the stop's deadline gains nothing: what the engine has
+        # not removed by then, the run record keeps for the next run.
         if self._aborter is not None:
-            self._aborter.join(timeout=10)
+            left = stopping.HARD_DEADLINE_S - (stopping.since_s() or 0.0) - 0.5
+            self._aborter.join(timeout=max(0.1, left))
 
     def hard_stop(self, why: str) -> None:
         """The stop escalated: kill every process this run started (every child

@@ -185,6 +185,12 @@ class RunRecord:
         with self._lock:
             return json.loads(json.dumps(self._data, default=str))  # type: ignore[no-any-return]
 
+    def release_local(self) -> Reaped:
+        """Remove what the record names on this machine (orphaned servers, shared
+        memory, temp directories), keeping the record and the containers: the
+        first step of a stopping run, before it waits on a container engine."""
+        return reap_record(self.path, self.as_dict(), containers=False, keep_record=True)
+
     def release(self) -> Reaped:
         """At the run's end: remove whatever of the record is still there (a
         segment a killed server left, a directory a failed teardown kept), then
@@ -308,7 +314,9 @@ def _remove_containers(footprint: dict[str, Any], reaped: Reaped) -> None:
         )
 
 
-def reap_record(path: Path, data: dict[str, Any]) -> Reaped:
+def reap_record(
+    path: Path, data: dict[str, Any], *, containers: bool = True, keep_record: bool = False
+) -> Reaped:
     """Remove everything a record names whose owner is gone (or is the caller at
     its end), then the record; a record with something left keeps it for next time."""
     owner = data.get("owner") or {}
@@ -333,7 +341,6 @@ def reap_record(path: Path, data: dict[str, Any]) -> Reaped:
             reaped.segments_removed.append(int(shmid))
         elif problem is not None and "someone else's" not in problem:
             reaped.problems.append(problem)
-    _remove_containers(footprint, reaped)
     for directory in temp_dirs:
         if not directory.exists():
             continue
@@ -345,7 +352,11 @@ def reap_record(path: Path, data: dict[str, Any]) -> Reaped:
         else:
             reaped.temp_dirs.append(str(directory))
             reaped.bytes_removed += size
-    if not reaped.problems:
+    # Containers last: an engine can take seconds per container, and a stop
+    # cut short here must still have removed what is on this machine's disk.
+    if containers:
+        _remove_containers(footprint, reaped)
+    if not reaped.problems and not keep_record:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
     return reaped
