@@ -49,7 +49,7 @@ class Observed:
 class Watcher:
     """Polls a run's process tree and its TMPDIR while it runs."""
 
-    def __init__(self, pid: int, tmpdir: Path) -> None:
+    def __init__(self, pid: int, tmpdir: Path | None = None) -> None:
         self.root = psutil.Process(pid)
         self.tmpdir = tmpdir
         self.seen = Observed()
@@ -72,7 +72,9 @@ class Watcher:
                         self._note_maps(child.pid)
                 except psutil.Error:
                     continue
-            for dirpath, _dirs, files in os.walk(self.tmpdir):  # dirs vanish meanwhile: fine
+            for dirpath, _dirs, files in os.walk(
+                self.tmpdir or "/nonexistent"
+            ):  # dirs vanish: fine
                 if "postmaster.pid" in files:
                     parsed = PostmasterPid.read(Path(dirpath) / "postmaster.pid")
                     if parsed is not None and parsed.shm_id is not None and parsed.shm_key:

@@ -8,7 +8,6 @@ machine would.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -110,22 +109,31 @@ def _archives(run: outside.Run) -> dict[str, dict[str, Any]]:
     }
 
 
+def _frozen_run(
+    tmp_path: Path, args: list[str], logs: str, seconds: float
+) -> tuple[int, dict[str, dict[str, Any]], list[str]]:
+    """Run ``args``; once ``logs``/A.events.jsonl shows a claim, freeze the harness
+    for ``seconds``. Exit code, archives, what was left behind."""
+    run = outside.start(args, tmp_path)
+    try:
+        freezer = _freeze_when(run, str(run.reports / "*" / "logs" / logs), '"op":"claim"', seconds)
+        code, _, seen = run.finish(timeout_s=240)
+        print(freezer.communicate(timeout=60)[0])
+        assert freezer.returncode == 0
+        left = outside.leftovers(seen, run.tmpdir)
+    finally:
+        run.close()
+    return code, _archives(run), left
+
+
 @pytest.mark.slow
 def test_a_frozen_harness_gives_unknown_not_fail(tmp_path: Path) -> None:
     """The issue's case: E's workers wait on barrier answers and leases while the
     harness is frozen for 3 s; whatever E then concludes is not evidence."""
-    run = outside.start(["run", "E", "--jobs", "4"], tmp_path)
-    try:
-        freezer = _freeze_when(
-            run, str(run.reports / "*" / "logs" / "E-*" / "A.events.jsonl"), '"op":"claim"', 3.0
-        )
-        code, _, seen = run.finish(timeout_s=240)
-        print(freezer.communicate(timeout=60)[0])
-        assert freezer.returncode == 0
-        assert outside.leftovers(seen, run.tmpdir) == []
-    finally:
-        run.close()
-    archives = _archives(run)
+    code, archives, left = _frozen_run(
+        tmp_path, ["run", "E", "--jobs", "4"], "E-*/A.events.jsonl", 3.0
+    )
+    assert left == []
     reasons = {name: f"{a['pass_or_fail']}: {a['verdict_reason']}" for name, a in archives.items()}
     print("\n".join(reasons.values()))
     assert len(archives) == 4
@@ -135,25 +143,19 @@ def test_a_frozen_harness_gives_unknown_not_fail(tmp_path: Path) -> None:
         assert archive["pass_or_fail"] == "unknown", reasons[name]
         (stall,) = [s for s in archive["harness_stalls"] if s["length_s"] > 2.5]
         assert stall["length_s"] < 4.0
-    assert code == 2, run.output
+    assert code == 2
 
 
 @pytest.mark.slow
 def test_a_short_stall_leaves_a_mutants_fail_a_fail(tmp_path: Path) -> None:
-    run = outside.start(["run", "B", "--mutant", "takeover_keeps_epoch"], tmp_path)
-    try:
-        freezer = _freeze_when(
-            run, str(run.reports / "*" / "logs" / "B" / "A.events.jsonl"), '"op":"claim"', 0.15
-        )
-        code, _, _ = run.finish(timeout_s=240)
-        print(freezer.communicate(timeout=60)[0])
-    finally:
-        run.close()
-    archive = _archives(run)["B"]
+    code, archives, _ = _frozen_run(
+        tmp_path, ["run", "B", "--mutant", "takeover_keeps_epoch"], "B/A.events.jsonl", 0.15
+    )
+    archive = archives["B"]
+    limit = stalls.limit_s(800, 150, 600)  # B's lease, heartbeat, dispatch deadline
     recorded = [s["length_s"] for s in archive["harness_stalls"]]
-    assert any(0.1 <= length < 0.3 for length in recorded), recorded  # ours was seen
-    if any(length >= 0.3 for length in recorded):
+    assert any(0.1 <= length < limit for length in recorded), recorded  # ours was seen
+    if any(length >= limit for length in recorded):
         pytest.skip(f"the machine itself stalled the harness ({recorded}); rerun when less loaded")
     assert archive["pass_or_fail"] == "fail", archive["verdict_reason"]
     assert code == 1
-    assert json.loads(next(run.reports.glob("*/results.json")).read_text())["overall"] == "fail"
