@@ -192,13 +192,22 @@ def _run(
     # run, whichever path forgot it (only here, where every child is ours).
     for left in kill_all_children():
         progress.say(f"fencecheck: killed a process teardown missed: {left}")
+    kept = shared.final_reap.problems if shared.final_reap is not None else []
+    gone = (
+        "everything it started has been removed"
+        if not kept
+        else f"not removed yet ({'; '.join(kept)}): named in {shared.record.path}, "
+        "the next run or `fencecheck clean` removes it"
+    )
     if settings.keep and not interrupted:
-        progress.say("fencecheck: --keep ended; everything it kept up has been removed")
+        progress.say(f"fencecheck: --keep ended; {gone}")
     if interrupted:
         progress.say(
-            f"fencecheck: {interrupted}: stopped in {stopping.since_s() or 0:.1f}s; everything "
-            f"it started has been removed; exit {code}"
+            f"fencecheck: {interrupted}: stopped in {stopping.since_s() or 0:.1f}s; {gone}; "
+            f"exit {code}"
         )
+    elif kept:
+        progress.say(f"fencecheck: {gone}")
     return code
 
 
