@@ -6,13 +6,17 @@
     fencecheck smoke            bring up every real part once, prove it works, tear down
     fencecheck mutants [NAMES]  prove the matrix catches every protocol mutant
     fencecheck clean            remove what killed runs left behind
+    fencecheck report DIR       rebuild a run's HTML pages from its archives; --compare A B
+    fencecheck verify DIR       re-hash a run folder against its MANIFEST.sha256
+    fencecheck merge DIR... --into DIR   the parts of a sharded run as one run
 
 Each command module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``main(args) -> int``; a new command is a new module listed in ``COMMANDS``.
 
 Exit codes (README, "Exit codes"), exactly:
   0   every verdict pass
-  1   an invariant broke (some verdict fail)
+  1   an invariant broke (some verdict fail); with ``--fail-on unknown`` also
+      some verdict unknown (harness.evidence.gate)
   2   some verdict unknown, or a harness or environment error (one paragraph:
       what failed, its exit status, the last lines of its stderr, its log)
   64  bad usage: one line naming what to fix, never a traceback
@@ -31,12 +35,22 @@ from types import ModuleType
 from typing import NoReturn
 
 from harness import stopping
-from harness.cli import clean, listing, mutants, run, show, smoke
+from harness.cli import clean, listing, merge, mutants, report, run, show, smoke, verify
 from harness.cli.common import UsageError
 from harness.failures import PartFailed
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
-COMMANDS: tuple[ModuleType, ...] = (run, listing, show, smoke, mutants, clean)
+COMMANDS: tuple[ModuleType, ...] = (
+    run,
+    listing,
+    show,
+    smoke,
+    mutants,
+    report,
+    verify,
+    merge,
+    clean,
+)
 
 
 class Parser(argparse.ArgumentParser):
@@ -103,9 +117,12 @@ def _report_error(exc: Exception) -> int:
     """Exit code and message for an error no command handled itself."""
     from harness.backends.base import BackendUnavailable
     from harness.parts.pg_binaries import PgBinariesNotFound
+    from harness.parts.postgres import ClusterError
     from harness.parts.toxiproxy import ToxiproxyNotFound
 
-    if isinstance(exc, PartFailed):
+    # A part that failed says what, why and where its log is: no traceback
+    # (the run directory's error.txt has it).
+    if isinstance(exc, PartFailed | ClusterError):
         print(f"fencecheck: harness/environment error: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN
     if isinstance(exc, PgBinariesNotFound | ToxiproxyNotFound | BackendUnavailable):

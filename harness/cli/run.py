@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import secrets
 import time
 import traceback
@@ -28,12 +29,17 @@ from harness.cli.common import (
     report_root,
     seed_value,
     settings_from_args,
+    shard_from_args,
+    shard_option,
 )
+from harness.evidence.gate import add_gate_option
 
 if TYPE_CHECKING:
     from harness.engine.environment import Environment, Settings, SharedServices
     from harness.engine.progress import Progress
     from harness.engine.runner import Job
+    from harness.engine.shards import Shard
+    from harness.evidence.shard_record import ShardItem, ShardRecord
     from harness.evidence.summary import ExperimentResult
 
 NAME = "run"
@@ -59,6 +65,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
     run.add_argument("--mutant", help="start the reference worker with this named mutant")
     run.add_argument("--quiet", action="store_true", help="no per-experiment progress lines")
+    shard_option(run, "experiment runs")
+    add_gate_option(run)
     common_env_options(run)
 
 
@@ -80,6 +88,8 @@ def main(args: argparse.Namespace) -> int:
     import scenarios
     from harness.engine.progress import Progress
     from harness.engine.runner import jobs_for
+    from harness.engine.shards import ShardError
+    from harness.evidence.shard_record import job_items
 
     try:
         modules = scenarios.select(args.ids)
@@ -88,23 +98,47 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, mutant=args.mutant)
     if settings.mutant:
         _check_mutant(tuple(settings.worker_cmd), settings.mutant)
+    shard = shard_from_args(args)
+    if shard.count > 1 and args.seed is None:
+        raise UsageError(
+            f"--shard {shard} needs --seed: give every part the same seed "
+            "(e.g. --seed $CI_PIPELINE_ID) so the merged run is one run"
+        )
     root = report_root(args.report_dir)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    all_jobs = jobs_for(modules, args.repeat)
+    try:
+        items = job_items(all_jobs, shard.count)
+    except ShardError as exc:
+        raise UsageError(str(exc)) from exc
+    mine = {item.label for item in items if item.shard == shard.index}
+    jobs = [job for job in all_jobs if job.label in mine]
+    plan = Plan(jobs=jobs, shard=shard, items=items, total=len(all_jobs))
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-    jobs = jobs_for(modules, args.repeat)
     with Progress(len(jobs), quiet=args.quiet) as progress:
         progress.say(
             f"fencecheck run {run_id}: {len(jobs)} experiment run(s), seed {seed}, "
             f"worker `{settings.worker_command_text()}`"
             + (f", mutant {settings.mutant}" if settings.mutant else "")
+            + (f", shard {shard} of {len(all_jobs)}" if shard.count > 1 else "")
         )
         reap_and_report(settings.work_dir, progress.say)
-        return _run(settings, jobs, root / run_id, run_id, seed, args, progress)
+        return _run(settings, plan, root / run_id, run_id, seed, args, progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What this run runs: its jobs, and the part of the whole list they are."""
+
+    jobs: list[Job]
+    shard: Shard
+    items: list[ShardItem]
+    total: int
 
 
 def _run(
     settings: Settings,
-    jobs: list[Job],
+    plan: Plan,
     report_dir: Path,
     run_id: str,
     seed: int,
@@ -113,12 +147,13 @@ def _run(
 ) -> int:
     from harness.engine.environment import SharedServices
     from harness.engine.runner import interrupted_result, run_jobs
-    from harness.evidence.run_report import RunInfo, write_run_reports
-    from harness.evidence.summary import overall
+    from harness.evidence.gate import gate_exit, gate_line
+    from harness.evidence.run_report import RunInfo, seal_run, write_run_reports
+    from harness.evidence.shard_record import new_record, write_record
     from harness.parts.processes import kill_all_children
-    from harness.verdict import exit_code
 
     started = time.monotonic()
+    jobs = plan.jobs
     header = {
         "run": run_id,
         "worker": settings.worker_command_text(),
@@ -126,12 +161,22 @@ def _run(
         "seed": str(seed),
         "backend": settings.backend,
     }
+    if plan.shard.count > 1:
+        header["shard"] = f"{plan.shard} ({len(jobs)} of {plan.total} experiment runs)"
     collected: list[ExperimentResult] = []
+    record: ShardRecord | None = None  # none when the start was cut: merge names it missing
 
     def reports(results: list[ExperimentResult], interrupted: str | None) -> int:
-        code = stopping.exit_status() if interrupted else exit_code(overall(results))
-        info = RunInfo(run_id, header, time.monotonic() - started, code, interrupted)
-        write_run_reports(report_dir, results, info)
+        code = stopping.exit_status() if interrupted else gate_exit(results, args.fail_on)
+        info = RunInfo(
+            run_id,
+            header,
+            time.monotonic() - started,
+            code,
+            interrupted,
+            extra={"fail_on": args.fail_on},
+        )
+        write_run_reports(report_dir, results, info, record)
         return code
 
     def all_results(done: list[ExperimentResult]) -> list[ExperimentResult]:
@@ -156,12 +201,28 @@ def _run(
                         settings, log_dir=report_dir / "logs" / "run", report_dir=report_dir
                     )
                 )
+                assert shared.primary is not None
+                record = new_record(
+                    kind="run",
+                    run_id=run_id,
+                    shard=plan.shard,
+                    items=plan.items,
+                    seed=seed,
+                    worker_cmd=settings.worker_cmd,
+                    mutant=settings.mutant,
+                    postgres_version=shared.primary.query("SHOW server_version")[0][
+                        "server_version"
+                    ],
+                    backend=settings.backend,
+                )
+                write_record(report_dir, record)
         except Exception as exc:
             # After a stop request, a failed start is the stop's doing (a
             # server killed half-way, a query cut): interrupted, not an error.
             if not isinstance(exc, stopping.Interrupted) and not stopping.requested():
                 _start_failed(report_dir, exc)
                 raise
+            record = None
             code = reports(all_results([]), stopping.reason())
             progress.say(f"fencecheck: {stopping.reason()} while starting; reports in {report_dir}")
             return code
@@ -172,6 +233,7 @@ def _run(
             + f"; toxiproxy {shared.toxiproxy_version()}"
         )
         header["postgres"] = shared.binaries.describe()
+        header["postgres server"] = record.postgres_version
         results = run_jobs(
             shared,
             jobs,
@@ -192,6 +254,10 @@ def _run(
     # run, whichever path forgot it (only here, where every child is ours).
     for left in kill_all_children():
         progress.say(f"fencecheck: killed a process teardown missed: {left}")
+    # Pages and seal last: the servers' logs in the run directory are final now.
+    pages, digest = seal_run(report_dir, interrupted=interrupted is not None)
+    stopping.trace("pages written and run sealed")
+    progress.say(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
     kept = shared.final_reap.problems if shared.final_reap is not None else []
     gone = (
         "everything it started has been removed"
@@ -206,8 +272,10 @@ def _run(
             f"fencecheck: {interrupted}: stopped in {stopping.since_s() or 0:.1f}s; {gone}; "
             f"exit {code}"
         )
-    elif kept:
-        progress.say(f"fencecheck: {gone}")
+    else:
+        if kept:
+            progress.say(f"fencecheck: {gone}")
+        progress.say(gate_line(results, args.fail_on))
     return code
 
 

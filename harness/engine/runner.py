@@ -24,12 +24,13 @@ from typing import Any
 from harness import stopping
 from harness.checking import checkers
 from harness.checking.history import read_history, timeline
+from harness.checking.invariants import experiment as invariants
 from harness.engine import stalls
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
-from harness.evidence.summary import ExperimentResult
+from harness.evidence.summary import ExperimentResult, failed_check_lines
 from harness.verdict import Verdict
 
 # After a stop request, how long the running experiments get to unwind (their
@@ -101,6 +102,8 @@ def run_job(
     archive: dict[str, Any] = {}
     interrupted: str | None = None
     rng = job_rng(seed, job)
+    secrets: set[str] = set()
+    stalls_judged = False
     try:
         with experiment_environment(
             shared,
@@ -110,14 +113,13 @@ def run_job(
             heartbeat_timeout_ms=spec.heartbeat_timeout_ms,
             dispatch_ttl_ms=spec.dispatch_ttl_ms,
             replication=_replication_for(spec, job.variant),
+            tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
             log_dir=logs_dir,
             rng=rng,
+            write_path=spec.write_path,
         ) as env:
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed, rng=rng)
             verdict, reason, harness_error = _run_scenario(job, ctx)
-            # Steps that judge the experiment after its scenario (a global
-            # invariant checker, say) go here, one call each, while the
-            # environment is still up: `verdict, reason = step(ctx, verdict, reason)`.
             # The stop's flag is up before its callbacks ran: either says so.
             if env.interrupted or stopping.requested():
                 interrupted = env.interrupted or stopping.reason()
@@ -127,10 +129,21 @@ def run_job(
             stopping.trace(f"{job.label}: scenario ended")
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
+            # A stall while workers ran may have decided the experiment's own
+            # verdict; the global invariants hold for every schedule, so no
+            # stall excuses a broken one: they are judged after the stall.
+            verdict, reason = _judge_stalls(spec, started, verdict, reason)
+            stalls_judged = True
+            # Steps that judge the experiment after its scenario go here, one
+            # call each, while the environment is still up:
+            # `verdict, reason = step(ctx, verdict, reason)`.
+            if interrupted is None:  # a stopping run has no time for queries
+                verdict, reason = invariants.judge(ctx, verdict, reason)
             archive = _archive(
                 ctx, env, job, started, verdict, reason, harness_error, logs_dir,
-                gather=interrupted is None,  # a stopping run has no time for queries
+                gather=interrupted is None,
             )  # fmt: skip
+            secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
         if stopping.requested():
@@ -139,9 +152,9 @@ def run_job(
         else:
             verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
     finished = time.time()
+    if not stalls_judged:
+        verdict, reason = _judge_stalls(spec, started, verdict, reason)
     seen_stalls = stalls.monitor().stalls(started, finished)
-    limit = stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms)
-    verdict, reason = stalls.judge(verdict, reason, seen_stalls, limit)
     if not archive:
         archive = _minimal_archive(
             shared, job, seed, started, verdict, reason, harness_error, logs_dir
@@ -163,14 +176,10 @@ def run_job(
     )
     written: Path | None = None
     try:
-        written = evidence.write_archive(archive_path, archive)
+        written = evidence.write_archive(archive_path, archive, secrets)
     except Exception as exc:
         verdict, reason = Verdict.UNKNOWN, f"archive not written: {exc}"
-    failed = [
-        f"{c['kind']} {c['name']}: expected {c['expected']}, observed {c['observed']}"
-        for c in archive.get("checks", [])
-        if not c["ok"]
-    ]
+    failed = failed_check_lines(archive.get("checks", []))
     result = _result(job, verdict, reason, finished - started, written, failed)
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
@@ -178,6 +187,15 @@ def run_job(
             job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({reason})"
         )
     return result
+
+
+def _judge_stalls(
+    spec: ExperimentSpec, started: float, verdict: Verdict, reason: str
+) -> tuple[Verdict, str]:
+    """``verdict`` judged against the harness's stalls since ``started``."""
+    seen = stalls.monitor().stalls(started, time.time())
+    limit = stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms)
+    return stalls.judge(verdict, reason, seen, limit)
 
 
 def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str | None]:
@@ -265,7 +283,7 @@ def _archive(
         "variant": job.variant,
         "git_commit": evidence.git_commit(),
         "runtime_versions": evidence.runtime_versions(
-            go_worker="go" in settings.worker_command_text(),
+            go_worker=evidence.go_build_version(tuple(settings.worker_cmd)),
             toxiproxy=env.shared.toxiproxy.version if env.shared.toxiproxy else None,
         ),
         "postgres_version": facts.get("version", "unknown"),
@@ -281,6 +299,8 @@ def _archive(
         "lease_duration": _ms(env.lease_ttl_ms),
         "heartbeat_interval": _ms(env.heartbeat_ms),
         "fault_injection_point": spec.injection_point,
+        "injected_fault": spec.fault,
+        "fencecheck_version": evidence.fencecheck_version(),
         "commands_executed": commands,
         "worker_logs_path": str(logs_dir),
         "postgres_queries_and_results": [dataclasses.asdict(q) for q in ctx.queries],
@@ -303,6 +323,8 @@ def _archive(
         "worker_channel_errors": {
             w.worker_id: list(w.protocol_errors) for w in env.workers.values() if w.protocol_errors
         },
+        "metrics": env.metrics,
+        "global_invariants": ctx.extra.get("global_invariants"),
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),
@@ -365,7 +387,7 @@ def _minimal_archive(
         "seed_section": spec.seed_section,
         "variant": job.variant,
         "git_commit": evidence.git_commit(),
-        "runtime_versions": evidence.runtime_versions(go_worker=False, toxiproxy=None),
+        "runtime_versions": evidence.runtime_versions(go_worker=None, toxiproxy=None),
         "postgres_version": "unknown",
         "deployment": deployment,
         "worker": {"command": "unknown", "digest": "sha256:" + "0" * 64},
@@ -374,6 +396,8 @@ def _minimal_archive(
         "lease_duration": _ms(spec.lease_ttl_ms),
         "heartbeat_interval": _ms(spec.heartbeat_ms),
         "fault_injection_point": spec.injection_point,
+        "injected_fault": spec.fault,
+        "fencecheck_version": evidence.fencecheck_version(),
         "commands_executed": [],
         "worker_logs_path": str(logs_dir),
         "postgres_queries_and_results": [],

@@ -108,6 +108,22 @@ def test_signal_stops_the_run(point: str, signame: str, tmp_path: Path) -> None:
     if point == "repeat":
         started = [r for r in results["results"] if "before it started" not in r["reason"]]
         assert len(started) < 10, "the repetitions went on after the signal"
+    _check_part_and_seal(run_dir, f"interrupted by {signame}", run.output)
+
+
+def _check_part_and_seal(run_dir: Path, why: str, output: str) -> None:
+    """shard.json says the part was cut (merge lists it unfinished); an orderly
+    stop seals the run directory last, and the seal holds."""
+    from harness.evidence.manifest import MANIFEST_NAME, verify_report
+
+    if (run_dir / "shard.json").is_file():  # none when the start itself was cut
+        shard = json.loads((run_dir / "shard.json").read_text())
+        assert shard["interrupted"] == why and shard["finished_at"] is None, shard
+    if "killing everything" in output:
+        return  # the stop escalated: no time for the seal, the reports say interrupted
+    assert (run_dir / MANIFEST_NAME).is_file(), output
+    check = verify_report(run_dir)
+    assert check.intact, (check.changed, check.removed, check.added)
 
 
 def test_second_signal_kills_everything_at_once(tmp_path: Path) -> None:
