@@ -1,8 +1,9 @@
 """``fencecheck run [IDS...]``: run experiments and write the run's reports.
 
 Order of a run: check the command line (usage errors exit 64 before anything
-starts), reap what dead runs left, bring up the shared services, run the
-jobs, write the reports, keep the environment up with ``--keep``, tear down.
+starts), reap what dead runs left, bring up the shared services (and write
+shard.json), run the jobs, write the reports, keep the environment up with
+``--keep``, tear down, then the pages and the seal (MANIFEST.sha256) last.
 A stop request (SIGINT, SIGTERM, SIGHUP) at any point ends it within seconds
 with reports marked interrupted; a failed start leaves a run directory whose
 ``error.txt`` says what failed.
@@ -148,7 +149,7 @@ def _run(
     from harness.engine.environment import SharedServices
     from harness.engine.runner import interrupted_result, run_jobs
     from harness.evidence.gate import gate_exit, gate_line
-    from harness.evidence.run_report import RunInfo, seal_run, write_run_reports
+    from harness.evidence.run_report import RunInfo, seal_run, write_pages, write_run_reports
     from harness.evidence.shard_record import new_record, write_record
     from harness.parts.processes import kill_all_children
 
@@ -248,14 +249,16 @@ def _run(
         stopping.trace("reports written")
         progress.close()
         _print_outcome(progress, results, report_dir, time.monotonic() - started, interrupted)
+        pages: str | None = None
         if settings.keep and not interrupted:
+            pages = write_pages(report_dir)
             _keep_up(shared, progress)
     # Last resort: anything still a child of this process was started by this
     # run, whichever path forgot it (only here, where every child is ours).
     for left in kill_all_children():
         progress.say(f"fencecheck: killed a process teardown missed: {left}")
     # Pages and seal last: the servers' logs in the run directory are final now.
-    pages, digest = seal_run(report_dir, interrupted=interrupted is not None)
+    pages, digest = seal_run(report_dir, interrupted=interrupted is not None, pages=pages)
     stopping.trace("pages written and run sealed")
     progress.say(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
     kept = shared.final_reap.problems if shared.final_reap is not None else []

@@ -102,26 +102,38 @@ def write_run_reports(
     return written
 
 
-def seal_run(report_dir: Path, *, interrupted: bool = False) -> tuple[str, str]:
-    """The auditor's pages, then the seal (MANIFEST.sha256) over every file of
-    ``report_dir``; returns what to say about the pages, and the evidence digest.
+def write_pages(report_dir: Path, *, interrupted: bool = False) -> str:
+    """The auditor's pages of ``report_dir``; returns what to say about them.
 
-    Call it last. The verdict stands on the archives: pages that cannot be
-    built are named with the reason and the command that builds them. A
-    stopping run builds pages only until ``PAGES_BY_S`` after its stop.
+    The verdict stands on the archives: pages that cannot be built are named
+    with the reason and the command that builds them. A stopping run builds
+    pages only until ``PAGES_BY_S`` after its stop.
     """
     from harness.evidence.html import PagesCut, write_run_pages
-    from harness.evidence.manifest import run_digest, write_manifest
 
     deadline = None
     if interrupted or stopping.requested():
         deadline = time.monotonic() + max(0.0, PAGES_BY_S - (stopping.since_s() or 0.0))
     rebuild = f"rebuild: fencecheck report {report_dir}"
     try:
-        pages = str(write_run_pages(report_dir, deadline=deadline))
+        return str(write_run_pages(report_dir, deadline=deadline))
     except PagesCut as exc:
-        pages = f"NOT ALL WRITTEN ({exc}; {rebuild})"
+        return f"NOT ALL WRITTEN ({exc}; {rebuild})"
     except Exception as exc:
-        pages = f"NOT WRITTEN ({type(exc).__name__}: {exc}; {rebuild})"
+        return f"NOT WRITTEN ({type(exc).__name__}: {exc}; {rebuild})"
+
+
+def seal_run(
+    report_dir: Path, *, interrupted: bool = False, pages: str | None = None
+) -> tuple[str, str]:
+    """The pages (unless ``pages`` says they were written already: ``--keep``
+    writes them before it waits, since its end is a stop with seconds to go),
+    then the seal (MANIFEST.sha256) over every file of ``report_dir``; returns
+    what to say about the pages, and the evidence digest. Call it last.
+    """
+    from harness.evidence.manifest import run_digest, write_manifest
+
+    if pages is None:
+        pages = write_pages(report_dir, interrupted=interrupted)
     write_manifest(report_dir)
     return pages, run_digest(report_dir)
