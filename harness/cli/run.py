@@ -149,7 +149,13 @@ def _run(
     from harness.engine.environment import SharedServices
     from harness.engine.runner import interrupted_result, run_jobs
     from harness.evidence.gate import gate_exit, gate_line
-    from harness.evidence.run_report import RunInfo, seal_run, write_pages, write_run_reports
+    from harness.evidence.run_report import (
+        PAGES_BY_S,
+        RunInfo,
+        seal_run,
+        write_pages,
+        write_run_reports,
+    )
     from harness.evidence.shard_record import new_record, write_record
     from harness.parts.processes import kill_all_children
 
@@ -225,6 +231,8 @@ def _run(
                 raise
             record = None
             code = reports(all_results([]), stopping.reason())
+            stack.close()  # what did come up goes before the seal
+            seal_run(report_dir, interrupted=True, pages="none: no experiment ran")
             progress.say(f"fencecheck: {stopping.reason()} while starting; reports in {report_dir}")
             return code
         stack.callback(stopping.on_escalate(on_escalate))
@@ -257,7 +265,15 @@ def _run(
     # run, whichever path forgot it (only here, where every child is ours).
     for left in kill_all_children():
         progress.say(f"fencecheck: killed a process teardown missed: {left}")
-    # Pages and seal last: the servers' logs in the run directory are final now.
+    # Pages and seal last: the servers' logs in the run directory are final now,
+    # and the archives of jobs that outlasted a stop's grace are written.
+    budget = None if not interrupted else PAGES_BY_S - (stopping.since_s() or 0.0)
+    late = shared.wait_jobs_written(3600.0 if budget is None else max(0.0, budget))
+    if late:
+        progress.say(
+            f"fencecheck: sealed before the archive(s) of {', '.join(late)} were written "
+            "(the stop's seconds ran out): `fencecheck verify` lists them as added"
+        )
     pages, digest = seal_run(report_dir, interrupted=interrupted is not None, pages=pages)
     stopping.trace("pages written and run sealed")
     progress.say(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")

@@ -227,6 +227,8 @@ class SharedServices:
         self._lock = threading.Lock()
         self._environments: list[Environment] = []
         self._kept: list[tuple[Environment, contextlib.ExitStack]] = []
+        self._running_jobs: set[str] = set()
+        self._jobs_idle = threading.Condition()
         self.closed = threading.Event()
         self.final_reap: Reaped | None = None
         self._aborter: threading.Thread | None = None
@@ -310,6 +312,30 @@ class SharedServices:
     def environments(self) -> list[Environment]:
         with self._lock:
             return list(self._environments)
+
+    @contextlib.contextmanager
+    def job_running(self, label: str) -> Iterator[None]:
+        """Mark ``label`` as running until its archive is written (see
+        :meth:`wait_jobs_written`)."""
+        with self._jobs_idle:
+            self._running_jobs.add(label)
+        try:
+            yield
+        finally:
+            with self._jobs_idle:
+                self._running_jobs.discard(label)
+                self._jobs_idle.notify_all()
+
+    def wait_jobs_written(self, timeout_s: float) -> list[str]:
+        """Wait up to ``timeout_s`` for every job to have written its archive; the
+        labels still writing. A stopped run's jobs may outlast its grace period
+        (their results then say so) and write their archives during teardown:
+        the seal must come after them."""
+        ends = time.monotonic() + timeout_s
+        with self._jobs_idle:
+            while self._running_jobs and time.monotonic() < ends:
+                self._jobs_idle.wait(max(0.0, ends - time.monotonic()))
+            return sorted(self._running_jobs)
 
     def keep(self, env: Environment, stack: contextlib.ExitStack) -> None:
         """--keep: the environment's parts stay up until this run's exit."""

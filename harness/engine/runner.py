@@ -457,9 +457,10 @@ def run_jobs(
                         break
                     index = queue.popleft()
                     started_at[index] = time.time()
-                result = run_job(
-                    shared, jobs[index], report_dir=report_dir, seed=seed, progress=progress
-                )
+                with shared.job_running(jobs[index].label):
+                    result = run_job(
+                        shared, jobs[index], report_dir=report_dir, seed=seed, progress=progress
+                    )
                 with cond:
                     results[index] = result
                     cond.notify_all()
