@@ -245,7 +245,7 @@ class SharedServices:
             self._stack.callback(self.backend.close)
             self._stack.callback(self._join_aborter)
             self._stack.callback(self._release_local_if_stopping)
-            self._stack.callback(lambda: self.registry.reap_all(grace_s=_grace(3.0)))
+            self._stack.callback(self._reap_processes)
             stalls.monitor().start()
             self._stack.callback(stalls.monitor().stop)
             self._stack.callback(stopping.on_stop(self.interrupt))
@@ -280,6 +280,11 @@ class SharedServices:
             log_dir or self.log_dir,
             mutant=self.settings.mutant,
         )
+
+    def _reap_processes(self) -> None:
+        stopping.trace("stopping the registered processes")
+        self.registry.reap_all(grace_s=_grace(3.0))
+        stopping.trace("registered processes stopped")
 
     def _release_local_if_stopping(self) -> None:
         # A stopping run removes what is on this machine's disk first: a

@@ -298,8 +298,10 @@ class PostgresCluster:
     def remove(self) -> None:
         """Stop (immediate) and delete the data directory (its thousand files
         unlinked from many threads: a stopping run has seconds)."""
-        self.stop("immediate", timeout_s=2.0 if stopping.requested() else 30.0)
+        took = self.stop("immediate", timeout_s=2.0 if stopping.requested() else 30.0)
+        stopping.trace(f"server {self.datadir.name} stopped in {took:.2f}s")
         remove_tree(self.datadir)
+        stopping.trace(f"server {self.datadir.name} removed")
 
     # ------------------------------------------------------------- queries
     def admin_dsn(self, dbname: str = "postgres", **extra: str | int) -> str:
