@@ -9,6 +9,7 @@ from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
+    reap_and_report,
     settings_from_args,
     shard_from_args,
     shard_option,
@@ -31,6 +32,7 @@ def main(args: argparse.Namespace) -> int:
     from harness.mutation.named import MutantListUnavailable, run_mutants
 
     settings = settings_from_args(args)
+    reap_and_report(settings.work_dir, print)
     try:
         return run_mutants(
             settings,

@@ -322,7 +322,11 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
     missing = sorted(set(range(1, first.shard_count + 1)) - set(by_index))
     walls = [p.record.wall_s for p in parts if p.record.wall_s is not None]
     run_id = "merged-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-    unfinished = [str(p.record.shard) for p in parts if p.record.finished_at is None]
+    unfinished = [
+        f"{p.record.shard}" + (f" ({p.record.interrupted})" if p.record.interrupted else "")
+        for p in parts
+        if p.record.finished_at is None
+    ]
     header = {
         "run": run_id,
         "merged from": ", ".join(

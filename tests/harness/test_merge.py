@@ -31,7 +31,7 @@ from harness.evidence.shard_record import (
     write_record,
 )
 from harness.verdict import Verdict
-from tests.harness.test_evidence import _archive
+from tests.harness.helpers import sample_archive as _archive
 
 JOBS = jobs_for(scenarios.all_modules(), repeat=1)
 DIGEST = "sha256:" + "d" * 64
@@ -355,3 +355,32 @@ def test_a_missing_mutant_part_is_not_run_and_an_escaped_mutant_fails(
     assert capsys.readouterr().out.strip().splitlines()[-1] == (
         f"fencecheck: exit 1: not caught {', '.join(escaped)}"
     )
+
+
+def test_an_interrupted_part_is_named_unfinished_and_its_cut_jobs_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A part a stop cut (shard.json with `interrupted`, no `finished_at`, as
+    write_run_reports leaves it) is listed as unfinished with its reason; the
+    jobs it did not complete are unknown, so the merged run never passes."""
+    whole = _write_part(tmp_path / "in", _record(2, 1))
+    cut = _record(2, 2, finished_at=None).cut("interrupted by SIGTERM", 3.0)
+    part = _write_part(tmp_path / "in", cut)
+    dropped = sorted((part / "archives").iterdir())[1:]
+    for path in dropped:  # the stop came before these ran
+        path.unlink()
+    assert read_record(part).interrupted == "interrupted by SIGTERM"
+    code = cli_main(["merge", str(whole), str(part), "--into", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert "did not finish: interrupted by SIGTERM" in out
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "2/2 (interrupted by SIGTERM)" in summary
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    verdicts = {
+        r["experiment"] + (f"-{r['variant']}" if r["variant"] else ""): r["verdict"]
+        for r in merged["results"]
+    }
+    assert dropped
+    for path in dropped:
+        assert verdicts[path.stem] == "unknown", (path.stem, verdicts)

@@ -20,7 +20,7 @@ from reference_impl.protocol import Protocol, load_protocol
 from reference_impl.queries import Queries
 
 NAMES = sorted(REGISTRY)
-# SPEC.md "Trusting the harness": the breaks the suite must be able to catch,
+# README "Trusting the harness: mutants": the breaks the suite must be able to catch,
 # by the rule each breaks (issue 6 asks for at least these).
 REQUIRED = {
     "renew_ignores_expiry": 1,
