@@ -70,5 +70,8 @@ def main(args: argparse.Namespace) -> int:
         f"\noverall: {overall(results).value.upper()}; slowest part {merged.wall_s:.1f}s; "
         f"reports in {merged.into}"
     )
+    print(
+        f"  pages {merged.pages}; evidence digest {merged.digest} (fencecheck verify {merged.into})"
+    )
     print(gate_line(results, args.fail_on))
     return gate_exit(results, args.fail_on)

@@ -99,9 +99,12 @@ def test_merged_parts_are_the_whole_run_with_no_job_twice(tmp_path: Path, count:
         f"{j.label}.yaml" for j in JOBS
     )
     assert (tmp_path / "out" / "logs" / "H-async" / "worker.log").read_text() == "H-async"
-    for name in ("summary.md", "junit.xml", "results.json", "merge.json"):
+    for name in ("summary.md", "junit.xml", "results.json", "merge.json", "MANIFEST.sha256"):
         assert (tmp_path / "out" / name).is_file()
     assert len(list((tmp_path / "out" / "shards").iterdir())) == count
+    # Sealed like a run: the merged folder verifies as a whole.
+    assert merged.digest.startswith("sha256:")
+    assert cli_main(["verify", str(tmp_path / "out")]) == 0
     assert merged.wall_s == 30.0 + count  # the slowest part
 
 
