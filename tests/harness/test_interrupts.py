@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.waiting import wait_for
 from tests.harness import outside
 
 pytestmark = pytest.mark.slow
@@ -29,8 +30,17 @@ STOP_BOUND_S = 5.0
 
 
 def _at_setup(run: outside.Run) -> None:
-    # initdb of the shared primary has begun: servers are being set up.
+    # initdb of the shared primary has begun: servers are being set up...
     run.wait_file("fencecheck-run-*/pg/primary/PG_VERSION")
+    # ...and the watcher (sampling every 50 ms) has seen it, so that the
+    # check below that a server was set up does not race the signal.
+    wait_for(
+        lambda: any(
+            "initdb" in cmd or "postgres" in cmd for cmd in list(run.watcher.seen.pids.values())
+        ),
+        what="the watcher to see initdb of the shared primary",
+        timeout_s=10,
+    )
 
 
 def _at_barrier(run: outside.Run) -> None:
