@@ -164,8 +164,13 @@ var SeedVariants = []Mutant{
 			}
 		}},
 	{Name: "seed_no_fence_guard", Rule: 12, Catchers: []string{"N"}, Alters: "database overlay",
-		Description: "the seeds' plain-SQL protocol without the database's fencing-token guard: the worker role's UPDATE right is unrestricted",
-		overlay:     `DROP TRIGGER agent_runs_fence_guard ON public.agent_runs`},
+		Description: "the seeds' plain-SQL protocol without the database's protocol guard: the worker role's INSERT and UPDATE rights are unrestricted",
+		overlay: `DROP TRIGGER agent_runs_guard ON public.agent_runs;
+DROP TRIGGER agent_runs_write_check ON public.agent_runs;
+DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints;
+DROP TRIGGER outbox_guard ON public.outbox;
+DROP TRIGGER tool_operations_guard ON public.tool_operations;
+DROP TRIGGER tool_operations_intent_check ON public.tool_operations`},
 }
 
 // Names of the registry, sorted.
