@@ -11,12 +11,13 @@ the database itself allows, whatever the worker filters), and the catalog.
 
 from __future__ import annotations
 
+import itertools
 from contextlib import closing
 from typing import Any
 
 import psycopg
 
-from harness.checking import checkers, grants
+from harness.checking import checkers, forbidden_writes, grants
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import control_plane, new_run
 
@@ -44,6 +45,7 @@ def run(ctx: ExperimentContext) -> None:
     _tables(ctx, role, t1, t2)
     _reach(ctx, role, ctx.env.login_role(t1, "operator"))
     _binding_is_fixed(ctx, t1, t2)
+    _forbidden_writes(ctx, t1)
     _no_control_plane(ctx, t1, mine)
     own = checkers.as_worker_role(
         ctx, t1, "UPDATE agent_runs SET epoch = epoch + 100 WHERE run_id = %s", [mine]
@@ -227,12 +229,15 @@ def _reach(ctx: ExperimentContext, worker: str, operator: str) -> None:
         observed=f"{views or 'no view reachable'}",
     )
     for kind, role in (("worker", worker), ("operator", operator)):
+        # A write right is allowed only where the forbidden-write probes look
+        # (contract section 7): whether they are all refused is judged in
+        # _forbidden_writes, whatever mechanism refuses them.
         writable = set(grants.writable_tables(ctx, role))
-        allowed = grants.WORKER_WRITABLE if kind == "worker" else frozenset()
+        allowed = grants.WRITABLE[kind] | forbidden_writes.GUARDED
         ctx.invariant(
-            f"the {kind} role writes no protocol table directly",
+            f"the {kind} role writes no table outside the probed protocol tables",
             writable <= allowed,
-            expected=f"at most {sorted(allowed) or 'nothing'}",
+            expected=f"at most {sorted(allowed)}",
             observed=f"{sorted(writable) or 'nothing'}",
         )
         ctx.invariant(
@@ -307,6 +312,120 @@ def _binding_is_fixed(ctx: ExperimentContext, t1: str, t2: str) -> None:
         [role],
     )
     ctx.equal("the binding itself unchanged", binding, [{"tenant": t1}], what="tenant_bindings")
+
+
+def _forbidden_writes(ctx: ExperimentContext, t1: str) -> None:
+    """Writes the protocol forbids, as raw SQL committed by sessions of tenant
+    1's worker and operator roles, at runs of tenant 1 (contract section 7):
+    none may leave a change in the audit trail, whatever refuses it."""
+    fx = _probe_fixture(ctx, t1)
+    chosen = forbidden_writes.probes(ctx, fx)
+    for kind in ("worker", "operator"):
+        role = ctx.env.login_role(t1, kind)
+        mine = [p for p in chosen if kind == "worker" or not p.control_plane]
+        attempts = forbidden_writes.attempt_all(ctx, role, kind, mine)
+        made = [a for a in attempts if a.changes or a.outcome == "committed"]
+        ctx.invariant(
+            f"a {kind}-role session makes no write the protocol forbids",
+            not made,
+            expected=f"all {len(attempts)} forbidden writes refused, none in the audit trail",
+            observed="; ".join(f"{a.probe}: {a.outcome}, {a.changes} change(s)" for a in made)
+            or f"all {len(attempts)} refused: "
+            + "; ".join(f"{a.probe}: {a.outcome.split(':')[0]}" for a in attempts),
+        )
+    _fixture_held(ctx, fx)
+
+
+def _probe_fixture(ctx: ExperimentContext, t1: str) -> forbidden_writes.Fixture:
+    """Three runs of tenant 1: one whose lease the holder keeps live with its
+    heartbeat, one whose holder's lease ran out, one queued; the first two
+    with a checkpoint and event, the live one with an intent."""
+    holder = ctx.env.start_worker("P", "ops", tenant_id=t1)
+    expired_run, live_run = new_run(ctx, tenant_id=t1), new_run(ctx, tenant_id=t1)
+    queued = new_run(ctx, tenant_id=t1)
+    leases: dict[str, forbidden_writes.Lease] = {}
+    for run_id in (expired_run, live_run):
+        lease = ctx.ok(holder, "claim", run_id=run_id)
+        if run_id == live_run:
+            ctx.ok(
+                holder,
+                "heartbeat",
+                run_id=run_id,
+                epoch=lease["epoch"],
+                action="start",
+                interval_ms=ctx.env.heartbeat_ms,
+                timeout_ms=ctx.env.heartbeat_timeout_ms,
+            )
+        rev = ctx.ok(
+            holder,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=lease["revision"],
+            state={"probe": "fixture"},
+        )["revision"]
+        if run_id == live_run:
+            rev = ctx.ok(
+                holder,
+                "register_intent",
+                run_id=run_id,
+                epoch=lease["epoch"],
+                expected_revision=rev,
+                step_id="n.probe",
+                effect_version=1,
+                tool="idem",
+                request={"kind": "probe"},
+            )["revision"]
+        row = checkers.run_row(ctx, run_id, "probe fixture before the probes")
+        leases[run_id] = forbidden_writes.Lease(run_id, row["owner"], row["epoch"], row["revision"])
+    checkers.wait_lease_expired(ctx, expired_run)
+    return forbidden_writes.Fixture(leases[live_run], leases[expired_run], queued)
+
+
+def _fixture_held(ctx: ExperimentContext, fx: forbidden_writes.Fixture) -> None:
+    """The probes hit what they were aimed at: the live lease stayed live and
+    with its holder through all of them (every renewal before the expiry it
+    extended), the expired one stayed expired, the queued run queued."""
+    trail = checkers.audit(ctx, fx.live.run_id)
+    later = [r["epoch"] for r in trail if r["epoch"] > fx.live.epoch]
+    gaps = [
+        f"change at {b['at']} after expiry {a['lease_expires_at']}"
+        for a, b in itertools.pairwise(trail)
+        if a["epoch"] == fx.live.epoch and a["lease_expires_at"] and b["at"] > a["lease_expires_at"]
+    ]
+    now = ctx.sql("database time after the probes", "SELECT clock_timestamp() AS now")[0]["now"]
+    last = trail[-1] if trail else None
+    live = (
+        last is not None and last["lease_expires_at"] is not None and last["lease_expires_at"] > now
+    )
+    ctx.fault(
+        "the live lease stayed live with its holder through every probe",
+        not later and not gaps and live,
+        expected=f"epoch {fx.live.epoch} of {fx.live.owner}, renewed before each expiry, "
+        "still live after the probes",
+        observed=f"later epochs: {later or 'none'}; "
+        f"late renewals: {gaps or 'none'}; lease at the end "
+        f"{last['lease_expires_at'] if last else None} vs now {now}",
+    )
+    expired = checkers.run_row(ctx, fx.expired.run_id, "the expired run after the probes")
+    queued = checkers.run_row(ctx, fx.queued, "the queued run after the probes")
+    ctx.fault(
+        "the expired lease stayed expired and untaken, the queued run queued",
+        expired["epoch"] == fx.expired.epoch
+        and expired["revision"] == fx.expired.revision
+        and queued["status"] == "queued",
+        expected=f"epoch {fx.expired.epoch} revision {fx.expired.revision}; queued",
+        observed=f"epoch {expired['epoch']} revision {expired['revision']}; {queued['status']}",
+    )
+    ctx.ok(
+        ctx.env.workers["P"],
+        "heartbeat",
+        run_id=fx.live.run_id,
+        epoch=fx.live.epoch,
+        action="stop",
+        interval_ms=ctx.env.heartbeat_ms,
+        timeout_ms=ctx.env.heartbeat_timeout_ms,
+    )
 
 
 class _Rollback(Exception):

@@ -17,6 +17,13 @@ func TestEveryMutantChangesOnePlace(t *testing.T) {
 			t.Fatalf("%s: %v", m.Name, err)
 		}
 		changed := len(overlays)
+		if m.unmask != "" {
+			// the guard removed so the Go bug can reach the database: not a second bug
+			changed--
+			if m.apply == nil {
+				t.Errorf("%s removes the guard but changes no Go code", m.Name)
+			}
+		}
 		cs, ms := reflect.ValueOf(correct.SQL), reflect.ValueOf(p.SQL)
 		for i := 0; i < cs.NumField(); i++ {
 			if cs.Field(i).String() != ms.Field(i).String() {

@@ -10,7 +10,7 @@
 --
 --   agent_runs        a change is exactly one of: a lease grant (epoch + 1
 --                     over a free or expired lease of a runnable run), a
---                     renewal or release of a live lease, a protected write
+--                     renewal of a live lease, a release, a protected write
 --                     (revision + 1 under the lease, unexpired when the
 --                     writing transaction began (contract section 11), with the
 --                     checkpoint and outbox row of that revision, written
@@ -141,10 +141,14 @@ BEGIN
      AND NEW.attempt_count = OLD.attempt_count AND NEW.next_attempt_at = OLD.next_attempt_at THEN
     RETURN NEW;  -- renewal of the live lease
   END IF;
-  IF v_actor = 'worker' AND v_live AND v_same_work AND NEW.owner IS NULL
+  IF v_actor = 'worker' AND OLD.status = ANY (v_holding) AND v_same_work AND NEW.owner IS NULL
      AND NEW.lease_expires_at IS NULL AND NEW.status = 'queued'
      AND NEW.attempt_count = OLD.attempt_count THEN
-    RETURN NEW;  -- release of the live lease: back to the queue, epoch kept
+    -- release: back to the queue, epoch kept. Also of a lease that expired
+    -- with nobody taking over (the reference implementation's release
+    -- allows it, H releases after waiting for the replication link): it
+    -- hands the run to whoever claims next, as a takeover would.
+    RETURN NEW;
   END IF;
   IF OLD.status = 'paused_indoubt' AND NEW.status = 'queued' AND EXISTS (
        SELECT 1 FROM public.tool_operations o
