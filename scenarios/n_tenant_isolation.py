@@ -4,7 +4,10 @@ A session's tenant is its login role's binding (worker contract v2). The
 harness reads the catalog as superuser and probes every table with a tenant
 column and every function, sequence and view the worker role can reach,
 then tries, as a raw session of tenant 1's worker login role, every way a
-session could move itself to another tenant. Witnesses: the worker of
+session could move itself to another tenant, and, as raw sessions of its
+worker and operator roles, the writes the protocol forbids (contract
+section 7, rule 6), judged by the audit trail whatever refuses them.
+Witnesses: the worker of
 tenant 1 trying through its own code, the raw worker-role session (what
 the database itself allows, whatever the worker filters), and the catalog.
 """
@@ -27,8 +30,9 @@ SPEC = ExperimentSpec(
     seed_section="Chinese seed §12; English seed §12 (roles)",
     invariant="every table with a tenant column has RLS enabled and forced, and refuses "
     "cross-tenant read and write; the worker role executes only the worker API (no "
-    "control-plane function), moves no sequence, writes no protocol table; no session can "
-    "change its own tenant binding",
+    "control-plane function), moves no sequence; a raw session of the worker or operator "
+    "role commits none of the writes the protocol forbids, whatever SQL it sends; no session "
+    "can change its own tenant binding",
     fault="a worker, a raw worker-role session and the worker role's catalog grants, all of "
     "tenant 1, aimed at tenant 2's rows and at the binding itself",
     rules=(12,),
