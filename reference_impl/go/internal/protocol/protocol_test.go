@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"fencecheck/goworker/internal/pgtest"
 	"fencecheck/goworker/internal/protocol"
@@ -117,6 +118,34 @@ func TestRenewNeverRevivesAnExpiredLease(t *testing.T) {
 	}
 	if err := f.p.Release(f.ctx, f.conn(), c.Lease()); !errors.Is(err, protocol.ErrLeaseLost) {
 		t.Fatalf("stale release: %v; want LeaseLost", err)
+	}
+}
+
+// A release of a lease that expired with nobody taking over goes through
+// (as the reference implementation's), and the next grant is epoch + 1.
+func TestReleaseAfterExpiry(t *testing.T) {
+	f := setup(t)
+	f.newRun("t1")
+	c, _ := f.p.ClaimRun(f.ctx, f.conn(), "A/1", 50)
+	time.Sleep(120 * time.Millisecond)
+	if err := f.p.Release(f.ctx, f.conn(), c.Lease()); err != nil {
+		t.Fatalf("release of the expired, untaken lease: %v", err)
+	}
+	next, err := f.p.ClaimRun(f.ctx, f.conn(), "B/1", 10000)
+	if err != nil || next == nil || next.Epoch != c.Epoch+1 {
+		t.Fatalf("claim after the release: %+v %v", next, err)
+	}
+}
+
+// A row of another tenant is refused as a tenant matter (42501), before
+// the protocol guards judge it (010_tenant_first.sql).
+func TestCrossTenantRowRefusedAsPrivilege(t *testing.T) {
+	f := setup(t)
+	_, err := f.conn().Exec(f.ctx, `INSERT INTO outbox (event_id, tenant_id, run_id, event_type, payload)
+VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'x', '{}')`, otherTenant)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("insert of another tenant's outbox row: %v; want SQLSTATE 42501", err)
 	}
 }
 
