@@ -67,6 +67,7 @@ class Probe:
     name: str
     statements: tuple[tuple[sql.Composed | sql.SQL, list[Any]], ...]
     control_plane: bool = False  # a move the operator role may make (not probed as operator)
+    target: str = "live"  # which fixture run it aims at: live, expired or queued
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,6 +76,7 @@ class Attempt:
     role: str
     outcome: str  # "committed" or "refused (<sqlstate>): <first line>"
     changes: int  # audited changes of the contract tables made by the probe's session
+    aimed: bool  # its target run was in the intended state when it was sent
 
 
 def _insertable_columns(ctx: ExperimentContext, table: str) -> list[str]:
@@ -299,16 +301,54 @@ def probes(ctx: ExperimentContext, fx: Fixture) -> list[Probe]:
             control_plane=True,
         ),
     ]
-    return [*on_live, *on_expired, *control]
+    return [
+        *on_live,
+        *(dataclasses.replace(p, target="expired") for p in on_expired),
+        *(dataclasses.replace(p, target="queued") for p in control),
+    ]
 
 
-def attempt_all(ctx: ExperimentContext, role: str, kind: str, chosen: list[Probe]) -> list[Attempt]:
+def _in_state(ctx: ExperimentContext, fx: Fixture, target: str) -> bool:
+    """The fixture run ``target`` is as the probe means it (superuser, database
+    time): the live lease held by its holder and unexpired, the expired one
+    expired and not taken over, the queued run queued."""
+    if target == "queued":
+        rows = ctx.env.query(
+            "SELECT status = 'queued' AS ok FROM agent_runs WHERE run_id = %s", [fx.queued]
+        )
+    else:
+        lease = fx.live if target == "live" else fx.expired
+        rows = ctx.env.query(
+            "SELECT owner IS NOT DISTINCT FROM %s AND epoch = %s AND revision = %s"
+            " AND (lease_expires_at > clock_timestamp()) = %s AS ok"
+            " FROM agent_runs WHERE run_id = %s",
+            [lease.owner, lease.epoch, lease.revision, target == "live", lease.run_id],
+        )
+    return bool(rows and rows[0]["ok"])
+
+
+def aimed(attempts: list[Attempt]) -> bool:
+    """Every probe met its target as meant, or an earlier one already made a
+    write (then the verdict is settled and later targets may have moved)."""
+    made = False
+    for a in attempts:
+        if not a.aimed and not made:
+            return False
+        made = made or a.changes > 0 or a.outcome == "committed"
+    return True
+
+
+def attempt_all(
+    ctx: ExperimentContext, fx: Fixture, role: str, kind: str, chosen: list[Probe]
+) -> list[Attempt]:
     """Send every probe as ``role``, each in its own committed transaction and
     session (application_name ``fcprobe-<kind>-<n>``); judge each by the
     audit trail's changes of that session."""
     outcomes: dict[str, str] = {}
     apps: dict[str, str] = {}
+    meant: dict[str, bool] = {}
     for n, probe in enumerate(chosen):
+        meant[probe.name] = _in_state(ctx, fx, probe.target)
         app = f"{APP_PREFIX}{kind}-{n}"
         apps[probe.name] = app
         dsn = ctx.env.db.dsn(role, application_name=app)
@@ -334,4 +374,7 @@ def attempt_all(ctx: ExperimentContext, role: str, kind: str, chosen: list[Probe
         [list(apps.values())],
     )
     made = {str(r["app"]): int(r["n"]) for r in rows}
-    return [Attempt(p.name, role, outcomes[p.name], made.get(apps[p.name], 0)) for p in chosen]
+    return [
+        Attempt(p.name, role, outcomes[p.name], made.get(apps[p.name], 0), meant[p.name])
+        for p in chosen
+    ]
