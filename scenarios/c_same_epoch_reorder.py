@@ -25,6 +25,9 @@ SPEC = ExperimentSpec(
     rules=(3,),
     injection_point="after_lease_row_locked",
     write_path="stepped",
+    # Same owner, same epoch: expiry plays no part, and a lease that ran out
+    # while the first write is held (a loaded machine) would refuse both.
+    lease_ttl_ms=10_000,
 )
 
 

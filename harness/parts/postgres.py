@@ -57,6 +57,10 @@ BASE_SETTINGS: dict[str, str] = {
     "deadlock_timeout": "200ms",
     "fsync": "on",
     "synchronous_commit": "on",
+    # The audit trail's row changes are stamped when the trigger fires, before
+    # COMMIT; what another session could see at a moment is decided by the
+    # commit time, which PostgreSQL records only with this on.
+    "track_commit_timestamp": "on",
 }
 
 # Settings recorded in every evidence archive: they decide what a commit means.
@@ -112,6 +116,7 @@ class PostgresCluster:
     superuser: str = "postgres"
     _db_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _templates: dict[str, str] = field(default_factory=dict)
+    _last_probe_error: str = ""
 
     # ----------------------------------------------------------- lifecycle
     @classmethod
@@ -201,6 +206,8 @@ class PostgresCluster:
                 return
             except (TimeoutError, ClusterError) as exc:
                 last = str(exc)
+                if self._last_probe_error:
+                    last += f" (last connection attempt: {self._last_probe_error})"
                 self._kill_now()
                 if "already in use" not in self.log_tail():
                     break
@@ -215,7 +222,10 @@ class PostgresCluster:
         try:
             with psycopg.connect(self.admin_dsn(), connect_timeout=2, autocommit=True):
                 return True
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
+            # Kept for the timeout message: a server whose log says it is
+            # ready but refuses the probe needs the probe's side to diagnose.
+            self._last_probe_error = str(exc).strip()
             return False
 
     def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
