@@ -22,7 +22,7 @@ type Operation struct {
 	Request     any
 	Digest      string
 	Revision    int64
-	RunEpoch    int64 // the run's epoch at the claim: what a dispatcher without the lease sends
+	RunEpoch    int64 // the run's epoch read after the claim: what every request carries
 }
 
 // OperationRow is a ledger row as a workflow resuming its tool step reads it.
@@ -93,7 +93,15 @@ func (p *Protocol) DispatchClaim(ctx context.Context, q Querier, owner string, t
 	if err != nil {
 		return nil, err
 	}
-	return scanOperation(rows)
+	op, err := scanOperation(rows)
+	if op == nil || err != nil {
+		return op, err
+	}
+	// The request carries the run's epoch as it stands after the claim, never
+	// the sender's lease: a dispatch claim is not fenced by the lease, and a
+	// worker frozen past its lease may claim its successor's intent of the
+	// same step before its heartbeat notices the loss (seen in Q).
+	return op, q.QueryRow(ctx, p.SQL.RunEpoch, op.RunID).Scan(&op.RunEpoch)
 }
 
 // ledgerChange runs one conditional ledger UPDATE; zero rows is a

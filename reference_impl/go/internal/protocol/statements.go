@@ -21,8 +21,10 @@ type Statements struct {
 	LockRun, OperatorMove, CancelPrepared, MoveEvent, OpsOfRun  string
 	LockOperation, CallbackLive, CallbackRefuse, CallbackAccept string
 	ResolveOperation, RunSnapshot, Audit                        string
-	PausedRuns, OperatorActions                                 string
-	RunState, LatestCheckpoint                                  string
+	// The run's epoch as committed after a dispatch claim (what a request carries).
+	RunEpoch                    string
+	PausedRuns, OperatorActions string
+	RunState, LatestCheckpoint  string
 	// Outbox relay and consumer (rule 10; Chinese seed section 11).
 	OutboxLockBatch, OutboxMark, ConsumeDedup, ConsumeEffect string
 	// Durability contract (rule 11).
@@ -189,6 +191,10 @@ UPDATE tool_operations o
 RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capability,
           o.request_body, o.request_digest, o.revision,
           (SELECT r.epoch FROM agent_runs r WHERE r.run_id = o.run_id)`,
+		// The run's epoch read after the claim committed, in a statement of its
+		// own: a takeover that committed while the claim statement ran is
+		// invisible to the claim's own snapshot.
+		RunEpoch: `SELECT epoch FROM agent_runs WHERE run_id = $1`,
 		// English seed section 9.3: a result only for the claim that sent it.
 		RecordResult: `UPDATE tool_operations
    SET status = $5, remote_id = $6, result = $7::jsonb, dispatch_until = NULL,

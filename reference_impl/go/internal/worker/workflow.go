@@ -308,7 +308,7 @@ func (x *Execution) dispatchOwn(state map[string]any, step, opID string) (string
 	if op == nil {
 		return "", false, x.sleep(100 * time.Millisecond) // claimed by someone else, or forbidden
 	}
-	a, err := rt.Disp.Send(x.ctx, op, x.lease.Epoch)
+	a, err := rt.Disp.Send(x.ctx, op, op.RunEpoch)
 	if err != nil {
 		return "", true, err
 	}
