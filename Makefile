@@ -21,7 +21,7 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup browser run test test-fast lint bench bench-stop smoke clean go-check go-matrix go-bench
+.PHONY: setup browser run test test-fast lint bench bench-stop smoke clean go-check go-matrix go-mutants go-bench
 
 setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT)
 
@@ -88,6 +88,11 @@ go-check: setup
 go-matrix: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) FENCECHECK_WORKER_CMD=$(CURDIR)/$(GO_WORKER) \
 	  $(PY) -m pytest tests/test_matrix.py $(PYTEST_ARGS)
+
+# Every Go mutant (make test runs a fixed subset: tests/test_mutants_caught.py).
+go-mutants: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck mutants --worker-cmd $(CURDIR)/$(GO_WORKER) \
+	  --report-dir $(REPORT_DIR) $(ARGS)
 
 go-bench: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench_go --worker $(CURDIR)/$(GO_WORKER) $(ARGS)

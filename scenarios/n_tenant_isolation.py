@@ -4,7 +4,10 @@ A session's tenant is its login role's binding (worker contract v2). The
 harness reads the catalog as superuser and probes every table with a tenant
 column and every function, sequence and view the worker role can reach,
 then tries, as a raw session of tenant 1's worker login role, every way a
-session could move itself to another tenant. Witnesses: the worker of
+session could move itself to another tenant, and, as raw sessions of its
+worker and operator roles, the writes the protocol forbids (contract
+section 7, rule 6), judged by the audit trail whatever refuses them.
+Witnesses: the worker of
 tenant 1 trying through its own code, the raw worker-role session (what
 the database itself allows, whatever the worker filters), and the catalog.
 """
@@ -16,7 +19,7 @@ from typing import Any
 
 import psycopg
 
-from harness.checking import checkers, grants
+from harness.checking import checkers, forbidden_writes, grants
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import control_plane, new_run
 
@@ -26,8 +29,9 @@ SPEC = ExperimentSpec(
     seed_section="Chinese seed §12; English seed §12 (roles)",
     invariant="every table with a tenant column has RLS enabled and forced, and refuses "
     "cross-tenant read and write; the worker role executes only the worker API (no "
-    "control-plane function), moves no sequence, writes no protocol table; no session can "
-    "change its own tenant binding",
+    "control-plane function), moves no sequence; a raw session of the worker or operator "
+    "role commits none of the writes the protocol forbids, whatever SQL it sends; no session "
+    "can change its own tenant binding",
     fault="a worker, a raw worker-role session and the worker role's catalog grants, all of "
     "tenant 1, aimed at tenant 2's rows and at the binding itself",
     rules=(12,),
@@ -44,6 +48,7 @@ def run(ctx: ExperimentContext) -> None:
     _tables(ctx, role, t1, t2)
     _reach(ctx, role, ctx.env.login_role(t1, "operator"))
     _binding_is_fixed(ctx, t1, t2)
+    _forbidden_writes(ctx, t1)
     _no_control_plane(ctx, t1, mine)
     own = checkers.as_worker_role(
         ctx, t1, "UPDATE agent_runs SET epoch = epoch + 100 WHERE run_id = %s", [mine]
@@ -227,12 +232,15 @@ def _reach(ctx: ExperimentContext, worker: str, operator: str) -> None:
         observed=f"{views or 'no view reachable'}",
     )
     for kind, role in (("worker", worker), ("operator", operator)):
+        # A write right is allowed only where the forbidden-write probes look
+        # (contract section 7): whether they are all refused is judged in
+        # _forbidden_writes, whatever mechanism refuses them.
         writable = set(grants.writable_tables(ctx, role))
-        allowed = grants.WORKER_WRITABLE if kind == "worker" else frozenset()
+        allowed = grants.WRITABLE[kind] | forbidden_writes.GUARDED
         ctx.invariant(
-            f"the {kind} role writes no protocol table directly",
+            f"the {kind} role writes no table outside the probed protocol tables",
             writable <= allowed,
-            expected=f"at most {sorted(allowed) or 'nothing'}",
+            expected=f"at most {sorted(allowed)}",
             observed=f"{sorted(writable) or 'nothing'}",
         )
         ctx.invariant(
@@ -307,6 +315,96 @@ def _binding_is_fixed(ctx: ExperimentContext, t1: str, t2: str) -> None:
         [role],
     )
     ctx.equal("the binding itself unchanged", binding, [{"tenant": t1}], what="tenant_bindings")
+
+
+def _forbidden_writes(ctx: ExperimentContext, t1: str) -> None:
+    """Writes the protocol forbids, as raw SQL committed by sessions of tenant
+    1's worker and operator roles, at runs of tenant 1 (contract section 7,
+    rule 6): none may leave a change in the audit trail, whatever refuses it.
+    Each probe's target is read just before it is sent: a probe that met its
+    run in another state than meant (a live lease lapsed under load) proves
+    nothing, unless an earlier probe already made a write."""
+    fx = _probe_fixture(ctx, t1)
+    chosen = forbidden_writes.probes(ctx, fx)
+    sent: list[forbidden_writes.Attempt] = []  # in order, both roles
+    for kind in ("worker", "operator"):
+        role = ctx.env.login_role(t1, kind)
+        mine = [p for p in chosen if kind == "worker" or not p.control_plane]
+        attempts = forbidden_writes.attempt_all(ctx, fx, role, kind, mine)
+        sent += attempts
+        made = [a for a in attempts if a.changes or a.outcome == "committed"]
+        ctx.invariant(
+            f"a {kind}-role session makes no write the protocol forbids",
+            not made,
+            expected=f"all {len(attempts)} forbidden writes refused, none in the audit trail",
+            observed="; ".join(f"{a.probe}: {a.outcome}, {a.changes} change(s)" for a in made)
+            or f"all {len(attempts)} refused: "
+            + "; ".join(f"{a.probe}: {a.outcome.split(':')[0]}" for a in attempts),
+        )
+        missed = [a.probe for a in attempts if not a.aimed]
+        ctx.fault(
+            f"every {kind}-role probe met its run as meant",
+            forbidden_writes.aimed(sent),
+            expected="before each probe: the live lease held by its holder and unexpired, "
+            "the expired one expired and untaken, the queued run queued (or an earlier "
+            "probe already made a write)",
+            observed=f"target not as meant for: {missed or 'none'}",
+        )
+    ctx.ok(
+        ctx.env.workers["P"],
+        "heartbeat",
+        run_id=fx.live.run_id,
+        epoch=fx.live.epoch,
+        action="stop",
+        interval_ms=ctx.env.heartbeat_ms,
+        timeout_ms=ctx.env.heartbeat_timeout_ms,
+    )
+
+
+def _probe_fixture(ctx: ExperimentContext, t1: str) -> forbidden_writes.Fixture:
+    """Three runs of tenant 1: one whose lease the holder keeps live with its
+    heartbeat, one whose holder's lease ran out, one queued; the first two
+    with a checkpoint and event, the live one with an intent."""
+    holder = ctx.env.start_worker("P", "ops", tenant_id=t1)
+    expired_run, live_run = new_run(ctx, tenant_id=t1), new_run(ctx, tenant_id=t1)
+    queued = new_run(ctx, tenant_id=t1)
+    leases: dict[str, forbidden_writes.Lease] = {}
+    for run_id in (expired_run, live_run):
+        lease = ctx.ok(holder, "claim", run_id=run_id)
+        if run_id == live_run:
+            ctx.ok(
+                holder,
+                "heartbeat",
+                run_id=run_id,
+                epoch=lease["epoch"],
+                action="start",
+                interval_ms=ctx.env.heartbeat_ms,
+                timeout_ms=ctx.env.heartbeat_timeout_ms,
+            )
+        rev = ctx.ok(
+            holder,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=lease["revision"],
+            state={"probe": "fixture"},
+        )["revision"]
+        if run_id == live_run:
+            rev = ctx.ok(
+                holder,
+                "register_intent",
+                run_id=run_id,
+                epoch=lease["epoch"],
+                expected_revision=rev,
+                step_id="n.probe",
+                effect_version=1,
+                tool="idem",
+                request={"kind": "probe"},
+            )["revision"]
+        row = checkers.run_row(ctx, run_id, "probe fixture before the probes")
+        leases[run_id] = forbidden_writes.Lease(run_id, row["owner"], row["epoch"], row["revision"])
+    checkers.wait_lease_expired(ctx, expired_run)
+    return forbidden_writes.Fixture(leases[live_run], leases[expired_run], queued)
 
 
 class _Rollback(Exception):

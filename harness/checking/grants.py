@@ -72,9 +72,16 @@ OPERATOR_API = CONTROL_PLANE | frozenset(
     )
 )
 
-#: Tables the worker group may write directly (the consumer's own two); every
-#: other change goes through the functions above.
-WORKER_WRITABLE = frozenset({"public.consumed_events", "public.consumer_effects"})
+#: Tables each group may write directly besides the protocol tables that the
+#: forbidden-write probes cover (harness/checking/forbidden_writes.GUARDED,
+#: where a write right is allowed only if every probe is refused): the
+#: worker, the consumer's own two; the operator, what creating a run and
+#: recording a decision write (a worker keeping the reference schema writes
+#: these through the control-plane functions and needs no right at all).
+WRITABLE = {
+    "worker": frozenset({"public.consumed_events", "public.consumer_effects"}),
+    "operator": frozenset({"public.tenants", "public.agent_tasks", "public.operator_actions"}),
+}
 
 _SYSTEM = (
     "n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%%'"

@@ -4,7 +4,7 @@
 // completed into a worker that follows docs/worker-contract.md.
 //
 //	fencecheck-go-worker migrate                       # FENCECHECK_ADMIN_DSN
-//	fencecheck-go-worker run [--run-id ID] [--once] [--exit-when-idle]
+//	fencecheck-go-worker run [--run-id ID] [--once] [--exit-when-idle] [--require-durability MODE]
 //	fencecheck-go-worker ops                           # JSON lines on stdin/stdout
 //	fencecheck-go-worker mutants                       # the named mutants, JSON
 //	fencecheck-go-worker seed-variants                 # the seeds' literal forms, JSON
@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"time"
 
+	"fencecheck/goworker/internal/metrics"
 	"fencecheck/goworker/internal/mutants"
 	"fencecheck/goworker/internal/protocol"
 	"fencecheck/goworker/internal/schema"
@@ -58,6 +59,7 @@ func run(args []string) int {
 	runID := fs.String("run-id", "", "run: only this run (targeted takeover, waits on the row lock)")
 	once := fs.Bool("once", false, "run: exit after one run")
 	idle := fs.Bool("exit-when-idle", false, "run: exit 0 when nothing is claimable")
+	durability := fs.String("require-durability", "", "run: refuse to start (13) below none|async|sync")
 	owner := fs.String("owner", "", "bench: the lease owner")
 	epoch := fs.Int64("epoch", 0, "bench: the lease epoch")
 	var positional []string
@@ -85,6 +87,13 @@ func run(args []string) int {
 		fmt.Fprintf(os.Stderr, "fencecheck-go-worker: %v\n", err)
 		return 1
 	}
+	if *durability != "" {
+		if err := worker.CheckDurability(*durability); err != nil {
+			fmt.Fprintf(os.Stderr, "fencecheck-go-worker: --require-durability %v\n", err)
+			return 64
+		}
+		settings.RequireDurability = *durability
+	}
 	p, overlays, err := mutants.Load(settings.Mutant)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "fencecheck-go-worker: %v\n", err)
@@ -103,11 +112,23 @@ func run(args []string) int {
 		return 1
 	}
 	defer rt.Close()
-	if mode == "ops" {
-		return worker.NewOps(rt, os.Stdout).Serve(os.Stdin)
-	}
 	if mode == "bench" {
 		return bench(rt, positional, protocol.Lease{RunID: *runID, Owner: *owner, Epoch: *epoch})
+	}
+	if err := rt.StartMetrics(); err != nil {
+		fmt.Fprintf(os.Stderr, "fencecheck-go-worker: metrics on port %s: %v\n", settings.MetricsPort, err)
+		return 1
+	}
+	defer metrics.WriteFile(settings.MetricsFile)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	err = rt.CheckBinding(ctx)
+	cancel()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "fencecheck-go-worker: %v\n", err)
+		return 1
+	}
+	if mode == "ops" {
+		return worker.NewOps(rt, os.Stdout).Serve(os.Stdin)
 	}
 	var stop atomic.Bool
 	sigs := make(chan os.Signal, 1)

@@ -28,6 +28,11 @@ type Mutant struct {
 	Alters      string   `json:"alters"`
 	apply       func(p *protocol.Protocol)
 	overlay     string
+	// unmask: for a Go-side bug the database's protocol guard (008) would
+	// refuse anyway, the part of the guard a deployment without it lacks;
+	// without it the bug cannot reach the database and no experiment can
+	// see it (the guard is the second line, the Go check the first).
+	unmask string
 }
 
 func replace(field *string, old, new string) {
@@ -46,8 +51,11 @@ var Registry = []Mutant{
 		Description: "Renew checks only the error of its UPDATE, not RowsAffected(): a renewal that matched no row (expired or taken over) is reported as renewed",
 		apply:       func(p *protocol.Protocol) { p.RenewConfirmed = func(pgconn.CommandTag) bool { return true } }},
 	{Name: "write_validation_ignored", Rule: 2, Catchers: []string{"K", "B"}, Alters: "Protocol.CheckLease",
-		Description: "SaveCheckpoint locks the lease row and reads `valid` but never acts on it (the seed's `if !valid { return ErrLeaseLost }` dropped)",
-		apply:       func(p *protocol.Protocol) { p.CheckLease = func(string, bool, bool) error { return nil } }},
+		Description: "SaveCheckpoint locks the lease row and reads `valid` but never acts on it (the seed's `if !valid { return ErrLeaseLost }` dropped), in a deployment without the database's guard of agent_runs and agent_checkpoints",
+		apply:       func(p *protocol.Protocol) { p.CheckLease = func(string, bool, bool) error { return nil } },
+		unmask: `DROP TRIGGER agent_runs_guard ON public.agent_runs;
+DROP TRIGGER agent_runs_write_check ON public.agent_runs;
+DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints`},
 	{Name: "lease_check_separate_tx", Rule: 2, Catchers: []string{"D"}, Alters: "Protocol.LockInOwnTx",
 		Description: "the lease row is locked and validated in a transaction of its own, committed before the write's begins: a takeover slips in between",
 		apply:       func(p *protocol.Protocol) { p.LockInOwnTx = true }},
@@ -115,6 +123,37 @@ var Registry = []Mutant{
                            'tool_operations', 'outbox', 'consumed_events', 'consumer_effects'] LOOP
     EXECUTE format('ALTER TABLE public.%I DISABLE ROW LEVEL SECURITY', t);
   END LOOP; END $$`},
+	{Name: "guard_without_commit_check", Rule: 12, Catchers: []string{"N"}, Alters: "database overlay",
+		Description: "the protocol guard's checks at COMMIT are missing: a revision + 1 is accepted without its checkpoint and event, or with a checkpoint of another owner, and an intent outside a protected write",
+		overlay: `DROP TRIGGER agent_runs_write_check ON public.agent_runs;
+DROP TRIGGER tool_operations_intent_check ON public.tool_operations`},
+	{Name: "requeue_without_backoff", Rule: 4, Catchers: []string{"U"}, Alters: "Protocol.Backoff",
+		Description: "a run requeued after a transient refusal (429) is due again at once: the backoff is ignored and the tool is asked again immediately",
+		apply:       func(p *protocol.Protocol) { p.Backoff = func(string, int) int64 { return 0 } }},
+	{Name: "budget_never_spent", Rule: 4, Catchers: []string{"U"}, Alters: "Protocol.BudgetSpent",
+		Description: "the attempt budget is compared with > instead of >=: the run gets one attempt more than max_attempts before it pauses for a human",
+		apply:       func(p *protocol.Protocol) { p.BudgetSpent = func(a, m int32) bool { return a > m } }},
+	{Name: "resolve_unaudited", Rule: 4, Catchers: []string{"J"}, Alters: "Protocol.Audit",
+		Description: "an operator decision writes no operator_actions row (who, why, ticket, before/after): the resolution of an operation in doubt leaves no audit",
+		apply: func(p *protocol.Protocol) {
+			p.Audit = func(context.Context, protocol.Querier, *protocol.Protocol, protocol.AuditRow) (int64, error) {
+				return 0, nil
+			}
+		}},
+	{Name: "supplement_dropped", Rule: 5, Catchers: []string{"V"}, Alters: "Protocol.Request",
+		Description: "the tool request is built from the checkpoint alone: an operator's supplement queues the run again but never reaches the tool",
+		apply: func(p *protocol.Protocol) {
+			correct := p.Request
+			p.Request = func(state, input map[string]any) map[string]any {
+				rest := map[string]any{}
+				for k, v := range input {
+					if k != "supplement" {
+						rest[k] = v
+					}
+				}
+				return correct(state, rest)
+			}
+		}},
 	{Name: "unknown_schema_to_defaults", Rule: 13, Catchers: []string{"M"}, Alters: "Protocol.Decode",
 		Description: "a checkpoint of an unknown schema_version is read as the current one, missing fields as zero values",
 		apply: func(p *protocol.Protocol) {
@@ -164,8 +203,13 @@ var SeedVariants = []Mutant{
 			}
 		}},
 	{Name: "seed_no_fence_guard", Rule: 12, Catchers: []string{"N"}, Alters: "database overlay",
-		Description: "the seeds' plain-SQL protocol without the database's fencing-token guard: the worker role's UPDATE right is unrestricted",
-		overlay:     `DROP TRIGGER agent_runs_fence_guard ON public.agent_runs`},
+		Description: "the seeds' plain-SQL protocol without the database's protocol guard: the worker role's INSERT and UPDATE rights are unrestricted",
+		overlay: `DROP TRIGGER agent_runs_guard ON public.agent_runs;
+DROP TRIGGER agent_runs_write_check ON public.agent_runs;
+DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints;
+DROP TRIGGER outbox_guard ON public.outbox;
+DROP TRIGGER tool_operations_guard ON public.tool_operations;
+DROP TRIGGER tool_operations_intent_check ON public.tool_operations`},
 }
 
 // Names of the registry, sorted.
@@ -195,6 +239,9 @@ func Load(name string) (*protocol.Protocol, []schema.Overlay, error) {
 		}
 		if m.overlay != "" {
 			overlays = append(overlays, schema.Overlay{Name: name, SQL: m.overlay})
+		}
+		if m.unmask != "" {
+			overlays = append(overlays, schema.Overlay{Name: name + " (guard absent)", SQL: m.unmask})
 		}
 		return p, overlays, nil
 	}

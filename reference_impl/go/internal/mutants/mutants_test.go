@@ -17,6 +17,13 @@ func TestEveryMutantChangesOnePlace(t *testing.T) {
 			t.Fatalf("%s: %v", m.Name, err)
 		}
 		changed := len(overlays)
+		if m.unmask != "" {
+			// the guard removed so the Go bug can reach the database: not a second bug
+			changed--
+			if m.apply == nil {
+				t.Errorf("%s removes the guard but changes no Go code", m.Name)
+			}
+		}
 		cs, ms := reflect.ValueOf(correct.SQL), reflect.ValueOf(p.SQL)
 		for i := 0; i < cs.NumField(); i++ {
 			if cs.Field(i).String() != ms.Field(i).String() {
@@ -25,12 +32,16 @@ func TestEveryMutantChangesOnePlace(t *testing.T) {
 		}
 		cv, mv := reflect.ValueOf(*correct), reflect.ValueOf(*p)
 		for i := 0; i < cv.NumField(); i++ {
-			if cv.Type().Field(i).Type.Kind() == reflect.Func && cv.Field(i).Pointer() != mv.Field(i).Pointer() {
-				changed++
+			switch cv.Type().Field(i).Type.Kind() {
+			case reflect.Func:
+				if cv.Field(i).Pointer() != mv.Field(i).Pointer() {
+					changed++
+				}
+			case reflect.Bool, reflect.String:
+				if cv.Type().Field(i).Name != "Name" && cv.Field(i).Interface() != mv.Field(i).Interface() {
+					changed++
+				}
 			}
-		}
-		if p.LockInOwnTx != correct.LockInOwnTx {
-			changed++
 		}
 		if changed != 1 {
 			t.Errorf("%s changes %d places, want exactly 1", m.Name, changed)

@@ -84,9 +84,47 @@ func Stop() {
 	}
 }
 
-// DB is one migrated database: its superuser DSN and a worker-role DSN.
+// DB is one migrated database: its superuser DSN, and login roles made on
+// demand (contract section 7).
 type DB struct {
-	Admin, Worker string
+	Admin      string
+	name, host string
+	port       uint16
+}
+
+// Login is the DSN of a login role of group (fencecheck_worker or
+// fencecheck_operator) bound to tenant in this database, made on first
+// use and dropped when the test ends (roles are cluster-wide).
+func (d DB) Login(t *testing.T, group, tenant string) string {
+	t.Helper()
+	role := fmt.Sprintf("%s_%s_%s", d.name, strings.TrimPrefix(group, "fencecheck_"), tenant[:8])
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, d.Admin)
+	if err != nil {
+		t.Fatalf("connect %s: %v", d.Admin, err)
+	}
+	defer admin.Close(ctx)
+	var exists bool
+	if err := admin.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)`, role).Scan(&exists); err != nil {
+		t.Fatal(err)
+	}
+	if !exists {
+		if _, err := admin.Exec(ctx, fmt.Sprintf("CREATE ROLE %s LOGIN IN ROLE %s", role, group)); err != nil {
+			t.Fatalf("create role: %v", err)
+		}
+		if _, err := admin.Exec(ctx, `INSERT INTO public.tenant_bindings (role_name, tenant_id) VALUES ($1, $2)`,
+			role, tenant); err != nil {
+			t.Fatalf("bind role: %v", err)
+		}
+		t.Cleanup(func() {
+			if c, err := pgx.Connect(ctx, adminDSN); err == nil {
+				_, _ = c.Exec(ctx, "DROP DATABASE IF EXISTS "+d.name+" WITH (FORCE)")
+				_, _ = c.Exec(ctx, "DROP ROLE IF EXISTS "+role)
+				c.Close(ctx)
+			}
+		})
+	}
+	return fmt.Sprintf("host=%s port=%d dbname=%s user=%s", d.host, d.port, d.name, role)
 }
 
 // Fresh creates and migrates a database of its own for one test.
@@ -108,10 +146,8 @@ func Fresh(t *testing.T, overlays ...schema.Overlay) DB {
 	}
 	cfg, _ := pgx.ParseConfig(adminDSN)
 	host, port := cfg.Host, cfg.Port
-	db := DB{
-		Admin:  fmt.Sprintf("host=%s port=%d dbname=%s user=%s", host, port, name, cfg.User),
-		Worker: fmt.Sprintf("host=%s port=%d dbname=%s user=fencecheck_worker", host, port, name),
-	}
+	db := DB{Admin: fmt.Sprintf("host=%s port=%d dbname=%s user=%s", host, port, name, cfg.User),
+		name: name, host: host, port: port}
 	if _, err := schema.Migrate(ctx, db.Admin, overlays); err != nil {
 		t.Fatalf("migrate: %v", err)
 	}

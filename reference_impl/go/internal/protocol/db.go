@@ -27,11 +27,13 @@ type Querier interface {
 // ReadCommitted is the isolation level of every protocol transaction.
 var ReadCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
 
-// Session is one connection of the worker role, (re)connected on demand.
+// Session is one connection of the worker's login role, (re)connected on
+// demand.
 //
-// Invariants: the tenant (app.tenant_id) and the worker name
-// (application_name) travel in the startup packet, so no statement runs
-// before the tenant is set; WARNING notices are kept until drained, so a
+// Invariants: the tenant is the login role's binding (worker contract
+// section 7), never a setting of the session; the worker name
+// (application_name) travels in the startup packet; WARNING notices are
+// kept until drained, so a
 // COMMIT answered with a warning (a cancelled wait for synchronous
 // replication) is never mistaken for a clean success; a connection that
 // failed without a server verdict is dropped, never reused.
@@ -42,16 +44,13 @@ type Session struct {
 	warnings []*pgconn.Notice
 }
 
-// NewSession parses dsn and binds the session to tenant.
-func NewSession(dsn, tenant, appName string) (*Session, error) {
+// NewSession parses dsn; appName names the worker in every connection.
+func NewSession(dsn, appName string) (*Session, error) {
 	cfg, err := pgx.ParseConfig(dsn)
 	if err != nil {
 		return nil, err
 	}
 	s := &Session{cfg: cfg}
-	if tenant != "" {
-		cfg.RuntimeParams["app.tenant_id"] = tenant
-	}
 	if appName != "" {
 		cfg.RuntimeParams["application_name"] = appName
 	}
@@ -63,11 +62,6 @@ func NewSession(dsn, tenant, appName string) (*Session, error) {
 		}
 	}
 	return s, nil
-}
-
-// For returns a new session like s, bound to another tenant.
-func (s *Session) For(tenant string) (*Session, error) {
-	return NewSession(s.cfg.ConnString(), tenant, s.cfg.RuntimeParams["application_name"])
 }
 
 // Conn is the open connection, connecting first when there is none.
@@ -86,6 +80,23 @@ func (s *Session) Conn(ctx context.Context) (*pgx.Conn, error) {
 	s.conn = c
 	s.mu.Unlock()
 	return c, nil
+}
+
+// BoundTenant is the tenant the database binds this session's login role
+// to (fencecheck.session_tenant()), or "" when the role has no binding.
+func (s *Session) BoundTenant(ctx context.Context) (string, error) {
+	c, err := s.Conn(ctx)
+	if err != nil {
+		return "", err
+	}
+	var t *string
+	if err := c.QueryRow(ctx, `SELECT fencecheck.session_tenant()::text`).Scan(&t); err != nil {
+		return "", s.Check(err)
+	}
+	if t == nil {
+		return "", nil
+	}
+	return *t, nil
 }
 
 // Check drops the connection when err carries no server verdict; returns err.

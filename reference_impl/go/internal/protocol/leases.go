@@ -49,10 +49,25 @@ func (p *Protocol) ClaimRun(ctx context.Context, db DB, workerID string, leaseMS
 }
 
 // Takeover acquires one run's lease, waiting for its row lock (English seed
-// section 5.1). Not granted: nil and the reason (missing, terminal, paused,
-// held, not_due).
+// section 5.1): the row lock first, whatever the run's status, so a
+// takeover waits for any transaction holding it (a protected write, an
+// operator's decision) and then judges the run as that transaction left it
+// (the acquire runs as a statement of its own, with a new snapshot). Not
+// granted: nil and the reason (missing, terminal, paused, held, not_due).
 func (p *Protocol) Takeover(ctx context.Context, db DB, runID, owner string, leaseMS int64) (*Claim, string, error) {
-	c, err := scanClaim(db.QueryRow(ctx, p.SQL.Takeover, runID, owner, leaseMS))
+	var c *Claim
+	err := pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error {
+		var id string
+		if err := tx.QueryRow(ctx, p.SQL.LockLease, runID).Scan(&id); err != nil {
+			return err
+		}
+		var err error
+		c, err = scanClaim(tx.QueryRow(ctx, p.SQL.Takeover, runID, owner, leaseMS))
+		return err
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, "missing", nil
+	}
 	if err != nil || c != nil {
 		return c, "acquired", FromDatabase(err)
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/sealing"
 	"fencecheck/goworker/internal/tool"
 )
 
@@ -21,6 +22,7 @@ type Operation struct {
 	Request     any
 	Digest      string
 	Revision    int64
+	RunEpoch    int64 // the run's epoch read after the claim: what every request carries
 }
 
 // OperationRow is a ledger row as a workflow resuming its tool step reads it.
@@ -52,7 +54,8 @@ func scanOperation(rows pgx.Rows) (*Operation, error) {
 	}
 	op := new(Operation)
 	var body []byte
-	if err := rows.Scan(&op.OperationID, &op.RunID, &op.StepID, &op.Tool, &op.Capability, &body, &op.Digest, &op.Revision); err != nil {
+	if err := rows.Scan(&op.OperationID, &op.RunID, &op.StepID, &op.Tool, &op.Capability, &body, &op.Digest,
+		&op.Revision, &op.RunEpoch); err != nil {
 		return nil, err
 	}
 	req, err := Decode(body)
@@ -90,7 +93,15 @@ func (p *Protocol) DispatchClaim(ctx context.Context, q Querier, owner string, t
 	if err != nil {
 		return nil, err
 	}
-	return scanOperation(rows)
+	op, err := scanOperation(rows)
+	if op == nil || err != nil {
+		return op, err
+	}
+	// The request carries the run's epoch as it stands after the claim, never
+	// the sender's lease: a dispatch claim is not fenced by the lease, and a
+	// worker frozen past its lease may claim its successor's intent of the
+	// same step before its heartbeat notices the loss (seen in Q).
+	return op, q.QueryRow(ctx, p.SQL.RunEpoch, op.RunID).Scan(&op.RunEpoch)
 }
 
 // ledgerChange runs one conditional ledger UPDATE; zero rows is a
@@ -166,11 +177,13 @@ func (p *Protocol) ExpireClaims(ctx context.Context, q Querier) ([]Change, error
 	return changes, nil
 }
 
-// Dispatcher sends claimed operations to the tool, never inside a transaction.
+// Dispatcher sends claimed operations to the tool, never inside a
+// transaction; it opens a request's sealed fields just before sending.
 type Dispatcher struct {
 	P     *Protocol
 	Tools *tool.Client
 	Owner string
+	Seal  *sealing.Sealer
 }
 
 // Send calls the tool for a claim we hold, with the stable operation_id as
@@ -181,12 +194,32 @@ func (d *Dispatcher) Send(ctx context.Context, op *Operation, epoch int64) (tool
 	if err := ctx.Err(); err != nil {
 		return tool.Answer{}, Cancelled(ctx)
 	}
-	a := d.Tools.Create(op.Tool, op.OperationID, op.RunID, epoch, op.Request)
+	request, err := d.Seal.Open(op.Request)
+	if err != nil {
+		return tool.Answer{}, sensitiveErr(err)
+	}
+	a := d.Tools.Create(op.Tool, op.OperationID, op.RunID, epoch, request)
 	if a.Kind == "rejected_retryable" || a.Kind == "unknown" || a.Kind == "conflict" {
 		return a, nil
 	}
 	injection.Point("after_tool_response_before_tx2_commit", op.RunID, &epoch, nil, op.OperationID)
 	return a, nil
+}
+
+// sendAndSettle sends a claim this dispatcher holds without the run's lease
+// (with the run's epoch at the claim) and records the answer in the ledger.
+func (d *Dispatcher) sendAndSettle(ctx context.Context, q Querier, op *Operation) (string, tool.Answer, error) {
+	a, err := d.Send(ctx, op, op.RunEpoch)
+	if err != nil {
+		return "", a, err
+	}
+	status := a.Kind
+	if a.Kind == "succeeded" || a.Kind == "failed_final" {
+		err = d.P.RecordResult(ctx, q, op, d.Owner, a)
+	} else {
+		status, err = d.P.SettleWithoutResult(ctx, q, op, d.Owner, a)
+	}
+	return status, a, err
 }
 
 // Cycle is one standalone dispatcher cycle: claim, call, record in the ledger.
@@ -195,16 +228,7 @@ func (d *Dispatcher) Cycle(ctx context.Context, q Querier, ttlMS int64, opID *st
 	if err != nil || op == nil {
 		return map[string]any{"operation_id": opID, "status": nil, "remote_id": nil}, err
 	}
-	a, err := d.Send(ctx, op, 0)
-	if err != nil {
-		return nil, err
-	}
-	status := a.Kind
-	if a.Kind == "succeeded" || a.Kind == "failed_final" {
-		err = d.P.RecordResult(ctx, q, op, d.Owner, a)
-	} else {
-		status, err = d.P.SettleWithoutResult(ctx, q, op, d.Owner, a)
-	}
+	status, a, err := d.sendAndSettle(ctx, q, op)
 	if err != nil {
 		return nil, err
 	}
@@ -276,6 +300,10 @@ func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (
 		if err != nil {
 			return nil, err
 		}
+		// Nothing of a run paused in doubt left in doubt: back to the queue.
+		if _, err := q.Exec(ctx, r.D.P.SQL.ResumeRun, u.OperationID); err != nil {
+			return nil, err
+		}
 		return &Change{u.OperationID, "unknown", "succeeded"}, nil
 	}
 	live := u.RunStatus == "queued" || u.RunStatus == "running" || u.RunStatus == "waiting_tool"
@@ -296,16 +324,7 @@ func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (
 	if err != nil || op == nil {
 		return nil, err
 	}
-	a, err := r.D.Send(ctx, op, 0)
-	if err != nil {
-		return nil, err
-	}
-	status := a.Kind
-	if a.Kind == "succeeded" || a.Kind == "failed_final" {
-		err = r.D.P.RecordResult(ctx, q, op, r.D.Owner, a)
-	} else {
-		status, err = r.D.P.SettleWithoutResult(ctx, q, op, r.D.Owner, a)
-	}
+	status, _, err := r.D.sendAndSettle(ctx, q, op)
 	if err != nil {
 		return nil, err
 	}

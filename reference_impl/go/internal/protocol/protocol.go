@@ -38,6 +38,17 @@ type Protocol struct {
 	Decode func(revision int64, schemaVersion *int32, raw []byte, storedHash []byte) (Checkpoint, error)
 	// DurabilityMode judges the replication settings (rule 11).
 	DurabilityMode func(level, standbyNames string, standbys int) string
+	// Audit writes the operator_actions row of a decision (contract section 7).
+	Audit func(ctx context.Context, q Querier, p *Protocol, a AuditRow) (int64, error)
+	// Request builds the tool step's request from the checkpoint state and
+	// the run's input (an operator's supplement included).
+	Request func(state, input map[string]any) map[string]any
+	// Backoff is the wait before the next attempt after a transient refusal.
+	Backoff func(runID string, attempt int) int64
+	// BudgetSpent says the run's attempt budget is used up (pause for a human).
+	BudgetSpent func(attempts, maxAttempts int32) bool
+	// OnRefusal is the transition after the tool refused for good (4xx).
+	OnRefusal string
 }
 
 // Correct is the protocol as it must be.
@@ -54,7 +65,27 @@ func Correct() *Protocol {
 		ReconcileWithout:   leaveForPerson,
 		Decode:             DecodeCheckpoint,
 		DurabilityMode:     durabilityMode,
+		Audit:              writeAudit,
+		Request:            toolRequest,
+		Backoff:            BackoffMS,
+		BudgetSpent:        func(attempts, maxAttempts int32) bool { return attempts >= maxAttempts },
+		OnRefusal:          "pause_human",
 	}
+}
+
+// toolRequest is the built-in workflow's tool request (worker contract
+// section 10): the checkpoint's data, the kind, and what an operator
+// supplemented (input.supplement), which makes it a new request.
+func toolRequest(state, input map[string]any) map[string]any {
+	request := map[string]any{}
+	for _, part := range []any{state["data"], map[string]any{"kind": "return_label"}, input["supplement"]} {
+		if m, ok := part.(map[string]any); ok {
+			for k, v := range m {
+				request[k] = v
+			}
+		}
+	}
+	return request
 }
 
 // checkLease is the English seed's `if !valid { return ErrLeaseLost }`,

@@ -7,10 +7,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"fencecheck/goworker/internal/pgtest"
 	"fencecheck/goworker/internal/protocol"
 	"fencecheck/goworker/internal/schema"
+	"fencecheck/goworker/internal/sealing"
 )
 
 const tenant = "11111111-1111-1111-1111-111111111111"
@@ -21,29 +23,37 @@ type fixture struct {
 	ctx context.Context
 	db  pgtest.DB
 	p   *protocol.Protocol
-	s   *protocol.Session
+	s   *protocol.Session // the worker's login role, bound to tenant
+	ctl *protocol.Session // the control plane's (operator group), bound to tenant
 }
 
-func setup(t *testing.T) *fixture {
-	db := pgtest.Fresh(t)
-	s, err := protocol.NewSession(db.Worker, tenant, "gotest")
+func session(t *testing.T, dsn string) *protocol.Session {
+	s, err := protocol.NewSession(dsn, "gotest")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Close)
-	return &fixture{t, context.Background(), db, protocol.Correct(), s}
+	return s
 }
 
-func (f *fixture) conn() *pgx.Conn {
-	c, err := f.s.Conn(f.ctx)
+func setup(t *testing.T) *fixture {
+	db := pgtest.Fresh(t)
+	return &fixture{t, context.Background(), db, protocol.Correct(),
+		session(t, db.Login(t, "fencecheck_worker", tenant)), session(t, db.Login(t, "fencecheck_operator", tenant))}
+}
+
+func connOf(t *testing.T, s *protocol.Session) *pgx.Conn {
+	c, err := s.Conn(context.Background())
 	if err != nil {
-		f.t.Fatal(err)
+		t.Fatal(err)
 	}
 	return c
 }
 
+func (f *fixture) conn() *pgx.Conn { return connOf(f.t, f.s) }
+
 func (f *fixture) newRun(task string) string {
-	id, err := f.p.CreateRun(f.ctx, f.conn(), tenant, task, map[string]any{"tool": "idem"}, 12)
+	id, err := f.p.CreateRun(f.ctx, connOf(f.t, f.ctl), tenant, task, map[string]any{"tool": "idem"}, 12)
 	if err != nil {
 		f.t.Fatalf("create run: %v", err)
 	}
@@ -51,10 +61,15 @@ func (f *fixture) newRun(task string) string {
 }
 
 func (f *fixture) checkpoint(l protocol.Lease, rev int64, event string) (*protocol.Written, error) {
-	w := &protocol.Writer{P: f.p, S: f.s}
+	w := f.writer()
 	return w.Write(f.ctx, &protocol.Write{Lease: l, ExpectedRevision: rev, Transition: "checkpoint",
 		State: map[string]any{"step": "x"}, SchemaVersion: 2, EventType: "agent.checkpoint",
 		Payload: map[string]any{"run_id": l.RunID}, EventID: event})
+}
+
+func (f *fixture) writer() *protocol.Writer {
+	seal, _ := sealing.New("")
+	return &protocol.Writer{P: f.p, S: f.s, Seal: seal}
 }
 
 func TestMigrateIsIdempotent(t *testing.T) {
@@ -106,6 +121,34 @@ func TestRenewNeverRevivesAnExpiredLease(t *testing.T) {
 	}
 }
 
+// A release of a lease that expired with nobody taking over goes through
+// (as the reference implementation's), and the next grant is epoch + 1.
+func TestReleaseAfterExpiry(t *testing.T) {
+	f := setup(t)
+	f.newRun("t1")
+	c, _ := f.p.ClaimRun(f.ctx, f.conn(), "A/1", 50)
+	time.Sleep(120 * time.Millisecond)
+	if err := f.p.Release(f.ctx, f.conn(), c.Lease()); err != nil {
+		t.Fatalf("release of the expired, untaken lease: %v", err)
+	}
+	next, err := f.p.ClaimRun(f.ctx, f.conn(), "B/1", 10000)
+	if err != nil || next == nil || next.Epoch != c.Epoch+1 {
+		t.Fatalf("claim after the release: %+v %v", next, err)
+	}
+}
+
+// A row of another tenant is refused as a tenant matter (42501), before
+// the protocol guards judge it (010_tenant_first.sql).
+func TestCrossTenantRowRefusedAsPrivilege(t *testing.T) {
+	f := setup(t)
+	_, err := f.conn().Exec(f.ctx, `INSERT INTO outbox (event_id, tenant_id, run_id, event_type, payload)
+VALUES (gen_random_uuid(), $1, gen_random_uuid(), 'x', '{}')`, otherTenant)
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		t.Fatalf("insert of another tenant's outbox row: %v; want SQLSTATE 42501", err)
+	}
+}
+
 func TestCheckpointCASAndStaleOwner(t *testing.T) {
 	f := setup(t)
 	f.newRun("t1")
@@ -146,15 +189,7 @@ func TestWorkerRoleCannotForgeTheFencingToken(t *testing.T) {
 func TestOtherTenantSeesNothing(t *testing.T) {
 	f := setup(t)
 	run := f.newRun("t1")
-	other, err := f.s.For(otherTenant)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer other.Close()
-	oc, err := other.Conn(f.ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	oc := connOf(t, session(t, f.db.Login(t, "fencecheck_worker", otherTenant)))
 	if _, err := f.p.RunState(f.ctx, oc, run); !errors.Is(err, protocol.ErrRunNotFound) {
 		t.Fatalf("other tenant reads the run: %v", err)
 	}
@@ -170,7 +205,7 @@ func TestIntentLedgerAndDispatchClaim(t *testing.T) {
 	opID := f.p.OperationID(tenant, c.RunID, "create_label", 1)
 	req := map[string]any{"amount": 5}
 	digest, _ := protocol.RequestDigest(req)
-	w := &protocol.Writer{P: f.p, S: f.s}
+	w := f.writer()
 	intent := func(rev int64, d string) (*protocol.Written, error) {
 		return w.Write(f.ctx, &protocol.Write{Lease: c.Lease(), ExpectedRevision: rev, Transition: "intent",
 			State: map[string]any{}, SchemaVersion: 2, EventType: "agent.tool_intent", Payload: map[string]any{},

@@ -9,8 +9,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Control plane of runs (rules 6, 7). Contract v2 moves these to an
-// operator role; they take a DB, so the switch is which session calls them.
+// Control plane of runs (rules 6, 7): run by a session of the operator
+// group (worker contract section 7); a worker-group session is refused by
+// the database (grants, and the guard of 008_protocol_guard.sql).
 
 // CreateRun creates a task with its first run (queued) in one short
 // transaction, active_run_id set there too (English seed section 4).
@@ -68,40 +69,6 @@ func (p *Protocol) RetryRun(ctx context.Context, db DB, taskID string) (string, 
 		return ledgerChange(ctx, tx, p.SQL.SwitchTask, taskID, "task", tenant, taskID, runID)
 	})
 	return runID, old, FromDatabase(err)
-}
-
-// Cancel (English seed section 9.3): the run becomes cancelled and gives up
-// its lease; prepared operations are forbidden; dispatching and unknown ones
-// stay as they are: they may have happened.
-func (p *Protocol) Cancel(ctx context.Context, db DB, runID, reason string) (map[string]any, error) {
-	out := map[string]any{}
-	err := pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error {
-		var status, tenant string
-		var epoch, revision int64
-		err := tx.QueryRow(ctx, p.SQL.LockRun, runID).Scan(&status, &tenant, &epoch, &revision)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return newErr("RunNotFound", "missing", "run %s not found", runID)
-		}
-		if err != nil {
-			return err
-		}
-		if status != "succeeded" && status != "failed" && status != "cancelled" {
-			if err := ledgerChange(ctx, tx, p.SQL.CancelRun, runID, "cancel", runID, reason); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, p.SQL.CancelPrepared, runID); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, p.SQL.CancelEvent, runID, tenant, reason, epoch, revision); err != nil {
-				return err
-			}
-			status = "cancelled"
-		}
-		ops, err := collectOps(ctx, tx, p.SQL.OpsOfRun, runID)
-		out["run_status"], out["operations"] = status, ops
-		return err
-	})
-	return out, FromDatabase(err)
 }
 
 func collectOps(ctx context.Context, q Querier, sql, runID string) ([]map[string]any, error) {
@@ -190,6 +157,24 @@ func (p *Protocol) RunState(ctx context.Context, q Querier, runID string) (*RunR
 		r.Input = map[string]any{}
 	}
 	return r, err
+}
+
+// LatestState is the state of the checkpoint at the run's revision, as
+// stored (not migrated); nil before the first protected write.
+func (p *Protocol) LatestState(ctx context.Context, q Querier, runID string) (map[string]any, error) {
+	var revision int64
+	var version *int32
+	var state, hash []byte
+	err := q.QueryRow(ctx, p.SQL.LatestCheckpoint, runID).Scan(&revision, &version, &state, &hash)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	v, err := Decode(state)
+	m, _ := v.(map[string]any)
+	return m, err
 }
 
 // ReadCheckpoint is the checkpoint at the run's revision, decoded (or

@@ -14,13 +14,17 @@ type Statements struct {
 	RegisterIntent, ExistingIntent, Tx2Result, AdoptResult, FreezeLedger string
 	// Dispatcher and reconciler (rule 4; English seed section 9).
 	DispatchClaim, RecordResult, MarkUnknown, ReturnRejected, ExpiredClaims, ExpireClaim string
-	UnknownOps, Converge, ClaimRetry, AddEvidence, Operation                             string
-	// Control plane (rules 6, 7).
+	UnknownOps, Converge, ResumeRun, ClaimRetry, AddEvidence, Operation, StepVersions    string
+	// Control plane (rules 6, 7) and the operator's decisions (contract section 7).
 	CreateTenant, CreateTask, CreateRun                         string
 	LockTask, ActiveRun, InsertRetryRun, SwitchTask             string
-	LockRun, CancelRun, CancelPrepared, CancelEvent, OpsOfRun   string
+	LockRun, OperatorMove, CancelPrepared, MoveEvent, OpsOfRun  string
 	LockOperation, CallbackLive, CallbackRefuse, CallbackAccept string
-	RunState, LatestCheckpoint                                  string
+	ResolveOperation, RunSnapshot, Audit                        string
+	// The run's epoch as committed after a dispatch claim (what a request carries).
+	RunEpoch                    string
+	PausedRuns, OperatorActions string
+	RunState, LatestCheckpoint  string
 	// Outbox relay and consumer (rule 10; Chinese seed section 11).
 	OutboxLockBatch, OutboxMark, ConsumeDedup, ConsumeEffect string
 	// Durability contract (rule 11).
@@ -40,7 +44,7 @@ func DefaultStatements() Statements {
 		Claim: `WITH candidate AS (
   SELECT run_id FROM agent_runs
    WHERE ` + runnable + `
-   ORDER BY created_at, run_id
+   ORDER BY status = 'queued', next_attempt_at, created_at, run_id
    FOR UPDATE SKIP LOCKED
    LIMIT 1
 )
@@ -131,10 +135,11 @@ VALUES ($1, $2, $3, $4, $5::jsonb)`,
        EXISTS (SELECT 1 FROM outbox WHERE event_id = $3) AS outbox`,
 
 		// Tx1, Chinese seed section 8.1 / English 9.1: the intent, prepared.
+		// The tool's declared key retention is kept with the intent ($10).
 		RegisterIntent: `INSERT INTO tool_operations (
   operation_id, tenant_id, run_id, step_id, effect_version, tool_name, tool_capability,
-  idempotency_key, request_digest, request_body, status)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $1, $8, $9::jsonb, 'prepared')
+  idempotency_key, request_digest, request_body, status, retention_ms)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $1, $8, $9::jsonb, 'prepared', $10)
 ON CONFLICT DO NOTHING`,
 		// A key conflict is no licence to resend: read what is registered.
 		ExistingIntent: `SELECT run_id::text, tool_name, request_digest, status
@@ -148,7 +153,8 @@ ON CONFLICT DO NOTHING`,
    AND dispatch_owner = $3 AND revision = $4 AND request_digest = $5`,
 		AdoptResult: `SELECT status FROM tool_operations WHERE operation_id = $1 AND run_id = $2`,
 		// Chinese seed section 8.3: our own live claim becomes unknown (never
-		// prepared); the freeze is kept as evidence either way.
+		// prepared; a new ledger revision); the freeze is kept as evidence
+		// either way.
 		FreezeLedger: `UPDATE tool_operations
    SET status = CASE WHEN status = 'dispatching' AND dispatch_owner = $3 AND revision = $4
                      THEN 'unknown' ELSE status END,
@@ -156,9 +162,11 @@ ON CONFLICT DO NOTHING`,
                              THEN NULL ELSE dispatch_owner END,
        dispatch_until = CASE WHEN status = 'dispatching' AND dispatch_owner = $3 AND revision = $4
                              THEN NULL ELSE dispatch_until END,
+       revision = CASE WHEN status = 'dispatching' AND dispatch_owner = $3 AND revision = $4
+                       THEN revision + 1 ELSE revision END,
        evidence = evidence || jsonb_build_array(jsonb_build_object(
                     'at', clock_timestamp(), 'event', 'run_frozen', 'error', $5::jsonb)),
-       revision = revision + 1, updated_at = clock_timestamp()
+       updated_at = clock_timestamp()
  WHERE operation_id = $1 AND run_id = $2`,
 
 		// Dispatcher claim, English seed section 9.2: prepared operations of
@@ -181,7 +189,12 @@ UPDATE tool_operations o
   FROM candidate c
  WHERE o.operation_id = c.operation_id
 RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capability,
-          o.request_body, o.request_digest, o.revision`,
+          o.request_body, o.request_digest, o.revision,
+          (SELECT r.epoch FROM agent_runs r WHERE r.run_id = o.run_id)`,
+		// The run's epoch read after the claim committed, in a statement of its
+		// own: a takeover that committed while the claim statement ran is
+		// invisible to the claim's own snapshot.
+		RunEpoch: `SELECT epoch FROM agent_runs WHERE run_id = $1`,
 		// English seed section 9.3: a result only for the claim that sent it.
 		RecordResult: `UPDATE tool_operations
    SET status = $5, remote_id = $6, result = $7::jsonb, dispatch_until = NULL,
@@ -224,8 +237,19 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
          'at', clock_timestamp(), 'event', 'converged', 'evidence', $6::jsonb)),
        revision = revision + 1, updated_at = clock_timestamp()
  WHERE operation_id = $1 AND status = 'unknown' AND revision = $2`,
+		// A run paused in doubt whose operations all converged goes back to
+		// the queue (Chinese seed 8.3: confirmed -> forward); its worker
+		// continues from the ledger.
+		ResumeRun: `UPDATE agent_runs r
+   SET status = 'queued', next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+ WHERE r.run_id = (SELECT o.run_id FROM tool_operations o WHERE o.operation_id = $1)
+   AND r.status = 'paused_indoubt'
+   AND NOT EXISTS (SELECT 1 FROM tool_operations o
+                    WHERE o.run_id = r.run_id AND o.status IN ('unknown', 'dispatching'))`,
 		// Same-key retry: only tools that promise a second create with the same
-		// key makes no second resource, and only while the run is live.
+		// key makes no second resource, only while the run is live, and only
+		// while the tool still remembers the key: the retry's claim must end
+		// before the declared retention, counted from the first dispatch.
 		ClaimRetry: `UPDATE tool_operations o
    SET status = 'dispatching', dispatch_owner = $1,
        dispatch_until = clock_timestamp() + ($2::bigint * interval '1 millisecond'),
@@ -234,10 +258,14 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
        revision = o.revision + 1, updated_at = clock_timestamp()
  WHERE o.operation_id = $3 AND o.status = 'unknown' AND o.revision = $4
    AND o.tool_capability IN ('idempotent', 'deterministic_id')
+   AND (o.tool_capability <> 'idempotent' OR o.retention_ms IS NULL OR o.first_dispatched_at IS NULL
+        OR clock_timestamp() + ($2::bigint * interval '1 millisecond')
+           < o.first_dispatched_at + o.retention_ms * interval '1 millisecond')
    AND EXISTS (SELECT 1 FROM agent_runs r
                 WHERE r.run_id = o.run_id AND r.status IN ('queued', 'running', 'waiting_tool'))
 RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capability,
-          o.request_body, o.request_digest, o.revision`,
+          o.request_body, o.request_digest, o.revision,
+          (SELECT r.epoch FROM agent_runs r WHERE r.run_id = o.run_id)`,
 		AddEvidence: `UPDATE tool_operations
    SET evidence = evidence || jsonb_build_array(jsonb_build_object('at', clock_timestamp()) || $2::jsonb)
  WHERE operation_id = $1`,
@@ -245,6 +273,9 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
        request_digest, status, dispatch_owner, COALESCE(dispatch_until <= clock_timestamp(), false),
        remote_id, revision
   FROM tool_operations WHERE operation_id = $1`,
+		// A step's effect versions, newest first (a re-planned effect is a new version).
+		StepVersions: `SELECT effect_version, status FROM tool_operations
+ WHERE run_id = $1 AND step_id = $2 ORDER BY effect_version DESC`,
 
 		CreateTenant: `INSERT INTO tenants (tenant_id) VALUES ($1) ON CONFLICT DO NOTHING`,
 		CreateTask: `INSERT INTO agent_tasks (tenant_id, task_id, active_run_id) VALUES ($1, $2, $3)
@@ -259,19 +290,30 @@ VALUES ($1, $2, $3, $4::jsonb, $5, $6)`,
 		SwitchTask: `UPDATE agent_tasks SET active_run_id = $3, updated_at = clock_timestamp()
  WHERE tenant_id = $1 AND task_id = $2`,
 		LockRun: `SELECT status, tenant_id::text, epoch, revision FROM agent_runs WHERE run_id = $1 FOR UPDATE`,
-		CancelRun: `UPDATE agent_runs
-   SET status = 'cancelled', owner = NULL, lease_expires_at = NULL,
-       terminal_reason = $2, updated_at = clock_timestamp()
- WHERE run_id = $1 AND status NOT IN ('succeeded', 'failed', 'cancelled')`,
+		// An operator's move of the state table ($4: the status it moves
+		// from, read under the row lock): the lease (if any) is given up; a
+		// supplement ($5) joins the input; a run whose attempt budget ran out
+		// gets one more attempt when it is queued again.
+		OperatorMove: `UPDATE agent_runs
+   SET status = $2, owner = NULL, lease_expires_at = NULL,
+       next_attempt_at = CASE WHEN $2 = 'queued' THEN clock_timestamp() ELSE next_attempt_at END,
+       terminal_reason = CASE WHEN $2 IN ('failed', 'cancelled') THEN $3 ELSE terminal_reason END,
+       input = CASE WHEN $5::jsonb IS NULL THEN input
+                    ELSE input || jsonb_build_object('supplement',
+                                    COALESCE(input->'supplement', '{}'::jsonb) || $5::jsonb) END,
+       max_attempts = CASE WHEN $2 = 'queued' AND attempt_count >= max_attempts
+                           THEN attempt_count + 1 ELSE max_attempts END,
+       updated_at = clock_timestamp()
+ WHERE run_id = $1 AND status = $4`,
 		// English seed section 9.3: prepared -> cancelled (forbid dispatch);
 		// dispatching and unknown keep their status: they may have happened.
 		CancelPrepared: `UPDATE tool_operations
    SET status = 'cancelled', revision = revision + 1, updated_at = clock_timestamp()
  WHERE run_id = $1 AND status = 'prepared'`,
-		CancelEvent: `INSERT INTO outbox (event_id, tenant_id, run_id, event_type, payload)
-VALUES (gen_random_uuid(), $2::text::uuid, $1::text::uuid, 'agent.cancelled',
-        jsonb_build_object('run_id', $1::text, 'tenant_id', $2::text, 'reason', $3::text,
-                           'epoch', $4::bigint, 'revision', $5::bigint))`,
+		MoveEvent: `INSERT INTO outbox (event_id, tenant_id, run_id, event_type, payload)
+VALUES (gen_random_uuid(), $2::text::uuid, $1::text::uuid, $3,
+        jsonb_build_object('run_id', $1::text, 'tenant_id', $2::text, 'from', $4::text, 'to', $5::text,
+                           'reason', $6::text, 'operator', session_user))`,
 		OpsOfRun:      `SELECT operation_id, status FROM tool_operations WHERE run_id = $1 ORDER BY operation_id`,
 		LockOperation: `SELECT run_id::text, status FROM tool_operations WHERE operation_id = $1 FOR UPDATE`,
 		// A callback may move only an operation of the run it names, while that
@@ -290,6 +332,44 @@ VALUES (gen_random_uuid(), $2::text::uuid, $1::text::uuid, 'agent.cancelled',
          'at', clock_timestamp(), 'event', 'callback_accepted', 'payload', $3::jsonb)),
        revision = revision + 1, updated_at = clock_timestamp()
  WHERE operation_id = $1 AND status IN ('dispatching', 'unknown')`,
+		// An operator resolves an operation in doubt by a person's finding.
+		ResolveOperation: `UPDATE tool_operations
+   SET status = $3, remote_id = $4, dispatch_owner = NULL, dispatch_until = NULL,
+       result = jsonb_build_object('executed', $3 = 'succeeded', 'resource_id', $4::text, 'source', 'operator'),
+       evidence = evidence || jsonb_build_array(jsonb_build_object(
+         'at', clock_timestamp(), 'event', $5::text, 'operator', session_user,
+         'reason', $6::text, 'ticket', $7::text)),
+       revision = revision + 1, updated_at = clock_timestamp()
+ WHERE operation_id = $1 AND run_id = $2 AND status IN ('unknown', 'dispatching')`,
+		// The run (and one of its operations) as an audit row keeps it.
+		RunSnapshot: `SELECT jsonb_build_object(
+    'status', r.status, 'revision', r.revision, 'epoch', r.epoch, 'owner', r.owner,
+    'attempt_count', r.attempt_count, 'max_attempts', r.max_attempts,
+    'terminal_reason', r.terminal_reason,
+    'operation', (SELECT jsonb_build_object('operation_id', o.operation_id, 'status', o.status,
+                                            'remote_id', o.remote_id, 'revision', o.revision)
+                    FROM tool_operations o WHERE o.operation_id = $2 AND o.run_id = r.run_id))
+  FROM agent_runs r WHERE r.run_id = $1`,
+		// Contract section 7: one row per operator decision, in its transaction
+		// (operator and time are the database's).
+		Audit: `INSERT INTO operator_actions (run_id, operation_id, action, reason, ticket, before, after)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb) RETURNING id`,
+		PausedRuns: `SELECT COALESCE(jsonb_agg(jsonb_build_object(
+    'run_id', r.run_id, 'task_id', r.task_id, 'status', r.status, 'revision', r.revision,
+    'epoch', r.epoch, 'attempt_count', r.attempt_count, 'max_attempts', r.max_attempts,
+    'terminal_reason', r.terminal_reason, 'current_step', r.current_step, 'updated_at', r.updated_at,
+    'paused_for_s', extract(epoch FROM clock_timestamp() - r.updated_at)::float8,
+    'operations', COALESCE((SELECT jsonb_agg(jsonb_build_object(
+        'operation_id', o.operation_id, 'step_id', o.step_id, 'effect_version', o.effect_version,
+        'tool', o.tool_name, 'capability', o.tool_capability, 'status', o.status,
+        'remote_id', o.remote_id, 'evidence', o.evidence) ORDER BY o.created_at)
+      FROM tool_operations o WHERE o.run_id = r.run_id), '[]'::jsonb)) ORDER BY r.updated_at), '[]'::jsonb)
+  FROM agent_runs r WHERE r.status IN ('paused_indoubt', 'paused_human')`,
+		OperatorActions: `SELECT COALESCE(jsonb_agg(jsonb_build_object(
+    'id', a.id, 'action', a.action, 'operator', a.operator, 'reason', a.reason, 'ticket', a.ticket,
+    'before', a.before, 'after', a.after, 'at', a.at, 'operation_id', a.operation_id) ORDER BY a.id),
+    '[]'::jsonb)
+  FROM operator_actions a WHERE a.run_id = $1`,
 		RunState: `SELECT run_id::text, task_id, status, revision, owner, epoch, lease_expires_at, current_step,
        checkpoint_schema_version, attempt_count, max_attempts, input, terminal_reason,
        COALESCE(lease_expires_at > clock_timestamp(), false)

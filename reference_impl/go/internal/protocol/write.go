@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/sealing"
 )
 
 // Write is one protected write (rules 2, 3). Retrying the same *Write keeps
@@ -38,6 +39,7 @@ type Effect struct {
 	Capability    string
 	Digest        string
 	Request       any
+	RetentionMS   *int64 // the tool's declared key retention (idempotent tools), kept with the intent
 	// Tx2: "record" our claim's answer, or "adopt" a result already in the ledger.
 	Mode           string
 	Outcome        string // succeeded | failed_final
@@ -57,10 +59,12 @@ type Written struct {
 	ReadBack     bool
 }
 
-// Writer runs protected writes on one session (one goroutine).
+// Writer runs protected writes on one session (one goroutine); states and
+// requests are stored with their sensitive fields sealed.
 type Writer struct {
-	P *Protocol
-	S *Session
+	P    *Protocol
+	S    *Session
+	Seal *sealing.Sealer
 }
 
 // commitUnknown: the statement carrying COMMIT failed without a server verdict.
@@ -246,7 +250,11 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, wr *Write, status string,
 	if out.LedgerStatus, err = w.ledger(ctx, tx, wr, tenant); err != nil {
 		return nil, err
 	}
-	state, err := Canonical(wr.State)
+	sealed, err := w.Seal.Seal(wr.State)
+	if err != nil {
+		return nil, sensitiveErr(err)
+	}
+	state, err := Canonical(sealed)
 	if err != nil {
 		return nil, err
 	}
@@ -272,12 +280,16 @@ func (w *Writer) ledger(ctx context.Context, tx pgx.Tx, wr *Write, tenant string
 	}
 	switch wr.Transition {
 	case "intent":
-		body, err := Canonical(e.Request)
+		sealed, err := w.Seal.Seal(e.Request)
+		if err != nil {
+			return "", sensitiveErr(err)
+		}
+		body, err := Canonical(sealed)
 		if err != nil {
 			return "", err
 		}
 		tag, err := tx.Exec(ctx, w.P.SQL.RegisterIntent, e.OperationID, tenant, wr.Lease.RunID, e.StepID,
-			e.EffectVersion, e.Tool, e.Capability, e.Digest, string(body))
+			e.EffectVersion, e.Tool, e.Capability, e.Digest, string(body), e.RetentionMS)
 		if err != nil {
 			return "", err
 		}
@@ -325,6 +337,14 @@ func (w *Writer) ledger(ctx context.Context, tx pgx.Tx, wr *Write, tenant string
 		return "frozen", nil
 	}
 	return "", nil
+}
+
+// sensitiveErr names a sealing refusal in the contract's vocabulary.
+func sensitiveErr(err error) error {
+	if errors.Is(err, sealing.ErrNoKey) {
+		return newErr("SensitiveDataWithoutKey", "no_key", "%v", err)
+	}
+	return err
 }
 
 // rollback ends tx, bounded: a rollback on a dead link must not hang.

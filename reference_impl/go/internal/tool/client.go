@@ -42,6 +42,7 @@ type Client struct {
 	http         *http.Client
 	mu           sync.Mutex
 	caps         map[string]string
+	retentionS   *float64 // the server's declared key retention (server.idempotency_retention_s)
 }
 
 // DefaultTools are the mock tool's defaults, used when /health cannot be read.
@@ -62,10 +63,13 @@ func (c *Client) Capability(name string) (string, error) {
 	defer c.mu.Unlock()
 	if c.caps == nil && c.base != "" {
 		var health struct {
-			Tools map[string]string `json:"tools"`
+			Tools  map[string]string `json:"tools"`
+			Server struct {
+				RetentionS *float64 `json:"idempotency_retention_s"`
+			} `json:"server"`
 		}
 		if _, err := c.getJSON(c.base+"/health", &health); err == nil && health.Tools != nil {
-			c.caps = health.Tools
+			c.caps, c.retentionS = health.Tools, health.Server.RetentionS
 		}
 	}
 	caps := c.caps
@@ -79,6 +83,22 @@ func (c *Client) Capability(name string) (string, error) {
 	return cap, nil
 }
 
+// RetentionMS is how long tool keeps an idempotency key, as the server
+// declares it: idempotent tools only; nil when it declares none.
+func (c *Client) RetentionMS(name string) (*int64, error) {
+	capability, err := c.Capability(name)
+	if err != nil || capability != "idempotent" {
+		return nil, err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.retentionS == nil {
+		return nil, nil
+	}
+	ms := int64(*c.retentionS * 1000)
+	return &ms, nil
+}
+
 func (c *Client) getJSON(u string, out any) (int, error) {
 	resp, err := c.http.Get(u)
 	if err != nil {
@@ -89,9 +109,13 @@ func (c *Client) getJSON(u string, out any) (int, error) {
 	if err != nil {
 		return resp.StatusCode, err
 	}
-	if resp.StatusCode/100 == 2 && out != nil {
+	if out == nil {
+		return resp.StatusCode, nil
+	}
+	if resp.StatusCode/100 == 2 {
 		return resp.StatusCode, json.Unmarshal(body, out)
 	}
+	_ = json.Unmarshal(body, out) // an error's body, when it has one (404 in_progress)
 	return resp.StatusCode, nil
 }
 
@@ -146,11 +170,15 @@ func (c *Client) Query(name, opID string) (*Found, error) {
 		ResourceID  string   `json:"resource_id"`
 		ResourceIDs []string `json:"resource_ids"`
 		BodyDigest  string   `json:"body_digest"`
+		InProgress  bool     `json:"in_progress"`
 	}
 	status, err := c.getJSON(c.base+"/tools/"+url.PathEscape(name)+"/operations/"+url.PathEscape(opID), &out)
 	switch {
 	case err != nil:
 		return nil, err
+	case status == http.StatusNotFound && out.InProgress:
+		// a create of it arrived and was not acted on yet: not found is no proof
+		return nil, fmt.Errorf("query %s: not found, but a create is in progress", opID)
 	case status == http.StatusNotFound:
 		return nil, nil
 	case status == http.StatusNotImplemented:

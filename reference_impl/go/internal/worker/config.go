@@ -18,6 +18,9 @@ type Settings struct {
 	LeaseTTLMS, HeartbeatMS, HeartbeatTimeoutMS, DispatchTTLMS  int64
 	ToolTimeout                                                 time.Duration
 	Session                                                     string // one worker session, fixed for the process
+	DataKey                                                     string // base64 of 32 bytes: seals sensitive fields
+	RequireDurability                                           string // "", none, async or sync
+	MetricsPort, MetricsFile                                    string
 }
 
 // DefaultTenant is used when FENCECHECK_TENANT is unset.
@@ -48,7 +51,12 @@ func FromEnv() (Settings, error) {
 		DSN: os.Getenv("FENCECHECK_DSN"), AdminDSN: os.Getenv("FENCECHECK_ADMIN_DSN"),
 		WorkerID: envOr("FENCECHECK_WORKER_ID", "worker"), Tenant: envOr("FENCECHECK_TENANT", DefaultTenant),
 		ToolURL: os.Getenv("FENCECHECK_TOOL_URL"), BrokerURL: os.Getenv("FENCECHECK_BROKER_URL"),
-		Mutant: os.Getenv("FENCECHECK_MUTANT"),
+		Mutant: os.Getenv("FENCECHECK_MUTANT"), DataKey: os.Getenv("FENCECHECK_DATA_KEY"),
+		RequireDurability: os.Getenv("FENCECHECK_REQUIRE_DURABILITY"),
+		MetricsPort:       os.Getenv("FENCECHECK_METRICS_PORT"), MetricsFile: os.Getenv("FENCECHECK_METRICS_FILE"),
+	}
+	if err := CheckDurability(s.RequireDurability); err != nil {
+		return s, fmt.Errorf("FENCECHECK_REQUIRE_DURABILITY: %w", err)
 	}
 	var err error
 	for _, f := range []struct {
@@ -77,6 +85,17 @@ func FromEnv() (Settings, error) {
 	_, _ = rand.Read(b[:])
 	s.Session = hex.EncodeToString(b[:])
 	return s, nil
+}
+
+// DurabilityRank orders the durability modes (worker contract section 1).
+var DurabilityRank = map[string]int{"none": 0, "async": 1, "sync": 2}
+
+// CheckDurability accepts "" (nothing required) or a known mode.
+func CheckDurability(mode string) error {
+	if _, ok := DurabilityRank[mode]; mode != "" && !ok {
+		return fmt.Errorf("must be none, async or sync, got %q", mode)
+	}
+	return nil
 }
 
 // Owner is this worker session's lease owner: "<worker id>/<session>".

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/metrics"
 	"fencecheck/goworker/internal/protocol"
 )
 
@@ -57,6 +58,8 @@ func NewOps(rt *Runtime, out io.Writer) *Ops {
 		"deliver_callback": o.deliverCallback, "relay": o.relay, "consume": o.consume,
 		"read_checkpoint": o.readCheckpoint, "durability": o.durability, "heartbeat": o.heartbeat,
 		"run_state": o.runState, "legacy_checkpoint": o.legacyCheckpoint,
+		"resolve_indoubt": o.resolveInDoubt, "decide": o.decide, "converge_operation": o.convergeOperation,
+		"list_paused": o.listPaused, "operator_actions": o.operatorActions,
 	}
 	return o
 }
@@ -84,7 +87,7 @@ func (o *Ops) Serve(in io.Reader) int {
 				defer wg.Done()
 				s := o.rt.NewSession()
 				defer s.Close()
-				o.reply(o.handle(&opCtx{s, &protocol.Writer{P: o.rt.P, S: s}}, req))
+				o.reply(o.handle(&opCtx{s, o.rt.NewWriter(s)}, req))
 			}()
 			continue
 		}
@@ -181,6 +184,15 @@ func num(args map[string]any, key string, def *int64) int64 {
 	return n
 }
 
+// optPtr is an optional string argument (nil when absent or null).
+func optPtr(args map[string]any, key string) *string {
+	if v, ok := args[key]; ok && v != nil {
+		s := fmt.Sprint(v)
+		return &s
+	}
+	return nil
+}
+
 func uuidArg(args map[string]any, key string) string {
 	s := str(args, key)
 	if !protocol.ValidUUID(s) {
@@ -223,14 +235,8 @@ func (o *Ops) payload(l protocol.Lease, extra map[string]any) map[string]any {
 }
 
 func (o *Ops) currentState(ctx context.Context, db protocol.DB, runID string) map[string]any {
-	var rev int64
-	var version *int32
-	var state, hash []byte
-	if db.QueryRow(ctx, o.rt.P.SQL.LatestCheckpoint, runID).Scan(&rev, &version, &state, &hash) != nil {
-		return map[string]any{}
-	}
-	v, _ := protocol.Decode(state)
-	return copyMap(v)
+	state, _ := o.rt.P.LatestState(ctx, db, runID)
+	return copyMap(state)
 }
 
 func (o *Ops) write(c *opCtx, op string, wr *protocol.Write, opID string) (*protocol.Written, error) {
@@ -251,16 +257,14 @@ func (o *Ops) write(c *opCtx, op string, wr *protocol.Write, opID string) (*prot
 // ------------------------------------------------------------ ops
 
 func (o *Ops) createRun(c *opCtx, args map[string]any) (any, error) {
-	session, tenant := c.session, o.rt.S.Tenant
+	tenant := o.rt.S.Tenant
 	if t := optStr(args, "tenant_id", ""); t != "" && t != tenant {
-		s, err := session.For(t)
-		if err != nil {
-			return nil, err
-		}
-		defer s.Close()
-		session, tenant = s, t
+		// The tenant is the login role's binding (contract section 7): one
+		// session never acts for another tenant.
+		return nil, badRequest{fmt.Sprintf("this session is bound to tenant %s; a run of tenant %s needs a login "+
+			"role bound to that tenant", tenant, t)}
 	}
-	conn, err := session.Conn(context.Background())
+	db, err := c.conn()
 	if err != nil {
 		return nil, err
 	}
@@ -269,12 +273,16 @@ func (o *Ops) createRun(c *opCtx, args map[string]any) (any, error) {
 	if input == nil {
 		input = map[string]any{}
 	}
+	sealed, err := o.rt.Seal.Seal(input)
+	if err != nil {
+		return nil, err
+	}
 	maxAttempts := int64(12)
 	done := record("create_run", ids{}, map[string]any{"task_id": taskID})
-	runID, err := o.rt.P.CreateRun(context.Background(), conn, tenant, taskID, input, int(num(args, "max_attempts", &maxAttempts)))
+	runID, err := o.rt.P.CreateRun(context.Background(), db, tenant, taskID, sealed, int(num(args, "max_attempts", &maxAttempts)))
 	done(err, ids{RunID: runID})
 	if err != nil {
-		return nil, session.Check(err)
+		return nil, c.session.Check(err)
 	}
 	return map[string]any{"run_id": runID, "task_id": taskID}, nil
 }
@@ -456,9 +464,89 @@ func (o *Ops) cancel(c *opCtx, args map[string]any) (any, error) {
 	}
 	runID := uuidArg(args, "run_id")
 	done := record("cancel", ids{RunID: runID}, nil)
-	out, err := o.rt.P.Cancel(context.Background(), db, runID, optStr(args, "reason", "cancelled"))
+	out, err := o.rt.P.Cancel(context.Background(), db, runID, optStr(args, "reason", "cancelled"), optPtr(args, "ticket"))
 	done(err, ids{})
+	countDecision("cancel", err)
 	return out, c.session.Check(err)
+}
+
+// resolveInDoubt is taken in steps: the run's row lock, the point
+// after_operator_lock (a racing takeover waits meanwhile), the decision.
+func (o *Ops) resolveInDoubt(c *opCtx, args map[string]any) (any, error) {
+	db, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	runID, opID := uuidArg(args, "run_id"), str(args, "operation_id")
+	done := record("resolve_indoubt", ids{RunID: runID, OperationID: opID}, nil)
+	out, err := o.rt.P.Resolve(context.Background(), db, runID, opID, str(args, "decision"), optPtr(args, "remote_id"),
+		str(args, "reason"), optPtr(args, "ticket"), func() {
+			injection.Point("after_operator_lock", runID, nil, nil, opID)
+		})
+	done(err, ids{})
+	countDecision("resolve", err)
+	return out, c.session.Check(err)
+}
+
+func (o *Ops) decide(c *opCtx, args map[string]any) (any, error) {
+	db, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	runID, decision := uuidArg(args, "run_id"), str(args, "decision")
+	var supplement []byte
+	if s, ok := args["supplement"].(map[string]any); ok {
+		sealed, err := o.rt.Seal.Seal(s)
+		if err != nil {
+			return nil, err
+		}
+		if supplement, err = protocol.Canonical(sealed); err != nil {
+			return nil, err
+		}
+	}
+	done := record("decide", ids{RunID: runID}, map[string]any{"decision": decision})
+	out, err := o.rt.P.Decide(context.Background(), db, runID, decision, supplement, str(args, "reason"), optPtr(args, "ticket"))
+	done(err, ids{})
+	countDecision(decision, err)
+	return out, c.session.Check(err)
+}
+
+func (o *Ops) convergeOperation(c *opCtx, args map[string]any) (any, error) {
+	db, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	opID := str(args, "operation_id")
+	done := record("converge_operation", ids{OperationID: opID}, nil)
+	out, err := o.rt.P.ConvergeOperation(context.Background(), db, opID, str(args, "outcome"), optPtr(args, "remote_id"),
+		str(args, "reason"), optPtr(args, "ticket"))
+	done(err, ids{})
+	countDecision("converge", err)
+	return out, c.session.Check(err)
+}
+
+func (o *Ops) listPaused(c *opCtx, args map[string]any) (any, error) {
+	db, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	runs, err := o.rt.P.Paused(context.Background(), db)
+	return map[string]any{"runs": runs}, c.session.Check(err)
+}
+
+func (o *Ops) operatorActions(c *opCtx, args map[string]any) (any, error) {
+	db, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	actions, err := o.rt.P.Actions(context.Background(), db, uuidArg(args, "run_id"))
+	return map[string]any{"actions": actions}, c.session.Check(err)
+}
+
+func countDecision(action string, err error) {
+	if err == nil {
+		metrics.Inc(metrics.OperatorActions, action)
+	}
 }
 
 func (o *Ops) complete(c *opCtx, args map[string]any) (any, error) {

@@ -3,31 +3,38 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 
 	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/metrics"
 	"fencecheck/goworker/internal/protocol"
 )
 
 // Exit codes of run mode (worker contract section 1).
 const (
-	ExitOK        = 0
-	ExitError     = 1
-	ExitCancelled = 10
-	ExitInDoubt   = 11
-	ExitSchema    = 12
+	ExitOK         = 0
+	ExitError      = 1
+	ExitCancelled  = 10
+	ExitInDoubt    = 11
+	ExitSchema     = 12
+	ExitDurability = 13
 )
 
 var errFinished = errors.New("execution finished")
 
 // Run is the autonomous loop: claim, execute under a heartbeat, repeat.
-// Invariants: "not acquired" is never a task failure; an execution whose
-// heartbeat failed stops before its next step or side effect (its context
-// is cancelled, which also aborts a database call in flight); SIGTERM stops
-// claiming, lets the current short transaction finish, gives the lease back
-// and exits 0.
+// Invariants: it first logs the durability contract it works under and
+// refuses to start (13) below the required mode; "not acquired" is never a
+// task failure; an execution whose heartbeat failed stops before its next
+// step or side effect (its context is cancelled, which also aborts a
+// database call in flight); SIGTERM stops claiming, lets the current short
+// transaction finish, gives the lease back and exits 0.
 func Run(rt *Runtime, runID string, once, exitWhenIdle bool, stop *atomic.Bool) int {
+	if code := durabilityOK(rt); code != ExitOK {
+		return code
+	}
 	for !stop.Load() {
 		claim, why, err := acquire(rt, runID)
 		if err != nil {
@@ -54,6 +61,33 @@ func Run(rt *Runtime, runID string, once, exitWhenIdle bool, stop *atomic.Bool) 
 	return ExitOK
 }
 
+// durabilityOK logs what an acknowledged commit is worth here (English seed
+// section 10); ExitDurability when that is below the required mode.
+func durabilityOK(rt *Runtime) int {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := rt.Main.Conn(ctx)
+	if err != nil {
+		logLine(nil, "durability contract unreadable: %v", err)
+		return ExitError
+	}
+	contract, err := rt.P.Durability(ctx, conn)
+	if err != nil {
+		rt.Main.Check(err)
+		logLine(nil, "durability contract unreadable: %v", err)
+		return ExitError
+	}
+	mode, required := contract["mode"].(string), rt.S.RequireDurability
+	fields := map[string]any{"mode": mode, "required": required, "guarantee": contract["guarantee"],
+		"settings": contract["settings"]}
+	if required != "" && DurabilityRank[mode] < DurabilityRank[required] {
+		logLine(fields, "durability contract below the required mode: nothing claimed")
+		return ExitDurability
+	}
+	logLine(fields, "durability contract")
+	return ExitOK
+}
+
 func acquire(rt *Runtime, runID string) (*protocol.Claim, string, error) {
 	ctx := context.Background()
 	conn, err := rt.Main.Conn(ctx)
@@ -75,12 +109,15 @@ func acquire(rt *Runtime, runID string) (*protocol.Claim, string, error) {
 	if err == nil && claim == nil {
 		err = &protocol.Error{Class: "NotClaimable", Reason: why, Msg: "not claimable: " + why}
 		done(err, ids{})
+		countAcquire(why)
 		return nil, why, nil
 	}
 	if err != nil {
 		done(err, ids{})
+		metrics.Inc(metrics.LeaseAcquire, "db_error")
 		return nil, why, err
 	}
+	metrics.Inc(metrics.LeaseAcquire, "success")
 	done(nil, ids{RunID: claim.RunID, Epoch: i64(claim.Epoch), Revision: i64(claim.Revision)})
 	return claim, why, nil
 }
@@ -116,7 +153,8 @@ func execute(rt *Runtime, claim *protocol.Claim, stop *atomic.Bool) int {
 		release(rt, lease)
 		return ExitSchema
 	case errors.Is(err, protocol.ErrCommitInconsistent):
-		logf(lease, "ALERT: commit read-back inconsistent; run must be frozen: %v", err)
+		logf(lease, "ALERT: commit read-back inconsistent; freezing the run in doubt: %v", err)
+		freezeInconsistent(rt, lease, err)
 		return ExitInDoubt
 	case cancelled:
 		logf(lease, "execution stopped after cancellation: %v", err)
@@ -124,6 +162,51 @@ func execute(rt *Runtime, claim *protocol.Claim, stop *atomic.Bool) int {
 	}
 	logf(lease, "execution failed: %v", err)
 	return ExitError
+}
+
+// countAcquire counts a claim that granted nothing, by why.
+func countAcquire(why string) {
+	outcome := map[string]string{"none": "busy", "held": "busy", "not_due": "busy", "expired": "busy"}[why]
+	if outcome == "" {
+		outcome = why // missing, terminal, paused
+	}
+	if why == "held" {
+		metrics.Inc(metrics.ClaimConflicts)
+	}
+	metrics.Inc(metrics.LeaseAcquire, outcome)
+}
+
+// freezeInconsistent is rule 9 with one of the two rows present: the run is
+// frozen (paused in doubt, the evidence in its agent.commit_inconsistent
+// event) so no worker claims it until a person looked; only while the lease
+// is still ours, otherwise the successor's own read of the run decides.
+func freezeInconsistent(rt *Runtime, lease protocol.Lease, cause error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := rt.Main.Conn(ctx)
+	if err != nil {
+		logf(lease, "ALERT: could not freeze the run: %v", err)
+		return
+	}
+	st, err := rt.P.RunState(ctx, conn, lease.RunID)
+	if err != nil || st.Owner == nil || *st.Owner != lease.Owner || st.Epoch != lease.Epoch {
+		logf(lease, "not freezing: the lease is no longer ours (%v)", err)
+		return
+	}
+	state := map[string]any{}
+	if raw, err := rt.P.LatestState(ctx, conn, lease.RunID); err == nil && raw != nil {
+		state = raw
+	}
+	evidence := map[string]any{"reason": "commit_inconsistent", "detail": cause.Error()}
+	_, err = rt.Writer.Write(ctx, &protocol.Write{Lease: lease, ExpectedRevision: st.Revision, Transition: "freeze",
+		State: state, SchemaVersion: protocol.CurrentSchemaVersion, EventType: "agent.commit_inconsistent",
+		Payload: map[string]any{"run_id": lease.RunID, "epoch": lease.Epoch, "reason": "commit_inconsistent",
+			"detail": cause.Error()}, Step: st.CurrentStep})
+	if err != nil {
+		logf(lease, "ALERT: could not freeze the run: %v", err)
+		return
+	}
+	metrics.Inc(metrics.RunsPaused, "paused_indoubt", fmt.Sprint(evidence["reason"]))
 }
 
 func release(rt *Runtime, lease protocol.Lease) {

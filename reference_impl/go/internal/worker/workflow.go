@@ -9,8 +9,12 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/metrics"
 	"fencecheck/goworker/internal/protocol"
+	"fencecheck/goworker/internal/sealing"
 )
 
 // The built-in agent workflow, a refund, so experiments have real work:
@@ -23,23 +27,29 @@ import (
 // operation_id. Invariants: the execution context is checked before every
 // step and every side effect; a lost lease ends the execution with no
 // further write; a tool outcome nothing automatic can learn freezes the run
-// in doubt. Run input (optional): tool, extra_steps, step_delay_ms,
-// order_id, amount.
+// in doubt; a permanent error (the tool refused for good, the attempt
+// budget is spent) pauses the run for a human; a step's effect is planned
+// again, under the next effect_version, only when every earlier version is
+// definitely without effect, with the request as it is now (an operator's
+// supplement changes it). Run input (optional): tool, extra_steps,
+// step_delay_ms, order_id, amount; sensitive fields travel sealed.
 
 var errDraining = errors.New("draining: SIGTERM")
 
 // Execution runs one run under one lease until it ends, freezes or loses it.
 type Execution struct {
-	rt       *Runtime
-	lease    protocol.Lease
-	ctx      context.Context
-	revision int64
-	input    map[string]any
-	draining *atomic.Bool
+	rt                 *Runtime
+	lease              protocol.Lease
+	ctx                context.Context
+	revision           int64
+	input              map[string]any
+	attempts, maxTries int32 // the run's attempt_count and max_attempts
+	draining           *atomic.Bool
 }
 
 var opNames = map[string]string{"start": "start", "checkpoint": "save_checkpoint", "intent": "register_intent",
-	"tool_result": "tool_result", "succeed": "complete", "fail": "fail", "freeze": "freeze", "requeue": "requeue"}
+	"tool_result": "tool_result", "succeed": "complete", "fail": "fail", "freeze": "freeze", "requeue": "requeue",
+	"pause_human": "pause_human"}
 
 func asInt(v any) int {
 	switch x := v.(type) {
@@ -68,8 +78,14 @@ func initialState(input map[string]any) map[string]any {
 	if !ok {
 		amount = 10
 	}
+	data := map[string]any{"order_id": orderID, "amount": amount}
+	for k := range sealing.Sensitive { // as stored: sealed
+		if v, ok := input[k]; ok {
+			data[k] = v
+		}
+	}
 	return map[string]any{"workflow": "refund", "plan": plan, "cursor": 0,
-		"data": map[string]any{"order_id": orderID, "amount": amount}, "results": map[string]any{}, "pending": nil}
+		"data": data, "results": map[string]any{}, "pending": nil}
 }
 
 func copyMap(m any) map[string]any {
@@ -92,10 +108,18 @@ func (x *Execution) Run() (string, error) {
 	if err != nil {
 		return "", x.rt.Main.Check(err)
 	}
-	x.revision, x.input = st.Revision, st.Input
+	x.revision, x.input, x.attempts, x.maxTries = st.Revision, st.Input, st.Attempts, st.MaxAttempts
 	ck, err := x.rt.P.ReadCheckpoint(x.ctx, conn, x.lease.RunID)
 	if err != nil {
+		if errors.Is(err, protocol.ErrSchemaVersionUnknown) || errors.Is(err, protocol.ErrCheckpointCorrupt) {
+			metrics.Inc(metrics.Migrations, "refused")
+			metrics.Inc(metrics.MigrationFailures)
+		}
 		return "", x.rt.Main.Check(err)
+	}
+	if ck != nil && ck.MigratedFrom != 0 {
+		metrics.Inc(metrics.Migrations, "migrated")
+		logf(x.lease, "checkpoint migrated from schema version %d to %d", ck.MigratedFrom, protocol.CurrentSchemaVersion)
 	}
 	var state map[string]any
 	if ck == nil {
@@ -187,9 +211,12 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 	if toolName == "" {
 		toolName = "idem"
 	}
-	request := copyMap(state["data"])
-	request["kind"] = "return_label"
-	opID := rt.P.OperationID(rt.S.Tenant, x.lease.RunID, step, 1)
+	request := rt.P.Request(state, x.input)
+	version, err := x.effectVersion(step)
+	if err != nil {
+		return "", err
+	}
+	opID := rt.P.OperationID(rt.S.Tenant, x.lease.RunID, step, version)
 	for i := 0; i < 10000; i++ {
 		if x.ctx.Err() != nil {
 			return "", protocol.Cancelled(x.ctx)
@@ -207,13 +234,21 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 			if err != nil {
 				return "", err
 			}
-			digest, err := protocol.RequestDigest(request)
+			retention, err := rt.Tools.RetentionMS(toolName)
+			if err != nil {
+				return "", err
+			}
+			opened, err := rt.Seal.Open(request) // the digest is over what the tool receives
+			if err != nil {
+				return "", err
+			}
+			digest, err := protocol.RequestDigest(opened)
 			if err != nil {
 				return "", err
 			}
 			state["pending"] = map[string]any{"operation_id": opID, "tool": toolName, "step": step}
-			effect := &protocol.Effect{OperationID: opID, StepID: step, EffectVersion: 1, Tool: toolName,
-				Capability: capability, Digest: digest, Request: request}
+			effect := &protocol.Effect{OperationID: opID, StepID: step, EffectVersion: version, Tool: toolName,
+				Capability: capability, Digest: digest, Request: request, RetentionMS: retention}
 			if _, err := x.write("intent", state, step, "agent.tool_intent", effect, nil, opID); err != nil {
 				return "", err
 			}
@@ -244,8 +279,13 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 			if change == nil || change.To == "unknown" {
 				return x.freeze(state, step, opID, nil, map[string]any{"reason": "unresolved"})
 			}
-		case "succeeded", "failed_final":
+		case "succeeded":
 			return x.finishTool(state, step, opID, row.Status, &protocol.Effect{Mode: "adopt", RemoteID: row.RemoteID})
+		case "failed_final":
+			// Definitely not executed (refused, or found not executed): the
+			// effect is planned again as the next version on the next pass.
+			version++
+			opID = rt.P.OperationID(rt.S.Tenant, x.lease.RunID, step, version)
 		default: // cancelled: the run was cancelled under us
 			return "", &protocol.Error{Class: "LeaseLost", Reason: "cancelled", Msg: "operation " + opID + " is " + row.Status}
 		}
@@ -268,7 +308,7 @@ func (x *Execution) dispatchOwn(state map[string]any, step, opID string) (string
 	if op == nil {
 		return "", false, x.sleep(100 * time.Millisecond) // claimed by someone else, or forbidden
 	}
-	a, err := rt.Disp.Send(x.ctx, op, x.lease.Epoch)
+	a, err := rt.Disp.Send(x.ctx, op, op.RunEpoch)
 	if err != nil {
 		return "", true, err
 	}
@@ -285,15 +325,70 @@ func (x *Execution) dispatchOwn(state map[string]any, step, opID string) (string
 		}
 		return status, true, err
 	}
-	if _, err := rt.P.SettleWithoutResult(x.ctx, c, op, rt.S.Owner(), a); err != nil {
+	to, err := rt.P.SettleWithoutResult(x.ctx, c, op, rt.S.Owner(), a)
+	if err != nil {
 		return "", true, rt.Main.Check(err)
 	}
+	if to == "unknown" {
+		metrics.Inc(metrics.ToolUnknown)
+		metrics.Inc(metrics.ToolUnknownResult)
+	}
 	if a.Kind == "rejected_retryable" {
-		_, err := x.writeWith("requeue", state, step, "agent.requeued", nil,
-			map[string]any{"reason": "tool_rejected_retryable"}, "", 200)
-		return "queued", true, err
+		status, err := x.requeue(state, step, "tool_rejected_retryable")
+		return status, true, err
 	}
 	return "", false, nil // unknown: the loop reconciles it
+}
+
+// effectVersion is the step's current effect version: the newest one in the
+// ledger (1 when none yet).
+func (x *Execution) effectVersion(step string) (int, error) {
+	c, err := x.rt.Main.Conn(x.ctx)
+	if err != nil {
+		return 0, err
+	}
+	var version int
+	err = c.QueryRow(x.ctx, x.rt.P.SQL.StepVersions, x.lease.RunID, step).Scan(&version, new(string))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 1, nil
+	}
+	return version, x.rt.Main.Check(err)
+}
+
+// requeue goes back to the queue after a transient error, with exponential
+// backoff and jitter (Protocol.Backoff); a spent attempt budget is a
+// permanent error: paused for a human instead (Chinese seed section 10).
+func (x *Execution) requeue(state map[string]any, step, reason string) (string, error) {
+	if x.rt.P.BudgetSpent(x.attempts, x.maxTries) {
+		return x.pause(state, step, map[string]any{"reason": "attempts_exhausted", "after": reason})
+	}
+	delay := x.rt.P.Backoff(x.lease.RunID, int(x.attempts))
+	out, err := x.writeWith("requeue", state, step, "agent.requeued", nil,
+		map[string]any{"reason": reason, "attempt": x.attempts, "backoff_ms": delay}, "", delay)
+	if err != nil {
+		return "", err
+	}
+	return out.Status, nil
+}
+
+// pause pauses the run for a human: approve, supplement or terminate
+// (Chinese seed sections 3.1, 10; the operator's decide).
+func (x *Execution) pause(state map[string]any, step string, payload map[string]any) (string, error) {
+	return x.end("pause_human", state, step, payload)
+}
+
+// end is a protected write that gives the lease up (pause_human, fail);
+// the status the run is left in.
+func (x *Execution) end(transition string, state map[string]any, step string, payload map[string]any) (string, error) {
+	event := map[string]string{"pause_human": "agent.paused_human", "fail": "agent.failed"}[transition]
+	out, err := x.write(transition, state, step, event, nil, payload, "")
+	if err != nil {
+		return "", err
+	}
+	if out.Status == "paused_human" {
+		metrics.Inc(metrics.RunsPaused, out.Status, fmt.Sprint(payload["reason"]))
+	}
+	return out.Status, nil
 }
 
 func (x *Execution) finishTool(state map[string]any, step, opID, outcome string, effect *protocol.Effect) (string, error) {
@@ -301,7 +396,13 @@ func (x *Execution) finishTool(state map[string]any, step, opID, outcome string,
 	results := copyMap(state["results"])
 	results[step] = map[string]any{"operation_id": opID, "outcome": outcome, "remote_id": effect.RemoteID}
 	next := copyMap(state)
-	next["results"], next["pending"], next["cursor"] = results, nil, asInt(state["cursor"])+1
+	// A refused effect does not complete the step: it is planned again (the
+	// next version) once a person approved or supplemented it.
+	cursor := asInt(state["cursor"])
+	if outcome == "succeeded" {
+		cursor++
+	}
+	next["results"], next["pending"], next["cursor"] = results, nil, cursor
 	if _, err := x.write("tool_result", next, step, "agent.tool_result", effect, nil, opID); err != nil {
 		return "", err
 	}
@@ -312,11 +413,8 @@ func (x *Execution) finishTool(state map[string]any, step, opID, outcome string,
 		state[k] = v
 	}
 	if outcome == "failed_final" {
-		out, err := x.write("fail", next, step, "agent.failed", nil, map[string]any{"reason": "tool_failed_final"}, "")
-		if err != nil {
-			return "", err
-		}
-		return out.Status, nil
+		// A permanent error (Chinese seed section 10): a person decides.
+		return x.end(x.rt.P.OnRefusal, next, step, map[string]any{"reason": "tool_rejected"})
 	}
 	return "", nil
 }
@@ -332,6 +430,7 @@ func (x *Execution) freeze(state map[string]any, step, opID string, claim *proto
 	if err != nil {
 		return "", err
 	}
+	metrics.Inc(metrics.RunsPaused, "paused_indoubt", "tool_outcome_unknown")
 	return "paused_indoubt", nil
 }
 
@@ -355,14 +454,31 @@ func (x *Execution) writeWith(transition string, state map[string]any, step, eve
 		Effect: effect, EventID: protocol.NewUUID(), BackoffMS: backoffMS}
 	done := record(opNames[transition], ids{RunID: x.lease.RunID, Epoch: i64(x.lease.Epoch), Revision: i64(x.revision),
 		OperationID: opID, EventID: wr.EventID}, map[string]any{"step": step})
+	started := time.Now()
 	out, err := x.rt.Writer.Write(x.ctx, wr)
 	if err != nil {
 		done(err, ids{})
+		countRejected(err)
 		return nil, err
 	}
+	metrics.Observe(metrics.CommitLatency, time.Since(started).Seconds(), transition)
 	done(nil, ids{Revision: i64(out.Revision)})
 	x.revision = out.Revision
 	logf(x.lease, "%s committed: revision %d, status %s, event %s", transition, out.Revision, out.Status, wr.EventID)
 	injection.Point("after_checkpoint_commit", x.lease.RunID, &x.lease.Epoch, &out.Revision, opID)
 	return out, nil
+}
+
+// countRejected counts a protected write the database (or the lease check
+// before it) refused, by reason.
+func countRejected(err error) {
+	reason := map[string]string{"LeaseLost": "lease", "FenceGuard": "lease", "RevisionConflict": "revision",
+		"StateConflict": "state", "LedgerConflict": "ledger", "IntentConflict": "ledger"}[protocol.ClassOf(err)]
+	if reason == "" {
+		return
+	}
+	metrics.Inc(metrics.WriteRejected, reason)
+	if reason == "lease" {
+		metrics.Inc(metrics.StaleFence)
+	}
 }
