@@ -476,3 +476,21 @@ def test_write_path_not_judged_without_a_declaration() -> None:
     ev.write_paths = {}
     (result,) = [r for r in check(ev) if r.name == "harness.write_path_as_asked"]
     assert result.ok and result.checked == 0 and "not judged" in result.observed
+
+
+def test_back_to_prepared_after_nothing_reached_the_tool() -> None:
+    """A refused connection: no request of the claim ever arrived, so going back
+    to prepared undid nothing; a request of that claim that did arrive (acted)
+    still breaks it, also when it arrived after the return to prepared."""
+    s = clean_story()
+    back_to_prepared(s)
+    ev = evidence(s)
+    ev.tool["requests"] = []
+    assert "effect.claim_back_to_prepared_only_after_a_proven_rejection" not in broken_by(ev)
+    ev.tool["requests"] = [request(1, 0.35, outcome="rejected_429")]
+    assert "effect.claim_back_to_prepared_only_after_a_proven_rejection" not in broken_by(ev)
+    ev.tool["requests"] = [request(1, 0.95)]
+    (row,) = broken_by(ev)["effect.claim_back_to_prepared_only_after_a_proven_rejection"]
+    assert row["requests_of_the_claim"] == [(1, "created")]
+    ev.tool["requests"] = [request(1, 0.35, outcome="rejected_429"), request(2, 0.36)]
+    assert "effect.claim_back_to_prepared_only_after_a_proven_rejection" in broken_by(ev)
