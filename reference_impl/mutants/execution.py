@@ -7,6 +7,8 @@ import logging
 import uuid
 from typing import Any
 
+import psycopg
+
 from harness import injection
 from reference_impl import checkpoint_schema
 from reference_impl.db import Conn
@@ -32,6 +34,30 @@ class NonCancellingHeartbeat(Heartbeat):
             epoch=self.lease.epoch,
             outcome=outcome,
         )
+
+
+class ServerBoundedHeartbeat(Heartbeat):
+    """Waits for each renewal's answer on its own thread, however long it takes."""
+
+    def renew_once(self) -> str:
+        # MUTANT: no client-side bound. Only the server's statement_timeout
+        # limits the call, and it never fires for a renewal the server never
+        # received (a black-holed link), one waiting for a synchronous standby,
+        # or one whose answer is merely late: the renewal stays "in progress"
+        # (or succeeds late) instead of unconfirmed within the heartbeat timeout.
+        lease = self.lease
+        injection.record("invoke", "renew", run_id=lease.run_id, epoch=lease.epoch)
+        try:
+            renewal = self.leases.renew(self._session.conn, lease, self.ttl_ms)
+        except psycopg.Error as exc:
+            self._session.discard()
+            injection.record("info", "renew", run_id=lease.run_id, epoch=lease.epoch, error=exc)
+            return "unknown"
+        if renewal.ok:
+            injection.record("ok", "renew", run_id=lease.run_id, epoch=lease.epoch)
+            return "renewed"
+        injection.record("fail", "renew", run_id=lease.run_id, epoch=lease.epoch, error="LeaseLost")
+        return str(renewal.outcome)
 
 
 class NonDedupConsumer(Consumer):
@@ -108,6 +134,16 @@ MUTANTS = (
         "an unconfirmed renewal is logged but does not cancel the execution: the "
         "worker goes on and starts new side effects without a lease it can prove",
         Component("heartbeat_cls", NonCancellingHeartbeat),
+    ),
+    Mutant(
+        "renewal_without_client_timeout",
+        8,
+        ("S",),
+        "the heartbeat waits for each renewal's answer however long it takes (only the "
+        "server's statement_timeout bounds it): a black-holed link, a renewal waiting for a "
+        "synchronous standby or an answer slower than the heartbeat timeout never cancels "
+        "the execution in time, and a late answer keeps the lease alive",
+        Component("heartbeat_cls", ServerBoundedHeartbeat),
     ),
     Mutant(
         "consumer_without_dedup",
