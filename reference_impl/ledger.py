@@ -256,11 +256,12 @@ def _checked(row: dict[str, Any] | None, op_id: str) -> str:
     return str(row["status"])
 
 
-def outcome_committed(op: Operation) -> None:
-    """Point ``after_dispatch_outcome_commit``: a dispatcher's ledger-only outcome
-    (unknown; back to prepared after a proven refusal; the result of a dispatcher
-    that does not hold the run's lease) is committed, the run not moved yet."""
-    injection.point("after_dispatch_outcome_commit", run_id=op.run_id, operation_id=op.operation_id)
+def outcome_committed(run_id: object, operation_id: str) -> None:
+    """Point ``after_dispatch_outcome_commit``: a ledger-only outcome (unknown;
+    back to prepared after a proven refusal; the result of a dispatcher that
+    does not hold the run's lease; the reconciler's convergence) is committed,
+    the run not moved yet."""
+    injection.point("after_dispatch_outcome_commit", run_id=run_id, operation_id=operation_id)
 
 
 class Dispatcher:
@@ -333,7 +334,7 @@ class Dispatcher:
             status = self.ledger.return_rejected(conn, op, self.owner, answer.error or {})
         else:
             status = self.on_unknown(conn, op, answer)
-        outcome_committed(op)
+        outcome_committed(op.run_id, op.operation_id)
         return status
 
     def on_unknown(self, conn: Conn, op: Operation, answer: Answer) -> str:
@@ -356,7 +357,7 @@ class Dispatcher:
         answer = self.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.owner, answer)
-            outcome_committed(op)
+            outcome_committed(op.run_id, op.operation_id)
         else:
             status = self.settle_without_result(conn, op, answer)
         return {"operation_id": op.operation_id, "status": status, "remote_id": answer.remote_id}
@@ -415,6 +416,7 @@ class Reconciler:
                 {"resource_id": found.resource_id, "resource_ids": list(found.resource_ids)},
                 {"source": "query", "count": len(found.resource_ids)},
             )
+            outcome_committed(row["run_id"], op_id)
             return {"operation_id": op_id, "from": "unknown", "to": status}
         # Not found is no proof of "not executed": a dispatcher whose claim
         # expired may still be about to send (experiment E[stale_dispatcher]
@@ -439,7 +441,7 @@ class Reconciler:
         answer = self.dispatcher.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.dispatcher.owner, answer)
-            outcome_committed(op)
+            outcome_committed(op.run_id, op.operation_id)
         else:
             status = self.dispatcher.settle_without_result(conn, op, answer)
         return {"operation_id": op.operation_id, "from": "unknown", "to": status}

@@ -15,7 +15,7 @@ from reference_impl.db import Conn
 from reference_impl.heartbeat import Heartbeat
 from reference_impl.logs import log
 from reference_impl.mutants.base import Component, Method, Mutant
-from reference_impl.outbox import Consumer, Relay, _payload, _run_of
+from reference_impl.outbox import Consumer, Relay, _payload
 from reference_impl.protocol import Protocol
 
 _log = logging.getLogger("reference_impl.mutants")
@@ -60,21 +60,30 @@ class ServerBoundedHeartbeat(Heartbeat):
         return str(renewal.outcome)
 
 
+class AckFirstConsumer(Consumer):
+    """Commits an event's dedup row (its "ack") before the business effect."""
+
+    def process(self, conn: Conn, consumer: str, msg: dict[str, Any]) -> bool:
+        # MUTANT: two transactions. A crash between them leaves the event marked
+        # processed without its effect, and every later delivery is skipped as a
+        # duplicate: the effect is lost (at most once instead of exactly once).
+        event_id = uuid.UUID(str(msg["event_id"]))
+        with conn.transaction():
+            if not self.first_delivery(conn, consumer, event_id):
+                return False
+        injection.point("after_consumer_dedup_commit", operation_id=event_id)
+        with conn.transaction():
+            self.apply_effect(conn, consumer, msg)
+        return True
+
+
 class NonDedupConsumer(Consumer):
     """Applies every delivery's business effect."""
 
     def process(self, conn: Conn, consumer: str, msg: dict[str, Any]) -> bool:
         # MUTANT: no dedup row is written or consulted.
-        event_id = uuid.UUID(str(msg["event_id"]))
         with conn.transaction():
-            conn.execute(
-                self.q.sql("consume_effect"),
-                {
-                    "consumer": consumer,
-                    "event_id": event_id,
-                    "effect": f"{msg.get('topic')}:{_run_of(msg)}",
-                },
-            )
+            self.apply_effect(conn, consumer, msg)
         return True
 
 
@@ -144,6 +153,15 @@ MUTANTS = (
         "synchronous standby or an answer slower than the heartbeat timeout never cancels "
         "the execution in time, and a late answer keeps the lease alive",
         Component("heartbeat_cls", ServerBoundedHeartbeat),
+    ),
+    Mutant(
+        "consumer_ack_before_effect",
+        10,
+        ("T",),
+        "the outbox consumer commits an event's dedup row (its ack) in one transaction and "
+        "the business effect in a second: a crash between the two loses the effect for good, "
+        "every later delivery being skipped as a duplicate",
+        Component("consumer_cls", AckFirstConsumer),
     ),
     Mutant(
         "consumer_without_dedup",
