@@ -155,9 +155,11 @@ def run(ctx: ExperimentContext) -> None:
     code = finish(ctx, _run_worker(ctx, "W", run_id), 30)
     ctx.command(f"successor W exit {code}")
     crashed += _crash_ops(ctx, b, "relay", "R1", {})
-    ctx.ok(ctx.env.start_worker("R", "ops"), "relay")
+    # One ops process relays and then consumes (one process start less).
+    successor = ctx.env.start_worker("R", "ops")
+    ctx.ok(successor, "relay")
     crashed += _crash_ops(ctx, b, "consume", "K1", {"consumer": CONSUMER})
-    ctx.ok(ctx.env.start_worker("K", "ops"), "consume", consumer=CONSUMER)
+    ctx.ok(successor, "consume", consumer=CONSUMER)
     _confirm(ctx, b, run_id, crashed)
     _judge(ctx, run_id)
 

@@ -77,6 +77,33 @@ class AckFirstConsumer(Consumer):
         return True
 
 
+class ReadAckConsumer(Consumer):
+    """Acknowledges a whole batch on receipt (auto-commit), then applies it."""
+
+    def cycle(self, conn: Conn, consumer: str) -> dict[str, int]:
+        # MUTANT: every message read is marked processed (its dedup row) in one
+        # transaction before any effect is applied, like offsets auto-committed
+        # on read: a crash before the effects loses them all for good.
+        messages = [
+            m
+            for m in self.tools.broker.broker_messages(0)
+            if not isinstance(m.get("payload"), dict)
+            or m["payload"].get("tenant_id") in (None, self.tenant)
+        ]
+        with conn.transaction():
+            fresh = [
+                m
+                for m in messages
+                if self.first_delivery(conn, consumer, uuid.UUID(str(m["event_id"])))
+            ]
+        if messages:
+            injection.point("after_consumer_read", operation_id=messages[0].get("event_id"))
+        for msg in fresh:
+            with conn.transaction():
+                self.apply_effect(conn, consumer, msg)
+        return {"consumed": len(fresh), "duplicates": len(messages) - len(fresh)}
+
+
 class NonDedupConsumer(Consumer):
     """Applies every delivery's business effect."""
 
@@ -162,6 +189,15 @@ MUTANTS = (
         "the business effect in a second: a crash between the two loses the effect for good, "
         "every later delivery being skipped as a duplicate",
         Component("consumer_cls", AckFirstConsumer),
+    ),
+    Mutant(
+        "consumer_acks_on_read",
+        10,
+        ("T",),
+        "the outbox consumer marks every message it reads processed (its dedup rows) in one "
+        "transaction before applying any effect, like offsets auto-committed on read: a "
+        "crash before the effects loses them, later deliveries being skipped as duplicates",
+        Component("consumer_cls", ReadAckConsumer),
     ),
     Mutant(
         "consumer_without_dedup",
