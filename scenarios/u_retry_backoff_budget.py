@@ -3,8 +3,8 @@ attempt budget ends in a pause for a person, never in a loop.
 
 The tool answers every create with 429 (proof it did not act, "retry
 later"). Two runs of the same tenant are worked by one ``run``-mode worker.
-The harness watches both rows in the database (as superuser) while they
-are requeued: each requeue stores ``next_attempt_at``; nothing may claim
+The harness reads every requeue of both rows from its audit trail (as
+superuser): each requeue stores ``next_attempt_at``; nothing may claim
 the run before it; the delay grows from attempt to attempt; the two runs'
 delays differ (jitter); after ``max_attempts`` attempts the run is paused
 for a human and the tool hears no more of it.
@@ -79,42 +79,42 @@ def run(ctx: ExperimentContext) -> None:
 
 
 def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[tuple[float, Any]]]:
-    """Poll both rows until both are paused for a human: every distinct
-    (revision, next_attempt_at) while queued, as (delay ms, next_attempt_at)."""
-    seen: dict[str, list[tuple[float, Any]]] = {r: [] for r in runs}
-    revisions: dict[str, set[int]] = {r: set() for r in runs}
-
-    def poll() -> bool:
-        rows = ctx.env.query(
-            "SELECT run_id::text AS run_id, status, revision, next_attempt_at,"
-            " extract(epoch FROM next_attempt_at - updated_at) * 1000 AS delay_ms"
-            " FROM agent_runs WHERE run_id::text = ANY(%s)",
-            [runs],
-        )
-        for row in rows:
-            rid = row["run_id"]
-            # revision 0 is the run as created; every later queued revision is a requeue
-            if (
-                row["status"] == "queued"
-                and row["revision"]
-                and row["revision"] not in revisions[rid]
-            ):
-                revisions[rid].add(row["revision"])
-                seen[rid].append((float(row["delay_ms"]), row["next_attempt_at"]))
-        return all(row["status"] == "paused_human" for row in rows)
-
+    """Wait until both rows are paused for a human; then every requeue of each,
+    as (delay ms, next_attempt_at), from the harness's audit trail: a change into
+    ``queued`` at a revision above 0 (a requeue), first one per revision. (The
+    trail, not polling: a requeue whose delay is shorter than one poll under
+    load would be missed and shift the pairing of requeues with grants.)"""
     started = time.monotonic()
     try:
         wait_for(
-            poll,
+            lambda: all(
+                row["status"] == "paused_human"
+                for row in ctx.env.query(
+                    "SELECT status FROM agent_runs WHERE run_id::text = ANY(%s)", [runs]
+                )
+            ),
             what="both runs to spend their attempts and pause for a human",
             timeout_s=12,
             interval_s=0.01,
-            max_interval_s=0.02,
+            max_interval_s=0.05,
         )
     except WaitTimeout:
         # Judged below from what the database shows: a budget that never ends is a fail.
         ctx.command("the runs did not both pause for a human within 12 s")
+    rows = ctx.sql(
+        "requeues (changes into queued after the first write), from the audit trail",
+        "SELECT DISTINCT ON (new->>'run_id', (new->>'revision')::bigint) seq, "
+        "new->>'run_id' AS run_id, (new->>'next_attempt_at')::timestamptz AS next_attempt_at, "
+        "extract(epoch FROM (new->>'next_attempt_at')::timestamptz "
+        "- (new->>'updated_at')::timestamptz) * 1000 AS delay_ms "
+        "FROM fencecheck_audit.changes WHERE tbl = 'agent_runs' AND op = 'UPDATE' "
+        "AND new->>'status' = 'queued' AND (new->>'revision')::bigint > 0 "
+        "AND new->>'run_id' = ANY(%s) ORDER BY new->>'run_id', (new->>'revision')::bigint, seq",
+        [runs],
+    )
+    seen: dict[str, list[tuple[float, Any]]] = {r: [] for r in runs}
+    for row in sorted(rows, key=lambda r: int(r["seq"])):
+        seen[str(row["run_id"])].append((float(row["delay_ms"]), row["next_attempt_at"]))
     ctx.command(f"watched the requeues for {time.monotonic() - started:.2f}s: {seen}")
     return seen
 
