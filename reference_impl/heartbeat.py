@@ -79,6 +79,9 @@ class Heartbeat:
             if outcome != "renewed":
                 self.on_unconfirmed(outcome)
                 return
+            # The renewal committed: the lease outlives this process by up to
+            # one lease duration, the execution has not gone on yet.
+            injection.point("after_renew_commit", run_id=self.lease.run_id, epoch=self.lease.epoch)
 
     def renew_once(self) -> str:
         """One bounded renewal: ``renewed``, a lease miss cause, or ``unknown``."""

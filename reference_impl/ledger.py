@@ -203,6 +203,8 @@ class Ledger:
         if rows:
             metrics.tool_operation_unknown_total.inc(len(rows))
             metrics.tool_unknown_result_total.inc(len(rows))
+            # Committed (autocommit): these claims are unknown now, none queried yet.
+            injection.point("after_claims_expired_commit", operation_id=rows[0]["operation_id"])
         return [
             {"operation_id": r["operation_id"], "from": r["from_status"], "to": r["to_status"]}
             for r in rows
@@ -252,6 +254,14 @@ def _checked(row: dict[str, Any] | None, op_id: str) -> str:
         why = row["outcome"] if row else "missing"
         raise e.LedgerConflict(f"ledger row {op_id} not changed: {why}", reason=str(why))
     return str(row["status"])
+
+
+def outcome_committed(run_id: object, operation_id: str) -> None:
+    """Point ``after_dispatch_outcome_commit``: a ledger-only outcome (unknown;
+    back to prepared after a proven refusal; the result of a dispatcher that
+    does not hold the run's lease; the reconciler's convergence) is committed,
+    the run not moved yet."""
+    injection.point("after_dispatch_outcome_commit", run_id=run_id, operation_id=operation_id)
 
 
 class Dispatcher:
@@ -321,8 +331,11 @@ class Dispatcher:
         a person.
         """
         if answer.kind == "rejected_retryable":
-            return self.ledger.return_rejected(conn, op, self.owner, answer.error or {})
-        return self.on_unknown(conn, op, answer)
+            status = self.ledger.return_rejected(conn, op, self.owner, answer.error or {})
+        else:
+            status = self.on_unknown(conn, op, answer)
+        outcome_committed(op.run_id, op.operation_id)
+        return status
 
     def on_unknown(self, conn: Conn, op: Operation, answer: Answer) -> str:
         """Rule 5: a timeout is unknown, never failed, never resent here."""
@@ -344,6 +357,7 @@ class Dispatcher:
         answer = self.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.owner, answer)
+            outcome_committed(op.run_id, op.operation_id)
         else:
             status = self.settle_without_result(conn, op, answer)
         return {"operation_id": op.operation_id, "status": status, "remote_id": answer.remote_id}
@@ -385,6 +399,8 @@ class Reconciler:
         except ToolError as exc:
             log(_log, logging.WARNING, "query failed", operation_id=op_id, error=repr(exc))
             return None
+        # The tool answered; what it said is not recorded anywhere yet.
+        injection.point("after_reconcile_query", run_id=row["run_id"], operation_id=op_id)
         if found is not None:
             # The remote resource must come from THIS request, not another
             # body sent under the same operation_id.
@@ -400,6 +416,7 @@ class Reconciler:
                 {"resource_id": found.resource_id, "resource_ids": list(found.resource_ids)},
                 {"source": "query", "count": len(found.resource_ids)},
             )
+            outcome_committed(row["run_id"], op_id)
             return {"operation_id": op_id, "from": "unknown", "to": status}
         # Not found is no proof of "not executed": a dispatcher whose claim
         # expired may still be about to send (experiment E[stale_dispatcher]
@@ -424,6 +441,7 @@ class Reconciler:
         answer = self.dispatcher.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.dispatcher.owner, answer)
+            outcome_committed(op.run_id, op.operation_id)
         else:
             status = self.dispatcher.settle_without_result(conn, op, answer)
         return {"operation_id": op.operation_id, "from": "unknown", "to": status}

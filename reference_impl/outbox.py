@@ -39,6 +39,9 @@ class Relay:
         acked: list[int] = []
         with conn.transaction():
             rows = conn.execute(self.q.sql("outbox_lock_batch"), {"limit": limit}).fetchall()
+            if rows:
+                # The batch is locked in this open transaction; nothing published.
+                injection.point("after_outbox_batch_locked", run_id=rows[0]["run_id"])
             try:
                 for row in rows:
                     self.tools.broker.publish(
@@ -54,6 +57,9 @@ class Relay:
                 log(_log, logging.WARNING, "publish failed", error=repr(exc))
             if acked:
                 conn.execute(self.q.sql("outbox_mark_published"), {"ids": acked})
+        if acked:
+            # Published and marked, committed: the next cycle starts from here.
+            injection.point("after_outbox_mark_commit", run_id=rows[0]["run_id"])
         return published
 
 
@@ -76,7 +82,11 @@ class Consumer:
     def cycle(self, conn: Conn, consumer: str) -> dict[str, int]:
         consumed = duplicates = 0
         after = self._after.get(consumer, 0)
-        for msg in self.tools.broker.broker_messages(after):
+        messages = self.tools.broker.broker_messages(after)
+        if messages:
+            # Delivered by the broker, nothing of them committed here yet.
+            injection.point("after_consumer_read", operation_id=messages[0].get("event_id"))
+        for msg in messages:
             after = max(after, int(msg.get("seq", after)))
             payload = msg.get("payload")
             if isinstance(payload, dict) and payload.get("tenant_id") not in (None, self.tenant):
@@ -92,20 +102,34 @@ class Consumer:
     def process(self, conn: Conn, consumer: str, msg: dict[str, Any]) -> bool:
         """Apply one message in its own transaction; False when already processed."""
         event_id = uuid.UUID(str(msg["event_id"]))
-        effect = f"{msg.get('topic')}:{_run_of(msg)}"
         with conn.transaction():
-            # ON CONFLICT DO NOTHING: a concurrent consumer of the same event
-            # makes this wait for its transaction, then returns no row.
-            first = conn.execute(
-                self.q.sql("consume_dedup"), {"consumer": consumer, "event_id": event_id}
-            ).fetchone()
-            if first is None:
+            if not self.first_delivery(conn, consumer, event_id):
                 return False
-            conn.execute(
-                self.q.sql("consume_effect"),
-                {"consumer": consumer, "event_id": event_id, "effect": effect},
-            )
+            self.apply_effect(conn, consumer, msg)
+        # The dedup row and the business effect committed together: the event
+        # counts as processed, whatever happens to this consumer next.
+        injection.point("after_consumer_dedup_commit", operation_id=event_id)
         return True
+
+    def first_delivery(self, conn: Conn, consumer: str, event_id: uuid.UUID) -> bool:
+        """Insert the event's dedup row; False when it was there already."""
+        # ON CONFLICT DO NOTHING: a concurrent consumer of the same event
+        # makes this wait for its transaction, then returns no row.
+        first = conn.execute(
+            self.q.sql("consume_dedup"), {"consumer": consumer, "event_id": event_id}
+        ).fetchone()
+        return first is not None
+
+    def apply_effect(self, conn: Conn, consumer: str, msg: dict[str, Any]) -> None:
+        """The business effect of one message (in the caller's transaction)."""
+        conn.execute(
+            self.q.sql("consume_effect"),
+            {
+                "consumer": consumer,
+                "event_id": uuid.UUID(str(msg["event_id"])),
+                "effect": f"{msg.get('topic')}:{_run_of(msg)}",
+            },
+        )
 
 
 def _run_of(msg: dict[str, Any]) -> str:

@@ -3,8 +3,8 @@ attempt budget ends in a pause for a person, never in a loop.
 
 The tool answers every create with 429 (proof it did not act, "retry
 later"). Two runs of the same tenant are worked by one ``run``-mode worker.
-The harness watches both rows in the database (as superuser) while they
-are requeued: each requeue stores ``next_attempt_at``; nothing may claim
+The harness reads every requeue of both rows from its audit trail (as
+superuser): each requeue stores ``next_attempt_at``; nothing may claim
 the run before it; the delay grows from attempt to attempt; the two runs'
 delays differ (jitter); after ``max_attempts`` attempts the run is paused
 for a human and the tool hears no more of it.

@@ -76,6 +76,12 @@ class ExperimentSpec:
     variant_waits: tuple[tuple[str, float], ...] = ()
     # Per-variant idempotency retention of the mock tool, e.g. (("retention_expired", 1.0),).
     tool_retention: tuple[tuple[str, float], ...] = ()
+    # Per-variant injection point and fault text where variants differ (the
+    # archive's fault_injection_point and injected_fault), and per-variant
+    # replication where only some variants need a standby.
+    variant_points: tuple[tuple[str, str], ...] = ()
+    variant_faults: tuple[tuple[str, str], ...] = ()
+    variant_replication: tuple[tuple[str, Literal["async", "sync"]], ...] = ()
     timeout_s: float = 60.0
     # The write path the workers are asked for (FENCECHECK_WRITE_PATH): the
     # production path unless the experiment needs an injection point inside
@@ -85,6 +91,26 @@ class ExperimentSpec:
 
     def natural_wait(self, variant: str | None) -> float:
         return dict(self.variant_waits).get(variant or "", self.natural_wait_s)
+
+    def injection_point_for(self, variant: str | None) -> str | None:
+        return dict(self.variant_points).get(variant or "", self.injection_point)
+
+    def fault_for(self, variant: str | None) -> str:
+        return dict(self.variant_faults).get(variant or "", self.fault)
+
+    def replication_for(self, variant: str | None) -> Literal["async", "sync"] | None:
+        """The replication a variant runs under: its own entry, else a variant
+        named ``sync...``/``async...`` under a replicated spec, else the spec's."""
+        own = dict(self.variant_replication).get(variant or "")
+        if own is not None:
+            return own
+        if self.replication is None:
+            return None
+        if variant and variant.startswith("sync"):
+            return "sync"
+        if variant and variant.startswith("async"):
+            return "async"
+        return self.replication
 
     @property
     def slug(self) -> str:

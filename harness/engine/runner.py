@@ -112,7 +112,7 @@ def run_job(
             heartbeat_ms=spec.heartbeat_ms,
             heartbeat_timeout_ms=spec.heartbeat_timeout_ms,
             dispatch_ttl_ms=spec.dispatch_ttl_ms,
-            replication=_replication_for(spec, job.variant),
+            replication=spec.replication_for(job.variant),
             tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
             log_dir=logs_dir,
             rng=rng,
@@ -232,16 +232,6 @@ def _interrupted_reason(why: str, ctx: ExperimentContext) -> str:
     return f"{why} while it ran ({done} check(s) recorded before the stop; none counts)"
 
 
-def _replication_for(spec: ExperimentSpec, variant: str | None) -> Any:
-    if spec.replication is None:
-        return None
-    if variant and variant.startswith("sync"):
-        return "sync"
-    if variant and variant.startswith("async"):
-        return "async"
-    return spec.replication
-
-
 def _archive(
     ctx: ExperimentContext,
     env: Environment,
@@ -298,8 +288,8 @@ def _archive(
         "tenant_id": env.tenant_id,
         "lease_duration": _ms(env.lease_ttl_ms),
         "heartbeat_interval": _ms(env.heartbeat_ms),
-        "fault_injection_point": spec.injection_point,
-        "injected_fault": spec.fault,
+        "fault_injection_point": spec.injection_point_for(job.variant),
+        "injected_fault": spec.fault_for(job.variant),
         "fencecheck_version": evidence.fencecheck_version(),
         "commands_executed": commands,
         "worker_logs_path": str(logs_dir),
@@ -379,7 +369,7 @@ def _minimal_archive(
     deployment: dict[str, Any] = {"kind": shared.backend.kind}
     with contextlib.suppress(Exception):  # the backend may be what failed
         deployment = shared.backend.deployment()
-    deployment["replication"] = _replication_for(spec, job.variant)
+    deployment["replication"] = spec.replication_for(job.variant)
     return {
         "archive_version": 1,
         "experiment_id": spec.id,
@@ -395,8 +385,8 @@ def _minimal_archive(
         "tenant_id": None,
         "lease_duration": _ms(spec.lease_ttl_ms),
         "heartbeat_interval": _ms(spec.heartbeat_ms),
-        "fault_injection_point": spec.injection_point,
-        "injected_fault": spec.fault,
+        "fault_injection_point": spec.injection_point_for(job.variant),
+        "injected_fault": spec.fault_for(job.variant),
         "fencecheck_version": evidence.fencecheck_version(),
         "commands_executed": [],
         "worker_logs_path": str(logs_dir),

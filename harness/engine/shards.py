@@ -112,7 +112,7 @@ def pick(
 def job_cost(job: Job) -> float:
     """Expected seconds of one experiment run (see the constants above)."""
     spec = job.spec
-    pair = REPLICATED_PAIR_S if spec.replication is not None else 0.0
+    pair = REPLICATED_PAIR_S if spec.replication_for(job.variant) is not None else 0.0
     return EXPERIMENT_SETUP_S + spec.natural_wait(job.variant) + pair
 
 

@@ -385,12 +385,21 @@ class Link:
         )
         return self._start("drop_responses", what, [toxic])
 
-    def reset(self, timeout_ms: int = 0) -> FaultRecord:
-        """TCP RST connections (reset_peer toxic) once data flows, after `timeout_ms`."""
+    def reset(self, timeout_ms: int = 0, direction: str = "upstream") -> FaultRecord:
+        """TCP RST connections (reset_peer toxic) once data flows in `direction`,
+        after `timeout_ms`: 'upstream' resets on the client's request (it never
+        reaches the server), 'downstream' on the server's answer (the server
+        got the request and acted; the client sees only the reset)."""
+        if direction not in ("upstream", "downstream"):
+            raise ValueError(f"direction must be upstream/downstream, not {direction!r}")
         toxic = Toxic(
-            f"{_TOXIC_PREFIX}reset_peer", "reset_peer", "upstream", 1.0, {"timeout": timeout_ms}
+            f"{_TOXIC_PREFIX}reset_peer_{direction}",
+            "reset_peer",
+            direction,
+            1.0,
+            {"timeout": timeout_ms},
         )
-        return self._start("reset", f"reset peers (after {timeout_ms}ms) on", [toxic])
+        return self._start("reset", f"reset peers (after {timeout_ms}ms, {direction}) on", [toxic])
 
     def latency(self, ms: int, jitter: int = 0, direction: str = "downstream") -> FaultRecord:
         """Add `ms` (+/- `jitter`) of delay to data in `direction`."""

@@ -7,8 +7,9 @@ from typing import Any
 
 from mock_tool.errors import ToolError
 from reference_impl import ids
+from reference_impl.cancellation import Cancellation
 from reference_impl.db import Conn
-from reference_impl.ledger import Ledger, Reconciler
+from reference_impl.ledger import Answer, Dispatcher, Ledger, Operation, Reconciler
 from reference_impl.mutants.base import Component, Method, Mutant, SqlOverlay
 from reference_impl.protocol import Protocol
 
@@ -43,6 +44,21 @@ class ResendingReconciler(Reconciler):
             {"source": "resend after unknown"},
         )
         return {"operation_id": op_id, "from": "unknown", "to": status}
+
+
+class SilenceAsRefusalDispatcher(Dispatcher):
+    """Takes a call that got no answer at all for the tool's refusal to act."""
+
+    def send(self, op: Operation, epoch: int, cancel: Cancellation | None = None) -> Answer:
+        answer = super().send(op, epoch, cancel)
+        # MUTANT: no HTTP status (a timeout, a reset or closed connection after
+        # the request left) is read as "the tool did not act", like a 429: the
+        # claim goes back to prepared and the request is sent again later,
+        # although the tool may well have acted.
+        error = answer.error or {}
+        if answer.kind == "unknown" and error.get("http_status") is None:
+            return Answer("rejected_retryable", error=error, result={"executed": False})
+        return answer
 
 
 class EpochlessLedger(Ledger):
@@ -95,6 +111,15 @@ MUTANTS = (
         "an unknown tool outcome (timeout, lost answer, dead dispatcher) is taken for a "
         "failure and the request is sent again, whatever the tool promises",
         Component("reconciler_cls", ResendingReconciler),
+    ),
+    Mutant(
+        "no_answer_taken_as_refusal",
+        5,
+        ("S",),
+        "a tool call that got no answer (timeout, connection reset or closed after the "
+        "request was sent) is taken for the tool's refusal to act: the claim goes back to "
+        "prepared and the request is sent again, although the tool may have acted",
+        Component("dispatcher_cls", SilenceAsRefusalDispatcher),
     ),
     Mutant(
         "cancel_marks_inflight_cancelled",

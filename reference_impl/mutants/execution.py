@@ -7,13 +7,15 @@ import logging
 import uuid
 from typing import Any
 
+import psycopg
+
 from harness import injection
 from reference_impl import checkpoint_schema
 from reference_impl.db import Conn
 from reference_impl.heartbeat import Heartbeat
 from reference_impl.logs import log
 from reference_impl.mutants.base import Component, Method, Mutant
-from reference_impl.outbox import Consumer, Relay, _payload, _run_of
+from reference_impl.outbox import Consumer, Relay, _payload
 from reference_impl.protocol import Protocol
 
 _log = logging.getLogger("reference_impl.mutants")
@@ -34,21 +36,81 @@ class NonCancellingHeartbeat(Heartbeat):
         )
 
 
+class ServerBoundedHeartbeat(Heartbeat):
+    """Waits for each renewal's answer on its own thread, however long it takes."""
+
+    def renew_once(self) -> str:
+        # MUTANT: no client-side bound. Only the server's statement_timeout
+        # limits the call, and it never fires for a renewal the server never
+        # received (a black-holed link), one waiting for a synchronous standby,
+        # or one whose answer is merely late: the renewal stays "in progress"
+        # (or succeeds late) instead of unconfirmed within the heartbeat timeout.
+        lease = self.lease
+        injection.record("invoke", "renew", run_id=lease.run_id, epoch=lease.epoch)
+        try:
+            renewal = self.leases.renew(self._session.conn, lease, self.ttl_ms)
+        except psycopg.Error as exc:
+            self._session.discard()
+            injection.record("info", "renew", run_id=lease.run_id, epoch=lease.epoch, error=exc)
+            return "unknown"
+        if renewal.ok:
+            injection.record("ok", "renew", run_id=lease.run_id, epoch=lease.epoch)
+            return "renewed"
+        injection.record("fail", "renew", run_id=lease.run_id, epoch=lease.epoch, error="LeaseLost")
+        return str(renewal.outcome)
+
+
+class AckFirstConsumer(Consumer):
+    """Commits an event's dedup row (its "ack") before the business effect."""
+
+    def process(self, conn: Conn, consumer: str, msg: dict[str, Any]) -> bool:
+        # MUTANT: two transactions. A crash between them leaves the event marked
+        # processed without its effect, and every later delivery is skipped as a
+        # duplicate: the effect is lost (at most once instead of exactly once).
+        event_id = uuid.UUID(str(msg["event_id"]))
+        with conn.transaction():
+            if not self.first_delivery(conn, consumer, event_id):
+                return False
+        injection.point("after_consumer_dedup_commit", operation_id=event_id)
+        with conn.transaction():
+            self.apply_effect(conn, consumer, msg)
+        return True
+
+
+class ReadAckConsumer(Consumer):
+    """Acknowledges a whole batch on receipt (auto-commit), then applies it."""
+
+    def cycle(self, conn: Conn, consumer: str) -> dict[str, int]:
+        # MUTANT: every message read is marked processed (its dedup row) in one
+        # transaction before any effect is applied, like offsets auto-committed
+        # on read: a crash before the effects loses them all for good.
+        messages = [
+            m
+            for m in self.tools.broker.broker_messages(0)
+            if not isinstance(m.get("payload"), dict)
+            or m["payload"].get("tenant_id") in (None, self.tenant)
+        ]
+        with conn.transaction():
+            fresh = [
+                m
+                for m in messages
+                if self.first_delivery(conn, consumer, uuid.UUID(str(m["event_id"])))
+            ]
+        if messages:
+            injection.point("after_consumer_read", operation_id=messages[0].get("event_id"))
+        for msg in fresh:
+            with conn.transaction():
+                self.apply_effect(conn, consumer, msg)
+        return {"consumed": len(fresh), "duplicates": len(messages) - len(fresh)}
+
+
 class NonDedupConsumer(Consumer):
     """Applies every delivery's business effect."""
 
     def process(self, conn: Conn, consumer: str, msg: dict[str, Any]) -> bool:
         # MUTANT: no dedup row is written or consulted.
-        event_id = uuid.UUID(str(msg["event_id"]))
         with conn.transaction():
-            conn.execute(
-                self.q.sql("consume_effect"),
-                {
-                    "consumer": consumer,
-                    "event_id": event_id,
-                    "effect": f"{msg.get('topic')}:{_run_of(msg)}",
-                },
-            )
+            self.apply_effect(conn, consumer, msg)
         return True
 
 
@@ -108,6 +170,34 @@ MUTANTS = (
         "an unconfirmed renewal is logged but does not cancel the execution: the "
         "worker goes on and starts new side effects without a lease it can prove",
         Component("heartbeat_cls", NonCancellingHeartbeat),
+    ),
+    Mutant(
+        "renewal_without_client_timeout",
+        8,
+        ("S",),
+        "the heartbeat waits for each renewal's answer however long it takes (only the "
+        "server's statement_timeout bounds it): a black-holed link, a renewal waiting for a "
+        "synchronous standby or an answer slower than the heartbeat timeout never cancels "
+        "the execution in time, and a late answer keeps the lease alive",
+        Component("heartbeat_cls", ServerBoundedHeartbeat),
+    ),
+    Mutant(
+        "consumer_ack_before_effect",
+        10,
+        ("T",),
+        "the outbox consumer commits an event's dedup row (its ack) in one transaction and "
+        "the business effect in a second: a crash between the two loses the effect for good, "
+        "every later delivery being skipped as a duplicate",
+        Component("consumer_cls", AckFirstConsumer),
+    ),
+    Mutant(
+        "consumer_acks_on_read",
+        10,
+        ("T",),
+        "the outbox consumer marks every message it reads processed (its dedup rows) in one "
+        "transaction before applying any effect, like offsets auto-committed on read: a "
+        "crash before the effects loses them, later deliveries being skipped as duplicates",
+        Component("consumer_cls", ReadAckConsumer),
     ),
     Mutant(
         "consumer_without_dedup",

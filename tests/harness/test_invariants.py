@@ -495,3 +495,21 @@ def test_request_epoch_is_judged_by_commit_time(committed: float, broken: bool) 
     assert bool(rows) == broken, rows
     if broken:
         assert "epoch 1 outside 2..2" in rows[0]["why"]
+
+
+def test_back_to_prepared_after_nothing_reached_the_tool() -> None:
+    """A refused connection: no request of the claim ever arrived, so going back
+    to prepared undid nothing; a request of that claim that did arrive (acted)
+    still breaks it, also when it arrived after the return to prepared."""
+    s = clean_story()
+    back_to_prepared(s)
+    ev = evidence(s)
+    ev.tool["requests"] = []
+    assert "effect.claim_back_to_prepared_only_after_a_proven_rejection" not in broken_by(ev)
+    ev.tool["requests"] = [request(1, 0.35, outcome="rejected_429")]
+    assert "effect.claim_back_to_prepared_only_after_a_proven_rejection" not in broken_by(ev)
+    ev.tool["requests"] = [request(1, 0.95)]
+    (row,) = broken_by(ev)["effect.claim_back_to_prepared_only_after_a_proven_rejection"]
+    assert row["requests_of_the_claim"] == [(1, "created")]
+    ev.tool["requests"] = [request(1, 0.35, outcome="rejected_429"), request(2, 0.36)]
+    assert "effect.claim_back_to_prepared_only_after_a_proven_rejection" in broken_by(ev)

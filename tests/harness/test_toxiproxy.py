@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from harness.parts import toxiproxy
+from harness.parts.link_probe import probe
 from harness.parts.toxiproxy import (
     FaultActive,
     Link,
@@ -201,3 +202,45 @@ def test_heal_all_forgets_deleted_proxies(server: ToxiproxyServer, echo: EchoSer
     assert "heal_all_gone" not in server.links()
     server.remove_link(kept.name)
     assert "heal_all_kept" not in server.client.list_proxies()
+
+
+# ------------------------------------------------------------ the link probe
+
+
+def test_probe_tells_every_fault_kind_apart(link: Link, echo: EchoServer) -> None:
+    """Each fault as the harness's own probe sees it, on one link in turn."""
+    assert probe(link, b"ping\n", wait_s=1).outcome == "answered"
+    link.cut()
+    assert probe(link, b"ping\n", wait_s=1).outcome == "refused"
+    link.heal()
+    link.blackhole()
+    silent = probe(link, b"ping\n", wait_s=0.3)
+    assert silent.outcome == "silent" and silent.elapsed_ms >= 250
+    link.heal()
+    link.reset()
+    assert probe(link, b"ping\n", wait_s=1).outcome in ("reset", "closed")
+    link.heal()
+    link.latency(300)
+    slow = probe(link, b"ping\n", wait_s=2)
+    assert slow.outcome == "answered" and slow.elapsed_ms >= 250
+    link.heal()
+
+
+def test_reset_downstream_lets_the_request_reach_the_server(link: Link, echo: EchoServer) -> None:
+    link.reset(direction="downstream")
+    seen = probe(link, b"acted\n", wait_s=1)
+    assert seen.outcome in ("reset", "closed"), seen
+    wait_for(
+        lambda: b"acted\n" in echo.received,
+        what="the request to reach the echo server although its answer was reset",
+        timeout_s=5,
+    )
+    link.heal()
+    with pytest.raises(ValueError):
+        link.reset(direction="sideways")
+    assert "reset" not in {r.kind for r in link.active()}
+
+
+def test_probe_refuses_a_wait_of_zero(link: Link) -> None:
+    with pytest.raises(ValueError):
+        probe(link, b"x", wait_s=0)

@@ -31,6 +31,11 @@ def _ledger_changes(ev: Evidence) -> dict[str, list[Change]]:
     return group(ev.of("tool_operations"), lambda c: str(c.row.get("operation_id")))
 
 
+def _is_claim(c: Change) -> bool:
+    """A change into ``dispatching``: a dispatch claim (or a same-key retry's)."""
+    return bool(c.after("status") == "dispatching" and c.before("status") != "dispatching")
+
+
 def _state_at(changes: list[Change], t: float) -> tuple[Change | None, Change | None]:
     """The change in force at time ``t``, and the last claim (change into
     ``dispatching``) made before ``t``."""
@@ -39,7 +44,7 @@ def _state_at(changes: list[Change], t: float) -> tuple[Change | None, Change | 
         if c.at > t:
             continue
         current = c
-        if c.after("status") == "dispatching" and c.before("status") != "dispatching":
+        if _is_claim(c):
             claim = c
     return current, claim
 
@@ -212,7 +217,8 @@ def in_flight_never_cancelled(ev: Evidence) -> Finding:
     "effect.claim_back_to_prepared_only_after_a_proven_rejection",
     "SPEC rule 4; English seed §9.2 (never revert dispatching to prepared)",
     "a dispatching operation goes back to prepared only when the tool's log shows it refused "
-    "the claim's request without acting (429); an expired claim becomes unknown",
+    "the claim's request without acting (429), or shows that no request of that claim ever "
+    "reached it (a refused connection: nothing was sent); an expired claim becomes unknown",
 )
 def back_to_prepared_only_after_rejection(ev: Evidence) -> Finding:
     history = _ledger_changes(ev)
@@ -221,20 +227,21 @@ def back_to_prepared_only_after_rejection(ev: Evidence) -> Finding:
     bad = []
     for c in back:
         op = str(c.row.get("operation_id"))
-        claims = [
-            x
-            for x in history.get(op, [])
-            if x.seq < c.seq
-            and x.after("status") == "dispatching"
-            and x.before("status") != "dispatching"
+        claims = [x for x in history.get(op, []) if _is_claim(x)]
+        since = max((x.at for x in claims if x.seq < c.seq), default=0.0) - CLOCK_TOLERANCE_S
+        # Requests of this claim arrive before the operation is claimed again.
+        until = min((x.at for x in claims if x.seq > c.seq), default=float("inf"))
+        arrived = [
+            r for r in per_op.get(op, []) if since <= float(r.get("received_at") or 0) < until
         ]
-        since = claims[-1].at if claims else 0.0
         refused = [
             r
-            for r in per_op.get(op, [])
-            if r.get("outcome") == "rejected_429"
-            and since - CLOCK_TOLERANCE_S <= float(r.get("received_at") or 0) <= c.at
+            for r in arrived
+            if r.get("outcome") == "rejected_429" and float(r.get("received_at") or 0) <= c.at
         ]
-        if not refused:
-            bad.append(c.brief("operation_id", "status", "dispatch_owner"))
+        acted = [r for r in arrived if r.get("outcome") not in NOT_ACTED]
+        if acted or (arrived and not refused):
+            row = c.brief("operation_id", "status", "dispatch_owner")
+            row["requests_of_the_claim"] = [(r.get("seq"), r.get("outcome")) for r in arrived]
+            bad.append(row)
     return Finding(len(back), bad)

@@ -1,0 +1,287 @@
+"""T: a crash at every boundary: SIGKILL wherever a component spans two
+transactions, or a transaction and a remote call.
+
+A component that does its work in two steps (claim, then call the tool; call
+the tool, then record; lock an outbox batch, publish, then mark; read the
+broker, then commit the effect; renew, then go on working) leaves a state
+behind when it dies between them. The protocol is correct only if every such
+state is one a successor can take over from: a successor worker, a second
+relay, a second consumer, the reconciler. Each variant of T kills a worker at
+one named run-side boundary (the control protocol's ``crash`` answer:
+SIGKILL, no cleanup), sometimes after an earlier crash that produced the
+state the boundary needs (an expired claim, an operation in doubt), and in
+some also the first relay or consumer at one of theirs; then it lets the
+successors run and checks liveness from evidence:
+
+* the run succeeded, at an epoch above every crashed holder's, with exactly
+  one real resource at the tool for its tool step;
+* every outbox event of the run reached the broker (at least once) and is
+  marked published;
+* the consumer's business effect exists exactly once per event of the run.
+
+The fault is confirmed by the control socket's own record (the crashed
+worker reached the point, for this run) and the kernel's (exit by SIGKILL).
+The global invariants judge the rest of the history. The table of points,
+with what is committed at each, is in docs/worker-contract.md §3; points a
+single other experiment already crashes at are named in ``COVERED_ELSEWHERE``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Crash
+from harness.parts.processes import WorkerProcess
+from scenarios.common import finish, new_run, wait_claimable
+
+Stage = Literal["run", "relay", "consume"]
+CONSUMER = "billing"
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """One row of the table: the point crashed at (``name`` is its short name), in
+    which component, and the crashes before it that produce the state it needs."""
+
+    name: str
+    point: str
+    component: str
+    stage: Stage
+    committed: str
+    before: tuple[str, ...] = ()
+    tool: str = "idem"
+    input: tuple[tuple[str, Any], ...] = ()
+    wait_s: float = 0.0
+
+    @property
+    def run_crashes(self) -> tuple[str, ...]:
+        """The points ``run``-mode workers die at, one worker each, in order."""
+        return self.before + ((self.point,) if self.stage == "run" else ())
+
+
+BOUNDARIES: tuple[Boundary, ...] = (
+    Boundary(
+        "lease_acquired", "after_lease_acquired", "claim", "run",
+        "the claim (epoch +1, owner, expiry); no work", wait_s=0.8,
+    ),
+    Boundary(
+        "renew", "after_renew_commit", "heartbeat", "run",
+        "a renewal: the lease lives one more lease duration with nobody working",
+        input=(("step_delay_ms", 400),), wait_s=0.8,
+    ),
+    Boundary(
+        "intent", "after_outbound_intent_commit", "checkpoint writer / dispatcher", "run",
+        "the intent checkpoint and its ledger row (prepared) and outbox event; nothing "
+        "claimed", wait_s=0.8,
+    ),
+    Boundary(
+        "claim", "after_dispatch_claim_commit", "dispatcher", "run",
+        "the dispatch claim (dispatching, with a deadline); the tool not called", wait_s=0.8,
+    ),
+    Boundary(
+        "claims_expired", "after_claims_expired_commit", "reconciler", "run",
+        "an expired claim turned unknown; nobody has asked the tool yet",
+        before=("after_dispatch_claim_commit",), wait_s=1.6,
+    ),
+    Boundary(
+        "reconcile_query", "after_reconcile_query", "reconciler", "run",
+        "nothing new: the tool answered the query (it has the resource), the answer is "
+        "recorded nowhere", before=("after_tool_response_before_tx2_commit",),
+        tool="queryable", wait_s=1.6,
+    ),
+    Boundary(
+        "dispatch_outcome", "after_dispatch_outcome_commit", "reconciler / dispatcher", "run",
+        "a ledger-only outcome (here the reconciler's convergence by query: succeeded); the run "
+        "not moved", before=("after_tool_response_before_tx2_commit",), wait_s=1.6,
+    ),
+    Boundary(
+        "relay_locked", "after_outbox_batch_locked", "outbox relay", "relay",
+        "nothing: the batch is locked in an open transaction, nothing published",
+    ),
+    Boundary(
+        "relay_marked", "after_outbox_mark_commit", "outbox relay", "relay",
+        "the batch published and marked",
+    ),
+    Boundary(
+        "consumer_read", "after_consumer_read", "consumer", "consume",
+        "nothing: messages read from the broker, no dedup row, no effect",
+    ),
+    Boundary(
+        "consumer_commit", "after_consumer_dedup_commit", "consumer", "consume",
+        "one event's dedup row and its business effect, together",
+    ),
+)  # fmt: skip
+
+# Boundaries another experiment already crashes a worker at, and where.
+COVERED_ELSEWHERE: dict[str, str] = {
+    "after_checkpoint_commit": "I (successor resumes, no step redone)",
+    "after_tool_response_before_tx2_commit": "E (every tool capability) and J (no promise)",
+    "after_broker_ack_before_outbox_mark": "L (message repeats, effect once)",
+}
+
+BY_POINT = {b.point: b for b in BOUNDARIES}
+
+# A variant crashes at one run-side boundary and, where one is left, at one relay
+# and one consumer boundary too: the relay and the consumer run after every run
+# anyway, so riding along costs a process, not an environment (7 variants for 11
+# boundaries). Each crash is confirmed and judged on its own.
+VARIANTS: dict[str, tuple[Boundary, ...]] = {
+    "lease_acquired": (BY_POINT["after_lease_acquired"], BY_POINT["after_outbox_batch_locked"]),
+    "renew": (BY_POINT["after_renew_commit"], BY_POINT["after_outbox_mark_commit"]),
+    "intent": (BY_POINT["after_outbound_intent_commit"], BY_POINT["after_consumer_read"]),
+    "claim": (BY_POINT["after_dispatch_claim_commit"], BY_POINT["after_consumer_dedup_commit"]),
+    "claims_expired": (BY_POINT["after_claims_expired_commit"],),
+    "reconcile_query": (BY_POINT["after_reconcile_query"],),
+    "dispatch_outcome": (BY_POINT["after_dispatch_outcome_commit"],),
+}
+
+
+def _describe(group: tuple[Boundary, ...]) -> str:
+    return "SIGKILL at " + "; then ".join(" then ".join((*b.before, b.point)) for b in group)
+
+
+SPEC = ExperimentSpec(
+    id="T",
+    title="crash at every boundary",
+    seed_section="Chinese seed §13.2 (crash points); English seed §6, §9, §12",
+    invariant="a worker killed between two transactions, or between a transaction and a "
+    "remote call, leaves a state its successor, the relay, the consumer or the reconciler "
+    "takes over: the run succeeds with one real resource, every event reaches the broker "
+    "and its business effect happens exactly once",
+    fault="SIGKILL (control protocol crash answer) at one run-side boundary per variant, "
+    "and at one relay and one consumer boundary in some",
+    rules=(2, 4, 5, 10),
+    injection_point=BOUNDARIES[0].point,
+    variants=tuple(VARIANTS),
+    variant_waits=tuple((v, max(b.wait_s for b in g)) for v, g in VARIANTS.items()),
+    variant_points=tuple((v, ", ".join(b.point for b in g)) for v, g in VARIANTS.items()),
+    variant_faults=tuple((v, _describe(g)) for v, g in VARIANTS.items()),
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    group = VARIANTS[ctx.variant or next(iter(VARIANTS))]
+    first = group[0]
+    run_id = new_run(ctx, tool=first.tool, input=dict(first.input))
+    crashed: list[tuple[str, str, int]] = []  # (worker, point, exit code)
+    for i, point in enumerate(p for b in group for p in b.run_crashes):
+        name = f"A{i + 1}"
+        ctx.arm(name, point, Crash())
+        crashed.append((name, point, finish(ctx, _run_worker(ctx, name, run_id))))
+        wait_claimable(ctx, run_id, timeout_s=15)
+    code = finish(ctx, _run_worker(ctx, "W", run_id), 30)
+    ctx.command(f"successor W exit {code}")
+    crashed += _crash_ops(ctx, group, "relay", "R1", {})
+    # One ops process relays and then consumes (one process start less).
+    successor = ctx.env.start_worker("R", "ops")
+    ctx.ok(successor, "relay")
+    crashed += _crash_ops(ctx, group, "consume", "K1", {"consumer": CONSUMER})
+    ctx.ok(successor, "consume", consumer=CONSUMER)
+    _confirm(ctx, group, run_id, crashed)
+    _judge(ctx, run_id)
+
+
+def _run_worker(ctx: ExperimentContext, name: str, run_id: str) -> WorkerProcess:
+    return ctx.env.start_worker(name, "run", ["--run-id", run_id, "--once"])
+
+
+def _crash_ops(
+    ctx: ExperimentContext,
+    group: tuple[Boundary, ...],
+    stage: Stage,
+    name: str,
+    args: dict[str, Any],
+) -> list[tuple[str, str, int]]:
+    """When a boundary of ``group`` is at this ops stage: arm the crash, send the
+    op, wait for the process to die (it never answers)."""
+    at_stage = [b for b in group if b.stage == stage]
+    if not at_stage:
+        return []
+    b = at_stage[0]
+    ctx.arm(name, b.point, Crash())
+    worker = ctx.env.start_worker(name, "ops")
+    worker.request_async(stage, args)
+    code = worker.wait(15)
+    ctx.command(f"{name} ({stage}) exited with code {code}")
+    return [(name, b.point, code)]
+
+
+def _confirm(
+    ctx: ExperimentContext,
+    group: tuple[Boundary, ...],
+    run_id: str,
+    crashed: list[tuple[str, str, int]],
+) -> None:
+    """Each crash happened, at its point, by SIGKILL: the control socket's record
+    and the kernel's exit status, not the worker's word."""
+    hits = ctx.env.control.hits()
+    seen = []
+    for worker, point, code in crashed:
+        at = [h for h in hits if h.worker == worker and h.point == point]
+        ours = [h for h in at if h.run_id in (None, run_id)]
+        seen.append((worker, point, code, len(ours)))
+    ctx.fault(
+        f"killed at {', '.join(b.point for b in group)}",
+        bool(seen) and all(code == -9 and n >= 1 for _, _, code, n in seen),
+        expected=f"each of {[p for _, p, _ in crashed]} reached by its worker (for run "
+        f"{run_id[:8]}) and that worker killed by SIGKILL (exit -9); committed there: "
+        f"{'; '.join(f'{b.point}: {b.committed}' for b in group)}",
+        observed=f"(worker, point, exit, hits) {seen}",
+    )
+
+
+def _judge(ctx: ExperimentContext, run_id: str) -> None:
+    """Liveness after the successors ran, from the database, the tool's and the
+    broker's logs."""
+    row = checkers.run_row(ctx, run_id)
+    ledger = checkers.ledger(ctx, run_id)
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    ctx.invariant(
+        "the successor finished the run with one real resource",
+        row["status"] == "succeeded"
+        and [o["status"] for o in ledger] == ["succeeded"]
+        and len(resources) == 1
+        and ledger[0]["remote_id"] == resources[0]["resource_id"],
+        expected="run succeeded; its one operation succeeded with the id of the one "
+        "resource the tool holds for the run",
+        observed=f"run {row['status']} at epoch {row['epoch']}; ledger "
+        f"{[(o['status'], o['remote_id']) for o in ledger]}; resources "
+        f"{[r['resource_id'] for r in resources]}",
+    )
+    events = {str(e["event_id"]): e for e in checkers.outbox(ctx, run_id)}
+    at_broker = {str(m["event_id"]) for m in checkers.tool_log(ctx)["messages"]}
+    unpublished = sorted(k for k, e in events.items() if e["published_at"] is None)
+    missing = sorted(set(events) - at_broker)
+    ctx.invariant(
+        "every event of the run reached the broker",
+        bool(events) and not unpublished and not missing,
+        expected="each outbox row marked published and at the broker, after a relay ran",
+        observed=f"{len(events)} events; unpublished {unpublished}; not at the broker {missing}",
+    )
+    effects = ctx.sql(
+        f"{CONSUMER}'s business effects for the run's events",
+        "SELECT event_id::text AS event_id, count(*) AS n FROM consumer_effects "
+        "WHERE consumer_name = %s AND event_id::text = ANY(%s) GROUP BY event_id",
+        [CONSUMER, list(events)],
+    )
+    count = {str(e["event_id"]): int(e["n"]) for e in effects}
+    wrong = {k: count.get(k, 0) for k in sorted(events) if count.get(k, 0) != 1}
+    ctx.invariant(
+        "each event's business effect exactly once",
+        bool(events) and not wrong,
+        expected=f"one {CONSUMER} effect per event of the run, after a consumer ran",
+        observed=f"{len(events)} events; events with another count than 1: {wrong}",
+    )
+
+
+def table_gaps(contract_points: list[str]) -> list[str]:
+    """Boundary points of the contract (docs/worker-contract.md §3) crashed
+    neither here nor elsewhere, or both (empty when the table is whole)."""
+    here = {b.point for b in BOUNDARIES}
+    elsewhere = set(COVERED_ELSEWHERE)
+    gaps = [f"{p}: nowhere" for p in contract_points if p not in here | elsewhere]
+    gaps += [f"{p}: here and elsewhere" for p in sorted(here & elsewhere)]
+    return gaps
