@@ -15,6 +15,7 @@ reverse order, also on an exception or Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import shlex
 import shutil
@@ -150,6 +151,29 @@ class SharedServices:
             log_dir or self.root / "logs",
             mutant=self.settings.mutant,
         )
+
+    @contextlib.contextmanager
+    def worker_view(
+        self, settings: Settings, template: str, log_dir: Path
+    ) -> Iterator[SharedServices]:
+        """These services for another worker command (a generated mutant): the
+        same binaries, toxiproxy and primary, with ``settings`` and a template
+        database of its own, ``template``, migrated by that worker
+        (``migrate.log`` in ``log_dir``). The view owns only its template, which
+        is dropped when the block ends; these services stay up."""
+        assert self.primary is not None
+        primary = self.primary
+        view = copy.copy(self)
+        view.settings = settings
+        view._stack = contextlib.ExitStack()  # owns nothing of the base's
+        try:
+            view.template = primary.create_template(
+                template, lambda dsn: view.migrate_database(dsn, log_dir)
+            )
+            yield view
+        finally:
+            with contextlib.suppress(Exception):  # the cluster may be what failed
+                primary.drop_template(template)
 
     def _remove_root(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
