@@ -89,6 +89,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "catch mean something)",
     )
     auto.add_argument(
+        "--no-confirm",
+        action="store_true",
+        help="count a catch without rerunning its experiment against the unmutated "
+        "implementation (by default a catch that experiment also fails there is "
+        "'unconfirmed', not caught)",
+    )
+    auto.add_argument(
         "--run-equivalent", action="store_true", help="run mutants triaged equivalent too"
     )
     auto.add_argument(
@@ -158,6 +165,7 @@ def _auto(args: argparse.Namespace) -> int:
         concurrent=args.mutants_at_once,
         budget_s=args.budget,
         baseline=not args.no_baseline,
+        confirm=not args.no_confirm,
         run_equivalent=args.run_equivalent,
         learned=learned,
     )

@@ -15,6 +15,10 @@ Classification (only a *fail* verdict catches):
 - ``survived``: no experiment failed and at least one passed;
 - ``error``: the copy does not import, ``migrate`` fails, or every
   experiment it ran ended *unknown*: reported apart, never counted as caught;
+- ``unconfirmed``: caught, but the catching experiment does not pass against
+  the unmutated implementation either when rerun at once (``confirm``; a
+  loaded machine can fail a timing-sensitive experiment): reported apart,
+  never counted as caught;
 - ``equivalent``: listed in the triage file (not run unless asked);
 - ``not_run``: the time budget ran out first.
 
@@ -47,7 +51,7 @@ from harness.mutation.triage import Triage
 from harness.mutation.workspace import MutantWorkspace, PreflightFailed, slug
 from harness.verdict import Verdict
 
-Status = Literal["caught", "survived", "equivalent", "error", "not_run"]
+Status = Literal["caught", "survived", "equivalent", "error", "unconfirmed", "not_run"]
 Progress = Callable[[str], None]
 
 
@@ -63,6 +67,7 @@ class AutoOptions:
     concurrent: int = 1
     budget_s: float | None = None
     baseline: bool = True
+    confirm: bool = True
     run_equivalent: bool = False
     seed: int = 20261129
     learned: Path | None = None
@@ -96,16 +101,21 @@ def run_until_fail(
     report_dir: Path,
     seed: int,
     parallel: int,
+    stop: threading.Event | None = None,
 ) -> list[ExperimentResult]:
     """Run ``jobs`` in order, ``parallel`` at a time; start none after the first fail
-    (the ones already running finish and are kept)."""
+    or once ``stop`` is set (the ones already running finish and are kept)."""
     queue = list(jobs)
     results: list[ExperimentResult] = []
     failed = False
+
+    def more() -> bool:
+        return bool(queue) and not failed and not (stop is not None and stop.is_set())
+
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="auto-exp") as pool:
         running: set[Future[ExperimentResult]] = set()
-        while running or (queue and not failed):
-            while queue and not failed and len(running) < parallel:
+        while running or more():
+            while more() and len(running) < parallel:
                 job = queue.pop(0)
                 running.add(pool.submit(run_job, shared, job, report_dir=report_dir, seed=seed))
             done, running = wait(running, return_when=FIRST_COMPLETED)
@@ -136,6 +146,7 @@ class _Runner:
         self.started = time.monotonic()
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
+        self.stop = threading.Event()  # set on Ctrl-C / SIGTERM: start nothing new
 
     def out_of_time(self) -> bool:
         budget = self.options.budget_s
@@ -144,7 +155,9 @@ class _Runner:
     def one(self, mutant: AutoMutant) -> AutoOutcome:
         with self._lock:
             number = next(self._numbers)
-        if self.out_of_time():
+        if self.stop.is_set():
+            outcome = AutoOutcome(mutant, "not_run", "the run was interrupted before it")
+        elif self.out_of_time():
             outcome = AutoOutcome(mutant, "not_run", "the time budget ran out before it")
         elif mutant.id in self.triage.equivalent and not self.options.run_equivalent:
             reason = self.triage.equivalent[mutant.id]
@@ -160,11 +173,12 @@ class _Runner:
             "survived": "SURVIVED",
             "equivalent": "equivalent",
             "error": "error",
+            "unconfirmed": "UNCONFIRMED catch",
             "not_run": "not run",
         }[o.status]
         ran = f", {len(o.verdicts)} experiment(s)" if o.verdicts else ""
         line = f"[{number}/{self.total}] {o.mutant.id}: {what} in {o.wall_s:.1f}s{ran}"
-        if o.status == "error":
+        if o.status in ("error", "unconfirmed"):
             line += f" ({o.detail.splitlines()[0][:160] if o.detail else ''})"
         self.progress(line)
 
@@ -214,10 +228,43 @@ class _Runner:
                 report_dir=report_dir,
                 seed=self.options.seed,
                 parallel=self.options.parallel,
+                stop=self.stop,
             )
+        outcome = classify(mutant, results)
+        if outcome.status == "caught" and self.options.confirm:
+            self.confirm(outcome, report_dir / "confirm")
         with self._lock:
-            self.order.learn(mutant, results)
-        return classify(mutant, results)
+            if outcome.status == "caught":
+                self.order.learn(mutant, results)
+            else:
+                self.order.learn_durations(results)
+        return outcome
+
+    def confirm(self, outcome: AutoOutcome, report_dir: Path) -> None:
+        """Rerun the catching experiment(s) against the unmutated implementation;
+        a catch they do not pass there is ``unconfirmed``."""
+        jobs = [j for j in self.jobs if j.label in outcome.caught_by]
+        results = run_jobs(
+            self.shared,
+            jobs,
+            report_dir=report_dir,
+            seed=self.options.seed,
+            parallel=self.options.parallel,
+            progress=lambda _m: None,
+        )
+        bad = [r for r in results if r.verdict is not Verdict.PASS]
+        if bad:
+            outcome.status = "unconfirmed"
+            outcome.detail = (
+                "; ".join(
+                    f"{result_label(r)} gave {r.verdict.value} against the unmutated "
+                    f"implementation too ({r.reason})"
+                    for r in bad
+                )
+                + f"; the mutant's own: {outcome.detail}"
+            )
+        else:
+            outcome.detail += " (confirmed: passes against the unmutated implementation)"
 
     def _with_triage(self, o: AutoOutcome) -> AutoOutcome:
         mid = o.mutant.id
@@ -288,5 +335,13 @@ def run_generated(
             progress(f"baseline: every experiment passed in {baseline_s:.1f}s")
         runner.started = time.monotonic()
         with ThreadPoolExecutor(max_workers=options.concurrent, thread_name_prefix="auto") as pool:
-            outcomes = list(pool.map(runner.one, mutants))
+            futures = [pool.submit(runner.one, m) for m in mutants]
+            try:
+                outcomes = [f.result() for f in futures]
+            except BaseException:
+                # Ctrl-C / SIGTERM: start nothing new; what runs ends within its timeouts.
+                runner.stop.set()
+                for f in futures:
+                    f.cancel()
+                raise
     return AutoRun(outcomes, time.monotonic() - started, baseline_s)

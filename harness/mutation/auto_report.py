@@ -1,9 +1,10 @@
 """The score of a generated-mutant run, printed and written (JSON and Markdown).
 
 Score = caught / (caught + survived): equivalent mutants (triaged, with a
-reason) and errors (a copy that does not import, a failed ``migrate``, every
-experiment unknown) are reported apart and are never counted as caught;
-mutants the time budget left out are listed as not run.
+reason), errors (a copy that does not import, a failed ``migrate``, every
+experiment unknown) and unconfirmed catches (the catching experiment failed
+against the unmutated implementation too) are reported apart and are never
+counted as caught; mutants the time budget left out are listed as not run.
 
 Invariant: every survivor in the report carries its file, line, change,
 diff, the verdicts it got and the experiments that should have caught it
@@ -45,14 +46,14 @@ class Score:
             f"mutation score {rate}: {c['caught']} caught of {self.judged} non-equivalent "
             f"(generated {self.generated}, selected {self.selected}: caught {c['caught']}, "
             f"survived {c['survived']}, equivalent {c['equivalent']}, errors {c['error']}, "
-            f"not run {c['not_run']}) in {self.wall_s:.0f}s"
+            f"unconfirmed {c['unconfirmed']}, not run {c['not_run']}) in {self.wall_s:.0f}s"
             + (f" (baseline {self.baseline_s:.0f}s)" if self.baseline_s is not None else "")
         )
 
 
 def score(generated: int, run: AutoRun) -> Score:
     counts: Counter[str] = Counter(o.status for o in run.outcomes)
-    statuses = ("caught", "survived", "equivalent", "error", "not_run")
+    statuses = ("caught", "survived", "equivalent", "error", "unconfirmed", "not_run")
     return Score(
         generated=generated,
         selected=len(run.outcomes),
@@ -141,13 +142,21 @@ def write(
             "```",
             "",
         ]
-    for title, status in (("Errors", "error"), ("Equivalent", "equivalent"), ("Caught", "caught")):
+    sections = (
+        ("Errors", "error"),
+        ("Unconfirmed catches (rerun them on a quieter machine)", "unconfirmed"),
+        ("Equivalent", "equivalent"),
+        ("Caught", "caught"),
+        ("Not run", "not_run"),
+    )
+    for title, status in sections:
         chosen = [o for o in outcomes if o.status == status]
         if not chosen:
             continue
         lines += [f"## {title} ({len(chosen)})", ""]
         for o in chosen:
             extra = ",".join(o.caught_by) if status == "caught" else (o.note or o.detail)
+            extra = extra.splitlines()[0][:300] if extra else ""
             lines.append(f"- `{o.mutant.id}` ({o.mutant.path}:{o.mutant.line}): {extra}")
         lines.append("")
     md_path.write_text("\n".join(lines))

@@ -19,8 +19,9 @@ apart: logging, metrics and the history/injection instrumentation (calls of
 whose branches hold nothing else); ``assert`` statements; ``if
 TYPE_CHECKING`` blocks; annotations; ``__repr__`` / ``__str__``.
 
-Invariant: every site's edited text parses, and its tree differs from the
-original's (checked by :func:`python_sites`).
+Invariant: an expression site's edited snippet parses and its tree differs
+from the original's (checked by :func:`python_sites`); a statement site
+becomes ``pass``.
 """
 
 from __future__ import annotations
@@ -326,18 +327,23 @@ def _sites(text: str, sigs: Signatures) -> Iterator[Site]:
     yield from finder.sites
 
 
+def _expression(snippet: str) -> str:
+    return ast.dump(ast.parse("(\n" + snippet + "\n)", mode="eval"))
+
+
 def python_sites(text: str, source: str, sigs: Signatures) -> list[Site]:
-    """Every site of one Python file; each checked to parse and to change the tree.
+    """Every site of one Python file. An expression site's snippet is checked to
+    parse, before and after, and to differ (a statement site becomes ``pass``);
+    the whole mutated file is compiled later, by the mutant's preflight.
     ``sigs``: :func:`signatures` of every file mutated (for ``swap_args``)."""
-    original = ast.dump(ast.parse(text, source))
     checked: list[Site] = []
     for site in _sites(text, sigs):
-        mutated = apply_edits(text, site.edits)
-        try:
-            tree = ast.dump(ast.parse(mutated, source))
-        except SyntaxError as exc:
-            raise PythonSiteError(f"{source}: {site.operator} at {site.scope}: {exc}") from exc
-        if tree == original:
-            raise PythonSiteError(f"{source}: {site.operator} at {site.scope} changes nothing")
+        if site.replacement != "pass":
+            try:
+                same = _expression(site.original) == _expression(site.replacement)
+            except SyntaxError as exc:
+                raise PythonSiteError(f"{source}: {site.operator} at {site.scope}: {exc}") from exc
+            if same:
+                raise PythonSiteError(f"{source}: {site.operator} at {site.scope} changes nothing")
         checked.append(site)
     return checked
