@@ -11,7 +11,9 @@ are ranked for a mutant by, highest first:
    as a catcher (exact function 2, same last name 1: ``fencecheck.renew`` and
    ``Leases.renew``);
 4. how many mutants it caught at all;
-5. then the shorter experiment first (durations of the baseline run, or of
+5. how many named mutants list its experiment as a catcher (a prior for
+   the first mutants of a run);
+6. then the shorter experiment first (durations of the baseline run, or of
    earlier runs).
 
 What was learned is kept in a JSON file between runs (``--report-dir``'s
@@ -57,11 +59,11 @@ class CatcherOrder:
 
     def __init__(self, hints: Iterable[tuple[str, Sequence[str]]] = ()) -> None:
         # hints: (alters text of a named mutant, its catcher experiment ids)
+        named = [(alters, tuple(catchers)) for alters, catchers in hints]
         self.hints: list[tuple[str, tuple[str, ...]]] = [
-            (target, tuple(catchers))
-            for alters, catchers in hints
-            for target in named_targets(alters)
+            (target, catchers) for alters, catchers in named for target in named_targets(alters)
         ]
+        self.prior: Counter[str] = Counter(e for _a, catchers in named for e in set(catchers))
         self.by_scope: dict[str, Counter[str]] = {}
         self.by_file: dict[str, Counter[str]] = {}
         self.overall: Counter[str] = Counter()
@@ -90,6 +92,7 @@ class CatcherOrder:
             -file[label],
             -self.hint(mutant, label),
             -self.overall[label],
+            -self.prior[label.split("-", 1)[0]],
             self.durations.get(label, _DEFAULT_DURATION_S),
         )
 

@@ -10,7 +10,8 @@ Invariants:
   number among identical changes in that function; never on a line number.
   So a triage file keyed by id keeps working while unrelated code changes,
   and an id stops matching exactly when the code it named changed;
-- applying a mutant changes only the bytes its edits cover.
+- applying a mutant changes only the bytes its edits cover;
+- no two mutants of a file make the same edits.
 """
 
 from __future__ import annotations
@@ -118,8 +119,13 @@ def mutants_of_file(
 ) -> list[AutoMutant]:
     """Name the sites of one file (see the module's invariant on ids)."""
     seen: Counter[tuple[str, str, str, str]] = Counter()
+    edited: set[tuple[Edit, ...]] = set()
     mutants: list[AutoMutant] = []
     for site in sorted(sites, key=lambda s: (min(e.start for e in s.edits), s.operator)):
+        edits = tuple(sorted(site.edits, key=lambda e: e.start))
+        if edits in edited:
+            continue  # the same change found twice (two operators or regions): one mutant
+        edited.add(edits)
         key = (site.scope, site.operator, squeeze(site.original), squeeze(site.replacement))
         occurrence = seen[key]
         seen[key] += 1

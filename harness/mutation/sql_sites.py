@@ -354,6 +354,7 @@ class _BodySites:
                 yield self.removal(operator, edit, a, b)
         for a, b in terms:  # a parenthesized boolean term: its own terms too
             grouped = self.tx(a) == "(" and self._matching(a) == b and b - a > 2
+            grouped = grouped and self.up(a + 1) not in ("SELECT", "WITH")  # a subquery
             if grouped and len(self.terms(a + 1, b - 1)) >= 2:
                 yield from self._drop_each(a + 1, b - 1)
 
@@ -427,17 +428,22 @@ class _BodySites:
             yield self.site("drop_not", [edit], i, last)
 
     def and_or(self) -> Iterator[Site]:
-        for kind, first, last in self.conditions():
+        # Each AND/OR once, judged within the innermost condition holding it
+        # (a WHERE inside an EXISTS is its own condition).
+        innermost: dict[int, tuple[int, int]] = {}
+        for _kind, first, last in self.conditions():
             for j in range(first, last + 1):
-                u = self.up(j)
-                if u in ("AND", "OR") and not self._between_and(j, first):
-                    swapped = "OR" if u == "AND" else "AND"
-                    if self.sig[j].text.islower():
-                        swapped = swapped.lower()
-                    edit = Edit(self.sig[j].start, self.sig[j].end, swapped)
-                    lo, hi = self._neighbours(j, first, last)
-                    yield self.site("and_or", [edit], lo, hi)
-            del kind
+                if self.up(j) in ("AND", "OR") and innermost.get(j, (-1, -1))[0] < first:
+                    innermost[j] = (first, last)
+        for j, (first, last) in sorted(innermost.items()):
+            if self._between_and(j, first):
+                continue
+            swapped = "OR" if self.up(j) == "AND" else "AND"
+            if self.sig[j].text.islower():
+                swapped = swapped.lower()
+            edit = Edit(self.sig[j].start, self.sig[j].end, swapped)
+            lo, hi = self._neighbours(j, first, last)
+            yield self.site("and_or", [edit], lo, hi)
 
     def _neighbours(self, j: int, first: int, last: int) -> tuple[int, int]:
         """The terms either side of the AND/OR at ``j`` (within first..last)."""
