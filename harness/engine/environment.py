@@ -52,6 +52,9 @@ class Settings:
 
     worker_cmd: Sequence[str] = DEFAULT_WORKER_CMD
     mutant: str | None = None
+    # The id of the generated mutant the worker command runs (`mutants --auto`):
+    # recorded in archives, never passed to the worker.
+    generated_mutant: str | None = None
     pg_bin: str | None = None
     toxiproxy_bin: str | None = None
     work_dir: Path | None = None

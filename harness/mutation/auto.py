@@ -209,7 +209,11 @@ class _Runner:
         except PreflightFailed as exc:
             return AutoOutcome(mutant, "error", f"preflight: {exc}")
         settings = dataclasses.replace(
-            self.shared.settings, worker_cmd=workspace.worker_cmd, mutant=None, keep=False
+            self.shared.settings,
+            worker_cmd=workspace.worker_cmd,
+            mutant=None,
+            generated_mutant=mutant.id,
+            keep=False,
         )
         digest = hashlib.sha256(mutant.id.encode()).hexdigest()[:8]
         template = f"fc_auto_{number}_{digest}"

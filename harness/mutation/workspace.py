@@ -8,8 +8,9 @@ and the named statements read relative to the package), while ``harness``
 (the injection client) still comes from the installed repository.
 
 Invariant: :meth:`MutantWorkspace.preflight` proves, in a process started
-exactly like a worker, that the package imported is the mutated copy and
-that its modules import; a mutant never silently runs the original code.
+exactly like a worker, that the package imported is the mutated copy, that
+its modules import and that it builds its protocol (the named statements
+load); a mutant never silently runs the original code.
 """
 
 from __future__ import annotations
@@ -85,6 +86,8 @@ class MutantWorkspace:
             "import importlib\nimport sys\n\n"
             f"sys.path.insert(0, {str(self.root)!r})\n"
             f"mods = [importlib.import_module(m) for m in {_PREFLIGHT_MODULES!r}]\n"
+            # What every worker mode does first: build the protocol (loads the statements).
+            "importlib.import_module('reference_impl.protocol').load_protocol(None)\n"
             "print(mods[0].__file__)\n",
             encoding="utf-8",
         )
