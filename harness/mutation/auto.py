@@ -17,7 +17,8 @@ Classification (only a *fail* verdict catches):
   experiment it ran ended *unknown*: reported apart, never counted as caught;
 - ``unconfirmed``: caught, but the catching experiment does not pass against
   the unmutated implementation either when rerun at once (``confirm``; a
-  loaded machine can fail a timing-sensitive experiment): reported apart,
+  loaded machine can fail a timing-sensitive experiment, or keep its fault
+  from taking effect: an *unknown* there is retried once): reported apart,
   never counted as caught;
 - ``equivalent``: listed in the triage file (not run unless asked);
 - ``not_run``: the time budget ran out first.
@@ -244,19 +245,25 @@ class _Runner:
                 self.order.learn_durations(results)
         return outcome
 
-    def confirm(self, outcome: AutoOutcome, report_dir: Path) -> None:
+    def confirm(self, outcome: AutoOutcome, report_dir: Path, attempts: int = 2) -> None:
         """Rerun the catching experiment(s) against the unmutated implementation;
-        a catch they do not pass there is ``unconfirmed``."""
+        a catch they do not pass there is ``unconfirmed``. An *unknown* there
+        (a fault that did not take effect) is retried, up to ``attempts`` runs."""
         jobs = [j for j in self.jobs if j.label in outcome.caught_by]
-        results = run_jobs(
-            self.shared,
-            jobs,
-            report_dir=report_dir,
-            seed=self.options.seed,
-            parallel=self.options.parallel,
-            progress=lambda _m: None,
-        )
-        bad = [r for r in results if r.verdict is not Verdict.PASS]
+        bad: list[ExperimentResult] = []
+        for attempt in range(attempts):
+            results = run_jobs(
+                self.shared,
+                jobs,
+                report_dir=report_dir / f"attempt-{attempt + 1}",
+                seed=self.options.seed,
+                parallel=self.options.parallel,
+                progress=lambda _m: None,
+            )
+            bad = [r for r in results if r.verdict is not Verdict.PASS]
+            if not bad or any(r.verdict is Verdict.FAIL for r in bad):
+                break
+            jobs = [j for j in jobs if j.label in {result_label(r) for r in bad}]
         if bad:
             outcome.status = "unconfirmed"
             outcome.detail = (
