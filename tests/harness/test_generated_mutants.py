@@ -303,3 +303,28 @@ def test_cli_lists_without_running_and_refuses_unknown_ids(
     assert "+++ b/reference_impl/sql/migrations/003_api.sql" in capsys.readouterr().out
     assert cli_main(["mutants", "--auto", "*no-such-mutant*"]) == 64
     assert cli_main(["mutants", "--auto", "--worker-cmd", "true", "--list"]) == 64
+
+
+def test_a_catch_counts_only_when_the_correct_code_passes_its_catcher(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    answers: list[Verdict] = []
+
+    def fake_run_jobs(shared: object, jobs: list[Job], **_kw: object) -> list[ExperimentResult]:
+        return [_result(j.label, answers.pop(0)) for j in jobs]
+
+    monkeypatch.setattr(auto, "run_jobs", fake_run_jobs)
+    options = auto.AutoOptions(repo_root=REPO, report_dir=tmp_path)
+    runner = auto._Runner(None, triage.Triage(), CatcherOrder(), options, print, 1)  # type: ignore[arg-type]
+
+    def confirmed(*verdicts: Verdict) -> auto.AutoOutcome:
+        answers[:] = list(verdicts)
+        outcome = auto.classify(_mutant(), [_result("K", Verdict.FAIL)])
+        runner.confirm(outcome, tmp_path)
+        return outcome
+
+    assert confirmed(Verdict.PASS).status == "caught"
+    assert confirmed(Verdict.UNKNOWN, Verdict.PASS).status == "caught"  # retried once
+    assert confirmed(Verdict.FAIL).status == "unconfirmed"
+    outcome = confirmed(Verdict.UNKNOWN, Verdict.UNKNOWN)
+    assert outcome.status == "unconfirmed" and "K gave unknown" in outcome.detail
