@@ -11,13 +11,19 @@ PY := $(VENV)/bin/python
 TOOLS := $(CURDIR)/.tools
 TOXIPROXY_VERSION := v2.12.0
 TOXIPROXY := $(TOOLS)/bin/toxiproxy-server
+GO_DIR := reference_impl/go
+GO_WORKER := $(GO_DIR)/bin/fencecheck-go-worker
+GO_SOURCES := $(shell find $(GO_DIR) -name '*.go' -o -name '*.sql' -o -name 'go.mod' -o -name 'go.sum')
+# Lints the GitHub Actions workflow under docs/ci (tests/test_ci_files.py).
+ACTIONLINT_VERSION := v1.7.12
+ACTIONLINT := $(TOOLS)/bin/actionlint
 REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup run test test-fast lint bench smoke clean
+.PHONY: setup browser run test test-fast lint bench smoke clean go-check go-matrix go-bench
 
-setup: $(VENV)/.installed $(TOXIPROXY)
+setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT)
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,28 +42,70 @@ $(TOXIPROXY):
 	  GOBIN=$(TOOLS)/bin go install github.com/Shopify/toxiproxy/v2/cmd/server@$(TOXIPROXY_VERSION) && mv $(TOOLS)/bin/server $@; \
 	fi
 
+# The Go worker (reference_impl/go, README "A second worker in Go"): built
+# from its own module; the first build downloads pgx into the Go module cache,
+# later builds, vet and tests run offline.
+$(GO_WORKER): $(GO_SOURCES)
+	@command -v go >/dev/null 2>&1 || { echo "error: the Go worker needs Go 1.23+ (apt-get install golang)"; exit 1; }
+	cd $(GO_DIR) && go build -o bin/fencecheck-go-worker ./cmd/fencecheck-go-worker
+
+# Headless Chromium for the report's rendering tests (tests/report/test_browser.py):
+# Debian's `chromium`, installed with apt-get when missing and running as root.
+# Without root nothing is installed; the browser tests then fail and say how to
+# get it (they never pass without a browser). FENCECHECK_CHROMIUM names another binary.
+browser:
+	@if [ -n "$$FENCECHECK_CHROMIUM" ] || [ -x /usr/lib/chromium/chromium ] || command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the report's browser tests (about 30 s)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; }; \
+	else \
+	  echo "note: headless Chromium is missing and this is not root, so it was not installed;"; \
+	  echo "  the report's browser tests will fail until you run: sudo apt-get install chromium"; \
+	  echo "  (or set FENCECHECK_CHROMIUM to a Chromium binary)"; \
+	fi
+$(ACTIONLINT):
+	@mkdir -p $(TOOLS)/bin
+	@command -v go >/dev/null 2>&1 || { echo "error: actionlint needs Go to build (apt-get install golang)"; exit 1; }
+	GOBIN=$(TOOLS)/bin go install github.com/rhysd/actionlint/cmd/actionlint@$(ACTIONLINT_VERSION)
+
 run: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck run --report-dir $(REPORT_DIR) $(ARGS)
 
 smoke: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck smoke
 
-test: setup lint
+# The Python suite (the matrix against the Python worker, its mutants), then
+# the Go worker: go vet, go test (against a real PostgreSQL it starts with the
+# harness's binaries) and the whole matrix against the Go binary.
+test: setup lint browser
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) go-check go-matrix
 
-test-fast: setup
+go-check: setup
+	cd $(GO_DIR) && go vet ./... && go test -count=1 ./...
+
+go-matrix: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) FENCECHECK_WORKER_CMD=$(CURDIR)/$(GO_WORKER) \
+	  $(PY) -m pytest tests/test_matrix.py $(PYTEST_ARGS)
+
+go-bench: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench_go --worker $(CURDIR)/$(GO_WORKER) $(ARGS)
+
+test-fast: setup browser
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest -m 'not slow' $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	@test -z "$$(gofmt -l $(GO_DIR))" || { echo "gofmt: these Go files need formatting:"; gofmt -l $(GO_DIR); exit 1; }
 
 bench: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench $(ARGS)
 
 clean:
-	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache
+	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache $(GO_DIR)/bin
 
 # ---------------------------------------------------------------------------
 # Container backend (README: "Container backend"). Not part of `make test`.
@@ -72,7 +120,7 @@ CONTAINERS_SOCKET := $(TOOLS)/containers/podman.sock
 CONTAINERS_DOCKER_HOST ?= unix://$(CONTAINERS_SOCKET)
 CONTAINERS_ENV := DOCKER_HOST=$(CONTAINERS_DOCKER_HOST) TESTCONTAINERS_RYUK_DISABLED=true TESTCONTAINERS_CONNECTION_MODE=docker_host
 
-.PHONY: containers-setup test-containers containers-stop containers-clean
+.PHONY: containers-setup test-containers containers-stop containers-clean image
 
 $(VENV)/.installed-containers: pyproject.toml $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[dev,containers]'
@@ -97,3 +145,10 @@ containers-stop:
 
 containers-clean: $(VENV)/.installed-containers
 	$(PY) -m harness.backends.containers cleanup
+
+# The container image of fencecheck itself (docs/ci.md): harness, reference
+# worker, mock tool, toxiproxy, PostgreSQL 18 (wheel) and Debian's server,
+# non-root. IMAGE_ARGS=--no-debian-postgres leaves Debian's server out.
+IMAGE_ARGS ?=
+image: containers-setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.backends.fencecheck_image build $(IMAGE_ARGS)

@@ -205,11 +205,19 @@ class ToolClient:
         )
 
     def query(self, tool: str, operation_id: str) -> QueryResult | None:
-        """The tool's record of ``operation_id``; None when it has none (404)."""
+        """The tool's record of ``operation_id``; None when it has none (404).
+
+        A 404 that says a create of it is still in progress raises
+        ToolOutcomeUnknown: "not found" is then no proof it will not happen.
+        """
         what = f"query {tool}/{operation_id}"
         path = f"/tools/{_seg(tool)}/operations/{_seg(operation_id)}"
         status, decoded = self._call("GET", path, what=what)
         if status == 404:
+            if isinstance(decoded, dict) and decoded.get("in_progress") is True:
+                raise ToolOutcomeUnknown(
+                    f"{what}: a create is still in progress", http_status=status, body=decoded
+                )
             return None
         if status != 200:
             raise error_for_status(status, decoded, what)

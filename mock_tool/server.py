@@ -735,7 +735,11 @@ class Handler(BaseHTTPRequestHandler):
             )
             raise HttpError(501, "query not supported by this tool", "query_unsupported")
         found = app.store.find_resources(tool, operation_id)
-        if not found:
+        # An idempotent tool looks operations up by their key, which it keeps
+        # for its retention window only: past it the tool no longer knows.
+        forgotten = bool(found) and app.tools[tool] == "idempotent"
+        forgotten = forgotten and not app.store.key_remembered(tool, operation_id)
+        if not found or forgotten:
             log(
                 received_at=received_at,
                 tool=tool,
@@ -744,7 +748,17 @@ class Handler(BaseHTTPRequestHandler):
                 resource_id=None,
                 http_status=404,
             )
-            self._send_json(404, {"error": "not_found", "operation_id": operation_id})
+            self._send_json(
+                404,
+                {
+                    "error": "not_found",
+                    "operation_id": operation_id,
+                    # A create of it arrived and is not finished (a hung request):
+                    # "not found" is then no proof that it will not happen.
+                    "in_progress": app.store.in_progress(tool, operation_id),
+                    "retention_s": app.retention_s if app.tools[tool] == "idempotent" else None,
+                },
+            )
             return
         first = found[0]
         log(

@@ -431,6 +431,29 @@ class Store:
             ).fetchall()
         return [_row_dict(r) for r in rows]
 
+    def key_remembered(self, tool: str, operation_id: str) -> bool:
+        """Whether ``tool`` still holds the idempotency key (inside its retention)."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosed("mock_tool storage is closed")
+            row = self._db.execute(
+                "SELECT expires_at FROM idempotency_keys WHERE tool = ? AND operation_id = ?",
+                (tool, operation_id),
+            ).fetchone()
+        return row is not None and float(row["expires_at"]) > time.time()
+
+    def in_progress(self, tool: str, operation_id: str) -> bool:
+        """Whether a create of ``operation_id`` arrived and has not been acted on yet."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosed("mock_tool storage is closed")
+            row = self._db.execute(
+                "SELECT 1 FROM requests WHERE tool = ? AND operation_id = ? AND outcome = 'pending'"
+                " AND boot = ?",
+                (tool, operation_id, self.boot),
+            ).fetchone()
+        return row is not None
+
     def log_query(
         self,
         *,

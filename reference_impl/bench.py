@@ -100,7 +100,11 @@ LABELS = {
 }
 
 TENANT = "b0000000-0000-4000-8000-000000000001"
-WORKER_ROLE = "fencecheck_worker"
+# Login roles of the bench's own cluster (worker contract v2: a session's
+# tenant is its login role's binding). Queues of the claim bench get a role
+# of their own each (``Bench.new_queue``).
+WORKER_ROLE = "fencecheck_bench_worker"
+OPERATOR_ROLE = "fencecheck_bench_operator"
 SEED_ROLE = "fencecheck_bench"
 TTL_MS = 86_400_000  # the longest TTL fencecheck._ms accepts: no lease expires mid-run
 WARMUP = 50
@@ -135,12 +139,16 @@ COMMIT;
 """
 
 SEED_ROLE_SQL = f"""
-DO $$ BEGIN
-  CREATE ROLE {SEED_ROLE} LOGIN;
-EXCEPTION WHEN duplicate_object THEN NULL;
-END $$;
+CREATE ROLE {SEED_ROLE} LOGIN;
+CREATE ROLE {WORKER_ROLE} LOGIN IN ROLE fencecheck_worker;
+CREATE ROLE {OPERATOR_ROLE} LOGIN IN ROLE fencecheck_operator;
+INSERT INTO public.tenant_bindings (role_name, tenant_id)
+VALUES ('{SEED_ROLE}', '{TENANT}'), ('{WORKER_ROLE}', '{TENANT}'), ('{OPERATOR_ROLE}', '{TENANT}');
 GRANT SELECT, UPDATE ON public.agent_runs TO {SEED_ROLE};
 GRANT SELECT, INSERT ON public.agent_checkpoints, public.outbox TO {SEED_ROLE};
+-- The policies call it as the querying role.
+GRANT USAGE ON SCHEMA fencecheck TO {SEED_ROLE};
+GRANT EXECUTE ON FUNCTION fencecheck.session_tenant() TO {SEED_ROLE};
 """
 
 # The seed's statements (same checks, same row lock) in ONE plain PL/pgSQL
@@ -215,6 +223,17 @@ def protected_write_script(statement: str) -> str:
     return text.rstrip().rstrip(";") + " \\gset\n"
 
 
+def run_pgbench(argv: list[str], env: dict[str, str], n: int) -> Measure:
+    """Run pgbench for exactly ``n`` transactions; its rate without connection time."""
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600, check=False)
+    out = proc.stdout + proc.stderr
+    done = re.search(r"number of transactions actually processed: (\d+)", out)
+    tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    if proc.returncode != 0 or done is None or tps is None or int(done.group(1)) != n:
+        raise BenchError(f"pgbench failed (exit {proc.returncode}):\n{out.strip()}")
+    return Measure(n, n / float(tps.group(1)))
+
+
 @dataclass
 class Measure:
     """One timed side: transactions, seconds (no connection time), client CPU."""
@@ -263,6 +282,8 @@ class Bench:
         self.q = self.protocol.queries
         self.leases: Leases = self.protocol.leases_cls(self.q)
         self.session = Session(ConnectionSpec(db.dsn(WORKER_ROLE), TENANT, "bench-impl"))
+        self.control = Session(ConnectionSpec(db.dsn(OPERATOR_ROLE), TENANT, "bench-control"))
+        self.roles = {TENANT: WORKER_ROLE}
         self.writer: ProtectedWriter = self.protocol.writer_cls(self.session, self.q)
         if self.writer.stepped:
             raise BenchError("the protected writer is in its stepped (harness) shape")
@@ -285,7 +306,7 @@ class Bench:
     # ------------------------------------------------------------ setup
     def _leased_run(self, task: str) -> Lease:
         conn = self.session.conn
-        run_id = uuid.UUID(self.runs.create(conn, task, {})["run_id"])
+        run_id = uuid.UUID(self.runs.create(self.control.conn, task, {})["run_id"])
         grant = self.leases.takeover(conn, run_id, f"bench/{task}", TTL_MS)
         if not grant.acquired:
             raise BenchError(f"could not lease {task}: {grant.outcome}")
@@ -300,9 +321,16 @@ class Bench:
         """A fresh tenant with exactly ``n`` due queued runs; returns the tenant."""
         self._queues += 1
         tenant = str(uuid.UUID(int=(0xB1 << 120) | self._queues))
+        role = f"fencecheck_bench_q{self._queues}"
         with self.cluster.connect(self.db.name) as conn:
+            conn.execute(f"CREATE ROLE {role} LOGIN IN ROLE fencecheck_worker".encode())
+            conn.execute(
+                "INSERT INTO public.tenant_bindings (role_name, tenant_id) VALUES (%s, %s)",
+                [role, tenant],
+            )
             conn.execute("INSERT INTO public.tenants (tenant_id) VALUES (%s)", [tenant])
             conn.execute(QUEUE_SQL, {"n": n, "tenant": tenant})
+        self.roles[tenant] = role
         return tenant
 
     def vacuum(self) -> None:
@@ -315,7 +343,8 @@ class Bench:
         self, script: str, n: int, *, user: str, tenant: str, variables: dict[str, str]
     ) -> Measure:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PG")}
-        env["PGOPTIONS"] = f"-c app.tenant_id={tenant}"
+        if self.roles.get(tenant, user) != user and user != SEED_ROLE:
+            raise BenchError(f"{user} is not bound to tenant {tenant}")
         argv = [
             self.binaries.path("pgbench"),
             *("-h", "127.0.0.1", "-p", str(self.cluster.port), "-U", user),
@@ -325,15 +354,7 @@ class Bench:
         for key, value in variables.items():
             argv += ["-D", f"{key}={value}"]
         argv.append(self.db.name)
-        proc = subprocess.run(
-            argv, env=env, capture_output=True, text=True, timeout=600, check=False
-        )
-        out = proc.stdout + proc.stderr
-        done = re.search(r"number of transactions actually processed: (\d+)", out)
-        tps = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-        if proc.returncode != 0 or done is None or tps is None or int(done.group(1)) != n:
-            raise BenchError(f"pgbench failed (exit {proc.returncode}):\n{out.strip()}")
-        return Measure(n, n / float(tps.group(1)))
+        return run_pgbench(argv, env, n)
 
     def round_trip_us(self, n: int = 2000) -> float:
         """One loopback round trip as pgbench sees it (SELECT 1, prepared)."""
@@ -397,9 +418,11 @@ class Bench:
         owner = f"bench-{side}/{tenant[-4:]}"
         if side == "pgbench":
             variables = {"owner": owner, "ttl_ms": str(TTL_MS)}
-            m = self.pgbench("claim", n, user=WORKER_ROLE, tenant=tenant, variables=variables)
+            m = self.pgbench(
+                "claim", n, user=self.roles[tenant], tenant=tenant, variables=variables
+            )
         else:
-            spec = ConnectionSpec(self.db.dsn(WORKER_ROLE), tenant, "bench-impl-claim")
+            spec = ConnectionSpec(self.db.dsn(self.roles[tenant]), tenant, "bench-impl-claim")
             conn, _ = connect(spec)
             try:
                 leases = self.leases
@@ -498,6 +521,7 @@ class Bench:
 
     def close(self) -> None:
         self.session.close()
+        self.control.close()
 
 
 def _say(line: str) -> None:

@@ -24,7 +24,13 @@ class Settings:
     dispatch_ttl_ms: int = 10_000
     tool_timeout_ms: int = 3_000
     metrics_port: int | None = None
+    #: base64 of the 32-byte key that seals sensitive fields at rest.
+    data_key: str | None = None
+    #: where to write the final metrics at exit (the harness reads it).
+    metrics_file: str | None = None
     mutant: str | None = None
+    #: run mode refuses to start below this durability mode (none < async < sync).
+    require_durability: str | None = None
     #: One worker session: fixed for the process's lifetime.
     session: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
@@ -37,6 +43,8 @@ class Settings:
             raise ValueError("lease TTL, heartbeat interval and timeout must be > 0 ms")
         if self.heartbeat_ms >= self.lease_ttl_ms:
             raise ValueError("the heartbeat interval must be shorter than the lease TTL")
+        if self.require_durability not in (None, "none", "async", "sync"):
+            raise ValueError("FENCECHECK_REQUIRE_DURABILITY must be none, async or sync")
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -60,7 +68,10 @@ def from_env(env: Mapping[str, str] | None = None, **overrides: object) -> Setti
         "dispatch_ttl_ms": _int(env, "FENCECHECK_DISPATCH_TTL_MS"),
         "tool_timeout_ms": _int(env, "FENCECHECK_TOOL_TIMEOUT_MS"),
         "metrics_port": _int(env, "FENCECHECK_METRICS_PORT"),
+        "metrics_file": env.get("FENCECHECK_METRICS_FILE") or None,
+        "data_key": env.get("FENCECHECK_DATA_KEY") or None,
         "mutant": env.get("FENCECHECK_MUTANT") or None,
+        "require_durability": env.get("FENCECHECK_REQUIRE_DURABILITY") or None,
     }
     values.update({k: v for k, v in overrides.items() if v is not None})
     settings = Settings(**{k: v for k, v in values.items() if v is not None})  # type: ignore[arg-type]

@@ -1,9 +1,12 @@
-"""Connections of the worker role: tenant-scoped, named, watched for warnings.
+"""Connections of a login role: tenant-bound, named, watched for warnings.
 
 Invariants:
-- Every connection carries ``app.tenant_id`` from its first statement (set as
-  a startup option, so no query can run before the tenant is set) and runs
-  in autocommit: transactions are explicit and short.
+- A connection's tenant is the one the database binds to its login role
+  (``fencecheck.session_tenant()``, worker contract v2); the worker never
+  sets a tenant itself. Each new connection checks that binding against
+  the tenant the worker was told (``FENCECHECK_TENANT``) and refuses to be
+  used when they differ (:class:`~reference_impl.errors.TenantBindingMismatch`).
+  Connections run in autocommit: transactions are explicit and short.
 - A connection's notices of severity WARNING are kept until drained, so a
   caller can tell that a COMMIT was answered with a warning (for example the
   cancelled wait for synchronous replication) instead of a clean success.
@@ -41,6 +44,7 @@ from psycopg.errors import error_from_result
 from psycopg.rows import DictRow, RowFactory, dict_row
 from psycopg.types.json import Jsonb
 
+from reference_impl.errors import TenantBindingMismatch
 from reference_impl.ids import canonical_json
 
 Conn = psycopg.Connection[DictRow]
@@ -237,20 +241,39 @@ class WarningLog:
 
 
 def connect(spec: ConnectionSpec) -> tuple[Conn, WarningLog]:
-    """Open one autocommit connection for ``spec`` with its warning log."""
-    options = f"-c app.tenant_id={spec.tenant}"
-    if spec.statement_timeout_ms is not None:
-        options += f" -c statement_timeout={int(spec.statement_timeout_ms)}"
+    """Open one autocommit connection for ``spec`` with its warning log.
+
+    Raises TenantBindingMismatch (the connection closed) when the login
+    role is bound to another tenant than ``spec.tenant``, or to none.
+    """
     kwargs: dict[str, Any] = {
         "autocommit": True,
         "row_factory": dict_row,
         # libpq takes whole seconds and treats values below 2 as 2.
         "connect_timeout": max(2, math.ceil(spec.connect_timeout_s)),
-        "options": options,
     }
+    if spec.statement_timeout_ms is not None:
+        kwargs["options"] = f"-c statement_timeout={int(spec.statement_timeout_ms)}"
     if spec.application_name:
         kwargs["application_name"] = spec.application_name
     conn = Connection.connect(spec.dsn, **kwargs)
+    try:
+        row = conn.execute(
+            "SELECT fencecheck.session_tenant()::text AS tenant, session_user AS role"
+        ).fetchone()
+    except BaseException:
+        conn.close()
+        raise
+    if row is None or row["tenant"] != spec.tenant:
+        conn.close()
+        bound = row["tenant"] if row else None
+        role = row["role"] if row else "?"
+        raise TenantBindingMismatch(
+            f"login role {role} is bound to tenant {bound or 'none'}, but this worker acts for"
+            f" tenant {spec.tenant} (FENCECHECK_TENANT): bind the role to that tenant in"
+            " public.tenant_bindings, or log in as a role bound to it",
+            reason="binding",
+        )
     warnings = WarningLog()
     conn.add_notice_handler(warnings)
     return conn, warnings

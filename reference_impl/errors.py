@@ -78,6 +78,14 @@ class TenantUnset(ProtocolError):
     """No tenant is set for this connection; tenant-scoped tables show nothing."""
 
 
+class TenantBindingMismatch(ProtocolError):
+    """The login role is bound to another tenant than the one this worker acts for."""
+
+
+class SensitiveDataWithoutKey(ProtocolError):
+    """A sensitive field must be sealed, and no data key is configured (FENCECHECK_DATA_KEY)."""
+
+
 class SerializationBudgetExceeded(ProtocolError):
     """The transaction kept failing with serialization errors (40001) past its retry budget."""
 

@@ -101,6 +101,7 @@ class Heartbeat:
             # happened. Unconfirmed is enough to stop.
             error = box.get("exc") or TimeoutError("renewal timed out")
             metrics.lease_renew_total.labels("unknown").inc()
+            metrics.lease_renewal_failures_total.inc()
             injection.record("info", "renew", run_id=lease.run_id, epoch=lease.epoch, error=error)
             return "unknown"
         renewal = box["r"]
@@ -109,6 +110,9 @@ class Heartbeat:
             injection.record("ok", "renew", run_id=lease.run_id, epoch=lease.epoch)
             return "renewed"
         metrics.lease_renew_total.labels("lost").inc()
+        metrics.lease_renewal_failures_total.inc()
+        if renewal.outcome in ("lost", "expired"):
+            metrics.stale_fence_rejections_total.inc()
         injection.record(
             "fail",
             "renew",

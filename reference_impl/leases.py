@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import psycopg
 from psycopg.rows import dict_row
 
 from reference_impl import db, metrics
@@ -91,9 +92,13 @@ class Leases:
 
     def claim(self, conn: Conn, owner: str, ttl_ms: int) -> Grant:
         """Claim any runnable run (SKIP LOCKED); outcome ``none`` when nothing is claimable."""
-        row = db.execute(
-            conn, self.q.sql("claim"), {"owner": owner, "ttl_ms": ttl_ms}, dict_row
-        ).fetchone()
+        try:
+            row = db.execute(
+                conn, self.q.sql("claim"), {"owner": owner, "ttl_ms": ttl_ms}, dict_row
+            ).fetchone()
+        except psycopg.Error:
+            metrics.lease_acquire_total.labels("db_error").inc()
+            raise
         grant = (
             Grant.from_row(row)
             if row
@@ -104,9 +109,13 @@ class Leases:
 
     def takeover(self, conn: Conn, run_id: uuid.UUID, owner: str, ttl_ms: int) -> Grant:
         """Take over one run, waiting for its row lock; outcome says why when refused."""
-        row = conn.execute(
-            self.q.sql("takeover"), {"run_id": run_id, "owner": owner, "ttl_ms": ttl_ms}
-        ).fetchone()
+        try:
+            row = conn.execute(
+                self.q.sql("takeover"), {"run_id": run_id, "owner": owner, "ttl_ms": ttl_ms}
+            ).fetchone()
+        except psycopg.Error:
+            metrics.lease_acquire_total.labels("db_error").inc()
+            raise
         assert row is not None  # the function always returns one row
         grant = Grant.from_row(row)
         if grant.lock_wait_ms is not None:
@@ -136,5 +145,7 @@ class Leases:
     @staticmethod
     def _observe(grant: Grant) -> None:
         metrics.lease_acquire_total.labels(_ACQUIRE_LABEL.get(grant.outcome, "busy")).inc()
+        if grant.outcome == "held":
+            metrics.lease_claim_conflicts_total.inc()
         if grant.acquired and grant.expired_for_ms is not None:
             metrics.workflow_takeover_duration_seconds.observe(grant.expired_for_ms / 1000)

@@ -36,6 +36,7 @@ from reference_impl.db import Conn
 from reference_impl.ids import request_digest
 from reference_impl.logs import log
 from reference_impl.queries import Queries
+from reference_impl.sealing import Sealer
 from reference_impl.tools import ToolGateway
 
 _log = logging.getLogger("reference_impl.ledger")
@@ -79,16 +80,21 @@ def intent_effect(
     tool: str,
     capability: str,
     request: dict[str, Any],
+    retention_ms: int | None = None,
+    digest: str | None = None,
 ) -> dict[str, Any]:
-    """The ledger half of an ``intent`` protected write."""
+    """The ledger half of an ``intent`` protected write (``retention_ms``: how long
+    the tool declares it keeps the idempotency key; ``digest``: of the request as
+    the tool sees it, when ``request`` carries sealed fields)."""
     return {
+        "retention_ms": retention_ms,
         "operation_id": operation_id,
         "step_id": step_id,
         "effect_version": effect_version,
         "tool_name": tool,
         "tool_capability": capability,
         "idempotency_key": operation_id,
-        "request_digest": request_digest(request),
+        "request_digest": digest or request_digest(request),
         "request_body": request,
     }
 
@@ -106,6 +112,12 @@ class Ledger:
 
     def get(self, conn: Conn, operation_id: str) -> dict[str, Any] | None:
         return conn.execute(self.q.sql("operation"), {"operation_id": operation_id}).fetchone()
+
+    def step_operations(self, conn: Conn, run_id: uuid.UUID, step_id: str) -> list[dict[str, Any]]:
+        """Every effect version of one step of a run, oldest first."""
+        return conn.execute(
+            self.q.sql("step_operations"), {"run_id": run_id, "step_id": step_id}
+        ).fetchall()
 
     def claim(self, conn: Conn, owner: str, operation_id: str | None = None) -> Operation | None:
         """Claim one prepared operation of a live run (SKIP LOCKED, with a deadline)."""
@@ -129,7 +141,9 @@ class Ledger:
         return Operation.from_row(row) if row else None
 
     def record_result(self, conn: Conn, op: Operation, owner: str, answer: Answer) -> str:
-        """Ledger-only result of our claim; LedgerConflict when the claim no longer matches."""
+        """Ledger-only result of our claim; LedgerConflict when the claim no longer
+        matches. A late answer that does not match is kept as evidence on the
+        ledger row (English seed §9.3): it never moves anything."""
         row = conn.execute(
             self.q.sql("record_tool_result"),
             {
@@ -142,6 +156,19 @@ class Ledger:
                 "result": Jsonb(answer.result),
             },
         ).fetchone()
+        if row is None or row["outcome"] != "ok":
+            self.add_evidence(
+                conn,
+                op.operation_id,
+                {
+                    "event": "late_result_refused",
+                    "why": row["outcome"] if row else "missing",
+                    "answer": answer.kind,
+                    "remote_id": answer.remote_id,
+                    "dispatch_owner": owner,
+                    "claim_revision": op.revision,
+                },
+            )
         return _checked(row, op.operation_id)
 
     def mark_unknown(self, conn: Conn, op: Operation, owner: str, error: dict[str, Any]) -> str:
@@ -156,6 +183,7 @@ class Ledger:
         ).fetchone()
         status = _checked(row, op.operation_id)
         metrics.tool_operation_unknown_total.inc()
+        metrics.tool_unknown_result_total.inc()
         return status
 
     def return_rejected(self, conn: Conn, op: Operation, owner: str, error: dict[str, Any]) -> str:
@@ -174,6 +202,7 @@ class Ledger:
         rows = conn.execute(self.q.sql("expire_claims"), {"limit": limit}).fetchall()
         if rows:
             metrics.tool_operation_unknown_total.inc(len(rows))
+            metrics.tool_unknown_result_total.inc(len(rows))
         return [
             {"operation_id": r["operation_id"], "from": r["from_status"], "to": r["to_status"]}
             for r in rows
@@ -207,13 +236,14 @@ class Ledger:
             self.q.sql("add_evidence"), {"operation_id": op_id, "evidence": Jsonb(evidence)}
         )
 
+    def run_epoch(self, conn: Conn, run_id: uuid.UUID) -> int:
+        """The run's epoch now, read after a claim: the epoch a request carries
+        when its dispatcher is not the run's lease holder."""
+        row = conn.execute(self.q.sql("run_epoch"), {"run_id": run_id}).fetchone()
+        return int(row["epoch"]) if row else 0
+
     def unknown_operations(self, conn: Conn, limit: int = 100) -> list[dict[str, Any]]:
         return conn.execute(self.q.sql("unknown_operations"), {"limit": limit}).fetchall()
-
-    def refresh_gauges(self, conn: Conn) -> None:
-        row = conn.execute(self.q.sql("unknown_age")).fetchone()
-        if row:
-            metrics.tool_operation_unknown_oldest_age_seconds.set(float(row["oldest_s"]))
 
 
 def _checked(row: dict[str, Any] | None, op_id: str) -> str:
@@ -231,6 +261,8 @@ class Dispatcher:
         self.ledger = ledger
         self.tools = tools
         self.owner = owner
+        #: Opens sealed request fields just before they go to the tool.
+        self.sealer = Sealer(None)
 
     def send(self, op: Operation, epoch: int, cancel: Cancellation | None = None) -> Answer:
         """Call the tool for a claim we hold, with the stable operation_id as key."""
@@ -244,7 +276,11 @@ class Dispatcher:
             cancel.check()  # last check before the side effect
         try:
             res = self.tools.create(
-                op.tool_name, op.operation_id, str(op.run_id), epoch, op.request_body
+                op.tool_name,
+                op.operation_id,
+                str(op.run_id),
+                epoch,
+                self.sealer.open(op.request_body),
             )
             answer = Answer(
                 "succeeded",
@@ -262,7 +298,10 @@ class Dispatcher:
             )
         except ToolRejected as exc:
             kind = "rejected_retryable" if exc.retryable else "failed_final"
-            answer = Answer(kind, error=_error(exc), result={"error": _error(exc)})
+            # A refusal is proof the tool did not act (executed: false).
+            answer = Answer(
+                kind, error=_error(exc), result={"error": _error(exc), "executed": False}
+            )
             if kind == "rejected_retryable":
                 return answer
         injection.point(
@@ -302,7 +341,7 @@ class Dispatcher:
         op = self.ledger.claim(conn, self.owner, operation_id)
         if op is None:
             return {"operation_id": operation_id, "status": None, "remote_id": None}
-        answer = self.send(op, epoch=0)
+        answer = self.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.owner, answer)
         else:
@@ -323,11 +362,18 @@ class Reconciler:
             change = self.reconcile_one(conn, row)
             if change is not None:
                 changes.append(change)
-        self.ledger.refresh_gauges(conn)
         return changes
 
     def reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
-        """Try to learn the remote fact of one unknown operation."""
+        """Try to learn the remote fact of one unknown operation (reconcile_total
+        counts success, failure or no_result)."""
+        change = self._reconcile_one(conn, row)
+        to = (change or {}).get("to")
+        outcome = {"succeeded": "success", "failed_final": "failure"}.get(str(to), "no_result")
+        metrics.reconcile_total.labels(outcome).inc()
+        return change
+
+    def _reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
         op_id = str(row["operation_id"])
         cap = str(row["tool_capability"])
         if cap == "none":
@@ -355,6 +401,11 @@ class Reconciler:
                 {"source": "query", "count": len(found.resource_ids)},
             )
             return {"operation_id": op_id, "from": "unknown", "to": status}
+        # Not found is no proof of "not executed": a dispatcher whose claim
+        # expired may still be about to send (experiment E[stale_dispatcher]
+        # holds one there). Only a same-key retry, which the tool folds into
+        # any late original, is safe; past the tool's retention window not
+        # even that (fencecheck.ledger_claim_retry refuses): a person decides.
         if cap in ("idempotent", "deterministic_id") and row["run_status"] in (
             "queued",
             "running",
@@ -370,7 +421,7 @@ class Reconciler:
         )
         if op is None:
             return None
-        answer = self.dispatcher.send(op, epoch=0)
+        answer = self.dispatcher.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.dispatcher.owner, answer)
         else:

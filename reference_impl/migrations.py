@@ -7,9 +7,10 @@ Invariants:
 - Concurrent migrations of ONE database serialize on an advisory lock;
   concurrent migrations of several databases of one cluster are safe because
   the only cluster-global objects (roles) are created idempotently in SQL.
-- Overlays (a mutant's replacement SQL functions) are applied after the
-  migrations, every time, followed by the privileges file again so replaced
-  functions keep the correct owner and grants.
+- Overlays (a mutant's replacement SQL functions or grants) are applied
+  after the migrations, every time, preceded by the function-grants file
+  again; ``CREATE OR REPLACE`` keeps a function's owner and grants, so an
+  overlay changes exactly what it says, grants included.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import psycopg
 from reference_impl.errors import MigrationChanged
 
 MIGRATION_DIR = Path(__file__).parent / "sql" / "migrations"
-PRIVILEGES_FILE = "005_privileges.sql"
+PRIVILEGES_FILE = "010_function_grants.sql"
 # Any fixed key: only migrations of this schema take it.
 _LOCK_KEY = 0x46454E4345  # "FENCE"
 _FILE = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
@@ -95,10 +96,10 @@ def migrate(admin_dsn: str, overlays: Sequence[Path] = ()) -> list[str]:
                 applied.append(m.path.name)
             if overlays:
                 with conn.transaction():
+                    _execute_file(conn, (MIGRATION_DIR / PRIVILEGES_FILE).read_text("utf-8"))
                     for path in overlays:
                         _execute_file(conn, path.read_text(encoding="utf-8"))
                         applied.append(f"overlay:{path.name}")
-                    _execute_file(conn, (MIGRATION_DIR / PRIVILEGES_FILE).read_text("utf-8"))
         finally:
             conn.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_KEY])
     return applied

@@ -19,6 +19,7 @@ from typing import IO, Any
 
 import psycopg
 
+from harness import injection
 from reference_impl import errors as e
 from reference_impl import history
 from reference_impl.cancellation import Cancellation
@@ -51,6 +52,11 @@ def _uuid(args: dict[str, Any], key: str) -> uuid.UUID:
     if key not in args:
         raise ValueError(f"missing argument {key!r}")
     return uuid.UUID(str(args[key]))
+
+
+def _ticket(args: dict[str, Any]) -> str | None:
+    ticket = args.get("ticket")
+    return str(ticket) if ticket not in (None, "") else None
 
 
 def _jsonable(value: Any) -> Any:
@@ -94,6 +100,11 @@ class OpsServer:
             "heartbeat": self.heartbeat,
             "run_state": self.run_state,
             "legacy_checkpoint": self.legacy_checkpoint,
+            "resolve_indoubt": self.resolve_indoubt,
+            "decide": self.decide,
+            "converge_operation": self.converge_operation,
+            "list_paused": self.list_paused,
+            "operator_actions": self.operator_actions,
         }
 
     # ------------------------------------------------------------ loop
@@ -215,18 +226,20 @@ class OpsServer:
     # ------------------------------------------------------------ ops
     def create_run(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         tenant = args.get("tenant_id")
-        session = ctx.session if not tenant else self.rt.session_for(str(tenant))
-        try:
-            with history.operation("create_run", task_id=args.get("task_id")):
-                return self.rt.runs.create(
-                    session.conn,
-                    str(args["task_id"]),
-                    dict(args.get("input") or {}),
-                    int(args.get("max_attempts", 12)),
-                )
-        finally:
-            if session is not ctx.session:
-                session.close()
+        if tenant and str(tenant) != self.rt.settings.tenant:
+            # The tenant comes from the login role's binding (contract v2):
+            # one session can never act for another tenant.
+            raise ValueError(
+                f"this session is bound to tenant {self.rt.settings.tenant}; a run of tenant"
+                f" {tenant} needs a login role bound to that tenant"
+            )
+        with history.operation("create_run", task_id=args.get("task_id")):
+            return self.rt.runs.create(
+                ctx.session.conn,
+                str(args["task_id"]),
+                dict(args.get("input") or {}),
+                int(args.get("max_attempts", 12)),
+            )
 
     def retry_run(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         with history.operation("retry_run", task_id=args.get("task_id")):
@@ -343,8 +356,63 @@ class OpsServer:
         run_id = _uuid(args, "run_id")
         with history.operation("cancel", run_id=run_id):
             return self.rt.runs.cancel(
-                ctx.session.conn, run_id, str(args.get("reason", "cancelled"))
+                ctx.session.conn, run_id, str(args.get("reason", "cancelled")), _ticket(args)
             )
+
+    # ------------------------------------------------------------ operator
+    def resolve_indoubt(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        """Under the harness in steps: lock the run, point ``after_operator_lock``,
+        decide, commit (a racing takeover waits on the lock meanwhile)."""
+        run_id = _uuid(args, "run_id")
+        op_id = str(args["operation_id"])
+        conn = ctx.session.conn
+        with (
+            history.operation("resolve_indoubt", run_id=run_id, operation_id=op_id),
+            conn.transaction(),
+        ):
+            if injection.active():
+                conn.execute(self.rt.protocol.queries.sql("operator_lock_run"), {"run_id": run_id})
+                injection.point("after_operator_lock", run_id=run_id, operation_id=op_id)
+            return self.rt.runs.resolve(
+                conn,
+                run_id,
+                op_id,
+                str(args["decision"]),
+                args.get("remote_id"),
+                str(args["reason"]),
+                _ticket(args),
+            )
+
+    def decide(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        run_id = _uuid(args, "run_id")
+        supplement = args.get("supplement")
+        with history.operation("decide", run_id=run_id):
+            return self.rt.runs.decide(
+                ctx.session.conn,
+                run_id,
+                str(args["decision"]),
+                dict(supplement) if supplement is not None else None,
+                str(args["reason"]),
+                _ticket(args),
+            )
+
+    def converge_operation(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        op_id = str(args["operation_id"])
+        with history.operation("converge_operation", operation_id=op_id):
+            return self.rt.runs.converge(
+                ctx.session.conn,
+                op_id,
+                str(args["outcome"]),
+                args.get("remote_id"),
+                str(args["reason"]),
+                _ticket(args),
+            )
+
+    def list_paused(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        return {"runs": self.rt.runs.paused(ctx.session.conn)}
+
+    def operator_actions(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        return {"actions": self.rt.runs.actions(ctx.session.conn, _uuid(args, "run_id"))}
 
     def complete(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease(args)

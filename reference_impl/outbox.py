@@ -17,6 +17,7 @@ import uuid
 from typing import Any
 
 from harness import injection
+from reference_impl import metrics
 from reference_impl.db import Conn
 from reference_impl.logs import log
 from reference_impl.queries import Queries
@@ -44,10 +45,12 @@ class Relay:
                         str(row["event_id"]), str(row["event_type"]), _payload(row)
                     )
                     injection.point("after_broker_ack_before_outbox_mark", run_id=row["run_id"])
+                    metrics.outbox_published_total.inc()
                     acked.append(int(row["id"]))
                     published.append(str(row["event_id"]))
             except Exception as exc:
                 # Mark what was acknowledged; the rest stays pending.
+                metrics.outbox_publish_retries_total.inc()
                 log(_log, logging.WARNING, "publish failed", error=repr(exc))
             if acked:
                 conn.execute(self.q.sql("outbox_mark_published"), {"ids": acked})
@@ -82,6 +85,7 @@ class Consumer:
                 consumed += 1
             else:
                 duplicates += 1
+                metrics.consumer_dedup_conflicts_total.inc()
         self._after[consumer] = after
         return {"consumed": consumed, "duplicates": duplicates}
 

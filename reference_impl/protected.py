@@ -13,12 +13,15 @@ Two shapes, same checks, same outcomes:
   the same checks inline (migrations 006, 007); run as a
   ``db.LibpqStatement`` (prepared once per connection, text parameters, no
   cursor);
-- stepped path (``FENCECHECK_CONTROL`` set): BEGIN; lock_lease; point
+- stepped path (``FENCECHECK_WRITE_PATH=stepped``, which the harness sets
+  only for experiments that need a point inside the write's transaction):
+  BEGIN; lock_lease; point
   ``after_lease_row_locked``; protected_write (calls lock_lease again: the
   re-lock is a no-op, it re-validates); point ``before_commit``; COMMIT. The
   row lock is held from lock_lease to COMMIT, so a takeover waits at the
   barrier (experiment D). Mutants that overlay ``lock_lease`` or
-  ``protected_write`` change this path, the one the harness runs.
+  ``protected_write`` change this path; the rest of the matrix runs the
+  fast path, as production does.
 
 Invariants:
 - a commit whose outcome is unknown is read back by its event_id before
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -155,7 +159,7 @@ class ProtectedWriter:
     ) -> None:
         self.session = session
         self.q = queries
-        self.stepped = injection.active() if stepped is None else stepped
+        self.stepped = stepped if stepped is not None else stepped_from_env()
         self.serialization_budget = serialization_budget
         self.unknown_budget = unknown_budget
         # A commit whose outcome is unknown usually coincides with a network
@@ -170,9 +174,14 @@ class ProtectedWriter:
             raise ValueError(f"unknown transition {w.transition!r}")
         unknown_left = self.unknown_budget
         serial_left = self.serialization_budget
+        started = time.perf_counter()
         while True:
             try:
-                return self._attempt(w)
+                written = self._attempt(w)
+                metrics.checkpoint_commit_latency_seconds.labels(w.transition).observe(
+                    time.perf_counter() - started
+                )
+                return written
             except _CommitUnknown as exc:
                 if unknown_left <= 0:
                     raise e.CommitOutcomeUnknown(f"commit outcome unknown: {exc}") from exc
@@ -193,6 +202,8 @@ class ProtectedWriter:
                 reason = _REJECT_REASON.get(type(perr))
                 if reason:
                     metrics.protected_write_rejected_total.labels(reason).inc()
+                if isinstance(perr, e.LeaseLost):
+                    metrics.stale_fence_rejections_total.inc()
                 raise perr from exc
 
     def resolve_unknown(self, w: Write, cause: BaseException) -> Written | None:
@@ -371,6 +382,11 @@ class ProtectedWriter:
                 conn.execute("ROLLBACK")
         except psycopg.Error:
             self.session.discard()
+
+
+def stepped_from_env() -> bool:
+    """The stepped path only when asked for (``FENCECHECK_WRITE_PATH=stepped``)."""
+    return os.environ.get("FENCECHECK_WRITE_PATH", "fast") == "stepped"
 
 
 def _typed_write_row(text: tuple[str | None, ...]) -> tuple[Any, ...]:

@@ -1,9 +1,15 @@
 """``run`` mode: claim, execute under a heartbeat, repeat.
 
-Exit codes (worker contract, section 1): 0 done or idle, 10 execution
-cancelled (lease lost or renewal unconfirmed, or a commit whose outcome or
-durability is unknown), 11 run frozen in doubt, 12 checkpoint schema
-refused, 1 anything else.
+Exit codes (worker contract, section 1): 0 done, idle or paused for a
+human, 10 execution cancelled (lease lost or renewal unconfirmed, or a
+commit whose outcome or durability is unknown), 11 run frozen in doubt
+(also after a commit read back inconsistent), 12 checkpoint schema refused,
+13 the deployment does not meet the required durability mode, 1 anything
+else.
+
+At start, ``run`` logs the durability contract it works under (what an
+acknowledged commit is worth here, English seed §10) and refuses to start
+when it is below ``FENCECHECK_REQUIRE_DURABILITY``.
 
 Invariants: a claim never treats "not acquired" as a task failure; an
 execution whose heartbeat failed stops before its next step or side effect,
@@ -25,8 +31,11 @@ from harness import injection
 from reference_impl import errors as e
 from reference_impl import history
 from reference_impl.cancellation import Cancellation
+from reference_impl.checkpoint_schema import CURRENT_VERSION
+from reference_impl.durability import read_contract
 from reference_impl.leases import Grant, Lease
 from reference_impl.logs import log
+from reference_impl.protected import Write
 from reference_impl.runtime import Runtime
 from reference_impl.workflow import Draining, RefundWorkflow
 
@@ -37,7 +46,9 @@ EXIT_ERROR = 1
 EXIT_CANCELLED = 10
 EXIT_INDOUBT = 11
 EXIT_SCHEMA = 12
+EXIT_DURABILITY = 13
 POLL_S = 0.2
+_DURABILITY_RANK = {"none": 0, "async": 1, "sync": 2}
 
 
 class Runner:
@@ -48,6 +59,8 @@ class Runner:
     def run(
         self, run_id: uuid.UUID | None = None, once: bool = False, exit_when_idle: bool = False
     ) -> int:
+        if not self.durability_ok():
+            return EXIT_DURABILITY
         while not self.stop.is_set():
             grant = self.acquire(run_id)
             if grant is None:
@@ -67,6 +80,22 @@ class Runner:
             if once or run_id is not None or code != EXIT_OK:
                 return code
         return EXIT_OK
+
+    def durability_ok(self) -> bool:
+        """Log the durability contract; False when it is below the required mode."""
+        contract = read_contract(self.rt.conn, self.rt.protocol.queries)
+        required = self.rt.settings.require_durability
+        ok = required is None or _DURABILITY_RANK[contract.mode] >= _DURABILITY_RANK[required]
+        log(
+            _log,
+            logging.INFO if ok else logging.CRITICAL,
+            "durability contract" if ok else "durability contract below the required mode",
+            mode=contract.mode,
+            required=required,
+            guarantee=contract.guarantee,
+            settings=contract.settings,
+        )
+        return ok
 
     def acquire(self, run_id: uuid.UUID | None) -> Grant | None:
         """A grant (maybe not acquired: poll again), or None when there is nothing to wait for."""
@@ -125,10 +154,11 @@ class Runner:
         except e.CommitInconsistent as exc:
             _log_stop(
                 logging.CRITICAL,
-                "ALERT: commit read-back inconsistent; run must be frozen",
+                "ALERT: commit read-back inconsistent; freezing the run in doubt",
                 lease,
                 exc,
             )
+            self._freeze_inconsistent(lease, exc)
             return EXIT_INDOUBT
         except (e.ProtocolError, psycopg.Error) as exc:
             if cancel.cancelled:
@@ -140,6 +170,36 @@ class Runner:
             hb.stop()
             if release:
                 self._release(grant)
+
+    def _freeze_inconsistent(self, lease: Lease, exc: e.CommitInconsistent) -> None:
+        """Rule 9, one row present: freeze the run (paused in doubt, the evidence in
+        its outbox event) so no worker claims it until a person looked. Only
+        while the lease is still ours; otherwise the lease runs out and the
+        successor's own read of the run decides."""
+        rt = self.rt
+        try:
+            row = rt.runs.state(rt.conn, lease.run_id)
+            if row["owner"] != lease.owner or int(row["epoch"]) != lease.epoch:
+                return
+            latest = rt.conn.execute(
+                rt.protocol.queries.sql("latest_checkpoint"), {"run_id": lease.run_id}
+            ).fetchone()
+            state = dict(latest["state_json"]) if latest else {}
+            evidence = {"reason": "commit_inconsistent", "detail": str(exc)}
+            rt.writer.write(
+                Write(
+                    lease,
+                    int(row["revision"]),
+                    "freeze",
+                    state,
+                    CURRENT_VERSION,
+                    "agent.commit_inconsistent",
+                    {"run_id": str(lease.run_id), "epoch": lease.epoch, **evidence},
+                    current_step=row["current_step"],
+                )
+            )
+        except (e.ProtocolError, psycopg.Error) as why:
+            _log_stop(logging.CRITICAL, "ALERT: could not freeze the run", lease, why)
 
     def _release(self, grant: Grant) -> None:
         rt = self.rt

@@ -9,6 +9,7 @@ from reference_impl.heartbeat import Heartbeat
 from reference_impl.leases import Lease
 from reference_impl.protected import ProtectedWriter
 from reference_impl.protocol import Protocol
+from reference_impl.sealing import Sealer, key_from
 from reference_impl.tools import ToolGateway
 
 
@@ -22,6 +23,7 @@ class Runtime:
         self.protocol = protocol
         q = protocol.queries
         self.spec = ConnectionSpec(settings.dsn, settings.tenant, settings.worker_id)
+        self.sealer = Sealer(key_from(settings.data_key))
         self.session = Session(self.spec)
         self.tools = ToolGateway(
             settings.tool_url, settings.tool_timeout_ms / 1000.0, settings.broker_url
@@ -30,10 +32,12 @@ class Runtime:
         self.writer = protocol.writer_cls(self.session, q)
         self.ledger = protocol.ledger_cls(q, settings.dispatch_ttl_ms)
         self.dispatcher = protocol.dispatcher_cls(self.ledger, self.tools, settings.owner)
+        self.dispatcher.sealer = self.sealer
         self.reconciler = protocol.reconciler_cls(self.ledger, self.dispatcher)
         self.relay = protocol.relay_cls(q, self.tools)
         self.consumer = protocol.consumer_cls(q, self.tools, settings.tenant)
         self.runs = protocol.runs_cls(q, protocol.decode_checkpoint)
+        self.runs.sealer = self.sealer
 
     @property
     def conn(self) -> Conn:
@@ -43,12 +47,9 @@ class Runtime:
     def owner(self) -> str:
         return self.settings.owner
 
-    def session_for(self, tenant: str | None = None) -> Session:
-        """A separate session (another thread, or acting for another tenant)."""
-        spec = self.spec
-        if tenant is not None and tenant != spec.tenant:
-            spec = ConnectionSpec(spec.dsn, tenant, spec.application_name)
-        return Session(spec)
+    def session_for(self) -> Session:
+        """A separate session of the same login role (for another thread)."""
+        return Session(self.spec)
 
     def writer_for(self, session: Session) -> ProtectedWriter:
         return self.protocol.writer_cls(session, self.protocol.queries)

@@ -26,6 +26,7 @@ class ToolGateway:
         self._client = ToolClient(base_url, timeout_s) if base_url else None
         self._broker = ToolClient(broker_url, timeout_s) if broker_url else self._client
         self._caps: dict[str, str] | None = None
+        self._retention_s: float | None = None
         self._lock = threading.Lock()
 
     @property
@@ -45,9 +46,13 @@ class ToolGateway:
         with self._lock:
             if self._caps is None and self._client is not None:
                 try:
-                    tools = self._client.health().get("tools", {})
+                    health = self._client.health()
+                    tools = health.get("tools", {})
                     if isinstance(tools, dict):
                         self._caps = {str(k): str(v) for k, v in tools.items()}
+                    declared = (health.get("server") or {}).get("idempotency_retention_s")
+                    if isinstance(declared, int | float):
+                        self._retention_s = float(declared)
                 except ToolError:
                     pass  # fall back to the defaults below, and ask again next time
             caps = self._caps or dict(DEFAULT_TOOLS)
@@ -55,6 +60,13 @@ class ToolGateway:
         if cap not in CAPABILITIES:
             raise ValueError(f"tool {tool!r} is unknown (known: {sorted(caps)})")
         return cap
+
+    def retention_ms(self, tool: str) -> int | None:
+        """How long ``tool`` keeps an idempotency key, as it declares (idempotent tools
+        only; None when it declares none)."""
+        if self.capability(tool) != "idempotent" or self._retention_s is None:
+            return None
+        return int(self._retention_s * 1000)
 
     def create(
         self,

@@ -1,4 +1,4 @@
-"""``python -m reference_impl.worker {migrate,run,ops,mutants}`` (worker contract, section 1)."""
+"""``python -m reference_impl.worker {migrate,run,ops,mutants,write-paths}`` (worker contract, section 1)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 import psycopg
@@ -25,7 +26,7 @@ _log = logging.getLogger("reference_impl.worker")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fencecheck-worker", description=__doc__)
-    p.add_argument("mode", choices=["migrate", "run", "ops", "mutants"])
+    p.add_argument("mode", choices=["migrate", "run", "ops", "mutants", "write-paths"])
     p.add_argument("--dsn", help="worker-role DSN (FENCECHECK_DSN)")
     p.add_argument("--admin-dsn", help="superuser DSN for migrate (FENCECHECK_ADMIN_DSN)")
     p.add_argument("--worker-id", help="FENCECHECK_WORKER_ID")
@@ -37,6 +38,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--heartbeat-timeout-ms", type=int, help="FENCECHECK_HEARTBEAT_TIMEOUT_MS")
     p.add_argument("--dispatch-ttl-ms", type=int, help="FENCECHECK_DISPATCH_TTL_MS")
     p.add_argument("--metrics-port", type=int, help="FENCECHECK_METRICS_PORT")
+    p.add_argument(
+        "--require-durability",
+        choices=["none", "async", "sync"],
+        help="run: refuse to start (exit 13) below this mode (FENCECHECK_REQUIRE_DURABILITY)",
+    )
     p.add_argument("--run-id", help="run: only this run (targeted takeover, waits on the lock)")
     p.add_argument("--once", action="store_true", help="run: exit after one run")
     p.add_argument("--exit-when-idle", action="store_true", help="run: exit 0 when idle")
@@ -56,6 +62,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         heartbeat_timeout_ms=args.heartbeat_timeout_ms,
         dispatch_ttl_ms=args.dispatch_ttl_ms,
         metrics_port=args.metrics_port,
+        require_durability=args.require_durability,
     )
 
 
@@ -69,10 +76,22 @@ def print_mutants() -> int:
     return 0
 
 
+# The protected write's two shapes, by a text each one's top-level statement
+# contains (worker contract §1, ``write-paths``): the harness's audit trigger
+# records that statement, so it sees which path every write took.
+WRITE_PATHS = {
+    "fast": "fencecheck.protected_write_fast(",
+    "stepped": "fencecheck.protected_write(",
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.mode == "mutants":
         return print_mutants()
+    if args.mode == "write-paths":
+        print(json.dumps(WRITE_PATHS))
+        return 0
     try:
         settings = settings_from(args)
     except ValueError as exc:
@@ -98,13 +117,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from reference_impl.runtime import Runtime
 
-    if settings.metrics_port:
-        metrics.serve(settings.metrics_port)
     try:
         rt = Runtime(settings, protocol)
     except ValueError as exc:
         print(f"fencecheck-worker: {exc}", file=sys.stderr)
         return 1
+    if settings.metrics_port or settings.metrics_file:
+        dsn = settings.dsn or ""
+        metrics.watch_database(
+            lambda: psycopg.connect(dsn, connect_timeout=2, options="-c statement_timeout=2000")
+        )
+    if settings.metrics_port:
+        try:
+            metrics.serve(settings.metrics_port)
+        except OSError as exc:  # the port was taken meanwhile: still write the exit file
+            logs.log(_log, logging.WARNING, "metrics port unavailable", error=str(exc))
     try:
         if args.mode == "ops":
             from reference_impl.ops import OpsServer
@@ -123,8 +150,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except psycopg.OperationalError as exc:
         logs.log(_log, logging.ERROR, "database unavailable", error=str(exc))
         return 1
+    except ProtocolError as exc:  # e.g. TenantBindingMismatch at the first connection
+        logs.log(_log, logging.ERROR, "refused", error=type(exc).__name__, why=str(exc))
+        print(f"fencecheck-worker: {exc}", file=sys.stderr)
+        return 1
     finally:
         rt.close()
+        if settings.metrics_file:
+            try:
+                metrics.write_snapshot(Path(settings.metrics_file))
+            except OSError as exc:
+                print(f"fencecheck-worker: metrics not written: {exc}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,12 @@ finish), ``step_delay_ms`` (work time per step, cancellable), ``order_id``,
 
 Invariants: the cancellation token is checked before every step and before
 every side effect; a lost lease ends the execution without any further
-write; a tool outcome that cannot be learned freezes the run in doubt.
+write; a tool outcome that cannot be learned freezes the run in doubt; a
+permanent error (the tool refused for good, the attempt budget is spent)
+pauses the run for a human; a step's effect is planned again, under the
+next effect_version, only when every earlier version is definitely without
+effect (refused, or found not executed), with the request as it is now
+(an operator's ``supplement`` changes it).
 """
 
 from __future__ import annotations
@@ -24,15 +29,17 @@ import threading
 from typing import Any
 
 from harness import injection
+from reference_impl import backoff, history, metrics
 from reference_impl import errors as e
-from reference_impl import history
 from reference_impl.cancellation import Cancellation
 from reference_impl.checkpoint_schema import CURRENT_VERSION, DEFAULT_PLAN, validate_v2
+from reference_impl.ids import request_digest
 from reference_impl.leases import Lease
 from reference_impl.ledger import Answer, intent_effect
 from reference_impl.logs import log
 from reference_impl.protected import Write, Written
 from reference_impl.runtime import Runtime
+from reference_impl.sealing import SENSITIVE
 
 _log = logging.getLogger("reference_impl.workflow")
 
@@ -62,7 +69,12 @@ def initial_state(input_: dict[str, Any]) -> dict[str, Any]:
         "workflow": "refund",
         "plan": plan,
         "cursor": 0,
-        "data": {"order_id": input_.get("order_id", "order-1"), "amount": input_.get("amount", 10)},
+        "data": {
+            "order_id": input_.get("order_id", "order-1"),
+            "amount": input_.get("amount", 10),
+            # sensitive fields travel sealed (reference_impl/sealing.py)
+            **{k: input_[k] for k in sorted(SENSITIVE) if k in input_},
+        },
         "results": {},
         "pending": None,
     }
@@ -84,6 +96,7 @@ class RefundWorkflow:
         self.draining = draining or threading.Event()
         self.revision = 0
         self.input: dict[str, Any] = {}
+        self.attempts = (0, 1)  # attempt_count, max_attempts of the run
 
     # ------------------------------------------------------------ driver
     def run(self) -> str:
@@ -92,6 +105,7 @@ class RefundWorkflow:
         st = self.rt.runs.state(conn, self.lease.run_id)
         self.revision = int(st["revision"])
         self.input = dict(st["input"] or {})
+        self.attempts = (int(st["attempt_count"]), int(st["max_attempts"]))
         ck = self.rt.runs.read_checkpoint(conn, self.lease.run_id)
         if ck is None:
             state = initial_state(self.input)
@@ -150,14 +164,29 @@ class RefundWorkflow:
         """Advance the tool step by what the ledger says; None when the step is done."""
         rt, conn = self.rt, self.rt.conn
         tool = str(self.input.get("tool", "idem"))
-        request = {"kind": "return_label", **state["data"]}
-        op_id = rt.protocol.operation_id(rt.settings.tenant, str(self.lease.run_id), step, 1)
+        # An operator's supplement is part of the request from then on.
+        request = {
+            "kind": "return_label",
+            **state["data"],
+            **dict(self.input.get("supplement") or {}),
+        }
+        version = self.effect_version(step)
+        op_id = rt.protocol.operation_id(rt.settings.tenant, str(self.lease.run_id), step, version)
         for _ in range(10_000):
             self.cancel.check()
             row = rt.ledger.get(conn, op_id)
             if row is None:
                 cap = rt.tools.capability(tool)
-                effect = intent_effect(op_id, step, 1, tool, cap, request)
+                effect = intent_effect(
+                    op_id,
+                    step,
+                    version,
+                    tool,
+                    cap,
+                    rt.sealer.seal(request),
+                    rt.tools.retention_ms(tool),
+                    request_digest(rt.sealer.open(request)),
+                )
                 pending = {"operation_id": op_id, "tool": tool, "step": step}
                 state["pending"] = pending
                 self.write(
@@ -191,11 +220,23 @@ class RefundWorkflow:
                 change = rt.reconciler.reconcile_one(conn, {**row, "run_status": "running"})
                 if change is None or change.get("to") == "unknown":
                     return self.freeze(state, step, op_id, None, {"reason": "unresolved"})
-            elif status in ("succeeded", "failed_final"):
+            elif status == "succeeded":
                 return self.finish_tool(state, step, op_id, status, {"mode": "adopt"}, row)
+            elif status == "failed_final":
+                # Definitely not executed (refused, or found not executed): the
+                # next version is planned on the next pass of this loop.
+                version += 1
+                op_id = rt.protocol.operation_id(
+                    rt.settings.tenant, str(self.lease.run_id), step, version
+                )
             else:  # cancelled: the run was cancelled under us
                 raise e.LeaseLost(f"operation {op_id} is {status}", reason="cancelled")
         raise RuntimeError(f"tool step {step} did not converge")
+
+    def effect_version(self, step: str) -> int:
+        """The step's current effect version: the newest one (1 when none yet)."""
+        rows = self.rt.ledger.step_operations(self.rt.conn, self.lease.run_id, step)
+        return int(rows[-1]["effect_version"]) if rows else 1
 
     def dispatch_own(self, state: dict[str, Any], step: str, op_id: str) -> str | None:
         """Claim and send our prepared intent; '' when the step completed."""
@@ -228,17 +269,33 @@ class RefundWorkflow:
             return out if out is not None else ""
         rt.dispatcher.settle_without_result(conn, op, answer)
         if answer.kind == "rejected_retryable":
-            backoff = min(60_000, 200 * 2 ** int(self.input.get("_attempt", 0)))
-            self.write(
-                "requeue",
+            return self.requeue(state, step, "tool_rejected_retryable")
+        return None  # unknown: the loop reconciles it
+
+    def requeue(self, state: dict[str, Any], step: str, reason: str) -> str:
+        """Back to the queue after a transient error, with exponential backoff and
+        jitter (``backoff.delay_ms``); a spent attempt budget is a permanent error:
+        paused for a human instead."""
+        attempt, budget = self.attempts
+        if attempt >= budget:
+            out = self.write(
+                "pause_human",
                 state,
                 step=step,
-                event_type="agent.requeued",
-                effect={"backoff_ms": backoff},
-                payload={"reason": "tool_rejected_retryable"},
+                event_type="agent.paused_human",
+                payload={"reason": "attempts_exhausted", "after": reason},
             )
-            return "queued"
-        return None  # unknown: the loop reconciles it
+            return out.status
+        delay = backoff.delay_ms(str(self.lease.run_id), max(1, attempt))
+        out = self.write(
+            "requeue",
+            state,
+            step=step,
+            event_type="agent.requeued",
+            effect={"backoff_ms": delay},
+            payload={"reason": reason, "attempt": attempt, "backoff_ms": delay},
+        )
+        return out.status
 
     def finish_tool(
         self,
@@ -255,7 +312,10 @@ class RefundWorkflow:
             **state["results"],
             step: {"operation_id": op_id, "outcome": outcome, "remote_id": remote},
         }
-        new = {**state, "results": results, "pending": None, "cursor": state["cursor"] + 1}
+        # A refused effect does not complete the step: it is planned again
+        # (next version) once a person approved or supplemented it.
+        cursor = state["cursor"] + (1 if outcome == "succeeded" else 0)
+        new = {**state, "results": results, "pending": None, "cursor": cursor}
         self.write(
             "tool_result",
             new,
@@ -267,12 +327,14 @@ class RefundWorkflow:
         state.clear()
         state.update(new)
         if outcome == "failed_final":
+            # A permanent error (Chinese seed §10): a person approves,
+            # supplements or terminates (fencecheck.operator_decide).
             out = self.write(
-                "fail",
+                "pause_human",
                 new,
                 step=step,
-                event_type="agent.failed",
-                payload={"reason": "tool_failed_final"},
+                event_type="agent.paused_human",
+                payload={"reason": "tool_rejected"},
             )
             return out.status
         return None
@@ -344,6 +406,8 @@ class RefundWorkflow:
             out = self.rt.writer.write(w)
             h.ids["revision"] = out.revision
         self.revision = out.revision
+        if out.status in ("paused_indoubt", "paused_human"):
+            metrics.runs_paused_total.labels(out.status, str((payload or {}).get("reason"))).inc()
         log(
             _log,
             logging.INFO,

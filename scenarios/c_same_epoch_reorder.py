@@ -8,6 +8,8 @@ lock, then releases the first.
 
 from __future__ import annotations
 
+import uuid
+
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
@@ -22,6 +24,7 @@ SPEC = ExperimentSpec(
     fault="first write held at after_lease_row_locked while the second is sent",
     rules=(3,),
     injection_point="after_lease_row_locked",
+    write_path="stepped",
 )
 
 
@@ -31,15 +34,28 @@ def run(ctx: ExperimentContext) -> None:
     lease = ctx.ok(w, "claim", run_id=run_id)
     epoch, base = lease["epoch"], lease["revision"]
     ctx.arm("W", "after_lease_row_locked", Hold())
+    event_ids = [str(uuid.uuid4()), str(uuid.uuid4())]
     first = w.request_async(
         "save_checkpoint",
-        {"run_id": run_id, "epoch": epoch, "expected_revision": base, "state": {"w": 1}},
+        {
+            "run_id": run_id,
+            "epoch": epoch,
+            "expected_revision": base,
+            "state": {"w": 1},
+            "event_id": event_ids[0],
+        },
         worker_async=True,
     )
     hit = ctx.reached("W", "after_lease_row_locked")
     second = w.request_async(
         "save_checkpoint",
-        {"run_id": run_id, "epoch": epoch, "expected_revision": base, "state": {"w": 2}},
+        {
+            "run_id": run_id,
+            "epoch": epoch,
+            "expected_revision": base,
+            "state": {"w": 2},
+            "event_id": event_ids[1],
+        },
         worker_async=True,
     )
     blocked = checkers.backend_waiting_on_lock(ctx, "W", timeout_s=2)
@@ -52,14 +68,27 @@ def run(ctx: ExperimentContext) -> None:
     )
     ctx.release("W", "after_lease_row_locked")
     replies = [first.result(15), second.result(15)]
-    wins = [r for r in replies if r.ok]
-    ctx.equal("exactly one write wins", len(wins), 1, what="writes accepted")
-    losers = [r.error for r in replies if not r.ok]
+    told = [r.result.get("revision") if r.ok else r.error for r in replies]
+    committed = {w["event_id"]: w for w in checkers.writes(ctx, run_id)}
+    won = [e for e in event_ids if e in committed]
+    ctx.equal(
+        "exactly one write wins",
+        len(won),
+        1,
+        what=f"of the two writes, committed (by event_id; the worker answered {told})",
+    )
+    lost = [e for e in event_ids if e not in committed]
+    traces = ctx.sql(
+        "outbox rows of the losing write",
+        "SELECT event_id FROM outbox WHERE event_id::text = ANY(%s)",
+        [lost],
+    )
     ctx.invariant(
-        "the loser is told it lost the CAS",
-        losers == ["RevisionConflict"],
-        expected="the other write rejected with RevisionConflict",
-        observed=f"rejections: {losers}",
+        "the loser left no trace",
+        len(lost) == 1 and not traces,
+        expected="the other write's event_id in neither agent_checkpoints nor outbox",
+        observed=f"losing event ids {lost}; outbox rows of them {len(traces)}; the worker told"
+        f" the loser: {[r.error for r in replies if not r.ok]}",
     )
     rows = [r for r in checkers.checkpoints(ctx, run_id) if r["revision"] > base]
     ctx.equal(

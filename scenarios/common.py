@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -14,12 +15,14 @@ T = TypeVar("T")
 
 
 def control_plane(ctx: ExperimentContext, tenant_id: str | None = None) -> WorkerProcess:
-    """An ``ops`` worker used as the control plane: creates, cancels, retries runs."""
+    """An ``ops`` process logged in as the tenant's operator role: the control
+    plane that creates, cancels and retries runs, delivers callbacks and takes
+    operator decisions (the worker role may do none of these)."""
     name = "ctl" if tenant_id is None else f"ctl-{tenant_id[:4]}"
     existing = ctx.env.workers.get(name)
     if existing is not None and existing.is_alive():
         return existing
-    return ctx.env.start_worker(name, "ops", tenant_id=tenant_id)
+    return ctx.env.start_worker(name, "ops", tenant_id=tenant_id, role="operator")
 
 
 def new_run(
@@ -32,11 +35,27 @@ def new_run(
     """Create a task with one run through the worker's control plane; return run_id."""
     ctl = control_plane(ctx, tenant_id)
     task_id = f"task-{ctx.spec.id.lower()}-{uuid.uuid4().hex[:8]}"
-    args: dict[str, Any] = {"task_id": task_id, "input": {"tool": tool, **(input or {})}}
+    # Every run carries a sensitive field (contract: sealed at rest, sent to the
+    # tool, never logged); the harness masks its value wherever it shows up.
+    token = f"ct_{secrets.token_hex(12)}"
+    ctx.env.secrets.add(token)
+    args: dict[str, Any] = {
+        "task_id": task_id,
+        "input": {"tool": tool, "customer_token": token, **(input or {})},
+    }
     if tenant_id is not None:
         args["tenant_id"] = tenant_id
     result = ctx.ok(ctl, "create_run", **args)
     return ctx.note_run(str(result["run_id"]))
+
+
+def workflow_steps(extra_steps: int = 0) -> list[str]:
+    """The ``current_step`` of each protected write of the built-in workflow, in
+    order, for a run that goes through without a fault (worker contract §7):
+    start and plan, lookup, the tool step's intent and result, notify, the
+    extra work steps, finish."""
+    work = [f"work_{i + 1}" for i in range(extra_steps)]
+    return ["plan", "plan", "lookup", "create_label", "create_label", "notify", *work, "finish"]
 
 
 def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -> T | None:

@@ -26,6 +26,7 @@ SPEC = ExperimentSpec(
     injection_point="after_lease_row_locked",
     lease_ttl_ms=600,
     natural_wait_s=0.6,
+    write_path="stepped",
 )
 
 

@@ -6,6 +6,12 @@ answered and before the result transaction commits. The successor then finds
 a dispatch claim that expired. What it may do depends on what the tool
 promises: retry with the same key (idempotent), ask the tool (query), or
 nothing at all but freeze (neither).
+
+Variant ``retention_expired``: the idempotent tool keeps its keys for one
+second only, and the successor comes after that: the tool no longer knows
+the key (its query answers "not found", a repeat would create anew), so a
+same-key retry is no longer safe and must not be sent: the run freezes in
+doubt with one real resource.
 """
 
 from __future__ import annotations
@@ -16,6 +22,8 @@ from harness.parts.control import Crash, Hold
 from harness.waiting import wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 
+RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
+
 SPEC = ExperimentSpec(
     id="E",
     title="remote success then crash",
@@ -25,12 +33,18 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_tool_response_before_tx2_commit, after the tool created the resource",
     rules=(4, 5),
     injection_point="after_tool_response_before_tx2_commit",
-    variants=("idempotent", "query", "none", "stale_dispatcher"),
+    variants=("idempotent", "query", "none", "stale_dispatcher", "retention_expired"),
     natural_wait_s=0.8,
-    variant_waits=(("stale_dispatcher", 0.6),),
+    variant_waits=(("stale_dispatcher", 0.6), ("retention_expired", 1.2)),
+    tool_retention=(("retention_expired", RETENTION_S),),
 )
 
-TOOL_FOR = {"idempotent": "idem", "query": "queryable", "none": "plain"}
+TOOL_FOR = {
+    "idempotent": "idem",
+    "query": "queryable",
+    "none": "plain",
+    "retention_expired": "idem",
+}
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -57,6 +71,8 @@ def run(ctx: ExperimentContext) -> None:
     )
     op_id = created[0]["operation_id"] if created else None
     step = next((o["step_id"] for o in ops_before if o["operation_id"] == op_id), None)
+    if variant == "retention_expired":
+        _outlive_retention(ctx, str(op_id))
     wait_claimable(ctx, run_id)
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
     code_b = finish(ctx, b)
@@ -83,7 +99,7 @@ def run(ctx: ExperimentContext) -> None:
     ctx.equal(
         "one real resource", len(resources), 1, what=f"resources the tool created for step {step}"
     )
-    if variant == "none":
+    if variant in ("none", "retention_expired"):
         ctx.equal("no resend", len(requests), 1, what="create requests the tool received")
         ctx.equal(
             "ledger stays unknown", op and op["status"], "unknown", what=f"ledger status of {op_id}"
@@ -183,4 +199,31 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
         expected="ledger succeeded with the resource id",
         observed=f"ledger {(final['status'], final['remote_id'])}; resources "
         f"{[r['resource_id'] for r in resources]}",
+    )
+
+
+def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:
+    """Wait until the tool's key window is over by the database's clock (from the
+    first dispatch), then confirm with the tool itself that it forgot the key."""
+    wait_for(
+        lambda: ctx.env.query(
+            "SELECT clock_timestamp() > first_dispatched_at + retention_ms * interval '1 ms'"
+            " + interval '200 ms' AS over FROM tool_operations WHERE operation_id = %s",
+            [op_id],
+        )[0]["over"],
+        what=f"the tool's retention window of {op_id} to pass by database time",
+        timeout_s=10,
+    )
+    forgotten = ctx.env.tool.client().query("idem", op_id) is None
+    row = ctx.sql(
+        "the ledger's record of the tool's promise",
+        "SELECT retention_ms, first_dispatched_at FROM tool_operations WHERE operation_id = %s",
+        [op_id],
+    )
+    ctx.fault(
+        "the tool forgot the key before the successor came",
+        forgotten and bool(row) and row[0]["retention_ms"] == int(RETENTION_S * 1000),
+        expected=f"the tool's query answers not found; the ledger holds retention_ms "
+        f"{int(RETENTION_S * 1000)}",
+        observed=f"query not found: {forgotten}; ledger {row}",
     )

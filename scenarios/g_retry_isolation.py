@@ -3,6 +3,12 @@
 Run 1 calls the tool and is then cancelled; the task is retried as run 2 (a
 new run_id) and run 2 makes progress of its own. The tool's callback for
 run 1's operation arrives only now. It must not touch run 2.
+
+The callback reaches the worker through its ``deliver_callback`` op (the
+contract has no HTTP callback endpoint), so the worker's answer is used only
+as proof that the delivery was received (the fault); whether it was accepted
+or refused is not judged: what is judged is the database (the new run, its
+ledger, the task's active run) and the global invariants.
 """
 
 from __future__ import annotations
@@ -64,7 +70,7 @@ def run(ctx: ExperimentContext) -> None:
     if old_request is None:
         return
     callback = ctx.op(
-        b,
+        ctl,
         "deliver_callback",
         run_id=old_run,
         operation_id=old_request["operation_id"],
@@ -77,9 +83,9 @@ def run(ctx: ExperimentContext) -> None:
         },
     )
     ctx.fault(
-        "the late callback reached the worker",
+        "the late callback reached the control plane",
         callback.ok or callback.error not in (None, "Unsupported"),
-        expected="the worker answered the delivery (accepted or refused)",
+        expected="the control plane answered the delivery (accepted or refused)",
         observed=f"reply ok={callback.ok} {callback.result or callback.error}",
     )
     after = checkers.run_row(ctx, new_run_id, "new run after the late callback")

@@ -7,6 +7,13 @@ Under synchronous replication no acknowledged epoch may be lost. And when a
 synchronous commit's wait is cancelled, PostgreSQL reports success with only
 a warning although the standby never got it: the worker must treat that as
 outcome unknown, never as durable.
+
+What rests on the worker's word, and why: the declared contract (op
+``durability``) and the answer to the write whose wait was cancelled are not
+evidence of anything else, they are the subject of rule 11 itself ("the
+system must say so rather than claim the sync guarantee"). The harness judges
+them against what it observed: the replication mode from
+pg_stat_replication, and the write's loss on the promoted standby.
 """
 
 from __future__ import annotations
@@ -14,7 +21,12 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checking import checkers
-from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.experiment import (
+    Exemption,
+    ExperimentContext,
+    ExperimentSpec,
+    Inconclusive,
+)
 from harness.parts.postgres import PostgresCluster, failover
 from harness.waiting import wait_for
 from scenarios.common import new_run, seen_within
@@ -31,6 +43,21 @@ SPEC = ExperimentSpec(
     replication="async",
     variants=("async", "sync", "sync_cancelled_wait"),
     natural_wait_s=0.0,
+    exemptions=(
+        Exemption(
+            "worker.accounts_match_the_evidence",
+            "async failover loses acknowledged writes by design (the declared contract): the "
+            "worker's ok for the epoch-2 claim, checkpoint and intent is true of the old "
+            "primary, which the promoted standby never received",
+            variants=("async",),
+        ),
+        Exemption(
+            "effect.sent_only_under_a_dispatch_claim",
+            "async failover loses acknowledged writes by design: the intent and the dispatch "
+            "claim the tool's request was sent under exist on the fenced old primary only",
+            variants=("async",),
+        ),
+    ),
 )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Continue, Crash
-from scenarios.common import finish, new_run, wait_claimable
+from scenarios.common import finish, new_run, wait_claimable, workflow_steps
 
 SPEC = ExperimentSpec(
     id="I",
@@ -68,13 +68,22 @@ def run(ctx: ExperimentContext) -> None:
         observed=f"B's checkpoints {[(c['revision'], c['epoch'], c['owner']) for c in by_b]}"
         f" (B exit {code_b})",
     )
-    steps = [str((c["state_json"] or {}).get("step")) for c in rows]
-    repeated = sorted({s for s in steps if steps.count(s) > 1 and s != "None"})
-    ctx.invariant(
+    # "Redone" judged on facts the contract defines (§7): the current_step each
+    # protected write gave the run (audit trail), against the workflow's own
+    # sequence, and the tool's log for the tool step.
+    steps = [w["current_step"] for w in checkers.writes(ctx, run_id)]
+    ctx.equal(
         "no step redone",
-        not repeated,
-        expected="each workflow step checkpointed once",
-        observed=f"steps in order {steps}; repeated {repeated}",
+        steps,
+        workflow_steps(),
+        what="current_step of each protected write, in revision order",
+    )
+    requests = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.equal(
+        "tool step sent once",
+        len(requests),
+        1,
+        what=f"create requests the tool received for run {run_id[:8]}",
     )
     ctx.command(f"tool requests before B took over: {tool_before}")
     checkers.one_resource_per_operation(ctx, run_id)

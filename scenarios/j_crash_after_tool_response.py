@@ -1,13 +1,21 @@
 """J: killed after the tool answered, with a tool that offers neither query nor
 idempotency: nothing may be resent automatically; the run is frozen in doubt.
+
+Variant ``operator_resolves``: then a person resolves it (issue 15: the way
+out of PAUSED_INDOUBT) while workers race to claim the run. A worker that
+tries before the decision must be refused; the operator's decision holds
+the run's row lock at the barrier ``after_operator_lock`` while a second
+worker's takeover waits on it; only after the decision may a worker take
+the run, and it must continue from the operator's finding (adopt the
+resource found, resend nothing). The decision is audited.
 """
 
 from __future__ import annotations
 
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Crash
-from scenarios.common import finish, new_run, wait_claimable
+from harness.parts.control import Crash, Hold
+from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(
     id="J",
@@ -18,6 +26,7 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_tool_response_before_tx2_commit, tool without query or idempotency",
     rules=(4, 5, 9),
     injection_point="after_tool_response_before_tx2_commit",
+    variants=("frozen", "operator_resolves"),
     natural_wait_s=0.8,
 )
 
@@ -51,4 +60,110 @@ def run(ctx: ExperimentContext) -> None:
         what=f"run status (B exit {code_b}, C exit {code_c})",
     )
     ctx.equal("nobody holds the frozen run", row["owner"], None, what="owner")
+    if ctx.variant == "operator_resolves":
+        _operator_resolves(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _operator_resolves(
+    ctx: ExperimentContext, run_id: str, op_id: str, sent: list[dict[str, object]]
+) -> None:
+    remote = str(sent[0]["resource_id"]) if sent else None
+    early = ctx.env.start_worker("W1", "run", ["--run-id", run_id, "--once"])
+    code_early = finish(ctx, early)
+    self_resolve = ctx.op(
+        ctx.env.start_worker("W0", "ops"),
+        "resolve_indoubt",
+        run_id=run_id,
+        operation_id=op_id,
+        decision="not_executed",
+        reason="a worker deciding for itself",
+    )
+    ctx.invariant(
+        "a worker cannot resolve its own doubt",
+        not self_resolve.ok,
+        expected="refused by the database (operator functions only)",
+        observed=f"{self_resolve.error or 'accepted'}",
+    )
+    ctl = control_plane(ctx)
+    ctx.arm("ctl", "after_operator_lock", Hold())
+    decision = ctl.request_async(
+        "resolve_indoubt",
+        {
+            "run_id": run_id,
+            "operation_id": op_id,
+            "decision": "executed",
+            "remote_id": remote,
+            "reason": "resource found in the tool's console",
+            "ticket": "OPS-42",
+        },
+    )
+    ctx.reached("ctl", "after_operator_lock")
+    racer = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
+    waited = checkers.backend_waiting_on_lock(ctx, "W2")
+    ctx.fault(
+        "a worker's takeover raced the operator's decision",
+        waited,
+        expected="W2's takeover blocked on the run's row lock while the operator held it",
+        observed="blocked on a lock" if waited else "W2 never waited on a lock",
+    )
+    ctx.release("ctl", "after_operator_lock")
+    reply = decision.result(15)
+    code_racer = finish(ctx, racer)
+    trail = checkers.audit(ctx, run_id)
+    resumed = next(
+        (r["seq"] for r in trail if (r["old_status"], r["status"]) == ("paused_indoubt", "queued")),
+        None,
+    )
+    frozen_at = max(
+        (
+            r["seq"]
+            for r in trail
+            if r["status"] == "paused_indoubt" and r["old_status"] != r["status"]
+        ),
+        default=None,
+    )
+    early_grants = [
+        r["seq"]
+        for r in trail
+        if r["old_epoch"] is not None
+        and r["epoch"] > r["old_epoch"]
+        and frozen_at is not None
+        and r["seq"] > frozen_at
+        and (resumed is None or r["seq"] < resumed)
+    ]
+    ctx.invariant(
+        "no worker took the run before the operator decided",
+        resumed is not None and not early_grants,
+        expected="the paused run granted to nobody between the freeze and the decision",
+        observed=f"decision at audit seq {resumed}; grants before it: {early_grants or 'none'}"
+        f" (W1 exit {code_early})",
+    )
+    ops_after = checkers.ledger(ctx, run_id)
+    row = checkers.run_row(ctx, run_id, "the run after the decision")
+    requests = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.invariant(
+        "the operator's decision wins",
+        [(o["status"], o["remote_id"]) for o in ops_after] == [("succeeded", remote)]
+        and row["status"] == "succeeded"
+        and len(requests) == 1,
+        expected=f"ledger succeeded with the resource found ({remote}); the run finished from it;"
+        " nothing resent",
+        observed=f"ledger {[(o['status'], o['remote_id']) for o in ops_after]}; run "
+        f"{row['status']} (W2 exit {code_racer}, decision ok={reply.ok}); tool requests "
+        f"{len(requests)}",
+    )
+    actions = ctx.sql(
+        "operator decisions on the run",
+        "SELECT action, operator, reason, ticket, before->>'status' AS before,"
+        " after->>'status' AS after, at FROM operator_actions WHERE run_id = %s ORDER BY id",
+        [run_id],
+    )
+    operator = ctx.env.login_role(ctx.env.tenant_id, "operator")
+    ctx.invariant(
+        "the decision is audited",
+        [(a["action"], a["operator"], a["ticket"], a["before"], a["after"]) for a in actions]
+        == [("resolve:executed", operator, "OPS-42", "paused_indoubt", "queued")],
+        expected=f"one row: resolve:executed by {operator}, ticket OPS-42, paused_indoubt -> queued",
+        observed=f"{[(a['action'], a['operator'], a['ticket'], a['before'], a['after']) for a in actions]}",
+    )

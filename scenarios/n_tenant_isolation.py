@@ -1,25 +1,35 @@
-"""N: the database itself refuses a worker of one tenant any read, claim or write
-of another tenant's run, and refuses the worker role a write around the
-protected-write path.
+"""N: tenant isolation, judged from the catalog, not from a list of tables.
 
-Two witnesses: the worker of tenant 1 trying through its own code, and the
-harness connecting as the worker role itself with tenant 1 set, so the check
-does not depend on the worker filtering by tenant.
+A session's tenant is its login role's binding (worker contract v2). The
+harness reads the catalog as superuser and probes every table with a tenant
+column and every function, sequence and view the worker role can reach,
+then tries, as a raw session of tenant 1's worker login role, every way a
+session could move itself to another tenant. Witnesses: the worker of
+tenant 1 trying through its own code, the raw worker-role session (what
+the database itself allows, whatever the worker filters), and the catalog.
 """
 
 from __future__ import annotations
 
-from harness.checking import checkers
+from contextlib import closing
+from typing import Any
+
+import psycopg
+
+from harness.checking import checkers, grants
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from scenarios.common import new_run
+from scenarios.common import control_plane, new_run
 
 SPEC = ExperimentSpec(
     id="N",
     title="tenant isolation",
     seed_section="Chinese seed §12; English seed §12 (roles)",
-    invariant="cross-tenant read, claim and write are refused by the database; the worker "
-    "role cannot update protected columns directly",
-    fault="a worker and a raw worker-role session of tenant 1 aim at tenant 2's run",
+    invariant="every table with a tenant column has RLS enabled and forced, and refuses "
+    "cross-tenant read and write; the worker role executes only the worker API (no "
+    "control-plane function), moves no sequence, writes no protocol table; no session can "
+    "change its own tenant binding",
+    fault="a worker, a raw worker-role session and the worker role's catalog grants, all of "
+    "tenant 1, aimed at tenant 2's rows and at the binding itself",
     rules=(12,),
 )
 
@@ -27,10 +37,40 @@ SPEC = ExperimentSpec(
 def run(ctx: ExperimentContext) -> None:
     t1, t2 = ctx.env.tenant_id, ctx.env.other_tenant_id
     mine = new_run(ctx, tenant_id=t1)
+    theirs = _tenant_two_rows(ctx, t2)
+    before = checkers.run_row(ctx, theirs, "tenant 2's run before the attempts")
+    _through_the_worker(ctx, t1, theirs, before)
+    role = ctx.env.login_role(t1, "worker")
+    _tables(ctx, role, t1, t2)
+    _reach(ctx, role, ctx.env.login_role(t1, "operator"))
+    _binding_is_fixed(ctx, t1, t2)
+    _no_control_plane(ctx, t1, mine)
+    own = checkers.as_worker_role(
+        ctx, t1, "UPDATE agent_runs SET epoch = epoch + 100 WHERE run_id = %s", [mine]
+    )
+    ctx.invariant(
+        "database refuses a direct write of the worker's own protected column",
+        own[0] != "ok" or own[1] == "0 row(s) affected",
+        expected="permission denied",
+        observed=f"{own}",
+    )
+    after = checkers.run_row(ctx, theirs, "tenant 2's run after the attempts")
+    ctx.equal(
+        "tenant 2's run untouched",
+        (after["status"], after["revision"], after["epoch"], after["owner"]),
+        (before["status"], before["revision"], before["epoch"], before["owner"]),
+        what="(status, revision, epoch, owner)",
+    )
+
+
+def _tenant_two_rows(ctx: ExperimentContext, t2: str) -> str:
+    """Tenant 2 gets a row in every protocol table, so every read probe has
+    something to refuse: a run with a checkpoint, an intent, outbox rows
+    published to the broker and consumed."""
     theirs = new_run(ctx, tenant_id=t2)
     owner2 = ctx.env.start_worker("T2", "ops", tenant_id=t2)
     lease2 = ctx.ok(owner2, "claim", run_id=theirs)
-    ctx.ok(
+    saved = ctx.ok(
         owner2,
         "save_checkpoint",
         run_id=theirs,
@@ -38,7 +78,25 @@ def run(ctx: ExperimentContext) -> None:
         expected_revision=lease2["revision"],
         state={"secret": "tenant 2"},
     )
-    before = checkers.run_row(ctx, theirs, "tenant 2's run before the attempts")
+    ctx.ok(
+        owner2,
+        "register_intent",
+        run_id=theirs,
+        epoch=lease2["epoch"],
+        expected_revision=saved["revision"],
+        step_id="n.label",
+        effect_version=1,
+        tool="idem",
+        request={"kind": "return_label"},
+    )
+    ctx.ok(owner2, "relay", limit=100)
+    ctx.ok(owner2, "consume", consumer="n-consumer")
+    return theirs
+
+
+def _through_the_worker(
+    ctx: ExperimentContext, t1: str, theirs: str, before: dict[str, Any]
+) -> None:
     w1 = ctx.env.start_worker("T1", "ops", tenant_id=t1)
     attempts = {
         "read": ctx.op(w1, "read_checkpoint", run_id=theirs),
@@ -47,7 +105,7 @@ def run(ctx: ExperimentContext) -> None:
             w1,
             "save_checkpoint",
             run_id=theirs,
-            epoch=lease2["epoch"],
+            epoch=before["epoch"],
             expected_revision=before["revision"],
             state={"by": "tenant 1"},
         ),
@@ -59,41 +117,222 @@ def run(ctx: ExperimentContext) -> None:
             expected="refused",
             observed="accepted" if reply.ok else str(reply.error),
         )
-    raw = {
-        "read": checkers.as_worker_role(
-            ctx, t1, "SELECT run_id, status FROM agent_runs WHERE run_id = %s", [theirs]
-        ),
-        "checkpoint read": checkers.as_worker_role(
-            ctx, t1, "SELECT revision FROM agent_checkpoints WHERE run_id = %s", [theirs]
-        ),
-        "direct update": checkers.as_worker_role(
-            ctx, t1, "UPDATE agent_runs SET status = 'cancelled' WHERE run_id = %s", [theirs]
-        ),
-        "own protected column": checkers.as_worker_role(
-            ctx, t1, "UPDATE agent_runs SET epoch = epoch + 100 WHERE run_id = %s", [mine]
-        ),
-    }
-    own = checkers.as_worker_role(
-        ctx, t1, "SELECT run_id FROM agent_runs WHERE run_id = %s", [mine]
-    )
+
+
+def _refused(outcome: tuple[str, Any]) -> bool:
+    """Permission denied, a policy violation, or nothing matched."""
+    status, detail = outcome
+    if status == "ok":
+        return bool(detail == [] or detail == "0 row(s) affected" or detail == [{"n": 0}])
+    return "42501" in status
+
+
+def _tables(ctx: ExperimentContext, role: str, t1: str, t2: str) -> None:
+    tables = grants.tenant_tables(ctx)
     ctx.fault(
-        "the worker role works for its own tenant",
-        own[0] == "ok" and isinstance(own[1], list) and len(own[1]) == 1,
-        expected="tenant 1 sees its own run",
-        observed=f"{own}",
+        "the catalog lists the protocol's tenant tables",
+        {"public.agent_runs", "public.agent_checkpoints", "public.tool_operations"}
+        <= {t["name"] for t in tables},
+        expected="at least agent_runs, agent_checkpoints, tool_operations",
+        observed=", ".join(t["name"] for t in tables),
     )
-    for name, (status, detail) in raw.items():
-        refused = status != "ok" or detail == [] or detail == "0 row(s) affected"
+    for t in tables:
+        name = t["name"]
         ctx.invariant(
-            f"database refuses {name}",
-            refused,
-            expected="no rows, or permission denied",
-            observed=f"{status}: {detail}",
+            f"{name}: row level security enabled and forced",
+            bool(t["rls"] and t["forced"]),
+            expected="relrowsecurity and relforcerowsecurity",
+            observed=f"rls={t['rls']} forced={t['forced']}",
         )
-    after = checkers.run_row(ctx, theirs, "tenant 2's run after the attempts")
-    ctx.equal(
-        "tenant 2's run untouched",
-        (after["status"], after["revision"], after["epoch"], after["owner"]),
-        (before["status"], before["revision"], before["epoch"], before["owner"]),
-        what="(status, revision, epoch, owner)",
+        present = ctx.sql(
+            f"tenant 2's rows in {name}",
+            f"SELECT count(*) AS n FROM {name} WHERE tenant_id = %s",
+            [t2],
+        )[0]["n"]
+        probes = {
+            "read": (f"SELECT count(*) AS n FROM {name} WHERE tenant_id = %s", [t2]),
+            "update": (f"UPDATE {name} SET tenant_id = tenant_id WHERE tenant_id = %s", [t2]),
+            "delete": (f"DELETE FROM {name} WHERE tenant_id = %s", [t2]),
+            "insert": (f"INSERT INTO {name} (tenant_id) VALUES (%s)", [t2]),
+        }
+        outcomes = {k: _rolled_back(ctx, role, t1, sql, p) for k, (sql, p) in probes.items()}
+        ctx.invariant(
+            f"{name}: cross-tenant read and write refused",
+            all(_refused(o) for o in outcomes.values()),
+            expected=f"tenant 1's worker role reads, changes and adds none of tenant 2's "
+            f"{present} row(s)",
+            observed="; ".join(f"{k}: {o[0]} {o[1]}" for k, o in outcomes.items()),
+        )
+
+
+def _rolled_back(
+    ctx: ExperimentContext, role: str, tenant: str, statement: str, params: list[Any]
+) -> tuple[str, Any]:
+    """One statement as ``role`` in a transaction that is always rolled back."""
+    dsn = ctx.env.db.dsn(role, application_name="fencecheck-harness-as-worker")
+    outcome: tuple[str, Any]
+    try:
+        with closing(psycopg.connect(dsn, connect_timeout=5)) as conn:
+            cur = conn.execute(statement.encode(), params)
+            if cur.description:
+                names = [c.name for c in cur.description]
+                outcome = ("ok", [dict(zip(names, r, strict=True)) for r in cur])
+            else:
+                outcome = ("ok", f"{cur.rowcount} row(s) affected")
+            conn.rollback()
+    except psycopg.Error as exc:
+        outcome = (f"refused ({exc.sqlstate} {type(exc).__name__})", str(exc).splitlines()[0])
+    ctx.queries.append(
+        checkers.query_record(f"as {role} (tenant {tenant[:8]}), rolled back", statement, outcome)
+    )
+    return outcome
+
+
+def _reach(ctx: ExperimentContext, worker: str, operator: str) -> None:
+    reach = set(grants.reachable_functions(ctx, worker))
+    ctx.invariant(
+        "the worker role executes only the worker API",
+        reach <= grants.WORKER_API,
+        expected="a subset of the contract's worker API",
+        observed=f"outside it: {sorted(reach - grants.WORKER_API) or 'nothing'}; "
+        f"reachable: {len(reach)}",
+    )
+    ctx.invariant(
+        "the worker role executes no control-plane function",
+        not reach & grants.CONTROL_PLANE,
+        expected="none of " + ", ".join(sorted(grants.CONTROL_PLANE)),
+        observed=f"{sorted(reach & grants.CONTROL_PLANE) or 'none'}",
+    )
+    op_reach = set(grants.reachable_functions(ctx, operator))
+    ctx.invariant(
+        "the operator role executes only the control-plane API",
+        op_reach <= grants.OPERATOR_API,
+        expected="a subset of the contract's operator API",
+        observed=f"outside it: {sorted(op_reach - grants.OPERATOR_API) or 'nothing'}; "
+        f"reachable: {len(op_reach)}",
+    )
+    seqs = grants.reachable_sequences(ctx, worker)
+    ctx.invariant(
+        "the worker role moves no sequence",
+        not seqs,
+        expected="no sequence readable or settable (identity columns need none)",
+        observed=f"{[s['name'] for s in seqs] or 'none'}",
+    )
+    views = grants.reachable_views(ctx, worker)
+    ctx.invariant(
+        "every view the worker role reads is tenant-scoped by its tables' policies",
+        all(v["invoker"] for v in views),
+        expected="security_invoker views only (an empty list is the expectation: the "
+        "reference schema has no view)",
+        observed=f"{views or 'no view reachable'}",
+    )
+    for kind, role in (("worker", worker), ("operator", operator)):
+        writable = set(grants.writable_tables(ctx, role))
+        allowed = grants.WORKER_WRITABLE if kind == "worker" else frozenset()
+        ctx.invariant(
+            f"the {kind} role writes no protocol table directly",
+            writable <= allowed,
+            expected=f"at most {sorted(allowed) or 'nothing'}",
+            observed=f"{sorted(writable) or 'nothing'}",
+        )
+        ctx.invariant(
+            f"the {kind} role can create objects in no schema",
+            not grants.creatable_schemas(ctx, role),
+            expected="no CREATE on any schema (no function can be planted)",
+            observed=f"{grants.creatable_schemas(ctx, role) or 'none'}",
+        )
+
+
+def _binding_is_fixed(ctx: ExperimentContext, t1: str, t2: str) -> None:
+    """Every way a session might move itself to tenant 2, each followed by what
+    the session then sees; all in one session, each in a rolled-back transaction."""
+    role = ctx.env.login_role(t1, "worker")
+    other = ctx.env.login_role(t2, "worker")
+    attempts = {
+        "set_config": "SELECT set_config('app.tenant_id', %(t2)s, false)",
+        "SET": "SET app.tenant_id = %(t2_lit)s",
+        "SET ROLE operator group": "SET ROLE fencecheck_operator",
+        "SET ROLE tenant 2's role": f"SET ROLE {other}",
+        "SET SESSION AUTHORIZATION": f"SET SESSION AUTHORIZATION {other}",
+        "update binding": "UPDATE public.tenant_bindings SET tenant_id = %(t2)s"
+        " WHERE role_name = session_user",
+        "insert binding": "INSERT INTO public.tenant_bindings (role_name, tenant_id)"
+        " VALUES (session_user, %(t2)s) ON CONFLICT (role_name) DO UPDATE"
+        " SET tenant_id = excluded.tenant_id",
+        "delete and rebind": "WITH d AS (DELETE FROM public.tenant_bindings"
+        " WHERE role_name = session_user) INSERT INTO public.tenant_bindings"
+        " (role_name, tenant_id) VALUES (session_user, %(t2)s)",
+    }
+    check = (
+        "SELECT fencecheck.session_tenant()::text AS tenant,"
+        " (SELECT count(*) FROM public.agent_runs WHERE tenant_id = %(t2)s) AS theirs"
+    )
+    params = {"t2": t2, "t2_lit": f"'{t2}'"}
+    dsn = ctx.env.db.dsn(role, application_name="fencecheck-harness-as-worker")
+    seen: dict[str, str] = {}
+    moved: list[str] = []
+    with closing(psycopg.connect(dsn, connect_timeout=5, autocommit=True)) as conn:
+        for name, statement in attempts.items():
+            text = statement % {"t2": "%(t2)s", "t2_lit": params["t2_lit"]}
+            try:
+                with conn.transaction():
+                    conn.execute(text.encode(), params)
+                    row = conn.execute(check.encode(), params).fetchone()
+                    assert row is not None
+                    seen[name] = f"accepted; then tenant {row[0]}, tenant 2 runs seen {row[1]}"
+                    if row[0] != t1 or row[1]:
+                        moved.append(name)
+                    raise _Rollback()
+            except _Rollback:
+                pass
+            except psycopg.Error as exc:
+                seen[name] = f"refused ({exc.sqlstate})"
+            conn.execute("RESET ALL")
+    ctx.queries.append(
+        checkers.query_record(
+            f"as {role}: attempts to change its own tenant", check, ("ok", [seen])
+        )
+    )
+    ctx.invariant(
+        "a worker session cannot change its own tenant",
+        not moved,
+        expected="after every attempt the session is still tenant 1 and sees none of "
+        "tenant 2's runs",
+        observed=f"moved by: {moved or 'nothing'}; "
+        + "; ".join(f"{k}: {v}" for k, v in seen.items()),
+    )
+    binding = ctx.sql(
+        "the binding afterwards",
+        "SELECT tenant_id::text AS tenant FROM public.tenant_bindings WHERE role_name = %s",
+        [role],
+    )
+    ctx.equal("the binding itself unchanged", binding, [{"tenant": t1}], what="tenant_bindings")
+
+
+class _Rollback(Exception):
+    """Leave a probe's transaction without keeping anything."""
+
+
+def _no_control_plane(ctx: ExperimentContext, t1: str, mine: str) -> None:
+    """The worker role, through its own code and raw, cannot cancel even its own
+    tenant's run; the control plane of that tenant can (the probe can fail)."""
+    w1 = ctx.env.workers["T1"]
+    reply = ctx.op(w1, "cancel", run_id=mine)
+    raw = checkers.as_worker_role(
+        ctx, t1, "SELECT run_status FROM fencecheck.operator_cancel(%s, 'n probe', NULL)", [mine]
+    )
+    status = checkers.run_row(ctx, mine, "tenant 1's run after the worker's cancel attempts")
+    ctx.invariant(
+        "the worker role cannot cancel a run",
+        not reply.ok and raw[0] != "ok" and status["status"] == "queued",
+        expected="refused through the worker and raw; the run still queued",
+        observed=f"worker: {reply.error or 'accepted'}; raw: {raw[0]}; run {status['status']}",
+    )
+    ctl = control_plane(ctx, t1)
+    done = ctx.op(ctl, "cancel", run_id=mine)
+    ctx.fault(
+        "the control plane of tenant 1 can cancel it",
+        done.ok and checkers.run_row(ctx, mine)["status"] == "cancelled",
+        expected="cancelled by the operator role",
+        observed=f"{done.result if done.ok else done.error}",
     )

@@ -1,14 +1,16 @@
-"""The matrix can fail: every mutant of the reference worker must be caught.
+"""The matrix can fail: every mutant of every worker under test must be caught.
 
 Runs `fencecheck mutants` (all mutants, each against its expected catchers,
-then the rest of the matrix if needed). A mutant that no experiment fails is
-a failure of the harness, so this test fails.
+then the rest of the matrix if needed) for the Python reference worker and
+for the Go worker (reference_impl/go). A mutant that no experiment fails is
+a failure of the harness, so the test fails.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,15 +20,30 @@ from harness.mutation.named import list_mutants, run_mutants
 
 pytestmark = [pytest.mark.mutants, pytest.mark.slow]
 
-REPORTS = Path(__file__).resolve().parent.parent / "reports"
+REPO = Path(__file__).resolve().parent.parent
+REPORTS = REPO / "reports"
+GO_WORKER = REPO / "reference_impl/go/bin/fencecheck-go-worker"
+
+
+def assert_all_caught(
+    worker_cmd: Sequence[str], at_least: int, names_var: str, out: pytest.CaptureFixture[str]
+) -> None:
+    """Every mutant the worker lists (or those ``$names_var`` names) is caught."""
+    settings = Settings(worker_cmd=tuple(worker_cmd))
+    assert len(list_mutants(settings.worker_cmd)) >= at_least
+    names = shlex.split(os.environ.get(names_var, ""))
+    code = run_mutants(settings, names, report_root=REPORTS, parallel=3)
+    printed = out.readouterr().out
+    print(printed)
+    assert code == 0, f"some mutant of `{' '.join(worker_cmd)}` was not caught:\n{printed}"
 
 
 @pytest.mark.timeout(1800)
 def test_every_mutant_is_caught(capsys: pytest.CaptureFixture[str]) -> None:
-    settings = Settings(worker_cmd=DEFAULT_WORKER_CMD)
-    assert len(list_mutants(settings.worker_cmd)) >= 18
-    names = shlex.split(os.environ.get("FENCECHECK_MUTANTS", ""))
-    code = run_mutants(settings, names, report_root=REPORTS, parallel=3)
-    out = capsys.readouterr().out
-    print(out)
-    assert code == 0, f"some mutant was not caught:\n{out}"
+    assert_all_caught(DEFAULT_WORKER_CMD, 18, "FENCECHECK_MUTANTS", capsys)
+
+
+@pytest.mark.timeout(1800)
+def test_every_go_mutant_is_caught(capsys: pytest.CaptureFixture[str]) -> None:
+    assert GO_WORKER.is_file(), f"{GO_WORKER} is missing: build it with `make setup`"
+    assert_all_caught((str(GO_WORKER),), 8, "FENCECHECK_GO_MUTANTS", capsys)

@@ -9,6 +9,7 @@ processes on the host, so that SIGSTOP/SIGKILL reach them directly.
 from __future__ import annotations
 
 import importlib
+import os
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ from harness.parts.toxiproxy import ToxiproxyServer
 from mock_tool.process import MockToolProcess
 
 BACKENDS = ("local", "containers")
+IMAGE_ENV = "FENCECHECK_IMAGE"
 
 
 class BackendUnavailable(RuntimeError):
@@ -45,7 +47,11 @@ class Backend(Protocol):
     def start_toxiproxy(self, log_dir: Path, registry: ProcessRegistry) -> ToxiproxyServer: ...
 
     def start_mock_tool(
-        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+        self,
+        storage: Path,
+        log_path: Path,
+        tools: dict[str, str] | None,
+        retention_s: float | None = None,
     ) -> MockToolProcess: ...
 
     def inner_address(self, host: str, port: int) -> str:
@@ -87,15 +93,25 @@ class LocalBackend:
         return ToxiproxyServer(log_dir, binary=self.toxiproxy_bin, registry=registry).start()
 
     def start_mock_tool(
-        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+        self,
+        storage: Path,
+        log_path: Path,
+        tools: dict[str, str] | None,
+        retention_s: float | None = None,
     ) -> MockToolProcess:
-        return MockToolProcess(storage, tools=tools, log_path=log_path).start()
+        return MockToolProcess(
+            storage, tools=tools, log_path=log_path, idempotency_retention_s=retention_s
+        ).start()
 
     def inner_address(self, host: str, port: int) -> str:
         return f"{host}:{port}"  # every server shares the harness's loopback
 
     def deployment(self) -> dict[str, Any]:
-        return {"kind": self.kind, "postgres_binaries": self.binaries.describe()}
+        found: dict[str, Any] = {"kind": self.kind, "postgres_binaries": self.binaries.describe()}
+        # Set by the fencecheck container image (make image): which image ran.
+        if os.environ.get(IMAGE_ENV):
+            found["inside_image"] = os.environ[IMAGE_ENV]
+        return found
 
     def close(self) -> None:
         return None

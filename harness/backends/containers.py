@@ -628,9 +628,15 @@ class ContainerBackend:
         return ContainerToxiproxy(self, log_dir, registry=registry).start()
 
     def start_mock_tool(
-        self, storage: Path, log_path: Path, tools: dict[str, str] | None
+        self,
+        storage: Path,
+        log_path: Path,
+        tools: dict[str, str] | None,
+        retention_s: float | None = None,
     ) -> MockToolProcess:
-        return ContainerMockTool(self, storage, log_path=log_path, tools=tools).start()
+        tool = ContainerMockTool(self, storage, log_path=log_path, tools=tools)
+        tool.idempotency_retention_s = retention_s
+        return tool.start()
 
     def deployment(self) -> dict[str, Any]:
         engine: dict[str, Any] = {"url": self.base_url}

@@ -23,6 +23,7 @@ import hashlib
 import io
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +117,16 @@ def _context(files: list[tuple[str, bytes, int]]) -> io.BytesIO:
     return buf
 
 
-def _build(client: docker.DockerClient, tag: str, files: list[tuple[str, bytes, int]]) -> None:
+def build_image(
+    client: docker.DockerClient,
+    tag: str,
+    files: list[tuple[str, bytes, int]],
+    *,
+    network_mode: str | None = None,
+    on_line: Callable[[str], None] | None = None,
+) -> None:
+    """Build ``tag`` from ``files`` (a Dockerfile among them, ``FROM`` the python
+    base image); ImageMissing with the build's own error when it fails."""
     base = python_image()
     if not has_image(client, base):
         raise ImageMissing(f"the base image {base} is not built: {SETUP_HINT}")
@@ -131,6 +141,7 @@ def _build(client: docker.DockerClient, tag: str, files: list[tuple[str, bytes, 
             forcerm=True,
             pull=False,
             decode=True,
+            network_mode=network_mode,
             labels={"org.fencecheck.derived-from": base},
         )
         log: list[str] = []
@@ -138,6 +149,8 @@ def _build(client: docker.DockerClient, tag: str, files: list[tuple[str, bytes, 
             if "error" in chunk:
                 raise ImageMissing(f"building {tag} failed: {chunk['error']}")
             log.append(str(chunk.get("stream", "")))
+            if on_line is not None and log[-1].strip():
+                on_line(log[-1].rstrip())
     except docker.errors.APIError as exc:
         raise ImageMissing(f"building {tag} failed: {exc.explanation or exc}") from exc
     if not has_image(client, tag):
@@ -172,7 +185,7 @@ def ensure_mock_tool_image(client: docker.DockerClient) -> tuple[str, bool]:
         'ENTRYPOINT ["python3", "-m", "mock_tool.server"]\n'
     )
     files.append(("Dockerfile", dockerfile.encode(), 0o644))
-    _build(client, tag, files)
+    build_image(client, tag, files)
     _prune_old(client, MOCK_TOOL_REPO, tag)
     return tag, True
 
@@ -197,7 +210,7 @@ def ensure_toxiproxy_image(
         "EXPOSE 8474\n"
         'ENTRYPOINT ["toxiproxy-server"]\n'
     )
-    _build(
+    build_image(
         client,
         tag,
         [("toxiproxy-server", data, 0o755), ("Dockerfile", dockerfile.encode(), 0o644)],

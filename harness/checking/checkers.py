@@ -54,6 +54,51 @@ def audit(ctx: ExperimentContext, run_id: str | None = None) -> list[dict[str, A
     )
 
 
+def writes(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
+    """The run's protected writes as the audit trigger saw them, in revision order:
+    revision, epoch and owner of the checkpoint, its event_id, the transaction
+    that inserted it, the outbox rows inserted with that event_id (and their
+    transactions), the run's ``current_step`` as that transaction left it, and
+    the session that wrote it."""
+    return ctx.sql(
+        f"protected writes of run {run_id[:8]} (audit trail)",
+        "SELECT (c.new->>'revision')::bigint AS revision, (c.new->>'epoch')::bigint AS epoch, "
+        "c.new->>'owner' AS owner, c.new->>'event_id' AS event_id, c.txid, c.app, "
+        "(SELECT r.new->>'current_step' FROM fencecheck_audit.changes r WHERE r.txid = c.txid "
+        " AND r.tbl = 'agent_runs' AND r.new->>'run_id' = c.new->>'run_id' "
+        " ORDER BY r.seq DESC LIMIT 1) AS current_step, "
+        "(SELECT array_agg(o.txid ORDER BY o.seq) FROM fencecheck_audit.changes o "
+        " WHERE o.tbl = 'outbox' AND o.op = 'INSERT' AND o.new->>'event_id' = c.new->>'event_id')"
+        " AS outbox_txids "
+        "FROM fencecheck_audit.changes c WHERE c.tbl = 'agent_checkpoints' AND c.op = 'INSERT' "
+        "AND c.new->>'run_id' = %s ORDER BY (c.new->>'revision')::bigint",
+        [run_id],
+    )
+
+
+def with_outbox_in_same_tx(write: dict[str, Any]) -> bool:
+    """One outbox row with the write's event_id, inserted by the write's transaction."""
+    return list(write["outbox_txids"] or []) == [write["txid"]]
+
+
+def changes_by(
+    ctx: ExperimentContext, apps: list[str], *, after_seq: int = 0, since: float | None = None
+) -> list[dict[str, Any]]:
+    """Every audited change of a contract table made by sessions of ``apps``
+    after audit position ``after_seq`` (and database time ``since``);
+    ``renewal`` marks a change of agent_runs that only moved the lease expiry."""
+    return ctx.sql(
+        f"changes by {', '.join(apps)} (audit trail)",
+        "SELECT seq, at, txid, app, tbl, op, coalesce(new, old)->>'run_id' AS run_id, "
+        "(tbl = 'agent_runs' AND op = 'UPDATE' AND old - 'lease_expires_at' - 'updated_at' "
+        " = new - 'lease_expires_at' - 'updated_at') AS renewal, "
+        "left(statement, 120) AS statement FROM fencecheck_audit.changes "
+        "WHERE app = ANY(%s) AND seq > %s AND at > coalesce(to_timestamp(%s), '-infinity') "
+        "ORDER BY seq",
+        [apps, after_seq, since],
+    )
+
+
 def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"tool ledger of run {run_id[:8]}",
@@ -118,12 +163,13 @@ def backend_waiting_on_lock(ctx: ExperimentContext, app: str, timeout_s: float =
 def as_worker_role(
     ctx: ExperimentContext, tenant_id: str, statement: str, params: list[Any] | None = None
 ) -> tuple[str, list[dict[str, Any]] | str]:
-    """Run one statement as the worker role with a tenant set, directly on the
-    database (not through any worker code): what the database itself allows."""
-    dsn = ctx.env.db.dsn("fencecheck_worker", application_name="fencecheck-harness-as-worker")
+    """Run one statement as the experiment's worker login role of ``tenant_id``,
+    directly on the database (not through any worker code): what the database
+    itself allows a session bound to that tenant."""
+    role = ctx.env.login_role(tenant_id, "worker")
+    dsn = ctx.env.db.dsn(role, application_name="fencecheck-harness-as-worker")
     try:
         with psycopg.connect(dsn, autocommit=True, connect_timeout=5) as conn:
-            conn.execute("SELECT set_config('app.tenant_id', %s, false)", [tenant_id])
             cur = conn.execute(statement.encode(), params)
             rows = (
                 [dict(zip([c.name for c in cur.description], r, strict=True)) for r in cur]
@@ -135,11 +181,12 @@ def as_worker_role(
                 outcome = ("ok", f"{cur.rowcount} row(s) affected")
     except psycopg.Error as exc:
         outcome = (f"refused ({exc.sqlstate} {type(exc).__name__})", str(exc).splitlines()[0])
-    ctx.queries.append(_record(f"as fencecheck_worker, tenant {tenant_id[:8]}", statement, outcome))
+    ctx.queries.append(query_record(f"as {role} (tenant {tenant_id[:8]})", statement, outcome))
     return outcome
 
 
-def _record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
+def query_record(label: str, statement: str, outcome: tuple[str, Any]) -> Any:
+    """A probe run outside ``ctx.sql`` as an archive query record."""
     from harness.engine.experiment import QueryRecord
 
     rows = outcome[1] if isinstance(outcome[1], list) else [{"result": outcome[1]}]

@@ -5,12 +5,16 @@
     fencecheck show ARCHIVE     one evidence archive, readably, with its timeline
     fencecheck smoke            bring up every real part once, prove it works, tear down
     fencecheck mutants [NAMES]  prove the matrix catches every protocol mutant
+    fencecheck report DIR       rebuild a run's HTML pages from its archives; --compare A B
+    fencecheck verify DIR       re-hash a run folder against its MANIFEST.sha256
+    fencecheck merge DIR... --into DIR   the parts of a sharded run as one run
 
 Each command module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``main(args) -> int``; a new command is a new module listed in ``COMMANDS``.
 
 Exit codes: 0 every verdict pass, 1 some fail, 2 some unknown or a harness
-error, 64 bad usage (the message says what to change).
+error, 64 bad usage (the message says what to change); ``--fail-on unknown``
+makes an unknown exit 1 (harness.evidence.gate).
 """
 
 from __future__ import annotations
@@ -21,11 +25,11 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from harness.cli import listing, mutants, run, show, smoke
+from harness.cli import listing, merge, mutants, report, run, show, smoke, verify
 from harness.cli.common import UsageError
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
-COMMANDS: tuple[ModuleType, ...] = (run, listing, show, smoke, mutants)
+COMMANDS: tuple[ModuleType, ...] = (run, listing, show, smoke, mutants, report, verify, merge)
 
 
 def build_parser() -> argparse.ArgumentParser:

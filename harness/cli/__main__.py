@@ -4,4 +4,6 @@ import sys
 
 from harness.cli import main
 
-sys.exit(main())
+# Guarded: a process pool's spawned child imports the main module again.
+if __name__ == "__main__":
+    sys.exit(main())

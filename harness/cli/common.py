@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from harness.engine.environment import Settings
+    from harness.engine.shards import Shard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -74,3 +75,25 @@ def settings_from_args(args: argparse.Namespace, *, mutant: str | None = None) -
         keep=getattr(args, "keep", False),
         backend=args.backend,
     )
+
+
+def shard_option(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--shard",
+        metavar="K/N",
+        help=f"run only part K of N of the {what} (parts count from 1; the split is the same "
+        "on every machine, see docs/ci.md); give every part the same --seed, then "
+        "`fencecheck merge`",
+    )
+
+
+def shard_from_args(args: argparse.Namespace) -> Shard:
+    """The part asked for with --shard, or the whole list (1/1)."""
+    from harness.engine.shards import Shard, ShardError
+
+    if not args.shard:
+        return Shard(1, 1)
+    try:
+        return Shard.parse(args.shard)
+    except ShardError as exc:
+        raise UsageError(str(exc)) from exc

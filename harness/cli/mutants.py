@@ -24,7 +24,10 @@ from harness.cli.common import (
     common_env_options,
     positive,
     settings_from_args,
+    shard_from_args,
+    shard_option,
 )
+from harness.evidence.gate import add_gate_option
 from harness.verdict import EXIT_UNKNOWN
 
 NAME = "mutants"
@@ -51,6 +54,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shell-style patterns such as '*fencecheck.renew*'",
     )
     parser.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
+    shard_option(parser, "mutants")
+    add_gate_option(parser)
     common_env_options(parser)
     parser.set_defaults(jobs=None)  # named: 3; --auto: 2 (per mutant)
     auto = parser.add_argument_group("generated mutants (--auto)")
@@ -114,7 +119,12 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args)
     try:
         return run_mutants(
-            settings, args.names, report_root=Path(args.report_dir), parallel=args.jobs or 3
+            settings,
+            args.names,
+            report_root=Path(args.report_dir),
+            parallel=args.jobs or 3,
+            shard=shard_from_args(args),
+            fail_on=args.fail_on,
         )
     except (MutantListUnavailable, ValueError) as exc:
         raise UsageError(str(exc)) from exc

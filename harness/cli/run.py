@@ -15,7 +15,10 @@ from harness.cli.common import (
     common_env_options,
     positive,
     settings_from_args,
+    shard_from_args,
+    shard_option,
 )
+from harness.evidence.gate import add_gate_option
 
 if TYPE_CHECKING:
     from harness.engine.environment import SharedServices
@@ -36,6 +39,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
     run.add_argument("--mutant", help="start the reference worker with this named mutant")
     run.add_argument("--quiet", action="store_true", help="no per-experiment progress lines")
+    shard_option(run, "experiment runs")
+    add_gate_option(run)
     common_env_options(run)
 
 
@@ -43,6 +48,9 @@ def main(args: argparse.Namespace) -> int:
     import scenarios
     from harness.engine.environment import SharedServices
     from harness.engine.runner import jobs_for, run_jobs
+    from harness.engine.shards import ShardError
+    from harness.evidence.gate import gate_exit, gate_line
+    from harness.evidence.shard_record import job_items, new_record, write_record
     from harness.evidence.summary import (
         overall,
         terminal_table,
@@ -50,23 +58,36 @@ def main(args: argparse.Namespace) -> int:
         write_results_json,
         write_summary,
     )
-    from harness.verdict import Verdict, exit_code
+    from harness.verdict import Verdict
 
     try:
         modules = scenarios.select(args.ids)
     except scenarios.UnknownExperiment as exc:
         raise UsageError(str(exc)) from exc
     settings = settings_from_args(args, mutant=args.mutant)
+    shard = shard_from_args(args)
+    if shard.count > 1 and args.seed is None:
+        raise UsageError(
+            f"--shard {shard} needs --seed: give every part the same seed "
+            "(e.g. --seed $CI_PIPELINE_ID) so the merged run is one run"
+        )
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
+    all_jobs = jobs_for(modules, args.repeat)
+    try:
+        items = job_items(all_jobs, shard.count)
+    except ShardError as exc:
+        raise UsageError(str(exc)) from exc
+    mine = {item.label for item in items if item.shard == shard.index}
+    jobs = [job for job in all_jobs if job.label in mine]
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
     report_dir = Path(args.report_dir) / run_id
     report_dir.mkdir(parents=True, exist_ok=True)
-    jobs = jobs_for(modules, args.repeat)
     progress = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", flush=True))
     print(
         f"fencecheck run {run_id}: {len(jobs)} experiment run(s), seed {seed}, "
         f"worker `{settings.worker_command_text()}`"
-        + (f", mutant {settings.mutant}" if settings.mutant else ""),
+        + (f", mutant {settings.mutant}" if settings.mutant else "")
+        + (f", shard {shard} of {len(all_jobs)}" if shard.count > 1 else ""),
         flush=True,
     )
     started = time.monotonic()
@@ -77,10 +98,24 @@ def main(args: argparse.Namespace) -> int:
             + f"; toxiproxy {shared.toxiproxy_version()}",
             flush=True,
         )
+        assert shared.primary is not None
+        record = new_record(
+            kind="run",
+            run_id=run_id,
+            shard=shard,
+            items=items,
+            seed=seed,
+            worker_cmd=settings.worker_cmd,
+            mutant=settings.mutant,
+            postgres_version=shared.primary.query("SHOW server_version")[0]["server_version"],
+            backend=settings.backend,
+        )
+        write_record(report_dir, record)
         results = run_jobs(
             shared, jobs, report_dir=report_dir, seed=seed, parallel=args.jobs, progress=progress
         )
         wall = time.monotonic() - started
+        write_record(report_dir, record.finished(wall))
         if settings.keep:
             _keep_up(shared)
     header = {
@@ -89,10 +124,14 @@ def main(args: argparse.Namespace) -> int:
         "mutant": settings.mutant or "none",
         "seed": str(seed),
         "postgres": shared.binaries.describe(),
+        "postgres server": record.postgres_version,
     }
+    if shard.count > 1:
+        header["shard"] = f"{shard} ({len(jobs)} of {len(all_jobs)} experiment runs)"
     write_summary(report_dir / "summary.md", results, header=header, wall_s=wall)
     write_junit(report_dir / "junit.xml", results, suite=f"fencecheck {run_id}")
     write_results_json(report_dir / "results.json", results)
+    pages, digest = _publish(report_dir)
     latest = Path(args.report_dir) / "latest"
     with contextlib.suppress(OSError):
         latest.unlink(missing_ok=True)
@@ -110,7 +149,23 @@ def main(args: argparse.Namespace) -> int:
         f"  summary {report_dir / 'summary.md'}, JUnit {report_dir / 'junit.xml'}, "
         f"archives {report_dir / 'archives'}"
     )
-    return exit_code(verdict)
+    print(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
+    print(gate_line(results, args.fail_on))
+    return gate_exit(results, args.fail_on)
+
+
+def _publish(report_dir: Path) -> tuple[str, str]:
+    """The auditor's pages, then the seal over every file the run wrote (last)."""
+    from harness.evidence.html import write_run_pages
+    from harness.evidence.manifest import run_digest, write_manifest
+
+    pages = "not written"
+    try:
+        pages = str(write_run_pages(report_dir))
+    except Exception as exc:  # the verdict stands on the archives; say why pages are missing
+        pages = f"NOT WRITTEN ({type(exc).__name__}: {exc}; rebuild: fencecheck report)"
+    write_manifest(report_dir)
+    return pages, run_digest(report_dir)
 
 
 def _keep_up(shared: SharedServices) -> None:

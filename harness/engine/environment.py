@@ -14,9 +14,11 @@ reverse order, also on an exception or Ctrl-C.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import copy
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -31,15 +33,21 @@ import psycopg
 
 from harness.backends.base import Backend, make_backend
 from harness.checking.audit import AUDIT_SQL
+from harness.evidence import metrics as worker_metrics
 from harness.parts.control import ControlServer
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
 from harness.parts.processes import ProcessRegistry, WorkerProcess
-from harness.parts.toxiproxy import Link, ToxiproxyServer
+from harness.parts.toxiproxy import Link, ToxiproxyServer, free_port
 from mock_tool.process import MockToolProcess
 
 DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")
 TEMPLATE_NAME = "fencecheck_template"
+# The group roles a worker's `migrate` creates (worker contract v2): a login
+# role of the harness is made a member of one and bound to one tenant.
+GROUP_ROLES = {"worker": "fencecheck_worker", "operator": "fencecheck_operator"}
+RoleKind = Literal["worker", "operator"]
+_ROLE_NAME = re.compile(r"^[a-z0-9_]{1,63}$")
 
 
 class EnvironmentError_(RuntimeError):
@@ -224,6 +232,16 @@ class Environment:
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     aborted: str | None = None
     extra_links: list[str] = field(default_factory=list)
+    roles: dict[tuple[str, RoleKind], str] = field(default_factory=dict)
+    #: Every worker's metrics: scraped before it is stopped, or the snapshot
+    #: it wrote when it exited on its own (harness/evidence/metrics.py).
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    #: Values the harness knows to be secret (the data key it hands workers,
+    #: sensitive inputs it plants): masked wherever they appear in an archive.
+    secrets: set[str] = field(default_factory=set)
+    data_key: str = field(default_factory=lambda: base64.b64encode(os.urandom(32)).decode())
+    write_path: str = "fast"
 
     def abort(self, timeout_s: float) -> None:
         """The experiment's global timeout: kill its workers and release its
@@ -237,7 +255,27 @@ class Environment:
             self.control.release_all()
         for worker in reversed(list(self.workers.values())):
             with contextlib.suppress(Exception):
+                self._keep_metrics(worker)
                 worker.stop(grace_s=2.0)
+        for worker in self.workers.values():  # those that wrote a snapshot at exit
+            with contextlib.suppress(Exception):
+                self._keep_metrics(worker)
+
+    def _keep_metrics(self, worker: WorkerProcess) -> None:
+        """Scrape a live worker; read the exit snapshot of one that ended."""
+        wid = worker.worker_id
+        if worker.is_alive() and wid in self.metrics_ports:
+            text = worker_metrics.scrape(self.metrics_ports[wid])
+            if text is not None:
+                self.metrics[wid] = {"source": "scrape", "samples": worker_metrics.samples(text)}
+                return
+        if self.metrics.get(wid, {}).get("source") != "scrape":
+            text = worker_metrics.read_snapshot(self.metrics_file(wid))
+            if text is not None:
+                self.metrics[wid] = {"source": "exit", "samples": worker_metrics.samples(text)}
+
+    def metrics_file(self, worker_id: str) -> Path:
+        return self.log_dir / f"{re.sub(r'[^A-Za-z0-9_.-]', '_', worker_id)}.metrics.txt"
 
     def query(self, statement: str, params: Sequence[Any] | None = None) -> list[dict[str, Any]]:
         return self.primary.query(statement, params, dbname=self.db.name)
@@ -251,22 +289,60 @@ class Environment:
         self.extra_links.append(link.name)
         return link
 
-    def worker_dsn(self, pg_link: str = "worker_pg") -> str:
+    def login_role(self, tenant_id: str, kind: RoleKind = "worker") -> str:
+        """The experiment's login role for ``tenant_id`` in group ``kind``, made on
+        first use: ``CREATE ROLE ... LOGIN IN ROLE <group>`` on the primary and a
+        row in the experiment database's ``tenant_bindings`` (worker contract
+        v2). Names are unique per experiment (roles are cluster-wide and
+        experiments share a cluster); they are dropped at teardown."""
+        key = (tenant_id, kind)
+        if key in self.roles:
+            return self.roles[key]
+        name = f"fc{kind[0]}_{self.tag}_{tenant_id[:8]}".lower()[:63]
+        if not _ROLE_NAME.match(name):
+            raise EnvironmentError_(f"cannot make a role name of {name!r}")
+        group = GROUP_ROLES[kind]
+        try:
+            self.primary.query(f"CREATE ROLE {name} LOGIN IN ROLE {group}")
+        except psycopg.Error as exc:
+            raise EnvironmentError_(
+                f"cannot create login role {name} in group {group} ({exc}): the worker's "
+                "`migrate` must create the group roles fencecheck_worker and "
+                "fencecheck_operator (docs/worker-contract.md, roles and tenant binding)"
+            ) from exc
+        self.roles[key] = name
+        try:
+            self.query(
+                "INSERT INTO public.tenant_bindings (role_name, tenant_id) VALUES (%s, %s)",
+                [name, tenant_id],
+            )
+        except psycopg.Error as exc:
+            raise EnvironmentError_(
+                f"cannot bind {name} to tenant {tenant_id} ({exc}): the worker's `migrate` "
+                "must create public.tenant_bindings (docs/worker-contract.md)"
+            ) from exc
+        return name
+
+    def worker_dsn(
+        self, pg_link: str = "worker_pg", *, tenant_id: str | None = None, role: RoleKind = "worker"
+    ) -> str:
         link = self.links[pg_link]
+        user = self.login_role(tenant_id or self.tenant_id, role)
         return (
             f"host={link.listen_host} port={link.listen_port} dbname={self.db.name} "
-            f"user=fencecheck_worker connect_timeout=3"
+            f"user={user} connect_timeout=3"
         )
 
     def worker_env(
-        self, tenant_id: str | None = None, pg_link: str = "worker_pg"
+        self, tenant_id: str | None = None, pg_link: str = "worker_pg", role: RoleKind = "worker"
     ) -> dict[str, str | None]:
         tool = self.links["worker_tool"]
         tool_url = f"http://{tool.listen_host}:{tool.listen_port}"
+        tenant = tenant_id or self.tenant_id
         return {
-            "FENCECHECK_DSN": self.worker_dsn(pg_link),
+            "FENCECHECK_DSN": self.worker_dsn(pg_link, tenant_id=tenant, role=role),
             "FENCECHECK_ADMIN_DSN": None,
-            "FENCECHECK_TENANT": tenant_id or self.tenant_id,
+            "FENCECHECK_TENANT": tenant,
             "FENCECHECK_TOOL_URL": tool_url,
             "FENCECHECK_BROKER_URL": tool_url,
             "FENCECHECK_LEASE_TTL_MS": str(self.lease_ttl_ms),
@@ -274,6 +350,8 @@ class Environment:
             "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(self.heartbeat_timeout_ms),
             "FENCECHECK_DISPATCH_TTL_MS": str(self.dispatch_ttl_ms),
             "FENCECHECK_MUTANT": self.shared.settings.mutant,
+            "FENCECHECK_DATA_KEY": self.data_key,
+            "FENCECHECK_WRITE_PATH": self.write_path,
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -286,10 +364,19 @@ class Environment:
         tenant_id: str | None = None,
         env: dict[str, str | None] | None = None,
         pg_link: str = "worker_pg",
+        role: RoleKind = "worker",
     ) -> WorkerProcess:
-        """Start a worker process under test; it is stopped when the environment ends."""
+        """Start a worker process under test; it is stopped when the environment ends.
+
+        ``role`` is the group its login role belongs to: ``worker``, or
+        ``operator`` for a control-plane ``ops`` process."""
         if worker_id in self.workers and self.workers[worker_id].is_alive():
             raise EnvironmentError_(f"worker {worker_id!r} is already running")
+        self.metrics_ports[worker_id] = free_port()
+        metrics_env = {
+            "FENCECHECK_METRICS_PORT": str(self.metrics_ports[worker_id]),
+            "FENCECHECK_METRICS_FILE": str(self.metrics_file(worker_id)),
+        }
         proc = WorkerProcess(
             worker_id,
             list(self.shared.settings.worker_cmd),
@@ -297,7 +384,7 @@ class Environment:
             list(args),
             log_dir=self.log_dir,
             control_socket=self.control.socket_path,
-            env={**self.worker_env(tenant_id, pg_link), **(env or {})},
+            env={**self.worker_env(tenant_id, pg_link, role), **metrics_env, **(env or {})},
             registry=self.shared.registry,
         )
         proc.start()
@@ -319,7 +406,9 @@ def experiment_environment(
     dispatch_ttl_ms: int,
     replication: Literal["async", "sync"] | None = None,
     tools: dict[str, str] | None = None,
+    tool_retention_s: float | None = None,
     log_dir: Path,
+    write_path: str = "fast",
 ) -> Iterator[Environment]:
     """Bring up one experiment's world and tear all of it down afterwards."""
     assert shared.primary is not None and shared.toxiproxy is not None
@@ -350,7 +439,9 @@ def experiment_environment(
             stack.callback(_delete_link, toxi, link.name)
 
         add_link("worker_pg", shared.backend.inner_address("127.0.0.1", primary.port))
-        tool = shared.backend.start_mock_tool(work_dir / "tool", log_dir / "mock_tool.log", tools)
+        tool = shared.backend.start_mock_tool(
+            work_dir / "tool", log_dir / "mock_tool.log", tools, tool_retention_s
+        )
         stack.callback(tool.stop)
         add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
         control = stack.enter_context(ControlServer(work_dir))
@@ -373,12 +464,27 @@ def experiment_environment(
             log_dir=log_dir,
             standby=standby,
             replication=replication,
+            write_path=write_path,
         )
         stack.callback(_remove_links, toxi, env.extra_links)
+        env.secrets.add(env.data_key)
+        stack.callback(_drop_roles, primary, env.roles)
+        # Every role the experiment's tenants need, made before any fault (a
+        # role made after the replication link is cut would not reach the standby).
+        for tenant in (env.tenant_id, env.other_tenant_id):
+            for kind in GROUP_ROLES:
+                env.login_role(tenant, kind)  # type: ignore[arg-type]
         stack.callback(env.stop_workers)
         if replication_link is not None:
             links["replication"] = replication_link
         yield env
+
+
+def _drop_roles(cluster: PostgresCluster, roles: dict[tuple[str, RoleKind], str]) -> None:
+    """Drop the experiment's login roles (after its workers stopped)."""
+    for name in roles.values():
+        with contextlib.suppress(Exception):
+            cluster.query(f"DROP ROLE IF EXISTS {name}")
 
 
 def _delete_link(toxi: ToxiproxyServer, name: str) -> None:

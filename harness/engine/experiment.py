@@ -39,6 +39,18 @@ class Inconclusive(Exception):
 
 
 @dataclass(frozen=True)
+class Exemption:
+    """An experiment that produces, by design, a state a global invariant forbids
+    (H[async] loses acknowledged epochs: its declared contract). The invariant
+    is still judged and reported with this reason; it does not fail the run.
+    ``variants`` empty: every variant."""
+
+    invariant: str
+    reason: str
+    variants: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class ExperimentSpec:
     """The static description of one acceptance-matrix experiment."""
 
@@ -60,7 +72,14 @@ class ExperimentSpec:
     variants: tuple[str, ...] = ()
     # Per-variant natural waits where variants differ, e.g. (("unknown", 0.8),).
     variant_waits: tuple[tuple[str, float], ...] = ()
+    # Per-variant idempotency retention of the mock tool, e.g. (("retention_expired", 1.0),).
+    tool_retention: tuple[tuple[str, float], ...] = ()
     timeout_s: float = 60.0
+    # The write path the workers are asked for (FENCECHECK_WRITE_PATH): the
+    # production path unless the experiment needs an injection point inside
+    # a protected write's transaction (after_lease_row_locked, before_commit).
+    write_path: Literal["fast", "stepped"] = "fast"
+    exemptions: tuple[Exemption, ...] = ()
 
     def natural_wait(self, variant: str | None) -> float:
         return dict(self.variant_waits).get(variant or "", self.natural_wait_s)

@@ -22,10 +22,11 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.checking.history import read_history, timeline
+from harness.checking.invariants import experiment as invariants
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.evidence import archive as evidence
-from harness.evidence.summary import ExperimentResult
+from harness.evidence.summary import ExperimentResult, failed_check_lines
 from harness.verdict import Verdict
 
 Progress = Callable[[str], None]
@@ -83,6 +84,7 @@ def run_job(
     harness_error: str | None = None
     verdict, reason = Verdict.UNKNOWN, "not run"
     archive: dict[str, Any] = {}
+    secrets: set[str] = set()
     try:
         with experiment_environment(
             shared,
@@ -92,7 +94,9 @@ def run_job(
             heartbeat_timeout_ms=spec.heartbeat_timeout_ms,
             dispatch_ttl_ms=spec.dispatch_ttl_ms,
             replication=_replication_for(spec, job.variant),
+            tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
             log_dir=logs_dir,
+            write_path=spec.write_path,
         ) as env:
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed)
             watchdog = threading.Timer(spec.timeout_s, env.abort, args=(spec.timeout_s,))
@@ -117,7 +121,9 @@ def run_job(
                 verdict, reason = Verdict.UNKNOWN, f"aborted: {env.aborted}"
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
+            verdict, reason = invariants.judge(ctx, verdict, reason)
             archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
+            secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
         verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
@@ -132,14 +138,10 @@ def run_job(
     )
     written: Path | None = None
     try:
-        written = evidence.write_archive(archive_path, archive)
+        written = evidence.write_archive(archive_path, archive, secrets)
     except Exception as exc:
         verdict, reason = Verdict.UNKNOWN, f"archive not written: {exc}"
-    failed = [
-        f"{c['kind']} {c['name']}: expected {c['expected']}, observed {c['observed']}"
-        for c in archive.get("checks", [])
-        if not c["ok"]
-    ]
+    failed = failed_check_lines(archive.get("checks", []))
     result = ExperimentResult(
         experiment_id=spec.id,
         title=spec.title,
@@ -203,7 +205,7 @@ def _archive(
         "variant": job.variant,
         "git_commit": evidence.git_commit(),
         "runtime_versions": evidence.runtime_versions(
-            go_worker="go" in settings.worker_command_text(),
+            go_worker=evidence.go_build_version(tuple(settings.worker_cmd)),
             toxiproxy=env.shared.toxiproxy.version if env.shared.toxiproxy else None,
         ),
         "postgres_version": facts.get("version", "unknown"),
@@ -220,6 +222,8 @@ def _archive(
         "lease_duration": _ms(env.lease_ttl_ms),
         "heartbeat_interval": _ms(env.heartbeat_ms),
         "fault_injection_point": spec.injection_point,
+        "injected_fault": spec.fault,
+        "fencecheck_version": evidence.fencecheck_version(),
         "commands_executed": commands,
         "worker_logs_path": str(logs_dir),
         "postgres_queries_and_results": [dataclasses.asdict(q) for q in ctx.queries],
@@ -239,6 +243,8 @@ def _archive(
         "audit_trail": audit,
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
+        "metrics": env.metrics,
+        "global_invariants": ctx.extra.get("global_invariants"),
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),
@@ -300,7 +306,7 @@ def _minimal_archive(
         "seed_section": spec.seed_section,
         "variant": job.variant,
         "git_commit": evidence.git_commit(),
-        "runtime_versions": evidence.runtime_versions(go_worker=False, toxiproxy=None),
+        "runtime_versions": evidence.runtime_versions(go_worker=None, toxiproxy=None),
         "postgres_version": "unknown",
         "deployment": deployment,
         "worker": {"command": "unknown", "digest": "sha256:" + "0" * 64},
@@ -309,6 +315,8 @@ def _minimal_archive(
         "lease_duration": _ms(spec.lease_ttl_ms),
         "heartbeat_interval": _ms(spec.heartbeat_ms),
         "fault_injection_point": spec.injection_point,
+        "injected_fault": spec.fault,
+        "fencecheck_version": evidence.fencecheck_version(),
         "commands_executed": [],
         "worker_logs_path": str(logs_dir),
         "postgres_queries_and_results": [],

@@ -7,6 +7,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from harness.verdict import Verdict
 
@@ -31,6 +32,15 @@ class ExperimentResult:
     def name(self) -> str:
         base = self.experiment_id + (f"[{self.variant}]" if self.variant else "")
         return base + (f"#{self.repeat_index}" if self.repeat_index else "")
+
+
+def failed_check_lines(checks: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per check of an archive that did not hold."""
+    return [
+        f"{c['kind']} {c['name']}: expected {c['expected']}, observed {c['observed']}"
+        for c in checks
+        if not c["ok"]
+    ]
 
 
 def overall(results: Sequence[ExperimentResult]) -> Verdict:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import secrets
 import subprocess
 import time
 from collections.abc import Sequence
@@ -25,7 +26,11 @@ from typing import Any
 import scenarios
 from harness.engine.environment import Settings, SharedServices
 from harness.engine.runner import jobs_for, run_jobs
+from harness.engine.shards import Shard, job_cost
+from harness.evidence.gate import mutants_gate
+from harness.evidence.shard_record import named_items, new_record, write_record
 from harness.evidence.summary import ExperimentResult
+from harness.parts.pg_binaries import find_pg_binaries
 from harness.verdict import Verdict
 
 
@@ -162,18 +167,45 @@ def run_mutants(
     parallel: int,
     seed: int = 20261129,
     concurrent_mutants: int = 2,
+    shard: Shard | None = None,
+    fail_on: str = "fail",
 ) -> int:
-    """The CLI's ``mutants`` command; exit 0 only when every mutant was caught."""
+    """The CLI's ``mutants`` command; exit 0 only when every mutant was caught.
+
+    With ``shard`` K/N only part K of the mutant list runs (the split of
+    :mod:`harness.engine.shards`, by the expected cost of each mutant's
+    catchers); the report directory's shard.json lets ``fencecheck merge``
+    put the parts together. ShardError (a ValueError) when N parts cannot be made.
+    """
     known = list_mutants(settings.worker_cmd)
     by_name = {m.name: m for m in known}
     unknown = [n for n in names if n not in by_name]
     if unknown:
         raise ValueError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(by_name))}")
     chosen = [by_name[n] for n in names] if names else known
-    report_dir = report_root / ("mutants-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    shard = shard or Shard(1, 1)
+    items = named_items({m.name: _catchers_cost(m) for m in chosen}, shard.count)
+    mine = {i.label for i in items if i.shard == shard.index}
+    chosen = [m for m in chosen if m.name in mine]
+    report_dir = report_root / (
+        "mutants-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    )
     report_dir.mkdir(parents=True, exist_ok=True)
+    record = new_record(
+        kind="mutants",
+        run_id=report_dir.name,
+        shard=shard,
+        items=items,
+        seed=seed,
+        worker_cmd=settings.worker_cmd,
+        mutant=None,
+        postgres_version=find_pg_binaries(settings.pg_bin).version,
+        backend=settings.backend,
+    )
+    write_record(report_dir, record)
     started = time.monotonic()
-    print(f"fencecheck mutants: {len(chosen)} mutant(s); reports in {report_dir}", flush=True)
+    part = f", part {shard} of {len(items)}" if shard.count > 1 else ""
+    print(f"fencecheck mutants: {len(chosen)} mutant(s){part}; reports in {report_dir}", flush=True)
 
     def one(m: Mutant) -> MutantOutcome:
         outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
@@ -191,21 +223,40 @@ def run_mutants(
         f"\nmutation score: {caught}/{len(outcomes)} caught in {wall:.1f}s"
         f" ({sum(o.expected_caught for o in outcomes)} by their expected experiment)"
     )
-    (report_dir / "mutants.json").write_text(
-        json.dumps(
-            [
-                {
-                    "mutant": o.mutant.name,
-                    "rule": o.mutant.rule,
-                    "expected": list(o.mutant.catchers),
-                    "caught_by": o.caught_by,
-                    "expected_caught": o.expected_caught,
-                    "detail": o.detail,
-                    "wall_s": round(o.wall_s, 2),
-                }
-                for o in outcomes
-            ],
-            indent=2,
-        )
-    )
-    return 0 if caught == len(outcomes) else 1
+    entries = [
+        {
+            "mutant": o.mutant.name,
+            "rule": o.mutant.rule,
+            "expected": list(o.mutant.catchers),
+            "caught_by": o.caught_by,
+            "expected_caught": o.expected_caught,
+            "detail": o.detail,
+            "wall_s": round(o.wall_s, 2),
+        }
+        for o in outcomes
+    ]
+    (report_dir / "mutants.json").write_text(json.dumps(entries, indent=2))
+    write_record(report_dir, record.finished(wall))
+    _publish(report_dir)
+    code, last_line = mutants_gate(entries, fail_on)
+    print(last_line)
+    return code
+
+
+def _publish(report_dir: Path) -> None:
+    """Pages for every mutant's runs and the folder's index, then the seal (last)."""
+    from harness.evidence.html.mutants import write_mutants_pages
+    from harness.evidence.manifest import run_digest, write_manifest
+
+    try:
+        print(f"pages: {write_mutants_pages(report_dir)}")
+    except Exception as exc:  # the score stands on mutants.json; say why pages are missing
+        print(f"pages NOT WRITTEN ({type(exc).__name__}: {exc})")
+    write_manifest(report_dir)
+    print(f"evidence digest {run_digest(report_dir)} (fencecheck verify {report_dir})")
+
+
+def _catchers_cost(mutant: Mutant) -> float:
+    """Expected seconds of running a mutant's catchers (for balancing parts)."""
+    modules = [m for m in scenarios.all_modules() if m.SPEC.id in mutant.catchers]
+    return sum(job_cost(j) for j in jobs_for(modules, 1))

@@ -14,7 +14,7 @@ exactly ONE place, in one of four ways:
   role cannot bypass the database, which is where rules 1-4, 6, 7 and 12 live.
 
 Invariants (checked when a Mutant is made): the rule is one of SPEC.md's
-1-13; at least one catcher, each an experiment id A-Q; a component subclass
+1-13; at least one catcher, each an experiment id (A-Q, U, V); a component subclass
 derives from the class it replaces.
 """
 
@@ -31,7 +31,7 @@ from reference_impl.queries import Queries
 
 SQL_DIR = Path(__file__).parent / "sql"
 RULES = range(1, 14)
-EXPERIMENTS = frozenset("ABCDEFGHIJKLMNOPQ")
+EXPERIMENTS = frozenset("ABCDEFGHIJKLMNOPQUV")
 #: Protocol attributes a Component may swap, with the class each must extend.
 SLOTS: dict[str, type] = {
     slot: getattr(Protocol, slot)
@@ -142,7 +142,7 @@ class Mutant:
         if self.rule not in RULES:
             raise ValueError(f"mutant {self.name}: rule {self.rule} is not one of SPEC.md's 1-13")
         if not self.catchers or not set(self.catchers) <= EXPERIMENTS:
-            raise ValueError(f"mutant {self.name}: catchers {self.catchers} must be ids A-Q")
+            raise ValueError(f"mutant {self.name}: catchers {self.catchers} must be experiment ids")
         alt = self.alteration
         if isinstance(alt, Component):
             base = SLOTS.get(alt.slot)

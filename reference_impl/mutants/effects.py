@@ -8,7 +8,7 @@ from typing import Any
 from mock_tool.errors import ToolError
 from reference_impl import ids
 from reference_impl.db import Conn
-from reference_impl.ledger import Reconciler
+from reference_impl.ledger import Ledger, Reconciler
 from reference_impl.mutants.base import Component, Method, Mutant, SqlOverlay
 from reference_impl.protocol import Protocol
 
@@ -45,6 +45,15 @@ class ResendingReconciler(Reconciler):
         return {"operation_id": op_id, "from": "unknown", "to": status}
 
 
+class EpochlessLedger(Ledger):
+    """Sends requests of a dispatcher that does not hold the lease with epoch 0."""
+
+    def run_epoch(self, conn: Conn, run_id: uuid.UUID) -> int:
+        # MUTANT: the request does not carry the run's epoch: the tool (and any
+        # high-water check of its own) cannot tell which term sent it.
+        return 0
+
+
 MUTANTS = (
     Mutant(
         "expired_claim_back_to_prepared",
@@ -62,6 +71,14 @@ MUTANTS = (
         "whoever holds the claim and whatever the ledger revision: a stale "
         "dispatcher's late answer overwrites a newer claim still in flight",
         SqlOverlay("result_ignores_dispatch_claim.sql", "fencecheck.record_tool_result"),
+    ),
+    Mutant(
+        "request_without_run_epoch",
+        4,
+        ("E",),
+        "a dispatcher that is not the run's lease holder (a standalone dispatch or a "
+        "same-key retry) sends the request with epoch 0 instead of the run's epoch",
+        Component("ledger_cls", EpochlessLedger),
     ),
     Mutant(
         "new_operation_id_on_retry",
@@ -94,5 +111,48 @@ MUTANTS = (
         "cancel stops the run but leaves its prepared operations prepared: nothing "
         "forbids dispatching them later",
         SqlOverlay("cancel_keeps_prepared.sql", "fencecheck.cancel_run"),
+    ),
+    Mutant(
+        "resolve_unaudited",
+        4,
+        ("J",),
+        "the operator's resolution of an operation in doubt writes no audit row (who, why, "
+        "ticket, before/after)",
+        SqlOverlay("resolve_unaudited.sql", "fencecheck.operator_resolve"),
+    ),
+    Mutant(
+        "retry_ignores_retention",
+        4,
+        ("E",),
+        "a same-key retry is sent after the tool's declared idempotency retention has run "
+        "out: the tool no longer knows the key and creates a second resource",
+        SqlOverlay("retry_ignores_retention.sql", "fencecheck.ledger_claim_retry"),
+    ),
+    Mutant(
+        "requeue_without_backoff",
+        4,
+        ("U",),
+        "a requeued run is due again at once: the worker's backoff is ignored and a refusing "
+        "tool is asked again without waiting",
+        SqlOverlay(
+            "requeue_without_backoff.sql",
+            "fencecheck.protected_write and fencecheck._protected_write_lock_first",
+        ),
+    ),
+    Mutant(
+        "grant_without_attempt_count",
+        4,
+        ("U",),
+        "claiming a queued run does not count the attempt: the attempt budget is never spent and "
+        "a refusing tool is retried forever",
+        SqlOverlay("grant_without_attempt_count.sql", "fencecheck._grant"),
+    ),
+    Mutant(
+        "supplement_dropped",
+        5,
+        ("V",),
+        "an operator's supplement queues the run again but its fields are dropped: the effect "
+        "is planned again with the refused request",
+        SqlOverlay("supplement_dropped.sql", "fencecheck.operator_decide"),
     ),
 )

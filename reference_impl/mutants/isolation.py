@@ -29,4 +29,30 @@ MUTANTS = (
         "functions (owner, epoch, revision, status)",
         SqlOverlay("worker_can_update_runs.sql", "the worker role's grants on agent_runs"),
     ),
+    Mutant(
+        "tenant_from_setting",
+        12,
+        ("N",),
+        "the session's tenant comes from the setting app.tenant_id when one is set (contract "
+        "v1), not only from the login role's binding: a session switches tenants with set_config",
+        SqlOverlay("tenant_from_setting.sql", "fencecheck.session_tenant"),
+    ),
+    Mutant(
+        "worker_can_write_bindings",
+        12,
+        ("N",),
+        "the worker role may write public.tenant_bindings, so a worker session can bind its own "
+        "login role to another tenant",
+        SqlOverlay("worker_can_write_bindings.sql", "grants and policy of public.tenant_bindings"),
+    ),
+    Mutant(
+        "worker_can_execute_control_plane",
+        12,
+        ("N",),
+        "the worker role may execute the control plane's functions (create, retry, cancel, "
+        "callbacks, operator decisions)",
+        SqlOverlay(
+            "worker_can_execute_control_plane.sql", "EXECUTE grants of the control-plane functions"
+        ),
+    ),
 )

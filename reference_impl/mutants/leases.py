@@ -10,6 +10,15 @@ from reference_impl.mutants.base import Mutant, SqlOverlay
 
 MUTANTS = (
     Mutant(
+        "lease_granted_in_seconds",
+        1,
+        ("A",),
+        "a grant reads the lease duration as seconds instead of milliseconds: every lease "
+        "lasts a thousand times longer than configured, so a frozen holder keeps its run "
+        "long past the takeover the contract promises",
+        SqlOverlay("lease_granted_in_seconds.sql", "fencecheck._grant"),
+    ),
+    Mutant(
         "renew_ignores_expiry",
         1,
         ("K",),

@@ -54,6 +54,15 @@ class WarningTrustingWriter(ProtectedWriter):
         return written
 
 
+class AlwaysSteppedWriter(ProtectedWriter):
+    """Takes the stepped path whatever FENCECHECK_WRITE_PATH asks for."""
+
+    def _attempt(self, w: Write) -> Written:
+        # MUTANT: the production (fast) path is never taken under the harness,
+        # so nothing the matrix proves about protected writes is about it.
+        return self._stepped(w)
+
+
 MUTANTS = (
     Mutant(
         "write_without_lease_check",
@@ -61,7 +70,7 @@ MUTANTS = (
         ("K",),
         "the protected write locks the lease row but validates nothing (owner, epoch, "
         "expiry): only the revision CAS stands in a stale holder's way",
-        SqlOverlay("write_without_lease_check.sql", "fencecheck.lock_lease"),
+        SqlOverlay("write_without_lease_check.sql", "fencecheck.protected_write_fast"),
     ),
     Mutant(
         "write_ignores_expiry",
@@ -69,7 +78,7 @@ MUTANTS = (
         ("K",),
         "the protected write checks owner and epoch but not expiry: a holder whose "
         "lease ran out, with nobody taking over yet, still writes",
-        SqlOverlay("write_ignores_expiry.sql", "fencecheck.lock_lease"),
+        SqlOverlay("write_ignores_expiry.sql", "fencecheck.protected_write_fast"),
     ),
     Mutant(
         "write_ignores_epoch",
@@ -78,7 +87,23 @@ MUTANTS = (
         "the protected write checks expiry but not owner and epoch: after a takeover "
         "the old holder's write is judged by the new holder's live lease and the "
         "revision alone",
-        SqlOverlay("write_ignores_epoch.sql", "fencecheck.lock_lease"),
+        SqlOverlay("write_ignores_epoch.sql", "fencecheck.protected_write_fast"),
+    ),
+    Mutant(
+        "write_path_ignored",
+        2,
+        ("A",),
+        "the protected writer ignores the write path the harness asks for and always "
+        "takes the stepped path, so the production (fast) path is never under test",
+        Component("writer_cls", AlwaysSteppedWriter),
+    ),
+    Mutant(
+        "checkpoint_without_outbox_event",
+        2,
+        ("A",),
+        "the fast path commits a checkpoint without its outbox event (the event is "
+        "'sent later'): state changes that nothing downstream hears of",
+        SqlOverlay("checkpoint_without_outbox_event.sql", "fencecheck.protected_write_fast"),
     ),
     Mutant(
         "write_without_row_lock",

@@ -127,10 +127,26 @@ def test_cli_list_names_every_experiment() -> None:
     proc = _cli("list")
     assert proc.returncode == 0
     ids = [line.split()[0] for line in proc.stdout.splitlines() if line and not line[0].isspace()]
-    assert ids == list("ABCDEFGHIJKLMNOPQ")
+    assert ids == list("ABCDEFGHIJKLMNOPQUV")
 
 
 def test_cli_missing_pg_binaries_named(tmp_path: Path) -> None:
     proc = _cli("smoke", "--pg-bin", str(tmp_path))
     assert proc.returncode == 64
     assert "lacks initdb" in proc.stderr
+
+
+def test_go_version_recorded_only_for_a_go_worker() -> None:
+    """The archive names the Go version a worker binary was built with, by asking
+    `go version BINARY`, not by looking for "go" in the command line."""
+    go_worker = evidence.REPO_ROOT / "reference_impl/go/bin/fencecheck-go-worker"
+    assert go_worker.is_file(), "build the Go worker first: make setup"
+    built = evidence.go_build_version((str(go_worker),))
+    assert built is not None and built.startswith("go1.")
+    assert evidence.runtime_versions(go_worker=built, toxiproxy=None)["go"] == built
+    assert evidence.go_build_version((sys.executable, "-m", "reference_impl.worker")) is None
+    assert "go" not in evidence.runtime_versions(go_worker=None, toxiproxy=None)
+    # the binary's digest, not the Python package's (its path contains "reference_impl")
+    assert evidence.worker_digest((str(go_worker),)) != evidence.digest_paths(
+        [evidence.REPO_ROOT / "reference_impl"]
+    )

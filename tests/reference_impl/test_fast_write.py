@@ -38,6 +38,7 @@ from tests.reference_impl.conftest import (
     TENANT,
     cp,
     new_run,
+    operator_of,
     take,
     wait_until_blocked_on_lock,
 )
@@ -52,7 +53,10 @@ class Case:
     def __init__(self, rt: Runtime, shape: str, max_attempts: int = 12, ttl_ms: int = 10_000):
         self.rt = rt
         self.writer = ProtectedWriter(rt.session, rt.protocol.queries, stepped=shape == "stepped")
-        out = rt.runs.create(rt.conn, f"task-{uuid.uuid4().hex[:8]}", {}, max_attempts=max_attempts)
+        ctl = operator_of(rt)
+        out = ctl.runs.create(
+            ctl.conn, f"task-{uuid.uuid4().hex[:8]}", {}, max_attempts=max_attempts
+        )
         self.run = uuid.UUID(out["run_id"])
         self.lease = take(rt, self.run, ttl_ms=ttl_ms).lease
         self.answers: list[tuple[Any, ...]] = []

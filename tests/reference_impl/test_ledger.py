@@ -18,7 +18,7 @@ from reference_impl.ids import operation_id, request_digest
 from reference_impl.leases import Lease
 from reference_impl.ledger import Answer, Operation, intent_effect
 from reference_impl.runtime import Runtime
-from tests.reference_impl.conftest import TENANT, cp, new_run, take
+from tests.reference_impl.conftest import TENANT, cp, new_run, operator_of, take
 
 REQUEST = {"order_id": "o1", "amount": 10}
 
@@ -164,14 +164,15 @@ def test_tx2_records_result_and_advances_run_together(rt: Runtime, ref_db: Datab
 
 def test_cancel_forbids_prepared_and_keeps_in_flight(rt: Runtime, make_rt: Any) -> None:
     """Experiment F at the SQL level."""
+    ctl = operator_of(rt)
     run1, run2 = new_run(rt), new_run(rt)
     l1 = take(rt, run1).lease
     l2 = take(rt, run2).lease
     prepared = _intent(rt, l1, 0)
     inflight = _intent(rt, l2, 0)
     assert rt.ledger.claim(rt.conn, "D1", inflight) is not None
-    out1 = rt.runs.cancel(rt.conn, run1)
-    out2 = rt.runs.cancel(rt.conn, run2)
+    out1 = ctl.runs.cancel(ctl.conn, run1)
+    out2 = ctl.runs.cancel(ctl.conn, run2)
     assert out1["run_status"] == "cancelled"
     assert out1["operations"] == [{"operation_id": prepared, "status": "cancelled"}]
     assert out2["operations"] == [{"operation_id": inflight, "status": "dispatching"}]
@@ -184,15 +185,16 @@ def test_retry_is_new_run_and_old_callbacks_cannot_advance_it(
     rt: Runtime, ref_db: Database
 ) -> None:
     """Experiment G at the SQL level."""
+    ctl = operator_of(rt)
     task = "task-g"
-    run1 = uuid.UUID(rt.runs.create(rt.conn, task, {"tool": "idem"})["run_id"])
+    run1 = uuid.UUID(ctl.runs.create(ctl.conn, task, {"tool": "idem"})["run_id"])
     l1 = take(rt, run1).lease
     op1 = _intent(rt, l1, 0)
     assert rt.ledger.claim(rt.conn, "D1", op1) is not None
     with pytest.raises(e.RunNotRetryable):
-        rt.runs.retry(rt.conn, task)
-    rt.runs.cancel(rt.conn, run1)
-    run2 = uuid.UUID(rt.runs.retry(rt.conn, task)["run_id"])
+        ctl.runs.retry(ctl.conn, task)
+    ctl.runs.cancel(ctl.conn, run1)
+    run2 = uuid.UUID(ctl.runs.retry(ctl.conn, task)["run_id"])
     assert run2 != run1
     assert (
         ref_db.query("SELECT active_run_id FROM agent_tasks WHERE task_id = %s", [task])[0][
@@ -204,12 +206,12 @@ def test_retry_is_new_run_and_old_callbacks_cannot_advance_it(
     op2 = _intent(rt, l2, 0)
     assert op2 != op1
     payload = {"resource_id": "late-1"}
-    assert not rt.runs.deliver_callback(rt.conn, run1, op1, payload)  # old run: refused
-    assert not rt.runs.deliver_callback(rt.conn, run2, op1, payload)  # not run2's op
+    assert not ctl.runs.deliver_callback(ctl.conn, run1, op1, payload)  # old run: refused
+    assert not ctl.runs.deliver_callback(ctl.conn, run2, op1, payload)  # not run2's op
     st2 = rt.runs.state(rt.conn, run2)
     assert (st2["revision"], st2["status"]) == (1, "waiting_tool")
     assert rt.ledger.claim(rt.conn, "D2", op2) is not None
-    assert rt.runs.deliver_callback(rt.conn, run2, op2, payload)  # its own: accepted
+    assert ctl.runs.deliver_callback(ctl.conn, run2, op2, payload)  # its own: accepted
     assert (
         ref_db.query("SELECT status FROM tool_operations WHERE operation_id = %s", [op1])[0][
             "status"

@@ -15,7 +15,7 @@ from reference_impl import errors as e
 from reference_impl.leases import Lease
 from reference_impl.protected import ProtectedWriter, ReadBack, Write, Written, _CommitUnknown
 from reference_impl.runtime import Runtime
-from tests.reference_impl.conftest import cp, new_run, take
+from tests.reference_impl.conftest import cp, new_run, operator_of, take
 
 
 def _count(db: Database, run: uuid.UUID) -> tuple[int, int]:
@@ -131,12 +131,13 @@ def test_terminal_state_clears_lease_keeps_epoch_and_is_final(
 
 
 def test_requeue_backoff_and_attempt_budget(rt: Runtime) -> None:
-    out = rt.runs.create(rt.conn, "t-budget", {}, max_attempts=1)
+    ctl = operator_of(rt)
+    out = ctl.runs.create(ctl.conn, "t-budget", {}, max_attempts=1)
     run = uuid.UUID(out["run_id"])
     lease = take(rt, run).lease
     w = cp(lease, 0, transition="requeue", effect={"backoff_ms": 60_000}, payload={})
     assert rt.writer.write(w).status == "failed"  # attempt 1 of 1 used: no more retries
-    out2 = rt.runs.create(rt.conn, "t-backoff", {}, max_attempts=5)
+    out2 = ctl.runs.create(ctl.conn, "t-backoff", {}, max_attempts=5)
     run2 = uuid.UUID(out2["run_id"])
     lease2 = take(rt, run2).lease
     assert (

@@ -29,17 +29,14 @@ SELECT operation_id, from_status, to_status FROM fencecheck.reconcile_expire_cla
 -- name: unknown_operations
 -- Operations whose outcome is unknown, oldest first, with the run's status.
 SELECT o.operation_id, o.run_id, o.tool_name, o.tool_capability, o.request_body, o.request_digest,
-       o.revision, o.updated_at, r.status AS run_status
+       o.revision, o.updated_at, r.status AS run_status,
+       (o.retention_ms IS NULL OR o.first_dispatched_at IS NULL
+        OR clock_timestamp() < o.first_dispatched_at + o.retention_ms * interval '1 millisecond')
+         AS key_remembered
   FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
  WHERE o.status = 'unknown'
  ORDER BY o.updated_at
  LIMIT %(limit)s;
-
--- name: unknown_age
--- Count and age (seconds) of the oldest unknown operation, for the gauges.
-SELECT count(*) AS n,
-       COALESCE(extract(epoch FROM clock_timestamp() - min(updated_at)), 0)::float8 AS oldest_s
-  FROM tool_operations WHERE status = 'unknown';
 
 -- name: converge
 -- Unknown operation converges to the remote fact found by query.
@@ -62,9 +59,22 @@ SELECT fencecheck.ledger_add_evidence(%(operation_id)s, %(evidence)s) AS found;
 -- One ledger row.
 SELECT operation_id, run_id, step_id, effect_version, tool_name, tool_capability,
        idempotency_key, request_digest, request_body, status, dispatch_owner, dispatch_until,
-       dispatch_until <= clock_timestamp() AS claim_expired, remote_id, result, revision
+       dispatch_until <= clock_timestamp() AS claim_expired, remote_id, result, revision,
+       (retention_ms IS NULL OR first_dispatched_at IS NULL
+        OR clock_timestamp() < first_dispatched_at + retention_ms * interval '1 millisecond')
+         AS key_remembered
   FROM tool_operations WHERE operation_id = %(operation_id)s;
+
+-- name: step_operations
+-- Every effect version of one step of a run, oldest first.
+SELECT operation_id, effect_version, status, remote_id, result, request_digest
+  FROM tool_operations WHERE run_id = %(run_id)s AND step_id = %(step_id)s
+ ORDER BY effect_version;
 
 -- name: deliver_callback
 -- A tool callback; accepted only for the named run's own operation while that run is active and live.
 SELECT fencecheck.deliver_callback(%(run_id)s, %(operation_id)s, %(payload)s) AS accepted;
+
+-- name: run_epoch
+-- The run's current epoch: what a dispatcher that is not the lease holder sends with a request.
+SELECT epoch FROM agent_runs WHERE run_id = %(run_id)s;

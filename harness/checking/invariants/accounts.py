@@ -1,0 +1,64 @@
+"""The workers' accounts against the truth (worker contract, section 4).
+
+A worker's history is never proof, but it can be caught lying: an ``ok`` says
+the operation definitely happened, a ``fail`` that it definitely did not
+(``info`` may go either way).
+"""
+
+from __future__ import annotations
+
+from harness.checking.invariants.model import Evidence, Finding
+from harness.checking.invariants.registry import invariant
+
+# Ops whose event_id names something other than the worker's own write.
+NOT_WRITES = frozenset({"relay", "consume"})
+
+
+@invariant(
+    "worker.accounts_match_the_evidence",
+    "SPEC (evidence, not claims); worker contract §4",
+    "every write a worker reported ok (by event_id) is in the outbox, none it reported fail "
+    "is (unless it later reported the same event_id ok or info), and every claim it reported "
+    "ok granted that epoch of that run in the audit trail",
+)
+def accounts_match(ev: Evidence) -> Finding:
+    events = {str(r["event_id"]) for r in ev.rows("outbox")}
+    granted = {
+        (str(c.row.get("run_id")), int(c.after("epoch")))
+        for c in ev.of("agent_runs")
+        if c.after("epoch") is not None and c.after("owner") is not None
+    }
+    bad, checked = [], 0
+    history = ev.history
+    for i, e in enumerate(history):
+        why = ""
+        if e.event_id is not None and e.op not in NOT_WRITES and e.type in ("ok", "fail"):
+            checked += 1
+            present = e.event_id in events
+            if e.type == "ok" and not present:
+                why = "reported ok, but no outbox row has its event_id"
+            elif e.type == "fail" and present:
+                later = any(
+                    x.worker == e.worker and x.event_id == e.event_id and x.type in ("ok", "info")
+                    for x in history[i + 1 :]
+                )
+                if not later:
+                    why = "reported fail, but its event_id is in the outbox"
+        elif e.op == "claim" and e.type == "ok" and e.run_id and e.epoch is not None:
+            checked += 1
+            if (e.run_id, e.epoch) not in granted:
+                why = "reported a claim the audit trail never granted"
+        if why:
+            bad.append(
+                {
+                    "worker": e.worker,
+                    "op": e.op,
+                    "type": e.type,
+                    "run_id": e.run_id,
+                    "epoch": e.epoch,
+                    "event_id": e.event_id,
+                    "time": e.time,
+                    "why": why,
+                }
+            )
+    return Finding(checked, bad)

@@ -1,0 +1,237 @@
+"""Side effects (SPEC rules 4, 5, 6): the ledger against the tool's own log.
+
+The tool's request and resource log is the second witness: every create
+request it received, with the operation_id, run_id and epoch the caller sent
+and the outcome (did it act?), and every real resource it made.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.checking.invariants.model import Change, Evidence, Finding, group
+from harness.checking.invariants.registry import invariant
+
+# Outcomes in the tool's log that prove it did not act (docs/mock-tool.md).
+NOT_ACTED = frozenset(
+    {"rejected_429", "rejected_final", "interrupted", "bad_request", "key_reuse_rejected"}
+)
+# Tools whose promise makes a same-key resend safe.
+SAFE_TO_RESEND = frozenset({"idempotent", "deterministic_id"})
+# The ledger change of a claim is audited before its COMMIT, the request leaves
+# only after that COMMIT, and the result is recorded only after the answer: so
+# "the state in force when the request arrived" needs no tolerance (a result
+# recorded a millisecond after the request must not count as before it). The
+# tolerance only widens the window in which a 429 may justify a return to
+# prepared.
+CLOCK_TOLERANCE_S = 0.005
+
+
+def _ledger_changes(ev: Evidence) -> dict[str, list[Change]]:
+    return group(ev.of("tool_operations"), lambda c: str(c.row.get("operation_id")))
+
+
+def _state_at(changes: list[Change], t: float) -> tuple[Change | None, Change | None]:
+    """The change in force at time ``t``, and the last claim (change into
+    ``dispatching``) made before ``t``."""
+    current = claim = None
+    for c in changes:
+        if c.at > t:
+            continue
+        current = c
+        if c.after("status") == "dispatching" and c.before("status") != "dispatching":
+            claim = c
+    return current, claim
+
+
+# Ledger statuses a request may meet on arrival: its claim is live, or expired
+# and turned unknown while the request was on its way (a claim's expiry does
+# not revoke a request already sent; English seed §9.2).
+IN_FLIGHT = ("dispatching", "unknown")
+
+
+def _epoch_at(ev: Evidence, run_id: str, t: float) -> int | None:
+    epoch = None
+    for c in ev.of("agent_runs"):
+        if c.at > t:
+            continue
+        if str(c.row.get("run_id")) == run_id and c.after("epoch") is not None:
+            epoch = int(c.after("epoch"))
+    return epoch
+
+
+@invariant(
+    "effect.one_real_resource_per_operation",
+    "SPEC rules 4, 5; English seed §8, §11 E",
+    "the tool holds at most one real resource per operation_id",
+)
+def one_resource_per_operation(ev: Evidence) -> Finding:
+    per_op = group(
+        ev.tool.get("resources", []), lambda r: (r.get("tool"), str(r.get("operation_id")))
+    )
+    bad = [
+        {
+            "tool": tool,
+            "operation_id": op,
+            "resources": [r.get("resource_id") for r in rs],
+            "request_seqs": [r.get("request_seq") for r in rs],
+        }
+        for (tool, op), rs in per_op.items()
+        if len(rs) > 1
+    ]
+    return Finding(len(per_op), bad)
+
+
+@invariant(
+    "effect.no_resend_without_idempotency",
+    "SPEC rules 4, 5; English seed §9.3 (unknown + no query, no idempotency)",
+    "a tool that is neither idempotent nor deterministic-id gets no second create for an "
+    "operation once a create for it may have acted (only a proven rejection allows a resend)",
+)
+def no_resend_without_idempotency(ev: Evidence) -> Finding:
+    risky = [r for r in ev.requests() if r.get("capability") not in SAFE_TO_RESEND]
+    bad = []
+    per_op = group(risky, lambda r: (r.get("tool"), str(r.get("operation_id"))))
+    for (tool, op), reqs in per_op.items():
+        acted = None
+        for r in sorted(reqs, key=lambda r: int(r.get("seq") or 0)):
+            if acted is not None:
+                bad.append(
+                    {
+                        "tool": tool,
+                        "operation_id": op,
+                        "capability": r.get("capability"),
+                        "resent_seq": r.get("seq"),
+                        "after_seq": acted.get("seq"),
+                        "after_outcome": acted.get("outcome"),
+                    }
+                )
+            elif r.get("outcome") not in NOT_ACTED:
+                acted = r
+    return Finding(len(per_op), bad)
+
+
+@invariant(
+    "effect.sent_only_under_a_dispatch_claim",
+    "SPEC rule 4; English seed §8, §9.2",
+    "every create request names an operation registered in the ledger for the run it names, "
+    "arrives after a dispatch claim of it and while it is still in flight (dispatching, or "
+    "unknown after that claim expired), and carries an epoch of that run between the one at "
+    "the claim and the current one",
+)
+def sent_only_under_claim(ev: Evidence) -> Finding:
+    ledger = {str(r["operation_id"]): r for r in ev.rows("tool_operations")}
+    history = _ledger_changes(ev)
+    bad = []
+    requests = ev.requests()
+    for r in requests:
+        op = str(r.get("operation_id"))
+        t = float(r.get("received_at") or 0.0)
+        why = ""
+        row = ledger.get(op)
+        if row is None:
+            why = "no intent for this operation_id in the ledger"
+        elif str(row.get("run_id")) != str(r.get("run_id")):
+            why = f"ledger run is {row.get('run_id')}"
+        else:
+            current, claim = _state_at(history.get(op, []), t)
+            status = current.after("status") if current else None
+            if claim is None:
+                why = f"never claimed for dispatch before it arrived (ledger {status!r})"
+            elif status not in IN_FLIGHT:
+                why = f"ledger status {status!r} when the request arrived"
+            else:
+                low = _epoch_at(ev, str(row["run_id"]), claim.at)
+                high = _epoch_at(ev, str(row["run_id"]), t)
+                epoch = r.get("epoch")
+                if not isinstance(epoch, int) or low is None or high is None:
+                    why = f"epoch {epoch!r} (run epochs unknown: {low}..{high})"
+                elif epoch < max(low, 1) or epoch > high:
+                    why = f"epoch {epoch} outside {max(low, 1)}..{high}"
+        if why:
+            bad.append(
+                {
+                    "request_seq": r.get("seq"),
+                    "tool": r.get("tool"),
+                    "operation_id": op,
+                    "run_id": r.get("run_id"),
+                    "epoch": r.get("epoch"),
+                    "received_at": t,
+                    "why": why,
+                }
+            )
+    return Finding(len(requests), bad)
+
+
+def _transitions(ev: Evidence, old: set[str], new: set[str]) -> list[Change]:
+    return [
+        c
+        for c in ev.of("tool_operations", "UPDATE")
+        if c.before("status") in old and c.after("status") in new
+    ]
+
+
+@invariant(
+    "effect.cancelled_intent_never_sent",
+    "SPEC rule 6; English seed §9.3 (prepared + run cancelled)",
+    "no create request arrives for an operation after it went from prepared to cancelled",
+)
+def cancelled_intent_never_sent(ev: Evidence) -> Finding:
+    cancelled = _transitions(ev, {"prepared"}, {"cancelled"})
+    per_op = group(ev.requests(), lambda r: str(r.get("operation_id")))
+    bad: list[dict[str, Any]] = []
+    for c in cancelled:
+        late = [
+            r.get("seq")
+            for r in per_op.get(str(c.row.get("operation_id")), [])
+            if float(r.get("received_at") or 0) > c.at
+        ]
+        if late:
+            bad.append({**c.brief("operation_id", "status"), "request_seqs": late})
+    return Finding(len(cancelled), bad)
+
+
+@invariant(
+    "effect.in_flight_never_marked_cancelled",
+    "SPEC rule 6; English seed §9.3 (dispatching/unknown + run cancelled)",
+    "a dispatching or unknown operation is never marked cancelled (it may have happened)",
+)
+def in_flight_never_cancelled(ev: Evidence) -> Finding:
+    changes = list(ev.of("tool_operations", "UPDATE"))
+    bad = [
+        c.brief("operation_id", "status")
+        for c in _transitions(ev, {"dispatching", "unknown"}, {"cancelled"})
+    ]
+    return Finding(len(changes), bad)
+
+
+@invariant(
+    "effect.claim_back_to_prepared_only_after_a_proven_rejection",
+    "SPEC rule 4; English seed §9.2 (never revert dispatching to prepared)",
+    "a dispatching operation goes back to prepared only when the tool's log shows it refused "
+    "the claim's request without acting (429); an expired claim becomes unknown",
+)
+def back_to_prepared_only_after_rejection(ev: Evidence) -> Finding:
+    history = _ledger_changes(ev)
+    per_op = group(ev.requests(), lambda r: str(r.get("operation_id")))
+    back = _transitions(ev, {"dispatching"}, {"prepared"})
+    bad = []
+    for c in back:
+        op = str(c.row.get("operation_id"))
+        claims = [
+            x
+            for x in history.get(op, [])
+            if x.seq < c.seq
+            and x.after("status") == "dispatching"
+            and x.before("status") != "dispatching"
+        ]
+        since = claims[-1].at if claims else 0.0
+        refused = [
+            r
+            for r in per_op.get(op, [])
+            if r.get("outcome") == "rejected_429"
+            and since - CLOCK_TOLERANCE_S <= float(r.get("received_at") or 0) <= c.at
+        ]
+        if not refused:
+            bad.append(c.brief("operation_id", "status", "dispatch_owner"))
+    return Finding(len(back), bad)

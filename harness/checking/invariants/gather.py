@@ -1,0 +1,84 @@
+"""Gather :class:`Evidence` from a live experiment database and tool.
+
+Only independent sources: the database queried as superuser (the harness's
+audit trail and the final rows of every contract table), the mock tool's own
+export, and the workers' history files (their account, to be judged). The
+caller passes a query function, so this works on any database holding the
+audit trail, not only inside an experiment.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from harness.checking.audit import CONTRACT_TABLES
+from harness.checking.history import Event
+from harness.checking.invariants.model import Change, Evidence
+
+Query = Callable[[str, Sequence[Any] | None], list[dict[str, Any]]]
+
+CHANGES_SQL = (
+    "SELECT seq, extract(epoch FROM at)::float8 AS at, "
+    "extract(epoch FROM tx_start)::float8 AS tx_start, txid, app, db_user, "
+    "coalesce(statement, '') AS statement, tbl, op, old, new "
+    "FROM fencecheck_audit.changes ORDER BY seq"
+)
+
+
+class AuditMissing(RuntimeError):
+    """The database holds no audit trail: the harness's trigger was not installed."""
+
+
+def changes(query: Query) -> list[Change]:
+    """The audit trail of every contract table, in audit order."""
+    present = query("SELECT to_regclass('fencecheck_audit.changes') IS NOT NULL AS ok", None)
+    if not present or not present[0]["ok"]:
+        raise AuditMissing("fencecheck_audit.changes does not exist in this database")
+    return [
+        Change(
+            seq=int(r["seq"]),
+            at=float(r["at"]),
+            tx_start=float(r["tx_start"]),
+            txid=int(r["txid"]),
+            app=str(r["app"]),
+            table=str(r["tbl"]),
+            op=str(r["op"]),
+            old=r["old"],
+            new=r["new"],
+            statement=str(r["statement"]),
+            db_user=str(r["db_user"]),
+        )
+        for r in query(CHANGES_SQL, None)
+    ]
+
+
+def tables(query: Query) -> dict[str, list[dict[str, Any]]]:
+    """Final rows of every contract table that exists, as jsonb (times as ISO text)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for table in CONTRACT_TABLES:
+        exists = query("SELECT to_regclass(%s) IS NOT NULL AS ok", [f"public.{table}"])
+        if exists and exists[0]["ok"]:
+            rows = query(f"SELECT to_jsonb(t) AS row FROM public.{table} t", None)
+            out[table] = [r["row"] for r in rows]
+    return out
+
+
+def gather(
+    query: Query,
+    *,
+    tool_export: dict[str, Any],
+    history: list[Event],
+    lease_ttl_ms: int,
+    write_paths: dict[str, str] | None = None,
+    asked_write_path: str | None = None,
+) -> Evidence:
+    return Evidence(
+        changes=changes(query),
+        tables=tables(query),
+        tool=tool_export,
+        history=history,
+        lease_ttl_ms=lease_ttl_ms,
+        write_paths=dict(write_paths or {}),
+        asked_write_path=asked_write_path,
+    )

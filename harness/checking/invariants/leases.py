@@ -1,0 +1,92 @@
+"""Lease history per run (SPEC rule 1), from the audit trail of agent_runs."""
+
+from __future__ import annotations
+
+from harness.checking.invariants.model import Change, Evidence, Finding, ts
+from harness.checking.invariants.registry import invariant
+
+# How far past "database time of the change + lease duration" a recorded
+# expiry may lie: the function computes the expiry a moment before the
+# trigger reads its own clock, so a correct grant is never past it; the
+# tolerance only absorbs timestamp rounding.
+EXPIRY_TOLERANCE_S = 0.010
+
+
+def grants(ev: Evidence) -> list[Change]:
+    """Changes of agent_runs that change the epoch: the grants (claim, takeover)."""
+    return [c for c in ev.of("agent_runs", "UPDATE") if c.changed("epoch")]
+
+
+@invariant(
+    "lease.epoch_grows_by_one_on_every_grant",
+    "SPEC rule 1; English seed §5.1",
+    "every change of a run's epoch is epoch + 1, whoever receives it; it never goes back",
+)
+def epoch_grows_by_one(ev: Evidence) -> Finding:
+    bad = []
+    granted = grants(ev)
+    for c in granted:
+        old, new = c.before("epoch"), c.after("epoch")
+        if old is None or new is None or int(new) != int(old) + 1:
+            bad.append(c.brief("run_id", "epoch", "owner"))
+    return Finding(len(granted), bad)
+
+
+@invariant(
+    "lease.one_owner_per_epoch",
+    "SPEC rule 1; English seed §2 (epoch)",
+    "no epoch of a run is ever held by two owners",
+)
+def one_owner_per_epoch(ev: Evidence) -> Finding:
+    owners: dict[tuple[str, int], set[str]] = {}
+    for c in ev.of("agent_runs"):
+        row = c.row
+        if row.get("owner") is not None and row.get("epoch") is not None:
+            owners.setdefault((str(row["run_id"]), int(row["epoch"])), set()).add(row["owner"])
+    bad = [
+        {"run_id": run, "epoch": epoch, "owners": sorted(who)}
+        for (run, epoch), who in owners.items()
+        if len(who) > 1
+    ]
+    return Finding(len(owners), bad)
+
+
+@invariant(
+    "lease.granted_only_when_free_or_expired",
+    "SPEC rule 1; English seed §5.1",
+    "a grant (epoch change) happens only over a free lease or one expired by database time",
+)
+def granted_only_when_free_or_expired(ev: Evidence) -> Finding:
+    bad = []
+    granted = grants(ev)
+    for c in granted:
+        expiry = ts(c.before("lease_expires_at"))
+        if c.before("owner") is not None and expiry is not None and expiry > c.at:
+            row = c.brief("run_id", "epoch", "owner")
+            row["previous_lease_expires_at"] = c.before("lease_expires_at")
+            row["granted_at"] = c.at
+            bad.append(row)
+    return Finding(len(granted), bad)
+
+
+@invariant(
+    "lease.expiry_within_lease_duration",
+    "SPEC rule 1; English seed §5.1, §5.2",
+    "after any grant or renewal the lease ends no later than the database time of that change "
+    f"plus the lease duration (tolerance {EXPIRY_TOLERANCE_S * 1000:.0f} ms)",
+)
+def expiry_within_lease_duration(ev: Evidence) -> Finding:
+    if ev.lease_ttl_ms <= 0:
+        return Finding(0, [], "no lease duration known: not judged")
+    limit = ev.lease_ttl_ms / 1000 + EXPIRY_TOLERANCE_S
+    bad, checked = [], 0
+    for c in ev.of("agent_runs"):
+        expiry = ts(c.after("lease_expires_at"))
+        if expiry is None or (c.op == "UPDATE" and not c.changed("lease_expires_at")):
+            continue
+        checked += 1
+        if expiry - c.at > limit:
+            row = c.brief("run_id", "epoch", "owner", "lease_expires_at")
+            row["granted_for_ms"] = round((expiry - c.at) * 1000, 1)
+            bad.append(row)
+    return Finding(checked, bad, f"lease duration {ev.lease_ttl_ms} ms")

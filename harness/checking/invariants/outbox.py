@@ -1,0 +1,67 @@
+"""Outbox relay and consumers (SPEC rule 10), against the broker's own log."""
+
+from __future__ import annotations
+
+from harness.checking.invariants.model import Evidence, Finding, group, ts
+from harness.checking.invariants.registry import invariant
+
+# The broker commits a message before it acknowledges it, and the relay marks
+# the row only after the acknowledgement: this only absorbs rounding.
+CLOCK_TOLERANCE_S = 0.005
+
+
+@invariant(
+    "outbox.marked_published_only_after_the_broker_has_it",
+    "SPEC rule 10; Chinese seed §11",
+    "an outbox row is marked published only after the broker logged a message with its event_id",
+)
+def marked_only_after_broker(ev: Evidence) -> Finding:
+    messages = group(ev.tool.get("messages", []), lambda m: str(m.get("event_id")))
+    marked = [r for r in ev.rows("outbox") if r.get("published_at") is not None]
+    bad = []
+    for row in marked:
+        at = ts(row["published_at"])
+        assert at is not None
+        first = min(
+            (float(m["received_at"]) for m in messages.get(str(row["event_id"]), [])), default=None
+        )
+        if first is None or first > at + CLOCK_TOLERANCE_S:
+            bad.append(
+                {
+                    "event_id": str(row["event_id"]),
+                    "published_at": row["published_at"],
+                    "broker_received_at": first,
+                }
+            )
+    return Finding(len(marked), bad)
+
+
+@invariant(
+    "consumer.business_effect_at_most_once_per_event",
+    "SPEC rule 10; Chinese seed §11, §13.2",
+    "each consumer applies its business effect at most once per event_id",
+)
+def effect_once_per_event(ev: Evidence) -> Finding:
+    per = group(ev.rows("consumer_effects"), lambda r: (r.get("consumer_name"), str(r["event_id"])))
+    bad = [
+        {"consumer_name": c, "event_id": e, "effects": len(rows)}
+        for (c, e), rows in per.items()
+        if len(rows) > 1
+    ]
+    return Finding(len(per), bad)
+
+
+@invariant(
+    "consumer.effect_only_for_a_delivered_event",
+    "SPEC rule 10",
+    "a consumer's business effect names an event the broker delivered",
+)
+def effect_only_for_delivered(ev: Evidence) -> Finding:
+    delivered = {str(m.get("event_id")) for m in ev.tool.get("messages", [])}
+    effects = ev.rows("consumer_effects")
+    bad = [
+        {"consumer_name": r.get("consumer_name"), "event_id": str(r["event_id"])}
+        for r in effects
+        if str(r["event_id"]) not in delivered
+    ]
+    return Finding(len(effects), bad)

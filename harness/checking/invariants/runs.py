@@ -1,0 +1,140 @@
+"""Runs as a whole (SPEC rules 5, 6, 7): terminal states, retries, liveness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.checking.invariants.model import (
+    HOLDS_LEASE,
+    LIVE,
+    TERMINAL,
+    Change,
+    Evidence,
+    Finding,
+    group,
+)
+from harness.checking.invariants.registry import invariant
+
+# Ledger moves that reconcile an effect already in flight: allowed after the
+# run ended, because the tool may have acted (English seed §9.3).
+IN_FLIGHT = ("dispatching", "unknown")
+SETTLED = ("succeeded", "failed_final", "unknown")
+
+
+def _run_of(c: Change) -> str:
+    return str(c.row.get("run_id"))
+
+
+@invariant(
+    "run.nothing_advances_after_terminal",
+    "SPEC rules 5, 6; English seed §7 (terminal states never return)",
+    "once a run is succeeded, failed or cancelled, no later transaction changes its status, "
+    "revision, epoch or owner, writes a checkpoint for it, or moves its ledger except to "
+    "settle an effect already in flight (dispatching/unknown -> succeeded/failed_final/unknown)",
+)
+def nothing_after_terminal(ev: Evidence) -> Finding:
+    ended: dict[str, Change] = {}
+    for c in ev.of("agent_runs"):
+        if c.after("status") in TERMINAL and _run_of(c) not in ended:
+            ended[_run_of(c)] = c
+    bad: list[dict[str, Any]] = []
+    for c in ev.changes:
+        end = ended.get(_run_of(c))
+        if end is None or c.seq <= end.seq or c.txid == end.txid or c.by_harness:
+            continue
+        if c.table == "agent_runs" and any(
+            c.changed(k) for k in ("status", "revision", "epoch", "owner")
+        ):
+            bad.append(c.brief("run_id", "status", "revision", "epoch", "owner"))
+        elif c.table == "agent_checkpoints" and c.op == "INSERT":
+            bad.append(c.brief("run_id", "revision", "epoch", "owner"))
+        elif (
+            c.table == "tool_operations"
+            and c.changed("status")
+            and not (c.before("status") in IN_FLIGHT and c.after("status") in SETTLED)
+        ):
+            bad.append(c.brief("run_id", "operation_id", "status"))
+    return Finding(len(ended), bad, f"{len(ended)} run(s) ended")
+
+
+@invariant(
+    "run.one_live_run_per_task",
+    "SPEC rule 7; English seed §2 (run_id), §4",
+    "at no point does a task have two runs that are queued, running or waiting_tool",
+)
+def one_live_run_per_task(ev: Evidence) -> Finding:
+    status: dict[str, str] = {}
+    task_of: dict[str, tuple[str, str]] = {}
+    bad: list[dict[str, Any]] = []
+    flagged: set[tuple[str, str]] = set()
+    for c in ev.of("agent_runs"):
+        run = _run_of(c)
+        task_of[run] = (str(c.row.get("tenant_id")), str(c.row.get("task_id")))
+        status[run] = str(c.row.get("status")) if c.new is not None else "deleted"
+        task = task_of[run]
+        live = sorted(r for r, t in task_of.items() if t == task and status[r] in LIVE)
+        if len(live) > 1 and task not in flagged:
+            flagged.add(task)
+            bad.append({"seq": c.seq, "task_id": task[1], "live_runs": live})
+    return Finding(len({t for t in task_of.values()}), bad)
+
+
+@invariant(
+    "run.history_is_append_only",
+    "SPEC rules 4, 7; English seed §4, §9.3 (modifying a planned effect is a new version)",
+    "checkpoints are never updated or deleted; a ledger row never changes its operation, run, "
+    "step, effect version, tool or request digest; a run never changes its task or tenant",
+)
+def history_is_append_only(ev: Evidence) -> Finding:
+    immutable = {
+        "agent_checkpoints": None,  # no UPDATE or DELETE at all
+        "tool_operations": (
+            "operation_id",
+            "run_id",
+            "step_id",
+            "effect_version",
+            "tool_name",
+            "request_digest",
+        ),
+        "agent_runs": ("run_id", "task_id", "tenant_id"),
+    }
+    bad: list[dict[str, Any]] = []
+    checked = 0
+    for c in ev.changes:
+        if c.table not in immutable or c.op == "INSERT" or c.by_harness:
+            continue
+        checked += 1
+        columns = immutable[c.table]
+        if c.op == "DELETE" or columns is None or any(c.changed(k) for k in columns):
+            bad.append(c.brief(*(columns or ("run_id", "revision"))))
+    return Finding(checked, bad)
+
+
+@invariant(
+    "run.every_run_can_progress_at_the_end",
+    "SPEC rules 4, 5; English seed §9.3 (unknown converges or a person decides)",
+    "when the experiment ends every run is terminal, paused for a person, paused in doubt "
+    "with an operation in doubt (unknown or dispatching) named in its ledger, queued, or "
+    "holding a lease a successor can take over once it expires",
+)
+def every_run_can_progress(ev: Evidence) -> Finding:
+    doubt = group(
+        (o for o in ev.rows("tool_operations") if o.get("status") in IN_FLIGHT),
+        lambda o: str(o["run_id"]),
+    )
+    bad = []
+    runs = ev.rows("agent_runs")
+    for run in runs:
+        status = run.get("status")
+        why = ""
+        if status == "paused_indoubt" and not doubt.get(str(run["run_id"])):
+            why = "paused in doubt without an operation in doubt in its ledger"
+        elif status in HOLDS_LEASE and (
+            run.get("owner") is None or not run.get("lease_expires_at")
+        ):
+            why = "holds no lease (owner or expiry missing): nobody can take it over"
+        elif status not in (*TERMINAL, *LIVE, "paused_human", "paused_indoubt"):
+            why = f"status {status!r} is not one of the contract's"
+        if why:
+            bad.append({"run_id": str(run["run_id"]), "status": status, "why": why})
+    return Finding(len(runs), bad)

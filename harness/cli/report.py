@@ -1,0 +1,95 @@
+"""``fencecheck report``: rebuild a run's pages from its archives, or compare two runs."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+from harness.cli.common import UsageError
+
+NAME = "report"
+HELP = "rebuild a run's HTML pages from its archives alone, or --compare two runs"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("report_dir", nargs="?", help="a run's folder: reports/<run-id>")
+    parser.add_argument(
+        "--out",
+        help="write the pages to this folder instead of into the run's folder (which is "
+        "then left untouched; the pages link to its evidence)",
+    )
+    parser.add_argument(
+        "--compare",
+        nargs=2,
+        metavar=("RUN_A", "RUN_B"),
+        help="show what changed from RUN_A to RUN_B: verdicts per experiment, worker "
+        "digest, PostgreSQL version and the other run facts; exit 1 if an experiment "
+        "that always passed in RUN_A did not in RUN_B",
+    )
+    parser.add_argument("--html", help="with --compare: also write the comparison as a page here")
+
+
+def main(args: argparse.Namespace) -> int:
+    from harness.evidence.run_dir import NotARunDirectory
+
+    try:
+        if args.compare:
+            if args.report_dir:
+                raise UsageError("give either REPORT_DIR or --compare RUN_A RUN_B, not both")
+            return _compare(Path(args.compare[0]), Path(args.compare[1]), args.html)
+        if not args.report_dir:
+            raise UsageError("give the run's folder: fencecheck report reports/<run-id>")
+        return _rebuild(Path(args.report_dir), Path(args.out) if args.out else None)
+    except NotARunDirectory as exc:
+        raise UsageError(str(exc)) from exc
+
+
+def _rebuild(report_dir: Path, out: Path | None) -> int:
+    from harness.evidence import manifest
+    from harness.evidence.html import write_run_pages
+
+    started = time.perf_counter()
+    sealed = (report_dir / manifest.MANIFEST_NAME).is_file()
+    if out is None and sealed:
+        # Rebuilding in place reseals the folder: only over the evidence it was sealed with.
+        check = manifest.verify_report(report_dir)
+        evidence = [
+            p for p in check.changed + check.removed + check.added if not manifest.is_view(p)
+        ]
+        if evidence:
+            print(f"fencecheck report: {report_dir} was sealed, and its evidence changed since:")
+            for p in evidence:
+                print(f"  {p}")
+            print(
+                "not rebuilding in place (it would seal the changed evidence); run "
+                "`fencecheck verify` for details, or build elsewhere with --out DIR"
+            )
+            return 1
+    if (report_dir / "mutants.json").is_file() and not (report_dir / "archives").is_dir():
+        if out is not None:
+            raise UsageError("a mutants folder's pages are rebuilt in place; drop --out")
+        from harness.evidence.html.mutants import write_mutants_pages
+
+        index = write_mutants_pages(report_dir)
+    else:
+        index = write_run_pages(report_dir, out)
+    if out is None:
+        manifest.write_manifest(report_dir)
+        note = "resealed" if sealed else "sealed now (it had no MANIFEST.sha256: the seal covers "
+        note += "" if sealed else "its files as they are now, not as the run left them)"
+        print(f"MANIFEST.sha256 {note}")
+    pages = len(list(index.parent.glob("**/experiments/*.html")))
+    print(f"{index} and {pages} experiment page(s) built in {time.perf_counter() - started:.2f}s")
+    return 0
+
+
+def _compare(a: Path, b: Path, html: str | None) -> int:
+    from harness.evidence.compare import compare_runs, comparison_lines, comparison_page
+
+    comparison = compare_runs(a, b)
+    print("\n".join(comparison_lines(comparison)))
+    if html:
+        Path(html).write_text(comparison_page(comparison))
+        print(f"page: {html}")
+    return 1 if comparison.regressions else 0

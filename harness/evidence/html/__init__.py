@@ -1,0 +1,57 @@
+"""The auditor's pages of a run: ``index.html`` and one page per experiment run.
+
+Entry point: :func:`write_run_pages` (then ``manifest.write_manifest`` to seal
+the directory). Both read only the run directory, so ``fencecheck report``
+can rebuild the pages from the evidence at any later time.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from harness.evidence import manifest
+from harness.evidence.html.pages import experiment_page, index_page
+from harness.evidence.run_dir import Entry, load_yaml, require_archives
+
+# Below this many archives a process pool costs more than it saves.
+PARALLEL_FROM = 12
+MAX_PROCESSES = 4
+
+
+def _page(report_dir: Path, path: Path, out: Path) -> Entry:
+    """Read one archive and write its page (in a pool process, or not)."""
+    try:
+        archive, problem = load_yaml(path), None
+    except ValueError as exc:
+        archive, problem = None, str(exc)
+    return experiment_page(report_dir, path.stem, archive, problem, out)
+
+
+def write_run_pages(
+    report_dir: Path, out_dir: Path | None = None, *, title: str | None = None
+) -> Path:
+    """Write ``index.html`` and ``experiments/<label>.html`` for the run in
+    ``report_dir`` (into ``out_dir``, default the run directory itself) from
+    its archives; returns the index's path. NotARunDirectory if it has none.
+
+    Large runs (``--repeat``) are parsed and drawn by a few processes at once;
+    the pages do not depend on which process wrote them.
+    """
+    out = out_dir or report_dir
+    out.mkdir(parents=True, exist_ok=True)
+    paths = require_archives(report_dir)
+    processes = min(MAX_PROCESSES, os.cpu_count() or 1)
+    if len(paths) < PARALLEL_FROM or processes < 2:
+        entries = [_page(report_dir, p, out) for p in paths]
+    else:
+        # spawn: no fork of a process that may still hold threads and locks,
+        # and no helper process outlives the pool.
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(processes, mp_context=context) as pool:
+            jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
+            entries = [job.result() for job in jobs]
+    digest = manifest.run_digest(report_dir)
+    return index_page(report_dir, entries, digest, out, title=title)

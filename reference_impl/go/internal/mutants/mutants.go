@@ -1,0 +1,202 @@
+// Package mutants holds named, realistic Go-side bugs of this worker, each
+// breaking exactly one protocol rule in exactly one place (one field of
+// protocol.Protocol, or one database overlay), and naming the experiments
+// expected to catch it; and the seed variants: the seeds' Go skeletons put
+// back literally where this worker had to correct them
+// (docs/seed-code-findings.md). Correct code never imports this package's
+// choices: main selects a Protocol here, by FENCECHECK_MUTANT, once.
+package mutants
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"fencecheck/goworker/internal/protocol"
+	"fencecheck/goworker/internal/schema"
+)
+
+// Mutant is one named alteration.
+type Mutant struct {
+	Name        string   `json:"name"`
+	Rule        int      `json:"rule"`
+	Catchers    []string `json:"catchers"`
+	Description string   `json:"description"`
+	Alters      string   `json:"alters"`
+	apply       func(p *protocol.Protocol)
+	overlay     string
+}
+
+func replace(field *string, old, new string) {
+	if !strings.Contains(*field, old) {
+		panic(fmt.Sprintf("mutant: %q not found in statement", old))
+	}
+	*field = strings.Replace(*field, old, new, 1)
+}
+
+// Registry are the mutants `fencecheck mutants` runs.
+var Registry = []Mutant{
+	{Name: "claim_without_skip_locked", Rule: 1, Catchers: []string{"D", "Q"}, Alters: "Statements.Claim",
+		Description: "ClaimRun locks its candidate FOR UPDATE without SKIP LOCKED: it queues behind a session holding that run instead of passing it by",
+		apply:       func(p *protocol.Protocol) { replace(&p.SQL.Claim, "FOR UPDATE SKIP LOCKED", "FOR UPDATE") }},
+	{Name: "renew_rows_affected_ignored", Rule: 1, Catchers: []string{"K", "B"}, Alters: "Protocol.RenewConfirmed",
+		Description: "Renew checks only the error of its UPDATE, not RowsAffected(): a renewal that matched no row (expired or taken over) is reported as renewed",
+		apply:       func(p *protocol.Protocol) { p.RenewConfirmed = func(pgconn.CommandTag) bool { return true } }},
+	{Name: "write_validation_ignored", Rule: 2, Catchers: []string{"K", "B"}, Alters: "Protocol.CheckLease",
+		Description: "SaveCheckpoint locks the lease row and reads `valid` but never acts on it (the seed's `if !valid { return ErrLeaseLost }` dropped)",
+		apply:       func(p *protocol.Protocol) { p.CheckLease = func(string, bool, bool) error { return nil } }},
+	{Name: "lease_check_separate_tx", Rule: 2, Catchers: []string{"D"}, Alters: "Protocol.LockInOwnTx",
+		Description: "the lease row is locked and validated in a transaction of its own, committed before the write's begins: a takeover slips in between",
+		apply:       func(p *protocol.Protocol) { p.LockInOwnTx = true }},
+	{Name: "cas_without_revision", Rule: 3, Catchers: []string{"C"}, Alters: "Statements.CAS",
+		Description: "the checkpoint UPDATE forgets `AND revision = $2`: two same-epoch writes with the same expected revision both commit",
+		apply:       func(p *protocol.Protocol) { replace(&p.SQL.CAS, "AND revision = $2", "AND $2::bigint IS NOT NULL") }},
+	{Name: "result_ignores_dispatch_claim", Rule: 4, Catchers: []string{"E"}, Alters: "Statements.RecordResult",
+		Description: "the dispatcher records the tool's answer by operation_id alone, trusting that it still holds the claim",
+		apply: func(p *protocol.Protocol) {
+			replace(&p.SQL.RecordResult, "AND status = 'dispatching'\n   AND dispatch_owner = $2 AND revision = $3 AND request_digest = $4",
+				"AND $2::text IS NOT NULL AND $3::bigint IS NOT NULL AND $4::text IS NOT NULL")
+		}},
+	{Name: "expired_claim_back_to_prepared", Rule: 4, Catchers: []string{"J", "E"}, Alters: "Statements.ExpireClaim",
+		Description: "the reconciler turns an expired dispatch claim back into prepared instead of unknown, so it is dispatched again",
+		apply: func(p *protocol.Protocol) {
+			replace(&p.SQL.ExpireClaim, "SET status = 'unknown'", "SET status = 'prepared'")
+		}},
+	{Name: "operation_id_per_process", Rule: 5, Catchers: []string{"E", "J"}, Alters: "Protocol.OperationID",
+		Description: "the operation_id carries a per-process nonce: a takeover derives a new identity for the same intent",
+		apply: func(p *protocol.Protocol) {
+			nonce := protocol.NewUUID()[:8]
+			p.OperationID = func(t, r, s string, v int) string { return protocol.OperationID(t, r, s, v) + "/" + nonce }
+		}},
+	{Name: "unknown_resent_as_failure", Rule: 5, Catchers: []string{"J", "E"}, Alters: "Protocol.ReconcileWithout",
+		Description: "an unknown outcome of a tool that offers neither query nor idempotency is taken for a failure and the intent is sent again",
+		apply: func(p *protocol.Protocol) {
+			p.ReconcileWithout = func(ctx context.Context, q protocol.Querier, _ *protocol.Reconciler, u protocol.UnknownOp) (*protocol.Change, error) {
+				tag, err := q.Exec(ctx, `UPDATE tool_operations SET status = 'prepared', revision = revision + 1,
+  updated_at = clock_timestamp() WHERE operation_id = $1 AND status = 'unknown' AND revision = $2`, u.OperationID, u.Revision)
+				if err != nil || tag.RowsAffected() != 1 {
+					return nil, err
+				}
+				return &protocol.Change{OperationID: u.OperationID, From: "unknown", To: "prepared"}, nil
+			}
+		}},
+	{Name: "cancel_marks_inflight_cancelled", Rule: 6, Catchers: []string{"F"}, Alters: "Statements.CancelPrepared",
+		Description: "cancel marks dispatching and unknown operations cancelled too, as if they had not happened",
+		apply: func(p *protocol.Protocol) {
+			replace(&p.SQL.CancelPrepared, "status = 'prepared'", "status IN ('prepared', 'dispatching', 'unknown')")
+		}},
+	{Name: "heartbeat_does_not_cancel", Rule: 8, Catchers: []string{"P"}, Alters: "Protocol.OnRenewUnconfirmed",
+		Description: "an unconfirmed renewal is logged, but the execution's context is not cancelled",
+		apply:       func(p *protocol.Protocol) { p.OnRenewUnconfirmed = func(context.CancelCauseFunc, error) {} }},
+	{Name: "commit_unknown_as_rollback", Rule: 9, Catchers: []string{"O"}, Alters: "Protocol.ResolveUnknown",
+		Description: "a COMMIT that failed without an answer is taken for a rollback and sent again under a new event_id, without read-back",
+		apply: func(p *protocol.Protocol) {
+			p.ResolveUnknown = func(_ context.Context, _ *protocol.Writer, wr *protocol.Write) (*protocol.Written, error) {
+				wr.EventID = protocol.NewUUID()
+				return nil, nil
+			}
+		}},
+	{Name: "consumer_without_dedup", Rule: 10, Catchers: []string{"L"}, Alters: "Statements.ConsumeDedup",
+		Description: "the consumer applies its business effect for every delivery, without its dedup row",
+		apply:       func(p *protocol.Protocol) { p.SQL.ConsumeDedup = "" }},
+	{Name: "assumes_sync_replication", Rule: 11, Catchers: []string{"H"}, Alters: "Protocol.DurabilityMode",
+		Description: "the worker declares the synchronous guarantee without reading the settings",
+		apply:       func(p *protocol.Protocol) { p.DurabilityMode = func(string, string, int) string { return "sync" } }},
+	{Name: "sync_warning_as_success", Rule: 11, Catchers: []string{"H"}, Alters: "Protocol.CommitWarning",
+		Description: "a COMMIT answered with a WARNING (cancelled wait for the synchronous standby) is reported as durable",
+		apply:       func(p *protocol.Protocol) { p.CommitWarning = func([]*pgconn.Notice) error { return nil } }},
+	{Name: "rls_missing", Rule: 12, Catchers: []string{"N"}, Alters: "database overlay",
+		Description: "row level security is off: nothing scopes a query to the caller's tenant",
+		overlay: `DO $$ DECLARE t text; BEGIN
+  FOREACH t IN ARRAY ARRAY['tenants', 'agent_tasks', 'agent_runs', 'agent_checkpoints',
+                           'tool_operations', 'outbox', 'consumed_events', 'consumer_effects'] LOOP
+    EXECUTE format('ALTER TABLE public.%I DISABLE ROW LEVEL SECURITY', t);
+  END LOOP; END $$`},
+	{Name: "unknown_schema_to_defaults", Rule: 13, Catchers: []string{"M"}, Alters: "Protocol.Decode",
+		Description: "a checkpoint of an unknown schema_version is read as the current one, missing fields as zero values",
+		apply: func(p *protocol.Protocol) {
+			p.Decode = func(rev int64, _ *int32, raw []byte, _ []byte) (protocol.Checkpoint, error) {
+				v, _ := protocol.Decode(raw)
+				state, _ := v.(map[string]any)
+				if state == nil {
+					state = map[string]any{}
+				}
+				for k, zero := range map[string]any{"plan": []any{}, "cursor": 0, "data": map[string]any{}, "results": map[string]any{}} {
+					if _, ok := state[k]; !ok {
+						state[k] = zero
+					}
+				}
+				return protocol.Checkpoint{Revision: rev, SchemaVersion: protocol.CurrentSchemaVersion, State: state}, nil
+			}
+		}},
+}
+
+// SeedVariants put one of the seeds' skeletons back as literally written,
+// where this worker corrected it; docs/seed-code-findings.md says which
+// experiment then fails and why. Selected with FENCECHECK_MUTANT like a
+// mutant, but not listed by `mutants`: they are findings, not harness tests.
+var SeedVariants = []Mutant{
+	{Name: "seed_en_release", Rule: 1, Catchers: []string{"H"}, Alters: "Statements.Release",
+		Description: "English seed 5.2 release as written: owner = NULL, expires_at = clock_timestamp(); status untouched",
+		apply: func(p *protocol.Protocol) {
+			p.SQL.Release = `UPDATE agent_runs
+   SET owner = NULL, lease_expires_at = clock_timestamp(), updated_at = clock_timestamp()
+ WHERE run_id = $1 AND owner = $2 AND epoch = $3`
+		}},
+	{Name: "seed_en_cas_running_only", Rule: 2, Catchers: []string{"I", "E", "Q"}, Alters: "Statements.CAS",
+		Description: "English seed 6 CAS condition as written: `AND status = 'running'` (no waiting_tool)",
+		apply: func(p *protocol.Protocol) {
+			replace(&p.SQL.CAS, "WHERE run_id = $1 AND revision = $2", "WHERE run_id = $1 AND revision = $2 AND status = 'running'")
+		}},
+	{Name: "seed_en_dispatch_live_statuses", Rule: 4, Catchers: []string{"I", "E", "Q"}, Alters: "Statements.DispatchClaim",
+		Description: "English seed 9.2 dispatcher claim as written: runs in ('pending','running') only (here queued, running)",
+		apply: func(p *protocol.Protocol) {
+			replace(&p.SQL.DispatchClaim, "r.status IN ('queued', 'running', 'waiting_tool')", "r.status IN ('queued', 'running')")
+		}},
+	{Name: "seed_en_commit_error_returned", Rule: 9, Catchers: []string{"O"}, Alters: "Protocol.ResolveUnknown",
+		Description: "English seed 6: a COMMIT error is returned as `commit outcome requires read-back`, and nothing reads back",
+		apply: func(p *protocol.Protocol) {
+			p.ResolveUnknown = func(_ context.Context, _ *protocol.Writer, wr *protocol.Write) (*protocol.Written, error) {
+				return nil, &protocol.Error{Class: "CommitOutcomeUnknown", Reason: "no_readback", Msg: "commit outcome requires read-back"}
+			}
+		}},
+	{Name: "seed_no_fence_guard", Rule: 12, Catchers: []string{"N"}, Alters: "database overlay",
+		Description: "the seeds' plain-SQL protocol without the database's fencing-token guard: the worker role's UPDATE right is unrestricted",
+		overlay:     `DROP TRIGGER agent_runs_fence_guard ON public.agent_runs`},
+}
+
+// Names of the registry, sorted.
+func Names() []string {
+	var out []string
+	for _, m := range append(append([]Mutant{}, Registry...), SeedVariants...) {
+		out = append(out, m.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Load returns the protocol for name ("" = correct) and its database overlays.
+func Load(name string) (*protocol.Protocol, []schema.Overlay, error) {
+	p := protocol.Correct()
+	if name == "" {
+		return p, nil, nil
+	}
+	for _, m := range append(append([]Mutant{}, Registry...), SeedVariants...) {
+		if m.Name != name {
+			continue
+		}
+		p.Name = name
+		var overlays []schema.Overlay
+		if m.apply != nil {
+			m.apply(p)
+		}
+		if m.overlay != "" {
+			overlays = append(overlays, schema.Overlay{Name: name, SQL: m.overlay})
+		}
+		return p, overlays, nil
+	}
+	return nil, nil, fmt.Errorf("FENCECHECK_MUTANT=%q names no mutant of this worker; known: %s", name, strings.Join(Names(), ", "))
+}

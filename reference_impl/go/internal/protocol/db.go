@@ -1,0 +1,159 @@
+package protocol
+
+import (
+	"context"
+	"sync"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DB is what the seeds' functions take: *pgx.Conn and *pgxpool.Pool both
+// satisfy it.
+type DB interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Querier runs statements inside or outside a transaction.
+type Querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ReadCommitted is the isolation level of every protocol transaction.
+var ReadCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
+// Session is one connection of the worker role, (re)connected on demand.
+//
+// Invariants: the tenant (app.tenant_id) and the worker name
+// (application_name) travel in the startup packet, so no statement runs
+// before the tenant is set; WARNING notices are kept until drained, so a
+// COMMIT answered with a warning (a cancelled wait for synchronous
+// replication) is never mistaken for a clean success; a connection that
+// failed without a server verdict is dropped, never reused.
+type Session struct {
+	cfg      *pgx.ConnConfig
+	mu       sync.Mutex
+	conn     *pgx.Conn
+	warnings []*pgconn.Notice
+}
+
+// NewSession parses dsn and binds the session to tenant.
+func NewSession(dsn, tenant, appName string) (*Session, error) {
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		return nil, err
+	}
+	s := &Session{cfg: cfg}
+	if tenant != "" {
+		cfg.RuntimeParams["app.tenant_id"] = tenant
+	}
+	if appName != "" {
+		cfg.RuntimeParams["application_name"] = appName
+	}
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if n.Severity == "WARNING" {
+			s.mu.Lock()
+			s.warnings = append(s.warnings, n)
+			s.mu.Unlock()
+		}
+	}
+	return s, nil
+}
+
+// For returns a new session like s, bound to another tenant.
+func (s *Session) For(tenant string) (*Session, error) {
+	return NewSession(s.cfg.ConnString(), tenant, s.cfg.RuntimeParams["application_name"])
+}
+
+// Conn is the open connection, connecting first when there is none.
+func (s *Session) Conn(ctx context.Context) (*pgx.Conn, error) {
+	s.mu.Lock()
+	c := s.conn
+	s.mu.Unlock()
+	if c != nil && !c.IsClosed() {
+		return c, nil
+	}
+	c, err := pgx.ConnectConfig(ctx, s.cfg.Copy())
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.conn = c
+	s.mu.Unlock()
+	return c, nil
+}
+
+// Check drops the connection when err carries no server verdict; returns err.
+func (s *Session) Check(err error) error {
+	if err != nil && IsConnectionError(err) {
+		s.Discard()
+	}
+	return err
+}
+
+// Discard closes the connection without waiting on the network.
+func (s *Session) Discard() {
+	s.mu.Lock()
+	c := s.conn
+	s.conn = nil
+	s.mu.Unlock()
+	if c != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 0)
+		defer cancel()
+		_ = c.Close(ctx)
+	}
+}
+
+// Close ends the session.
+func (s *Session) Close() { s.Discard() }
+
+// DrainWarnings returns and forgets the WARNING notices received so far.
+func (s *Session) DrainWarnings() []*pgconn.Notice {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	w := s.warnings
+	s.warnings = nil
+	return w
+}
+
+// updateOne runs an UPDATE ... RETURNING that must change exactly one row
+// and scans that row into dest. Invariant (Chinese seed section 8.2): every
+// UPDATE's RowsAffected() is checked; zero rows is reported as false, never
+// ignored, and the values come from RETURNING, not from the caller's inputs.
+func updateOne(ctx context.Context, q Querier, sql string, args []any, dest ...any) (bool, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return false, err
+	}
+	found := false
+	for rows.Next() {
+		if found {
+			rows.Close()
+			return false, newErr("LedgerConflict", "rows", "statement changed more than one row")
+		}
+		if err := rows.Scan(dest...); err != nil {
+			rows.Close()
+			return false, err
+		}
+		found = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return false, err
+	}
+	return found && rows.CommandTag().RowsAffected() == 1, nil
+}
+
+// execOne runs an UPDATE without RETURNING; true when exactly one row changed.
+func execOne(ctx context.Context, q Querier, sql string, args ...any) (bool, error) {
+	tag, err := q.Exec(ctx, sql, args...)
+	if err != nil {
+		return false, err
+	}
+	return tag.RowsAffected() == 1, nil
+}

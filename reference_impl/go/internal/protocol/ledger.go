@@ -1,0 +1,327 @@
+package protocol
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+
+	"github.com/jackc/pgx/v5"
+
+	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/tool"
+)
+
+// Operation is a ledger row as the dispatcher holds it after a claim.
+type Operation struct {
+	OperationID string
+	RunID       string
+	StepID      string
+	Tool        string
+	Capability  string
+	Request     any
+	Digest      string
+	Revision    int64
+}
+
+// OperationRow is a ledger row as a workflow resuming its tool step reads it.
+type OperationRow struct {
+	Operation
+	Status        string
+	DispatchOwner *string
+	ClaimExpired  bool
+	RemoteID      *string
+}
+
+// Change is one reconciler decision.
+type Change struct {
+	OperationID string `json:"operation_id"`
+	From        string `json:"from"`
+	To          string `json:"to"`
+}
+
+// UnknownOp is an operation whose outcome is unknown, with its run's status.
+type UnknownOp struct {
+	OperationID, Tool, Capability, Digest, RunStatus string
+	Revision                                         int64
+}
+
+func scanOperation(rows pgx.Rows) (*Operation, error) {
+	defer rows.Close()
+	if !rows.Next() {
+		return nil, rows.Err()
+	}
+	op := new(Operation)
+	var body []byte
+	if err := rows.Scan(&op.OperationID, &op.RunID, &op.StepID, &op.Tool, &op.Capability, &body, &op.Digest, &op.Revision); err != nil {
+		return nil, err
+	}
+	req, err := Decode(body)
+	if err != nil {
+		return nil, err
+	}
+	op.Request = req
+	rows.Close()
+	if rows.CommandTag().RowsAffected() != 1 {
+		return nil, newErr("LedgerConflict", "rows", "claim changed %d rows", rows.CommandTag().RowsAffected())
+	}
+	return op, rows.Err()
+}
+
+// GetOperation reads one ledger row (nil when absent).
+func (p *Protocol) GetOperation(ctx context.Context, q Querier, opID string) (*OperationRow, error) {
+	r := new(OperationRow)
+	var body []byte
+	err := q.QueryRow(ctx, p.SQL.Operation, opID).Scan(&r.OperationID, &r.RunID, &r.StepID, &r.Tool, &r.Capability,
+		&body, &r.Digest, &r.Status, &r.DispatchOwner, &r.ClaimExpired, &r.RemoteID, &r.Revision)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	r.Request, err = Decode(body)
+	return r, err
+}
+
+// DispatchClaim claims one prepared operation of a live run (English seed
+// section 9.2), optionally a given one; nil when there is none to claim.
+func (p *Protocol) DispatchClaim(ctx context.Context, q Querier, owner string, ttlMS int64, opID *string) (*Operation, error) {
+	rows, err := q.Query(ctx, p.SQL.DispatchClaim, owner, ttlMS, opID)
+	if err != nil {
+		return nil, err
+	}
+	return scanOperation(rows)
+}
+
+// ledgerChange runs one conditional ledger UPDATE; zero rows is a
+// LedgerConflict, never silently ignored (English seed section 9.3).
+func ledgerChange(ctx context.Context, q Querier, sql, opID, what string, args ...any) error {
+	ok, err := execOne(ctx, q, sql, args...)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return newErr("LedgerConflict", what, "ledger row %s not changed (%s): the claim no longer matches", opID, what)
+	}
+	return nil
+}
+
+// RecordResult writes the tool's definite answer for our claim, ledger only.
+func (p *Protocol) RecordResult(ctx context.Context, q Querier, op *Operation, owner string, a tool.Answer) error {
+	result, _ := json.Marshal(a.Result)
+	return ledgerChange(ctx, q, p.SQL.RecordResult, op.OperationID, "record",
+		op.OperationID, owner, op.Revision, op.Digest, a.Kind, a.RemoteID, string(result))
+}
+
+// SettleWithoutResult is the ledger consequence of an answer that records
+// no result: a 429 (the tool's proof it did not act) puts the intent back to
+// prepared; anything else (timeout, lost answer, 5xx, conflict) is unknown:
+// never failed, never resent blindly (rule 5).
+func (p *Protocol) SettleWithoutResult(ctx context.Context, q Querier, op *Operation, owner string, a tool.Answer) (string, error) {
+	why, _ := json.Marshal(a.Error)
+	if a.Kind == "rejected_retryable" {
+		return "prepared", ledgerChange(ctx, q, p.SQL.ReturnRejected, op.OperationID, "return",
+			op.OperationID, owner, op.Revision, string(why))
+	}
+	return "unknown", ledgerChange(ctx, q, p.SQL.MarkUnknown, op.OperationID, "unknown",
+		op.OperationID, owner, op.Revision, string(why))
+}
+
+// ExpireClaims turns every dispatch claim past its deadline into unknown,
+// never prepared (the remote may have acted).
+func (p *Protocol) ExpireClaims(ctx context.Context, q Querier) ([]Change, error) {
+	rows, err := q.Query(ctx, p.SQL.ExpiredClaims, 100)
+	if err != nil {
+		return nil, err
+	}
+	type claim struct {
+		op, owner string
+		rev       int64
+	}
+	var found []claim
+	for rows.Next() {
+		var c claim
+		if err := rows.Scan(&c.op, &c.owner, &c.rev); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		found = append(found, c)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	var changes []Change
+	for _, c := range found {
+		tag, err := q.Exec(ctx, p.SQL.ExpireClaim, c.op, c.owner, c.rev)
+		if err != nil {
+			return changes, err
+		}
+		if tag.RowsAffected() == 1 { // else re-claimed or written back meanwhile
+			var to string
+			_ = q.QueryRow(ctx, `SELECT status FROM tool_operations WHERE operation_id = $1`, c.op).Scan(&to)
+			changes = append(changes, Change{c.op, "dispatching", to})
+		}
+	}
+	return changes, nil
+}
+
+// Dispatcher sends claimed operations to the tool, never inside a transaction.
+type Dispatcher struct {
+	P     *Protocol
+	Tools *tool.Client
+	Owner string
+}
+
+// Send calls the tool for a claim we hold, with the stable operation_id as
+// its idempotency key. The context is checked right before the call: a
+// cancelled execution starts no new side effect (rule 8).
+func (d *Dispatcher) Send(ctx context.Context, op *Operation, epoch int64) (tool.Answer, error) {
+	injection.Point("after_dispatch_claim_commit", op.RunID, &epoch, nil, op.OperationID)
+	if err := ctx.Err(); err != nil {
+		return tool.Answer{}, Cancelled(ctx)
+	}
+	a := d.Tools.Create(op.Tool, op.OperationID, op.RunID, epoch, op.Request)
+	if a.Kind == "rejected_retryable" || a.Kind == "unknown" || a.Kind == "conflict" {
+		return a, nil
+	}
+	injection.Point("after_tool_response_before_tx2_commit", op.RunID, &epoch, nil, op.OperationID)
+	return a, nil
+}
+
+// Cycle is one standalone dispatcher cycle: claim, call, record in the ledger.
+func (d *Dispatcher) Cycle(ctx context.Context, q Querier, ttlMS int64, opID *string) (map[string]any, error) {
+	op, err := d.P.DispatchClaim(ctx, q, d.Owner, ttlMS, opID)
+	if err != nil || op == nil {
+		return map[string]any{"operation_id": opID, "status": nil, "remote_id": nil}, err
+	}
+	a, err := d.Send(ctx, op, 0)
+	if err != nil {
+		return nil, err
+	}
+	status := a.Kind
+	if a.Kind == "succeeded" || a.Kind == "failed_final" {
+		err = d.P.RecordResult(ctx, q, op, d.Owner, a)
+	} else {
+		status, err = d.P.SettleWithoutResult(ctx, q, op, d.Owner, a)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"operation_id": op.OperationID, "status": status, "remote_id": a.RemoteID}, nil
+}
+
+// Reconciler converges unknown operations: query, same-key retry where the
+// tool promises it, or a person (rule 4).
+type Reconciler struct {
+	D     *Dispatcher
+	TTLMS int64
+}
+
+// Cycle expires stale claims, then tries every unknown operation.
+func (r *Reconciler) Cycle(ctx context.Context, q Querier) ([]Change, error) {
+	changes, err := r.D.P.ExpireClaims(ctx, q)
+	if err != nil {
+		return changes, err
+	}
+	rows, err := q.Query(ctx, r.D.P.SQL.UnknownOps, 100)
+	if err != nil {
+		return changes, err
+	}
+	var unknown []UnknownOp
+	for rows.Next() {
+		var u UnknownOp
+		if err := rows.Scan(&u.OperationID, &u.Tool, &u.Capability, &u.Digest, &u.Revision, &u.RunStatus); err != nil {
+			rows.Close()
+			return changes, err
+		}
+		unknown = append(unknown, u)
+	}
+	rows.Close()
+	for _, u := range unknown {
+		c, err := r.ReconcileOne(ctx, q, u)
+		if err != nil {
+			return changes, err
+		}
+		if c != nil {
+			changes = append(changes, *c)
+		}
+	}
+	return changes, rows.Err()
+}
+
+// ReconcileOne tries to learn the remote fact of one unknown operation.
+func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (*Change, error) {
+	if u.Capability == "none" {
+		return r.D.P.ReconcileWithout(ctx, q, r, u)
+	}
+	found, err := r.D.Tools.Query(u.Tool, u.OperationID)
+	if err != nil {
+		if errors.Is(err, tool.ErrQueryUnsupported) {
+			found = nil
+		} else {
+			return nil, nil // the tool could not be asked now; try again later
+		}
+	}
+	if found != nil {
+		// The remote resource must come from THIS request body.
+		if found.BodyDigest != "" && found.BodyDigest != u.Digest {
+			_, err := q.Exec(ctx, r.D.P.SQL.AddEvidence, u.OperationID, `{"event": "query_digest_mismatch"}`)
+			return nil, err
+		}
+		result, _ := json.Marshal(map[string]any{"resource_id": found.ResourceID, "resource_ids": found.ResourceIDs})
+		evidence, _ := json.Marshal(map[string]any{"source": "query", "count": len(found.ResourceIDs)})
+		err := ledgerChange(ctx, q, r.D.P.SQL.Converge, u.OperationID, "converge",
+			u.OperationID, u.Revision, "succeeded", found.ResourceID, string(result), string(evidence))
+		if err != nil {
+			return nil, err
+		}
+		return &Change{u.OperationID, "unknown", "succeeded"}, nil
+	}
+	live := u.RunStatus == "queued" || u.RunStatus == "running" || u.RunStatus == "waiting_tool"
+	if (u.Capability == "idempotent" || u.Capability == "deterministic_id") && live {
+		return r.RetrySameKey(ctx, q, u)
+	}
+	return nil, nil
+}
+
+// RetrySameKey resends with the original operation_id (tools that promise
+// a second create with the same key makes no second resource).
+func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (*Change, error) {
+	rows, err := q.Query(ctx, r.D.P.SQL.ClaimRetry, r.D.Owner, r.TTLMS, u.OperationID, u.Revision)
+	if err != nil {
+		return nil, err
+	}
+	op, err := scanOperation(rows)
+	if err != nil || op == nil {
+		return nil, err
+	}
+	a, err := r.D.Send(ctx, op, 0)
+	if err != nil {
+		return nil, err
+	}
+	status := a.Kind
+	if a.Kind == "succeeded" || a.Kind == "failed_final" {
+		err = r.D.P.RecordResult(ctx, q, op, r.D.Owner, a)
+	} else {
+		status, err = r.D.P.SettleWithoutResult(ctx, q, op, r.D.Owner, a)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &Change{op.OperationID, "unknown", status}, nil
+}
+
+// leaveForPerson: no query, no idempotency: nothing automatic may resend it.
+func leaveForPerson(context.Context, Querier, *Reconciler, UnknownOp) (*Change, error) {
+	return nil, nil
+}
+
+// Cancelled is the error of a cancelled execution, with its cause.
+func Cancelled(ctx context.Context) error {
+	cause := context.Cause(ctx)
+	if cause == nil {
+		cause = ctx.Err()
+	}
+	return newErr("ExecutionCancelled", "cancelled", "execution cancelled: %v", cause)
+}

@@ -1,0 +1,130 @@
+package protocol
+
+import (
+	"context"
+	"fmt"
+	"os"
+
+	"github.com/jackc/pgx/v5"
+
+	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/tool"
+)
+
+// Relay publishes one batch of pending outbox rows (Chinese seed section
+// 11): lock them (SKIP LOCKED: another relay's rows are passed by), publish
+// each, mark only what the broker acknowledged. A crash between ack and mark
+// republishes: at-least-once, never at-most-once.
+func (p *Protocol) Relay(ctx context.Context, db DB, broker *tool.Client, limit int) ([]string, error) {
+	published := []string{}
+	err := pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, p.SQL.OutboxLockBatch, limit)
+		if err != nil {
+			return err
+		}
+		type pending struct {
+			id                    int64
+			event, run, eventType string
+			payload               []byte
+		}
+		var batch []pending
+		for rows.Next() {
+			var r pending
+			if err := rows.Scan(&r.id, &r.event, &r.run, &r.eventType, &r.payload); err != nil {
+				rows.Close()
+				return err
+			}
+			batch = append(batch, r)
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		var acked []int64
+		for _, r := range batch {
+			payload, _ := Decode(r.payload)
+			if m, ok := payload.(map[string]any); ok {
+				m["event_id"], m["run_id"] = r.event, r.run
+			}
+			if err := broker.Publish(r.event, r.eventType, payload); err != nil {
+				fmt.Fprintf(os.Stderr, "relay: publish of %s failed: %v; the rest stays pending\n", r.event, err)
+				break
+			}
+			injection.Point("after_broker_ack_before_outbox_mark", r.run, nil, nil, "")
+			acked = append(acked, r.id)
+			published = append(published, r.event)
+		}
+		if len(acked) == 0 {
+			return nil
+		}
+		tag, err := tx.Exec(ctx, p.SQL.OutboxMark, acked)
+		if err == nil && tag.RowsAffected() != int64(len(acked)) {
+			err = fmt.Errorf("marked %d of %d acknowledged outbox rows", tag.RowsAffected(), len(acked))
+		}
+		return err
+	})
+	return published, err
+}
+
+// Consumer applies each broker message's business effect once per event_id.
+type Consumer struct {
+	P      *Protocol
+	Broker *tool.Client
+	Tenant string
+	after  map[string]int64
+}
+
+// Cycle reads the broker's new messages and processes those of this tenant.
+func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]int, error) {
+	if c.after == nil {
+		c.after = map[string]int64{}
+	}
+	msgs, err := c.Broker.Messages(c.after[name])
+	if err != nil {
+		return nil, err
+	}
+	consumed, duplicates := 0, 0
+	for _, m := range msgs {
+		c.after[name] = max(c.after[name], m.Seq)
+		if t, ok := m.Payload["tenant_id"].(string); ok && t != c.Tenant {
+			continue // another tenant's event: not ours to apply
+		}
+		first, err := c.Process(ctx, db, name, m)
+		if err != nil {
+			return nil, err
+		}
+		if first {
+			consumed++
+		} else {
+			duplicates++
+		}
+	}
+	return map[string]int{"consumed": consumed, "duplicates": duplicates}, nil
+}
+
+// Process applies one message in its own transaction: the dedup row first,
+// then the effect; false when the event was already processed.
+func (c *Consumer) Process(ctx context.Context, db DB, name string, m tool.Message) (bool, error) {
+	run, _ := m.Payload["run_id"].(string)
+	first := false
+	err := pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error {
+		if c.P.SQL.ConsumeDedup != "" {
+			rows, err := tx.Query(ctx, c.P.SQL.ConsumeDedup, name, m.EventID)
+			if err != nil {
+				return err
+			}
+			got := rows.Next()
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if !got {
+				return nil // a concurrent or earlier consumer of this event won
+			}
+		}
+		first = true
+		_, err := tx.Exec(ctx, c.P.SQL.ConsumeEffect, name, m.EventID, m.Topic+":"+run)
+		return err
+	})
+	return first, err
+}

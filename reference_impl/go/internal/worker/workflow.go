@@ -1,0 +1,368 @@
+package worker
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"fencecheck/goworker/internal/injection"
+	"fencecheck/goworker/internal/protocol"
+)
+
+// The built-in agent workflow, a refund, so experiments have real work:
+//
+//	plan -> lookup -> create_label (tool call) -> notify -> [work_1..n] -> finish
+//
+// Every step ends in a protected write; the tool step goes intent (Tx1,
+// prepared) -> dispatch claim -> tool call -> result (Tx2) and, after a
+// takeover, resumes from whatever the ledger says with the same
+// operation_id. Invariants: the execution context is checked before every
+// step and every side effect; a lost lease ends the execution with no
+// further write; a tool outcome nothing automatic can learn freezes the run
+// in doubt. Run input (optional): tool, extra_steps, step_delay_ms,
+// order_id, amount.
+
+var errDraining = errors.New("draining: SIGTERM")
+
+// Execution runs one run under one lease until it ends, freezes or loses it.
+type Execution struct {
+	rt       *Runtime
+	lease    protocol.Lease
+	ctx      context.Context
+	revision int64
+	input    map[string]any
+	draining *atomic.Bool
+}
+
+var opNames = map[string]string{"start": "start", "checkpoint": "save_checkpoint", "intent": "register_intent",
+	"tool_result": "tool_result", "succeed": "complete", "fail": "fail", "freeze": "freeze", "requeue": "requeue"}
+
+func asInt(v any) int {
+	switch x := v.(type) {
+	case json.Number:
+		n, _ := x.Int64()
+		return int(n)
+	case int:
+		return x
+	case float64:
+		return int(x)
+	}
+	return 0
+}
+
+func initialState(input map[string]any) map[string]any {
+	plan := []any{"plan", "lookup", "create_label", "notify"}
+	for i := 0; i < asInt(input["extra_steps"]); i++ {
+		plan = append(plan, "work_"+strconv.Itoa(i+1))
+	}
+	plan = append(plan, "finish")
+	orderID, ok := input["order_id"]
+	if !ok {
+		orderID = "order-1"
+	}
+	amount, ok := input["amount"]
+	if !ok {
+		amount = 10
+	}
+	return map[string]any{"workflow": "refund", "plan": plan, "cursor": 0,
+		"data": map[string]any{"order_id": orderID, "amount": amount}, "results": map[string]any{}, "pending": nil}
+}
+
+func copyMap(m any) map[string]any {
+	out := map[string]any{}
+	if src, ok := m.(map[string]any); ok {
+		for k, v := range src {
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// Run returns the run's status when this execution ends.
+func (x *Execution) Run() (string, error) {
+	conn, err := x.rt.Main.Conn(x.ctx)
+	if err != nil {
+		return "", err
+	}
+	st, err := x.rt.P.RunState(x.ctx, conn, x.lease.RunID)
+	if err != nil {
+		return "", x.rt.Main.Check(err)
+	}
+	x.revision, x.input = st.Revision, st.Input
+	ck, err := x.rt.P.ReadCheckpoint(x.ctx, conn, x.lease.RunID)
+	if err != nil {
+		return "", x.rt.Main.Check(err)
+	}
+	var state map[string]any
+	if ck == nil {
+		state = initialState(x.input)
+		if _, err := x.write("start", state, "plan", "agent.started", nil, nil, ""); err != nil {
+			return "", err
+		}
+	} else {
+		state = ck.State
+		if err := protocol.ValidateV2(state); err != nil {
+			return "", err
+		}
+	}
+	delay := time.Duration(asInt(x.input["step_delay_ms"])) * time.Millisecond
+	for {
+		plan, _ := state["plan"].([]any)
+		cursor := asInt(state["cursor"])
+		if cursor >= len(plan) {
+			return "succeeded", nil
+		}
+		if x.ctx.Err() != nil {
+			return "", protocol.Cancelled(x.ctx)
+		}
+		if x.draining.Load() {
+			return "", errDraining
+		}
+		step := fmt.Sprint(plan[cursor])
+		if delay > 0 {
+			if err := x.sleep(delay); err != nil {
+				return "", err
+			}
+		}
+		switch step {
+		case "create_label":
+			status, err := x.toolStep(state, step)
+			if err != nil || status != "" {
+				return status, err
+			}
+		case "finish":
+			done := copyMap(state)
+			done["cursor"] = cursor + 1
+			out, err := x.write("succeed", done, step, "agent.succeeded", nil, map[string]any{"reason": "done"}, "")
+			if err != nil {
+				return "", err
+			}
+			return out.Status, nil
+		default:
+			if state, err = x.plainStep(state, step, cursor); err != nil {
+				return "", err
+			}
+		}
+	}
+}
+
+func (x *Execution) sleep(d time.Duration) error {
+	select {
+	case <-x.ctx.Done():
+		return protocol.Cancelled(x.ctx)
+	case <-time.After(d):
+		return nil
+	}
+}
+
+func (x *Execution) plainStep(state map[string]any, step string, cursor int) (map[string]any, error) {
+	data := copyMap(state["data"])
+	switch step {
+	case "lookup":
+		data["refundable"] = true
+	case "plan":
+		data["plan_ok"] = true
+	}
+	results := copyMap(state["results"])
+	results[step] = "done"
+	next := copyMap(state)
+	next["data"], next["results"], next["cursor"] = data, results, cursor+1
+	eventType := "agent.checkpoint"
+	if step == "notify" {
+		eventType = "refund.notified"
+	}
+	_, err := x.write("checkpoint", next, step, eventType, nil, nil, "")
+	return next, err
+}
+
+// toolStep advances the tool step by what the ledger says: "" when the step
+// is done and the workflow goes on, else the status this execution ends with.
+func (x *Execution) toolStep(state map[string]any, step string) (string, error) {
+	rt, conn := x.rt, x.rt.Main
+	toolName, _ := x.input["tool"].(string)
+	if toolName == "" {
+		toolName = "idem"
+	}
+	request := copyMap(state["data"])
+	request["kind"] = "return_label"
+	opID := rt.P.OperationID(rt.S.Tenant, x.lease.RunID, step, 1)
+	for i := 0; i < 10000; i++ {
+		if x.ctx.Err() != nil {
+			return "", protocol.Cancelled(x.ctx)
+		}
+		c, err := conn.Conn(x.ctx)
+		if err != nil {
+			return "", err
+		}
+		row, err := rt.P.GetOperation(x.ctx, c, opID)
+		if err != nil {
+			return "", conn.Check(err)
+		}
+		if row == nil {
+			capability, err := rt.Tools.Capability(toolName)
+			if err != nil {
+				return "", err
+			}
+			digest, err := protocol.RequestDigest(request)
+			if err != nil {
+				return "", err
+			}
+			state["pending"] = map[string]any{"operation_id": opID, "tool": toolName, "step": step}
+			effect := &protocol.Effect{OperationID: opID, StepID: step, EffectVersion: 1, Tool: toolName,
+				Capability: capability, Digest: digest, Request: request}
+			if _, err := x.write("intent", state, step, "agent.tool_intent", effect, nil, opID); err != nil {
+				return "", err
+			}
+			injection.Point("after_outbound_intent_commit", x.lease.RunID, &x.lease.Epoch, &x.revision, opID)
+			continue
+		}
+		switch row.Status {
+		case "prepared":
+			status, done, err := x.dispatchOwn(state, step, opID)
+			if err != nil || done {
+				return status, err
+			}
+		case "dispatching":
+			if row.ClaimExpired {
+				if _, err := rt.P.ExpireClaims(x.ctx, c); err != nil {
+					return "", conn.Check(err)
+				}
+			} else if err := x.sleep(100 * time.Millisecond); err != nil { // a live claim: its answer may come
+				return "", err
+			}
+		case "unknown":
+			u := protocol.UnknownOp{OperationID: opID, Tool: row.Tool, Capability: row.Capability,
+				Digest: row.Digest, Revision: row.Revision, RunStatus: "running"}
+			change, err := rt.Recon.ReconcileOne(x.ctx, c, u)
+			if err != nil {
+				return "", conn.Check(err)
+			}
+			if change == nil || change.To == "unknown" {
+				return x.freeze(state, step, opID, nil, map[string]any{"reason": "unresolved"})
+			}
+		case "succeeded", "failed_final":
+			return x.finishTool(state, step, opID, row.Status, &protocol.Effect{Mode: "adopt", RemoteID: row.RemoteID})
+		default: // cancelled: the run was cancelled under us
+			return "", &protocol.Error{Class: "LeaseLost", Reason: "cancelled", Msg: "operation " + opID + " is " + row.Status}
+		}
+	}
+	return "", fmt.Errorf("tool step %s did not converge", step)
+}
+
+// dispatchOwn claims and sends our prepared intent; done when this call
+// decided how the execution (or the step) continues.
+func (x *Execution) dispatchOwn(state map[string]any, step, opID string) (string, bool, error) {
+	rt := x.rt
+	c, err := rt.Main.Conn(x.ctx)
+	if err != nil {
+		return "", true, err
+	}
+	op, err := rt.P.DispatchClaim(x.ctx, c, rt.S.Owner(), rt.S.DispatchTTLMS, &opID)
+	if err != nil {
+		return "", true, rt.Main.Check(err)
+	}
+	if op == nil {
+		return "", false, x.sleep(100 * time.Millisecond) // claimed by someone else, or forbidden
+	}
+	a, err := rt.Disp.Send(x.ctx, op, x.lease.Epoch)
+	if err != nil {
+		return "", true, err
+	}
+	if a.Kind == "succeeded" || a.Kind == "failed_final" {
+		effect := &protocol.Effect{Mode: "record", Outcome: a.Kind, DispatchOwner: rt.S.Owner(),
+			LedgerRevision: op.Revision, Digest: op.Digest, RemoteID: a.RemoteID, Result: a.Result}
+		status, err := x.finishTool(state, step, opID, a.Kind, effect)
+		if errors.Is(err, protocol.ErrLeaseLost) {
+			// Keep the answer as a ledger fact matching our claim, so the
+			// successor adopts it instead of asking again.
+			if c, cerr := rt.Main.Conn(context.Background()); cerr == nil {
+				_ = rt.P.RecordResult(context.Background(), c, op, rt.S.Owner(), a)
+			}
+		}
+		return status, true, err
+	}
+	if _, err := rt.P.SettleWithoutResult(x.ctx, c, op, rt.S.Owner(), a); err != nil {
+		return "", true, rt.Main.Check(err)
+	}
+	if a.Kind == "rejected_retryable" {
+		_, err := x.writeWith("requeue", state, step, "agent.requeued", nil,
+			map[string]any{"reason": "tool_rejected_retryable"}, "", 200)
+		return "queued", true, err
+	}
+	return "", false, nil // unknown: the loop reconciles it
+}
+
+func (x *Execution) finishTool(state map[string]any, step, opID, outcome string, effect *protocol.Effect) (string, error) {
+	effect.OperationID = opID
+	results := copyMap(state["results"])
+	results[step] = map[string]any{"operation_id": opID, "outcome": outcome, "remote_id": effect.RemoteID}
+	next := copyMap(state)
+	next["results"], next["pending"], next["cursor"] = results, nil, asInt(state["cursor"])+1
+	if _, err := x.write("tool_result", next, step, "agent.tool_result", effect, nil, opID); err != nil {
+		return "", err
+	}
+	for k := range state {
+		delete(state, k)
+	}
+	for k, v := range next {
+		state[k] = v
+	}
+	if outcome == "failed_final" {
+		out, err := x.write("fail", next, step, "agent.failed", nil, map[string]any{"reason": "tool_failed_final"}, "")
+		if err != nil {
+			return "", err
+		}
+		return out.Status, nil
+	}
+	return "", nil
+}
+
+// freeze pauses the run in doubt: nothing automatic can learn what the tool did.
+func (x *Execution) freeze(state map[string]any, step, opID string, claim *protocol.Operation, why map[string]any) (string, error) {
+	effect := &protocol.Effect{OperationID: opID, Error: why}
+	if claim != nil {
+		effect.DispatchOwner, effect.LedgerRevision = x.rt.S.Owner(), claim.Revision
+	}
+	_, err := x.write("freeze", state, step, "agent.tool_in_doubt", effect,
+		map[string]any{"reason": "tool_outcome_unknown"}, opID)
+	if err != nil {
+		return "", err
+	}
+	return "paused_indoubt", nil
+}
+
+func (x *Execution) write(transition string, state map[string]any, step, eventType string,
+	effect *protocol.Effect, payload map[string]any, opID string) (*protocol.Written, error) {
+	return x.writeWith(transition, state, step, eventType, effect, payload, opID, 0)
+}
+
+func (x *Execution) writeWith(transition string, state map[string]any, step, eventType string,
+	effect *protocol.Effect, payload map[string]any, opID string, backoffMS int64) (*protocol.Written, error) {
+	if x.ctx.Err() != nil {
+		return nil, protocol.Cancelled(x.ctx)
+	}
+	body := map[string]any{"tenant_id": x.rt.S.Tenant, "run_id": x.lease.RunID, "epoch": x.lease.Epoch, "step": step}
+	for k, v := range payload {
+		body[k] = v
+	}
+	s := step
+	wr := &protocol.Write{Lease: x.lease, ExpectedRevision: x.revision, Transition: transition, State: state,
+		SchemaVersion: protocol.CurrentSchemaVersion, EventType: eventType, Payload: body, Step: &s,
+		Effect: effect, EventID: protocol.NewUUID(), BackoffMS: backoffMS}
+	done := record(opNames[transition], ids{RunID: x.lease.RunID, Epoch: i64(x.lease.Epoch), Revision: i64(x.revision),
+		OperationID: opID, EventID: wr.EventID}, map[string]any{"step": step})
+	out, err := x.rt.Writer.Write(x.ctx, wr)
+	if err != nil {
+		done(err, ids{})
+		return nil, err
+	}
+	done(nil, ids{Revision: i64(out.Revision)})
+	x.revision = out.Revision
+	logf(x.lease, "%s committed: revision %d, status %s, event %s", transition, out.Revision, out.Status, wr.EventID)
+	injection.Point("after_checkpoint_commit", x.lease.RunID, &x.lease.Epoch, &out.Revision, opID)
+	return out, nil
+}

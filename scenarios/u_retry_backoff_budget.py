@@ -1,0 +1,160 @@
+"""U: transient refusals are retried with growing, jittered backoff, and the
+attempt budget ends in a pause for a person, never in a loop.
+
+The tool answers every create with 429 (proof it did not act, "retry
+later"). Two runs of the same tenant are worked by one ``run``-mode worker.
+The harness watches both rows in the database (as superuser) while they
+are requeued: each requeue stores ``next_attempt_at``; nothing may claim
+the run before it; the delay grows from attempt to attempt; the two runs'
+delays differ (jitter); after ``max_attempts`` attempts the run is paused
+for a human and the tool hears no more of it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from typing import Any
+
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.waiting import WaitTimeout, wait_for
+from scenarios.common import control_plane
+
+SPEC = ExperimentSpec(
+    id="U",
+    title="retry backoff and budget",
+    seed_section="Chinese seed §3.1, §10 (retries, attempt budget); English seed §7",
+    invariant="a requeued run is not claimed before its next_attempt_at; the delay grows "
+    "with every attempt and differs between runs (jitter); after max_attempts the run is "
+    "paused for a human and no further request reaches the tool",
+    fault="the tool refuses every create with 429 (retry later)",
+    rules=(4, 5),
+    natural_wait_s=0.9,
+)
+
+ATTEMPTS = 3
+
+
+def run(ctx: ExperimentContext) -> None:
+    ctl = control_plane(ctx)
+    runs = [
+        str(
+            ctx.ok(
+                ctl,
+                "create_run",
+                task_id=f"task-u-{uuid.uuid4().hex[:8]}",
+                input={"tool": "plain"},
+                max_attempts=ATTEMPTS,
+            )["run_id"]
+        )
+        for _ in range(2)
+    ]
+    for r in runs:
+        ctx.note_run(r)
+    ctx.env.tool.client().set_fault("plain", "reject_429", count=0)
+    ctx.command("tool: every create of 'plain' answers 429 until cleared")
+    worker = ctx.env.start_worker("W", "run")
+    seen = _watch_requeues(ctx, runs)
+    worker.stop(grace_s=2.0)
+    requests = checkers.tool_requests(ctx)
+    ctx.fault(
+        "the tool refused with 429",
+        bool(requests) and all(r["outcome"] == "rejected_429" for r in requests),
+        expected="every create logged rejected_429 by the tool",
+        observed=f"{[r['outcome'] for r in requests]}",
+    )
+    trail = checkers.audit(ctx)
+    for r in runs:
+        _judge(ctx, r, seen[r], trail, requests)
+    delays = [[d for d, _ in seen[r]] for r in runs]
+    ctx.invariant(
+        "jitter spreads the runs",
+        len(delays[0]) >= 1 and len(delays[1]) >= 1 and delays[0][0] != delays[1][0],
+        expected="the two runs' first delays differ",
+        observed=f"delays (ms): {delays}",
+    )
+    checkers.lease_history_is_sound(ctx, runs)
+
+
+def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[tuple[float, Any]]]:
+    """Poll both rows until both are paused for a human: every distinct
+    (revision, next_attempt_at) while queued, as (delay ms, next_attempt_at)."""
+    seen: dict[str, list[tuple[float, Any]]] = {r: [] for r in runs}
+    revisions: dict[str, set[int]] = {r: set() for r in runs}
+
+    def poll() -> bool:
+        rows = ctx.env.query(
+            "SELECT run_id::text AS run_id, status, revision, next_attempt_at,"
+            " extract(epoch FROM next_attempt_at - updated_at) * 1000 AS delay_ms"
+            " FROM agent_runs WHERE run_id::text = ANY(%s)",
+            [runs],
+        )
+        for row in rows:
+            rid = row["run_id"]
+            # revision 0 is the run as created; every later queued revision is a requeue
+            if (
+                row["status"] == "queued"
+                and row["revision"]
+                and row["revision"] not in revisions[rid]
+            ):
+                revisions[rid].add(row["revision"])
+                seen[rid].append((float(row["delay_ms"]), row["next_attempt_at"]))
+        return all(row["status"] == "paused_human" for row in rows)
+
+    started = time.monotonic()
+    try:
+        wait_for(
+            poll,
+            what="both runs to spend their attempts and pause for a human",
+            timeout_s=12,
+            interval_s=0.01,
+            max_interval_s=0.02,
+        )
+    except WaitTimeout:
+        # Judged below from what the database shows: a budget that never ends is a fail.
+        ctx.command("the runs did not both pause for a human within 12 s")
+    ctx.command(f"watched the requeues for {time.monotonic() - started:.2f}s: {seen}")
+    return seen
+
+
+def _judge(
+    ctx: ExperimentContext,
+    run_id: str,
+    seen: list[tuple[float, Any]],
+    trail: list[dict[str, Any]],
+    requests: list[dict[str, Any]],
+) -> None:
+    short = run_id[:8]
+    row = checkers.run_row(ctx, run_id)
+    mine = [r for r in requests if r.get("run_id") == run_id]
+    ctx.equal(
+        f"{short}: the budget ends in a pause for a person",
+        (row["status"], row["attempt_count"], len(mine)),
+        ("paused_human", ATTEMPTS, ATTEMPTS),
+        what="(status, attempt_count, requests the tool received)",
+    )
+    delays = [d for d, _ in seen]
+    ctx.invariant(
+        f"{short}: the delay grows with every attempt",
+        len(delays) == ATTEMPTS - 1 and all(b > a for a, b in itertools.pairwise(delays)),
+        expected=f"{ATTEMPTS - 1} requeues, each delay longer than the one before",
+        observed=f"delays (ms): {[round(d) for d in delays]}",
+    )
+    grants = [
+        r["at"]
+        for r in trail
+        if str(r["run_id"]) == run_id and r["old_status"] == "queued" and r["status"] == "running"
+    ]
+    early = [
+        f"grant at {g} before {due}"
+        for (_, due), g in zip(seen, grants[1:], strict=False)
+        if g < due
+    ]
+    ctx.invariant(
+        f"{short}: never claimed before next_attempt_at",
+        len(grants) == ATTEMPTS and not early,
+        expected=f"{ATTEMPTS} grants, each at or after the stored next_attempt_at",
+        observed=f"{len(grants)} grant(s); early: {early or 'none'}",
+    )

@@ -1,0 +1,138 @@
+"""V: a permanent error pauses the run for a person, and only the person's
+decision moves it: supplement (the effect is planned again, with the
+supplied fields, under a new effect_version; the refused version is kept)
+or terminate (the run fails, nothing more is sent).
+
+The tool refuses the first create for good (422). Workers that try to take
+the paused run before the decision must be refused; the decision is taken
+through the control plane (operator role) and audited.
+"""
+
+from __future__ import annotations
+
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import control_plane, finish, new_run
+
+SPEC = ExperimentSpec(
+    id="V",
+    title="human decisions",
+    seed_section="Chinese seed §3.1 (PAUSED_HUMAN), §10, §12 (operator audit); English seed §9.3",
+    invariant="a refused effect pauses the run for a human; nobody claims it before the "
+    "decision; supplement plans the effect again under effect_version 2 with the supplied "
+    "fields (version 1 kept), one real resource; terminate fails the run and sends nothing; "
+    "each decision audited",
+    fault="the tool refuses the run's first create with 422 (definite, not retryable)",
+    rules=(4, 5),
+    variants=("supplement", "terminate"),
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    variant = ctx.variant or "supplement"
+    run_id = new_run(ctx, tool="plain")
+    ctx.env.tool.client().set_fault("plain", "reject_final", count=1)
+    ctx.command("tool: the next create of 'plain' answers 422 (refused for good)")
+    first = ctx.env.start_worker("W1", "run", ["--run-id", run_id, "--once"])
+    code_first = finish(ctx, first)
+    refused = checkers.tool_requests(ctx, run_id=run_id)
+    paused = checkers.run_row(ctx, run_id, "the run after the refusal")
+    ctx.fault(
+        "the tool refused the first create",
+        [r["outcome"] for r in refused] == ["rejected_final"],
+        expected="one create, logged rejected_final by the tool",
+        observed=f"{[r['outcome'] for r in refused]} (W1 exit {code_first})",
+    )
+    ctx.equal("refusal pauses for a human", paused["status"], "paused_human", what="run status")
+    early = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
+    code_early = finish(ctx, early)
+    ctl = control_plane(ctx)
+    supplement = {"address": "corrected by support"}
+    decision = ctx.ok(
+        ctl,
+        "decide",
+        run_id=run_id,
+        decision=variant,
+        supplement=supplement if variant == "supplement" else None,
+        reason="customer called support",
+        ticket="CS-7",
+    )
+    last = ctx.env.start_worker("W3", "run", ["--run-id", run_id, "--once"])
+    code_last = finish(ctx, last)
+    trail = checkers.audit(ctx, run_id)
+    decided = next(
+        (
+            r["seq"]
+            for r in trail
+            if r["old_status"] == "paused_human" and r["status"] != "paused_human"
+        ),
+        None,
+    )
+    paused_at = next((r["seq"] for r in trail if r["status"] == "paused_human"), None)
+    grabbed = [
+        r["seq"]
+        for r in trail
+        if r["old_epoch"] is not None
+        and r["epoch"] > r["old_epoch"]
+        and paused_at is not None
+        and r["seq"] > paused_at
+        and (decided is None or r["seq"] < decided)
+    ]
+    ctx.invariant(
+        "nobody claims the paused run before the decision",
+        decided is not None and not grabbed,
+        expected="no grant between the pause and the operator's decision",
+        observed=f"decision at audit seq {decided}; grants before it {grabbed or 'none'} "
+        f"(W2 exit {code_early})",
+    )
+    ops = checkers.ledger(ctx, run_id)
+    row = checkers.run_row(ctx, run_id, "the run after the decision")
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    if variant == "supplement":
+        ctx.equal(
+            "the refused version kept, the effect planned again as version 2",
+            [(o["effect_version"], o["status"]) for o in ops],
+            [(1, "failed_final"), (2, "succeeded")],
+            what="ledger (effect_version, status)",
+        )
+        ctx.invariant(
+            "one real resource, made from the supplemented request",
+            len(resources) == 1
+            and resources[0]["request"].get("address") == supplement["address"]
+            and resources[0]["operation_id"] == (ops[-1]["operation_id"] if ops else None),
+            expected="the tool created one resource, for version 2, with the supplied address",
+            observed=f"{[(r['operation_id'], r['request'].get('address')) for r in resources]}",
+        )
+        ctx.equal(
+            "the run finished", row["status"], "succeeded", what=f"status (W3 exit {code_last})"
+        )
+    else:
+        ctx.equal("terminated", row["status"], "failed", what=f"status (W3 exit {code_last})")
+        ctx.equal(
+            "nothing sent after the decision",
+            len(checkers.tool_requests(ctx, run_id=run_id)),
+            1,
+            what="creates the tool received",
+        )
+    actions = ctx.sql(
+        "operator decisions on the run",
+        "SELECT action, operator, ticket, before->>'status' AS before, after->>'status' AS after"
+        " FROM operator_actions WHERE run_id = %s ORDER BY id",
+        [run_id],
+    )
+    after = "queued" if variant == "supplement" else "failed"
+    ctx.equal(
+        "the decision is audited",
+        [(a["action"], a["operator"], a["ticket"], a["before"], a["after"]) for a in actions],
+        [
+            (
+                variant,
+                ctx.env.login_role(ctx.env.tenant_id, "operator"),
+                "CS-7",
+                "paused_human",
+                after,
+            )
+        ],
+        what=f"operator_actions (decision reply {decision})",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])

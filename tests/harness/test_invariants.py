@@ -1,0 +1,478 @@
+"""The global invariants on small hand-built histories: each one holds on a clean
+history and breaks, naming the offending rows, on one that violates it.
+
+The clean history is one run of the built-in workflow: created, claimed
+(epoch 1), a checkpoint, a tool intent, the dispatch claim, the tool's
+request, the tool result, completion, the outbox relay and a consumer. Each
+violating history is the clean one with one thing changed.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from harness.checking.history import Event
+from harness.checking.invariants import INVARIANTS, Change, Evidence, check
+
+RUN, RUN2, TASK, TENANT = "r-1", "r-2", "t-1", "x"
+OP, OP2 = "x/r-1/create_label/v1", "x/r-1/notify/v1"
+FAST = "SELECT revision FROM fencecheck.protected_write_fast($1)"
+STEPPED = "SELECT revision FROM fencecheck.protected_write($1)"
+T0 = 1_800_000_000.0
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).isoformat()
+
+
+KEYS = {
+    "agent_runs": ("run_id",),
+    "agent_checkpoints": ("run_id", "revision"),
+    "tool_operations": ("operation_id",),
+    "outbox": ("event_id",),
+    "consumer_effects": ("consumer_name", "event_id", "n"),
+}
+
+
+class Story:
+    """Builds an audit trail change by change, and the final tables from it."""
+
+    def __init__(self) -> None:
+        self.changes: list[Change] = []
+        self.txid = 0
+
+    def tx(self, at: float, app: str = "A", statement: str = "") -> Callable[..., None]:
+        self.txid += 1
+        txid, start = self.txid, T0 + at
+
+        def change(table: str, old: dict[str, Any] | None, new: dict[str, Any] | None) -> None:
+            op = "INSERT" if old is None else "UPDATE" if new is not None else "DELETE"
+            seq = len(self.changes) + 1
+            full_new = None if new is None else {**(old or {}), **new}
+            self.changes.append(
+                Change(
+                    seq, start + 0.0001 * seq, start, txid, app, table, op, old, full_new, statement
+                )
+            )
+
+        return change
+
+    def state(self, table: str, key: tuple[Any, ...]) -> dict[str, Any]:
+        """The current row (after the last change) of ``table`` with ``key``."""
+        for c in reversed(self.changes):
+            if c.table == table and c.new is not None and _key(table, c.new) == key:
+                return c.new
+        raise KeyError(key)
+
+    def tables(self) -> dict[str, list[dict[str, Any]]]:
+        rows: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
+        for c in self.changes:
+            table = rows.setdefault(c.table, {})
+            key = _key(c.table, c.row)
+            if c.new is None:
+                table.pop(key, None)
+            else:
+                table[key] = c.new
+        return {t: list(r.values()) for t, r in rows.items()}
+
+
+def _key(table: str, row: dict[str, Any]) -> tuple[Any, ...]:
+    return tuple(row.get(k) for k in KEYS[table])
+
+
+def run_row(**kw: Any) -> dict[str, Any]:
+    base = {
+        "run_id": RUN,
+        "tenant_id": TENANT,
+        "task_id": TASK,
+        "status": "queued",
+        "revision": 0,
+        "owner": None,
+        "epoch": 0,
+        "lease_expires_at": None,
+        "current_step": None,
+    }
+    return {**base, **kw}
+
+
+def protected(s: Story, at: float, rev: int, event: str, **run: Any) -> Callable[..., None]:
+    """One protected write by A/1 at epoch 1: run revision + 1, checkpoint, outbox."""
+    tx = s.tx(at, statement=FAST)
+    old = s.state("agent_runs", (RUN,))
+    tx("agent_runs", old, {"revision": rev, **run})
+    tx(
+        "agent_checkpoints",
+        None,
+        {"run_id": RUN, "revision": rev, "epoch": 1, "owner": "A/1", "event_id": event},
+    )
+    tx("outbox", None, {"event_id": event, "run_id": RUN, "published_at": None})
+    return tx
+
+
+def clean_story() -> Story:
+    s = Story()
+    s.tx(0.0, app="ctl")("agent_runs", None, run_row())
+    s.tx(0.010)(
+        "agent_runs",
+        run_row(),
+        run_row(status="running", owner="A/1", epoch=1, lease_expires_at=iso(T0 + 0.8)),
+    )
+    protected(s, 0.100, 1, "e1", current_step="plan")
+    tx = protected(s, 0.200, 2, "e2", status="waiting_tool", current_step="create_label")
+    op = {"operation_id": OP, "run_id": RUN, "step_id": "create_label", "effect_version": 1}
+    tx("tool_operations", None, {**op, "tool_name": "idem", "status": "prepared"})
+    s.tx(0.300)(
+        "tool_operations",
+        s.state("tool_operations", (OP,)),
+        {"status": "dispatching", "dispatch_owner": "A/1"},
+    )
+    tx = protected(s, 0.400, 3, "e3", status="running")
+    tx("tool_operations", s.state("tool_operations", (OP,)), {"status": "succeeded"})
+    protected(s, 0.500, 4, "e4", status="succeeded", owner=None, lease_expires_at=None)
+    s.tx(0.700, app="R")("outbox", s.state("outbox", ("e1",)), {"published_at": iso(T0 + 0.7)})
+    s.tx(0.800, app="K")(
+        "consumer_effects", None, {"consumer_name": "billing", "event_id": "e1", "n": 1}
+    )
+    return s
+
+
+def evidence(s: Story) -> Evidence:
+    return Evidence(
+        changes=s.changes,
+        tables=s.tables(),
+        tool={
+            "tools": {"idem": "idempotent", "plain": "none"},
+            "requests": [request(1, 0.35)],
+            "resources": [{"tool": "idem", "operation_id": OP, "resource_id": "res-1"}],
+            "messages": [{"event_id": "e1", "received_at": T0 + 0.65}],
+        },
+        history=[
+            account("ok", "claim", epoch=1),
+            account("ok", "save_checkpoint", event_id="e1"),
+            account("fail", "save_checkpoint", event_id="e-lost"),
+        ],
+        lease_ttl_ms=800,
+        write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
+        asked_write_path="fast",
+    )
+
+
+def request(seq: int, at: float, **kw: Any) -> dict[str, Any]:
+    base = {
+        "seq": seq,
+        "tool": "idem",
+        "capability": "idempotent",
+        "operation_id": OP,
+        "run_id": RUN,
+        "epoch": 1,
+        "received_at": T0 + at,
+        "outcome": "created",
+    }
+    return {**base, **kw}
+
+
+def account(kind: str, op: str, **kw: Any) -> Event:
+    return Event(time=T0, worker="A", pid=1, type=kind, op=op, run_id=RUN, **kw)
+
+
+def clean() -> Evidence:
+    return evidence(clean_story())
+
+
+def test_clean_history_breaks_nothing() -> None:
+    results = {r.name: r for r in check(clean())}
+    assert set(results) == set(INVARIANTS)
+    broken = {n: (r.observed, r.violations) for n, r in results.items() if not r.ok}
+    assert broken == {}
+    # Not vacuous: each invariant judged something of the clean run, except what
+    # the clean run has none of (a cancel, a return to prepared, a risky tool).
+    assert {n for n, r in results.items() if r.checked == 0} == {
+        "effect.cancelled_intent_never_sent",
+        "effect.no_resend_without_idempotency",
+        "effect.claim_back_to_prepared_only_after_a_proven_rejection",
+    }
+
+
+# ------------------------------------------------------------ violations
+def regrant(s: Story, at: float, epoch: int, owner: str, expires: float) -> None:
+    s.tx(at, app=owner[0])(
+        "agent_runs",
+        s.state("agent_runs", (RUN,)),
+        {"epoch": epoch, "owner": owner, "lease_expires_at": iso(T0 + expires)},
+    )
+
+
+def epoch_jump(s: Story) -> None:
+    regrant(s, 0.9, 3, "B/1", 1.7)
+
+
+def second_owner(s: Story) -> None:
+    s.tx(0.05, app="B")(
+        "agent_runs", s.state("agent_runs", (RUN,)), {"owner": "B/1", "status": "running"}
+    )
+
+
+def grant_over_live_lease(s: Story) -> None:
+    # Changes are judged in audit order: this one comes last, over A's live lease.
+    held = {**s.state("agent_runs", (RUN,)), "status": "running", "owner": "A/1"}
+    s.tx(0.9, app="B")(
+        "agent_runs",
+        {**held, "lease_expires_at": iso(T0 + 1.5)},
+        {"epoch": 2, "owner": "B/1", "lease_expires_at": iso(T0 + 1.7)},
+    )
+
+
+def lease_too_long(s: Story) -> None:
+    regrant(s, 0.9, 2, "B/1", 10.0)
+
+
+def stale_checkpoint(s: Story) -> None:
+    regrant(s, 0.9, 2, "B/1", 1.7)
+    s.tx(1.0, statement=FAST)(
+        "agent_checkpoints",
+        None,
+        {"run_id": RUN, "revision": 5, "epoch": 1, "owner": "A/1", "event_id": "e5"},
+    )
+
+
+def revision_skips(s: Story) -> None:
+    s.tx(0.9)("agent_runs", s.state("agent_runs", (RUN,)), {"revision": 6})
+
+
+def checkpoint_apart_from_outbox(s: Story) -> None:
+    s.changes = [
+        Change(**{**c.__dict__, "txid": 99})
+        if c.table == "outbox" and c.row["event_id"] == "e3"
+        else c
+        for c in s.changes
+    ]
+
+
+def checkpoint_updated(s: Story) -> None:
+    s.tx(0.9, app="A")(
+        "agent_checkpoints", s.state("agent_checkpoints", (RUN, 1)), {"event_id": "e1b"}
+    )
+
+
+def in_flight(s: Story) -> dict[str, Any]:
+    return {**s.state("tool_operations", (OP,)), "status": "dispatching"}
+
+
+def inflight_cancelled(s: Story) -> None:
+    s.tx(0.9, app="ctl")("tool_operations", in_flight(s), {"status": "cancelled"})
+
+
+def back_to_prepared(s: Story) -> None:
+    s.tx(0.9, app="D")("tool_operations", in_flight(s), {"status": "prepared"})
+
+
+def cancelled_then_sent(s: Story) -> None:
+    tx = s.tx(0.45, app="ctl")
+    op2 = {"operation_id": OP2, "run_id": RUN, "step_id": "notify", "status": "prepared"}
+    tx("tool_operations", None, op2)
+    s.tx(0.46, app="ctl")("tool_operations", op2, {"status": "cancelled"})
+
+
+def advanced_after_end(s: Story) -> None:
+    s.tx(0.9, statement=FAST)(
+        "agent_checkpoints",
+        None,
+        {"run_id": RUN, "revision": 5, "epoch": 1, "owner": "A/1", "event_id": "e5"},
+    )
+
+
+def two_live_runs(s: Story) -> None:
+    s.tx(0.9, app="ctl")("agent_runs", None, run_row(run_id=RUN2))
+    s.tx(0.95, app="ctl")("agent_runs", None, run_row(run_id="r-3"))
+
+
+def paused_without_doubt(s: Story) -> None:
+    s.changes = [
+        Change(**{**c.__dict__, "new": {**c.new, "status": "paused_indoubt"}})
+        if c.table == "agent_runs" and c.new and c.new.get("status") == "succeeded"
+        else c
+        for c in s.changes
+    ]
+
+
+def second_effect(s: Story) -> None:
+    s.tx(0.9, app="K")(
+        "consumer_effects", None, {"consumer_name": "billing", "event_id": "e1", "n": 2}
+    )
+
+
+def effect_of_undelivered(s: Story) -> None:
+    s.tx(0.9, app="K")(
+        "consumer_effects", None, {"consumer_name": "billing", "event_id": "e2", "n": 1}
+    )
+
+
+def stepped_write(s: Story) -> None:
+    s.changes = [
+        Change(**{**c.__dict__, "statement": STEPPED}) if c.table == "agent_checkpoints" else c
+        for c in s.changes
+    ]
+
+
+STORY_CHANGES: dict[str, Callable[[Story], None]] = {
+    "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
+    "lease.one_owner_per_epoch": second_owner,
+    "lease.granted_only_when_free_or_expired": grant_over_live_lease,
+    "lease.expiry_within_lease_duration": lease_too_long,
+    "write.only_under_the_current_unexpired_lease": stale_checkpoint,
+    "write.revision_advances_by_one": revision_skips,
+    "write.checkpoint_and_outbox_event_in_one_transaction": checkpoint_apart_from_outbox,
+    "run.history_is_append_only": checkpoint_updated,
+    "effect.in_flight_never_marked_cancelled": inflight_cancelled,
+    "effect.claim_back_to_prepared_only_after_a_proven_rejection": back_to_prepared,
+    "run.nothing_advances_after_terminal": advanced_after_end,
+    "run.one_live_run_per_task": two_live_runs,
+    "run.every_run_can_progress_at_the_end": paused_without_doubt,
+    "consumer.business_effect_at_most_once_per_event": second_effect,
+    "consumer.effect_only_for_a_delivered_event": effect_of_undelivered,
+    "harness.write_path_as_asked": stepped_write,
+}
+
+
+def gap(ev: Evidence) -> None:
+    ev.tables["agent_checkpoints"] = [
+        r for r in ev.tables["agent_checkpoints"] if r["revision"] != 2
+    ]
+
+
+def duplicate_resource(ev: Evidence) -> None:
+    ev.tool["resources"].append({"tool": "idem", "operation_id": OP, "resource_id": "res-2"})
+
+
+def resent_without_promise(ev: Evidence) -> None:
+    plain = {"tool": "plain", "capability": "none"}
+    ev.tool["requests"] = [request(1, 0.35, **plain), request(2, 0.38, **plain)]
+
+
+def sent_before_claim(ev: Evidence) -> None:
+    ev.tool["requests"] = [request(1, 0.25)]
+
+
+def sent_with_epoch_zero(ev: Evidence) -> None:
+    ev.tool["requests"] = [request(1, 0.35, epoch=0)]
+
+
+def sent_after_cancel(ev: Evidence) -> None:
+    ev.tool["requests"].append(request(2, 0.47, operation_id=OP2))
+
+
+def marked_before_broker(ev: Evidence) -> None:
+    ev.tool["messages"] = [{"event_id": "e1", "received_at": T0 + 0.75}]
+
+
+def lying_account(ev: Evidence) -> None:
+    ev.history.append(account("ok", "save_checkpoint", event_id="e-never"))
+
+
+EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
+    "write.revisions_gapless": gap,
+    "effect.one_real_resource_per_operation": duplicate_resource,
+    "effect.no_resend_without_idempotency": resent_without_promise,
+    "effect.sent_only_under_a_dispatch_claim": sent_before_claim,
+    "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
+    "worker.accounts_match_the_evidence": lying_account,
+}
+
+
+def test_every_invariant_has_a_violating_history() -> None:
+    covered = set(STORY_CHANGES) | set(EVIDENCE_CHANGES) | {"effect.cancelled_intent_never_sent"}
+    assert covered == set(INVARIANTS)
+
+
+def broken_by(ev: Evidence) -> dict[str, list[dict[str, Any]]]:
+    return {r.name: r.violations for r in check(ev) if not r.ok}
+
+
+@pytest.mark.parametrize("name", sorted(STORY_CHANGES))
+def test_story_violation_is_named(name: str) -> None:
+    s = clean_story()
+    STORY_CHANGES[name](s)
+    broken = broken_by(evidence(s))
+    assert name in broken, broken
+    assert broken[name], "the offending rows are reported"
+
+
+@pytest.mark.parametrize("name", sorted(EVIDENCE_CHANGES))
+def test_evidence_violation_is_named(name: str) -> None:
+    ev = clean()
+    EVIDENCE_CHANGES[name](ev)
+    broken = broken_by(ev)
+    assert name in broken, broken
+    assert broken[name]
+
+
+def test_cancelled_intent_sent_afterwards() -> None:
+    s = clean_story()
+    cancelled_then_sent(s)
+    ev = evidence(s)
+    assert "effect.cancelled_intent_never_sent" not in broken_by(ev)
+    sent_after_cancel(ev)
+    rows = broken_by(ev)["effect.cancelled_intent_never_sent"]
+    assert rows[0]["operation_id"] == OP2 and rows[0]["request_seqs"] == [2]
+
+
+def test_request_epoch_must_be_the_runs() -> None:
+    ev = clean()
+    sent_with_epoch_zero(ev)
+    (row,) = broken_by(ev)["effect.sent_only_under_a_dispatch_claim"]
+    assert row["request_seq"] == 1 and "epoch 0" in row["why"]
+
+
+def test_grant_over_live_lease_reports_the_row() -> None:
+    s = clean_story()
+    grant_over_live_lease(s)
+    (row,) = broken_by(evidence(s))["lease.granted_only_when_free_or_expired"]
+    assert row["epoch"] == [1, 2] and row["owner"] == ["A/1", "B/1"]
+
+
+def test_harness_plants_are_not_protocol_writes() -> None:
+    s = clean_story()
+    s.tx(0.9, app="fencecheck-harness")(
+        "agent_checkpoints",
+        None,
+        {"run_id": RUN, "revision": 5, "epoch": 1, "owner": "older-code", "event_id": "p"},
+    )
+    assert "write.only_under_the_current_unexpired_lease" not in broken_by(evidence(s))
+
+
+def test_a_fail_later_retried_is_not_a_lie() -> None:
+    ev = clean()
+    ev.history = [
+        account("fail", "save_checkpoint", event_id="e1"),
+        account("ok", "x", event_id="e1"),
+    ]
+    assert "worker.accounts_match_the_evidence" not in broken_by(ev)
+
+
+def test_exemption_reports_without_failing() -> None:
+    s = clean_story()
+    epoch_jump(s)
+    reason = "the experiment jumps epochs by design"
+    (result,) = [
+        r
+        for r in check(evidence(s), {"lease.epoch_grows_by_one_on_every_grant": reason})
+        if r.name == "lease.epoch_grows_by_one_on_every_grant"
+    ]
+    assert not result.ok and result.exempt == reason and not result.broken
+
+
+def test_exemption_of_an_unknown_invariant_is_refused() -> None:
+    with pytest.raises(KeyError, match="unknown invariant"):
+        check(clean(), {"lease.no_such_thing": "typo"})
+
+
+def test_write_path_not_judged_without_a_declaration() -> None:
+    ev = copy.deepcopy(clean())
+    ev.write_paths = {}
+    (result,) = [r for r in check(ev) if r.name == "harness.write_path_as_asked"]
+    assert result.ok and result.checked == 0 and "not judged" in result.observed

@@ -1,0 +1,71 @@
+"""Every `fencecheck run` writes its pages and seals its folder; a mutants
+folder gets an index over its mutants' runs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.cli import main
+from harness.evidence import manifest
+from harness.evidence.html.mutants import write_mutants_pages
+from tests.report.test_pages import by_attr, parse
+
+
+@pytest.mark.slow
+def test_a_real_run_writes_pages_and_a_manifest(tmp_path: Path) -> None:
+    # A process of its own, as CI runs it (the command installs signal handlers).
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "B", "--quiet", "--report-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    run = (tmp_path / "latest").resolve()
+    index = parse(run / "index.html")
+    assert [r.attrib["data-experiment"] for r in by_attr(index, "data-experiment")] == ["B"]
+    assert (run / "experiments" / "B.html").is_file()
+    assert manifest.verify_report(run).intact
+    digest = manifest.run_digest(run)
+    assert f"evidence digest {digest}" in out
+    assert main(["verify", str(run), "--digest", digest]) == 0
+
+
+def test_mutants_folder_pages(run_fail: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "mutants-x"
+    folder.mkdir()
+    shutil.copytree(run_fail, folder / "write_ignores_epoch")
+    (folder / "mutants.json").write_text(
+        json.dumps(
+            [
+                {
+                    "mutant": "write_ignores_epoch",
+                    "rule": 2,
+                    "expected": ["B"],
+                    "caught_by": ["B"],
+                    "detail": "B: invariant broken",
+                },
+                {"mutant": "never_ran", "rule": 1, "expected": ["K"], "caught_by": []},
+            ]
+        )
+    )
+    index = parse(write_mutants_pages(folder))
+    rows = {
+        r.attrib["data-mutant"]: r.attrib["data-verdict"] for r in by_attr(index, "data-mutant")
+    }
+    assert rows == {"write_ignores_epoch": "pass", "never_ran": "fail"}
+    assert (folder / "write_ignores_epoch" / "experiments" / "B.html").is_file()
+    manifest.write_manifest(folder)
+    assert manifest.verify_report(folder).intact
+    (folder / "index.html").write_text("tampered")
+    assert main(["report", str(folder)]) == 0, "rebuilt in place from mutants.json and the runs"
+    assert "write_ignores_epoch" in (folder / "index.html").read_text()
+    assert manifest.verify_report(folder).intact
