@@ -19,7 +19,7 @@ import pytest
 from harness.cli.mutants import TRIAGE_FILE
 from harness.engine.environment import DEFAULT_WORKER_CMD, Settings
 from harness.mutation import auto_report, catalog, triage
-from harness.mutation.auto import AutoOptions, run_generated
+from harness.mutation.auto import AutoOptions, entry, run_generated
 from harness.mutation.named import list_mutants
 from harness.mutation.ordering import CatcherOrder
 from harness.mutation.sites import AutoMutant
@@ -87,8 +87,15 @@ def _run_sample(
         "reference_impl/sql/migrations/003_api.sql:fencecheck.renew:drop_conjunct:ab7b800f": ["K"],
         "reference_impl/heartbeat.py:Heartbeat.on_unconfirmed:drop_call:bf812847": ["P"],
     }
-    score = auto_report.score(len(mutants), run)
+    entries = [entry(o, REPO) for o in run.outcomes]
+    report = tmp_path / "report"
+    auto_report.write(report, {"generated": len(mutants)}, entries)
+    score = auto_report.score(len(mutants), entries)
     assert score.rate == 1.0 and score.counts["error"] == 2
-    json_path, md_path = auto_report.write(tmp_path / "report", REPO, score, run.outcomes, [])
-    assert "mutation score 100.0%" in md_path.read_text() and json_path.exists()
+    assert "**100.0%**" in (report / "summary.md").read_text()
+    index = auto_report.publish(report)
+    assert "NOT WRITTEN" not in index and (report / "index.html").is_file()
+    # Each caught mutant's row links to the pages of the runs that caught it.
+    page = (report / "index.html").read_text()
+    assert page.count('href="mutants/') >= 2 and (report / "MANIFEST.sha256").is_file()
     assert list(work.iterdir()) == [], "a generated-mutant run left files behind"

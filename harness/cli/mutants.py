@@ -13,10 +13,14 @@ could be judged or the unmutated implementation does not pass.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from harness.cli.common import (
     REPO_ROOT,
@@ -104,6 +108,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run-equivalent", action="store_true", help="run mutants triaged equivalent too"
     )
     auto.add_argument(
+        "--no-pages",
+        action="store_true",
+        help="write no HTML pages for each mutant's runs (the index, results.json and "
+        "summary.md are always written)",
+    )
+    auto.add_argument(
+        "--rebuild-report",
+        metavar="DIR",
+        help="write the report of an earlier --auto run in DIR again (results.json, "
+        "summary.md, pages) from its journal, with the triage file as it is now; runs nothing",
+    )
+    auto.add_argument(
         "--min-score",
         type=float,
         default=90.0,
@@ -112,6 +128,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.rebuild_report:
+        return _rebuild(args)
     if args.auto:
         return _auto(args)
     from harness.mutation.named import MutantListUnavailable, run_mutants
@@ -131,13 +149,16 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _auto(args: argparse.Namespace) -> int:
+    from harness.evidence.archive import git_commit
     from harness.mutation import auto_report, catalog, triage
-    from harness.mutation.auto import AutoOptions, BaselineFailed, run_generated
+    from harness.mutation.auto import AutoOptions, BaselineFailed, entry, run_generated
     from harness.mutation.named import MutantListUnavailable, list_mutants
     from harness.mutation.ordering import CatcherOrder
 
     if args.worker_cmd:
         raise UsageError("--auto mutates the reference implementation; drop --worker-cmd")
+    if args.shard:
+        raise UsageError("--auto does not split into parts; use --sample/--seed or ids instead")
     mutants = catalog.generate(REPO_ROOT)
     try:
         chosen = catalog.select(
@@ -187,6 +208,23 @@ def _auto(args: argparse.Namespace) -> int:
     )
     for mutant_id in stale:
         print(f"  warning: triage entry {mutant_id} matches no generated mutant", flush=True)
+    run_info: dict[str, Any] = {
+        "command": "fencecheck mutants " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+        "generated": len(mutants),
+        "selected": len(chosen),
+        "sample": args.sample,
+        "seed": args.seed if args.sample else None,
+        "language": args.language,
+        "jobs": options.parallel,
+        "mutants_at_once": options.concurrent,
+        "budget_s": args.budget,
+        "source_digest": catalog.source_digest(REPO_ROOT),
+        "commit": git_commit(),
+        "started_utc": _utc(),
+        "load_start": _load(),
+        "stale_triage_entries": stale,
+    }
+    _write_run(report_dir, run_info)
     try:
         run = run_generated(
             settings, chosen, judged, order, options, lambda m: print(f"  {m}", flush=True)
@@ -194,12 +232,57 @@ def _auto(args: argparse.Namespace) -> int:
     except BaselineFailed as exc:
         print(f"fencecheck: {exc}", file=sys.stderr)
         return EXIT_UNKNOWN
-    result = auto_report.score(len(mutants), run)
-    json_path, md_path = auto_report.write(report_dir, REPO_ROOT, result, run.outcomes, stale)
-    survivors = auto_report.survivors_text(REPO_ROOT, run.outcomes)
+    run_info |= {
+        "finished_utc": _utc(),
+        "load_end": _load(),
+        "wall_s": round(run.wall_s, 1),
+        "baseline_s": None if run.baseline_s is None else round(run.baseline_s, 1),
+    }
+    _write_run(report_dir, run_info)
+    entries = [entry(o, REPO_ROOT) for o in run.outcomes]
+    md_path = auto_report.write(report_dir, run_info, entries)
+    result = auto_report.score(len(mutants), entries)
+    survivors = auto_report.survivors_text(entries)
     if survivors:
         print("\n" + survivors)
-    print(f"\n{result.line()}\n  {md_path}\n  {json_path}")
+    print(auto_report.publish(report_dir, pages=not args.no_pages))
+    print(f"\n{result.line()}\n  {md_path}\n  {report_dir / auto_report.RESULTS}")
     if result.rate is None:
         return EXIT_UNKNOWN
     return 0 if 100 * result.rate >= args.min_score else 1
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    """The report of an earlier --auto run again, with today's triage file."""
+    from harness.mutation import auto_report, catalog, triage
+    from harness.mutation.auto import RUN_FILE
+
+    folder = Path(args.rebuild_report)
+    if not (folder / RUN_FILE).is_file():
+        raise UsageError(f"{folder} has no {RUN_FILE}: give the folder a --auto run wrote")
+    try:
+        judged = triage.load(Path(args.triage))
+    except triage.TriageError as exc:
+        raise UsageError(str(exc)) from exc
+    diffs = {
+        m.id: m.diff((REPO_ROOT / m.path).read_text(encoding="utf-8"))
+        for m in catalog.generate(REPO_ROOT)
+    }
+    data = auto_report.rebuild(folder, judged, diffs)
+    print(auto_report.publish(folder, pages=not args.no_pages))
+    print(f"{data['summary']}\n  {folder / auto_report.SUMMARY}")
+    return 0
+
+
+def _write_run(report_dir: Path, info: dict[str, Any]) -> None:
+    from harness.mutation.auto import RUN_FILE
+
+    (report_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _load() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import itertools
+import json
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -40,7 +41,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import scenarios
 from harness.engine.environment import Settings, SharedServices
@@ -54,6 +55,8 @@ from harness.verdict import Verdict
 
 Status = Literal["caught", "survived", "equivalent", "error", "unconfirmed", "not_run"]
 Progress = Callable[[str], None]
+JOURNAL = "outcomes.jsonl"  # one line per mutant, as it finished
+RUN_FILE = "run.json"  # how the run was started (and, once done, its wall time)
 
 
 class BaselineFailed(RuntimeError):
@@ -182,6 +185,17 @@ class _Runner:
         if o.status in ("error", "unconfirmed"):
             line += f" ({o.detail.splitlines()[0][:160] if o.detail else ''})"
         self.progress(line)
+        self.journal(o)
+
+    def journal(self, o: AutoOutcome) -> None:
+        """Append the outcome to the journal at once: a run stopped early (killed,
+        machine lost) still leaves every verdict it reached, and the report is
+        built from it (``auto_report.rebuild``)."""
+        line = json.dumps(entry(o, self.options.repo_root)) + "\n"
+        with self._lock:
+            self.options.report_dir.mkdir(parents=True, exist_ok=True)
+            with (self.options.report_dir / JOURNAL).open("a", encoding="utf-8") as f:
+                f.write(line)
 
     def check(self, mutant: AutoMutant, number: int) -> AutoOutcome:
         """Run one mutant (see the module docstring); never raises for the mutant's sake."""
@@ -291,6 +305,25 @@ class _Runner:
             else:
                 o.note = f"breaks: {s.breaks}; should be caught by: {s.should_catch}"
         return o
+
+
+def entry(o: AutoOutcome, repo_root: Path) -> dict[str, Any]:
+    """One mutant's line of the journal and of ``results.json``: what it is, its
+    verdict, who caught it, and for a survivor, error or unconfirmed catch its diff."""
+    diff = None
+    if o.status in ("survived", "error", "unconfirmed"):
+        diff = o.mutant.diff((repo_root / o.mutant.path).read_text(encoding="utf-8"))
+    return {
+        **o.mutant.as_dict(),
+        "status": o.status,
+        "caught_by": o.caught_by,
+        "wall_s": round(o.wall_s, 2),
+        "verdicts": o.verdicts,
+        "detail": o.detail,
+        "note": o.note,
+        "should_be_caught_by": o.suggested,
+        "diff": diff,
+    }
 
 
 def classify(mutant: AutoMutant, results: Sequence[ExperimentResult]) -> AutoOutcome:

@@ -15,6 +15,7 @@ picks the same mutants every time the code is the same.
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import random
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +52,14 @@ def source_files(repo_root: Path) -> list[tuple[Language, str]]:
     for path in sorted((package / "sql").glob("*/*.sql")):
         files.append(("sql", path.relative_to(repo_root).as_posix()))
     return [(lang, rel) for lang, rel in files if rel not in EXCLUDED]
+
+
+def source_digest(repo_root: Path) -> str:
+    """sha256 over every mutated file (path and text): the code a set of ids names."""
+    h = hashlib.sha256()
+    for _lang, rel in source_files(repo_root):
+        h.update(rel.encode() + b"\0" + (repo_root / rel).read_bytes() + b"\0")
+    return h.hexdigest()
 
 
 def generate(repo_root: Path) -> list[AutoMutant]:
@@ -100,9 +109,39 @@ def select(
     if language is not None:
         chosen = [m for m in chosen if m.language == language]
     if sample is not None and sample < len(chosen):
-        keep = {m.id for m in random.Random(seed).sample(chosen, sample)}
-        chosen = [m for m in chosen if m.id in keep]
+        chosen = stratified_sample(chosen, sample, seed)
     return chosen
+
+
+def stratum(m: AutoMutant) -> tuple[str, str]:
+    """The stratum a mutant is sampled in: its file and its operator."""
+    return (m.path, m.operator)
+
+
+def stratified_sample(mutants: Sequence[AutoMutant], n: int, seed: int) -> list[AutoMutant]:
+    """``n`` of ``mutants``, proportionally from every (file, operator) stratum,
+    in a seeded random order.
+
+    Each stratum gets ``n * size / total`` mutants, rounded by the largest
+    remainder (ties broken by the seed), drawn at random within it: the sample
+    is self-weighting, so its caught fraction estimates the whole set's. The
+    order is shuffled so that a run cut short by ``--budget`` leaves a random
+    subset unrun, not the last files. Invariant: the same mutants, seed and
+    ``n`` give the same list in the same order."""
+    rng = random.Random(seed)
+    strata: dict[tuple[str, str], list[AutoMutant]] = {}
+    for m in mutants:
+        strata.setdefault(stratum(m), []).append(m)
+    total = len(mutants)
+    exact = {key: n * len(members) / total for key, members in strata.items()}
+    quota = {key: int(share) for key, share in exact.items()}
+    tiebreak = {key: rng.random() for key in strata}
+    rest = sorted(strata, key=lambda k: (quota[k] - exact[k], tiebreak[k]))
+    for key in rest[: n - sum(quota.values())]:
+        quota[key] += 1
+    picked = [m for key, members in strata.items() for m in rng.sample(members, quota[key])]
+    rng.shuffle(picked)
+    return picked
 
 
 def fnmatch_ids(mutants: Sequence[AutoMutant], pattern: str) -> list[AutoMutant]:

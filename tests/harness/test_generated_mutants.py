@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,21 @@ def test_select_patterns_language_and_seeded_sample() -> None:
     assert sample != catalog.select(mutants, language="python", sample=7, seed=4)
     with pytest.raises(catalog.UnknownMutantId, match="--list"):
         catalog.select(mutants, ["*no-such-thing*"])
+
+
+def test_a_sample_is_proportional_to_every_file_and_operator_and_shuffled() -> None:
+    mutants = catalog.generate(REPO)
+    sample = catalog.select(mutants, sample=150, seed=12)
+    assert len(sample) == 150 and len({m.id for m in sample}) == 150
+    sizes = Counter(catalog.stratum(m) for m in mutants)
+    drawn = Counter(catalog.stratum(m) for m in sample)
+    for key, size in sizes.items():
+        share = 150 * size / len(mutants)
+        assert int(share) <= drawn[key] <= int(share) + 1, (key, size, drawn[key])
+    # Run order is random (a --budget cut leaves a random subset unrun), not file order.
+    position = {m.id: i for i, m in enumerate(mutants)}
+    assert [position[m.id] for m in sample] != sorted(position[m.id] for m in sample)
+    assert sample == catalog.select(mutants, sample=150, seed=12)
 
 
 def test_the_repositorys_triage_file_is_valid_and_current() -> None:
