@@ -78,7 +78,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     auto.add_argument(
         "--budget",
         type=duration,
-        help="stop starting mutants after this long (600, 30m, 2h); the rest are 'not run'",
+        help="after this long (600, 30m, 2h) start no mutant and no experiment; mutants "
+        "left or cut short are 'not run' (never survived)",
     )
     auto.add_argument(
         "--mutants-at-once",

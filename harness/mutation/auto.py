@@ -105,16 +105,16 @@ def run_until_fail(
     report_dir: Path,
     seed: int,
     parallel: int,
-    stop: threading.Event | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[ExperimentResult]:
     """Run ``jobs`` in order, ``parallel`` at a time; start none after the first fail
-    or once ``stop`` is set (the ones already running finish and are kept)."""
+    or once ``stop()`` is true (the ones already running finish and are kept)."""
     queue = list(jobs)
     results: list[ExperimentResult] = []
     failed = False
 
     def more() -> bool:
-        return bool(queue) and not failed and not (stop is not None and stop.is_set())
+        return bool(queue) and not failed and not (stop is not None and stop())
 
     with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="auto-exp") as pool:
         running: set[Future[ExperimentResult]] = set()
@@ -155,6 +155,11 @@ class _Runner:
     def out_of_time(self) -> bool:
         budget = self.options.budget_s
         return budget is not None and time.monotonic() - self.started > budget
+
+    def cut_short(self) -> bool:
+        """Start nothing new: interrupted, or the --budget ran out (it bounds the
+        mutants already running too, so the run ends within one experiment)."""
+        return self.stop.is_set() or self.out_of_time()
 
     def one(self, mutant: AutoMutant) -> AutoOutcome:
         with self._lock:
@@ -247,9 +252,18 @@ class _Runner:
                 report_dir=report_dir,
                 seed=self.options.seed,
                 parallel=self.options.parallel,
-                stop=self.stop,
+                stop=self.cut_short,
             )
         outcome = classify(mutant, results)
+        if outcome.status != "caught" and self.cut_short() and len(results) < len(ordered):
+            # Not judged: a survivor is one that ran the whole matrix without a fail.
+            why = "interrupted" if self.stop.is_set() else "the time budget ran out"
+            return AutoOutcome(
+                mutant,
+                "not_run",
+                f"{why} after {len(results)} of {len(ordered)} experiments, none failed",
+                verdicts=outcome.verdicts,
+            )
         if outcome.status == "caught" and self.options.confirm:
             self.confirm(outcome, report_dir / "confirm")
         with self._lock:

@@ -283,6 +283,26 @@ def test_run_until_fail_starts_nothing_after_a_fail(monkeypatch: pytest.MonkeyPa
     assert [r.verdict for r in results] == [Verdict.PASS, Verdict.FAIL]
 
 
+def test_run_until_fail_starts_nothing_once_told_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
+    jobs = jobs_for(scenarios.select(["A", "B", "C", "D", "K"]), 1)
+    started: list[str] = []
+
+    def fake_run_job(shared: object, job: Job, **_kw: object) -> ExperimentResult:
+        started.append(job.label)
+        return _result(job.label, Verdict.PASS)
+
+    monkeypatch.setattr(auto, "run_job", fake_run_job)
+    results = auto.run_until_fail(
+        None,  # type: ignore[arg-type]
+        jobs,
+        report_dir=Path("/nonexistent"),
+        seed=1,
+        parallel=1,
+        stop=lambda: len(started) >= 2,
+    )
+    assert started == ["A", "B"] and len(results) == 2
+
+
 def test_workspace_runs_the_mutated_copy(tmp_path: Path) -> None:
     ids = (REPO / "reference_impl" / "ids.py").read_text()
     good = dataclasses.replace(
