@@ -151,6 +151,9 @@ class _Runner:
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
         self.stop = threading.Event()  # set on Ctrl-C / SIGTERM: start nothing new
+        # Experiments that failed against the unmutated implementation in this run
+        # (a confirmation): under this load their fail proves nothing.
+        self.unreliable: set[str] = set()
 
     def out_of_time(self) -> bool:
         budget = self.options.budget_s
@@ -245,7 +248,7 @@ class _Runner:
             except Exception as exc:
                 return AutoOutcome(mutant, "error", f"migrate: {type(exc).__name__}: {exc}")
             with self._lock:
-                ordered = self.order.order(mutant, self.jobs)
+                ordered = last(self.order.order(mutant, self.jobs), self.unreliable)
             results = run_until_fail(
                 view,
                 ordered,
@@ -254,7 +257,8 @@ class _Runner:
                 parallel=self.options.parallel,
                 stop=self.cut_short,
             )
-        outcome = classify(mutant, results)
+        with self._lock:
+            outcome = distrust(classify(mutant, results), self.unreliable)
         if outcome.status != "caught" and self.cut_short() and len(results) < len(ordered):
             # Not judged: a survivor is one that ran the whole matrix without a fail.
             why = "interrupted" if self.stop.is_set() else "the time budget ran out"
@@ -293,6 +297,8 @@ class _Runner:
                 break
             jobs = [j for j in jobs if j.label in {result_label(r) for r in bad}]
         if bad:
+            with self._lock:
+                self.unreliable.update(result_label(r) for r in bad if r.verdict is Verdict.FAIL)
             outcome.status = "unconfirmed"
             outcome.detail = (
                 "; ".join(
@@ -319,6 +325,26 @@ class _Runner:
             else:
                 o.note = f"breaks: {s.breaks}; should be caught by: {s.should_catch}"
         return o
+
+
+def last(jobs: Sequence[Job], unreliable: set[str]) -> list[Job]:
+    """``jobs`` with the unreliable ones moved to the end (order kept otherwise)."""
+    return [j for j in jobs if j.label not in unreliable] + [
+        j for j in jobs if j.label in unreliable
+    ]
+
+
+def distrust(outcome: AutoOutcome, unreliable: set[str]) -> AutoOutcome:
+    """A catch only by experiments that already failed against the unmutated
+    implementation in this run is ``unconfirmed``: a loaded machine fails them
+    without a bug, and one passing rerun does not make their fail mean one."""
+    if outcome.status == "caught" and set(outcome.caught_by) <= unreliable:
+        outcome.status = "unconfirmed"
+        outcome.detail = (
+            f"caught only by {', '.join(outcome.caught_by)}, which failed against the "
+            f"unmutated implementation earlier in this run; the mutant's own: {outcome.detail}"
+        )
+    return outcome
 
 
 def entry(o: AutoOutcome, repo_root: Path) -> dict[str, Any]:

@@ -364,3 +364,13 @@ def test_a_catch_counts_only_when_the_correct_code_passes_its_catcher(
     assert confirmed(Verdict.FAIL).status == "unconfirmed"
     outcome = confirmed(Verdict.UNKNOWN, Verdict.UNKNOWN)
     assert outcome.status == "unconfirmed" and "K gave unknown" in outcome.detail
+
+
+def test_a_catch_only_by_an_experiment_that_failed_unmutated_is_unconfirmed() -> None:
+    m = _mutant()
+    by_u = auto.classify(m, [_result("U", Verdict.FAIL)])
+    assert auto.distrust(by_u, {"U"}).status == "unconfirmed"
+    by_k = auto.classify(m, [_result("U", Verdict.FAIL), _result("K", Verdict.FAIL)])
+    assert auto.distrust(by_k, {"U"}).status == "caught"  # K's fail still counts
+    jobs = jobs_for(scenarios.select(["A", "K", "U"]), 1)
+    assert [j.label for j in auto.last(jobs, {"A"})] == ["K", "U", "A"]
