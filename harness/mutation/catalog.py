@@ -28,6 +28,7 @@ PACKAGE = "reference_impl"
 #: Files of the package that are not mutated, and why.
 EXCLUDED: dict[str, str] = {
     "reference_impl/bench.py": "the benchmark, not the worker",
+    "reference_impl/bench_go.py": "the Go worker's benchmark driver, not the worker",
     "reference_impl/logs.py": "log formatting only",
     "reference_impl/metrics.py": "Prometheus metric definitions only",
     "reference_impl/__init__.py": "empty",
