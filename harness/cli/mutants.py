@@ -1,34 +1,139 @@
-"""``fencecheck mutants [NAMES]``: prove the matrix catches every protocol mutant."""
+"""``fencecheck mutants [NAMES]``: prove the matrix catches protocol mutants.
+
+Without ``--auto``: the reference worker's named mutants, each against its
+expected catchers, then the rest of the matrix (``harness.mutation.named``).
+
+With ``--auto``: mutants generated mechanically from the reference
+implementation's SQL and Python (``harness.mutation.catalog``), each run
+until its first fail, and the mutation score (``harness.mutation.auto``).
+Exit 0 when the score reaches ``--min-score``, 1 below it, 2 when no mutant
+could be judged or the unmutated implementation does not pass.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import re
+import shlex
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
+    positive,
     reap_and_report,
     settings_from_args,
     shard_from_args,
     shard_option,
 )
 from harness.evidence.gate import add_gate_option
+from harness.verdict import EXIT_UNKNOWN
 
 NAME = "mutants"
-HELP = "prove the matrix catches every protocol mutant of the reference worker"
+HELP = "prove the matrix catches protocol mutants (named ones, or --auto: generated ones)"
+TRIAGE_FILE = REPO_ROOT / "reference_impl" / "mutants" / "equivalent.yaml"
+LEARNED_FILE = "automutants-learned.json"
+
+
+def duration(value: str) -> float:
+    """``90``, ``90s``, ``30m``, ``2h`` -> seconds."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", value.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 600, 600s, 30m or 2h, got {value!r}"
+        )
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("names", nargs="*", help="mutant names (all when omitted)")
+    parser.add_argument(
+        "names",
+        nargs="*",
+        help="named mutants (all when omitted); with --auto: generated mutant ids or "
+        "shell-style patterns such as '*fencecheck.renew*'",
+    )
     parser.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
     shard_option(parser, "mutants")
     add_gate_option(parser)
     common_env_options(parser)
+    parser.set_defaults(jobs=None)  # named: 3; --auto: 2 (per mutant)
+    auto = parser.add_argument_group("generated mutants (--auto)")
+    auto.add_argument(
+        "--auto",
+        action="store_true",
+        help="mutants generated from the reference implementation's SQL and Python",
+    )
+    auto.add_argument("--list", action="store_true", help="list the selected mutants, run nothing")
+    auto.add_argument(
+        "--diff", action="store_true", help="print the selected mutants' diffs, run nothing"
+    )
+    auto.add_argument("--sample", type=positive, help="a seeded random sample of N mutants")
+    auto.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
+    auto.add_argument("--language", choices=("sql", "python"), help="only SQL or only Python")
+    auto.add_argument(
+        "--budget",
+        type=duration,
+        help="after this long (600, 30m, 2h) start no mutant and no experiment; mutants "
+        "left or cut short are 'not run' (never survived)",
+    )
+    auto.add_argument(
+        "--mutants-at-once",
+        type=positive,
+        default=1,
+        help="mutants run at the same time (default 1; each runs --jobs experiments at once)",
+    )
+    auto.add_argument(
+        "--triage",
+        default=str(TRIAGE_FILE),
+        help="equivalent / analysed-survivor file (default reference_impl/mutants/equivalent.yaml)",
+    )
+    auto.add_argument(
+        "--no-baseline",
+        action="store_true",
+        help="skip the first run of the unmutated implementation (its pass is what makes a "
+        "catch mean something)",
+    )
+    auto.add_argument(
+        "--no-confirm",
+        action="store_true",
+        help="count a catch without rerunning its experiment against the unmutated "
+        "implementation (by default a catch that experiment also fails there is "
+        "'unconfirmed', not caught)",
+    )
+    auto.add_argument(
+        "--run-equivalent", action="store_true", help="run mutants triaged equivalent too"
+    )
+    auto.add_argument(
+        "--no-pages",
+        action="store_true",
+        help="write no HTML pages for each mutant's runs (the index, results.json and "
+        "summary.md are always written)",
+    )
+    auto.add_argument(
+        "--rebuild-report",
+        metavar="DIR",
+        help="write the report of an earlier --auto run in DIR again (results.json, "
+        "summary.md, pages) from its journal, with the triage file as it is now; runs nothing",
+    )
+    auto.add_argument(
+        "--min-score",
+        type=float,
+        default=90.0,
+        help="percent of non-equivalent mutants that must be caught for exit 0 (default 90)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.rebuild_report:
+        return _rebuild(args)
+    if args.auto:
+        return _auto(args)
     from harness.mutation.named import MutantListUnavailable, run_mutants
 
     settings = settings_from_args(args)
@@ -38,9 +143,149 @@ def main(args: argparse.Namespace) -> int:
             settings,
             args.names,
             report_root=Path(args.report_dir),
-            parallel=args.jobs,
+            parallel=args.jobs or 3,
             shard=shard_from_args(args),
             fail_on=args.fail_on,
         )
     except (MutantListUnavailable, ValueError) as exc:
         raise UsageError(str(exc)) from exc
+
+
+def _auto(args: argparse.Namespace) -> int:
+    from harness.evidence.archive import git_commit
+    from harness.mutation import auto_report, catalog, triage
+    from harness.mutation.auto import AutoOptions, BaselineFailed, entry, run_generated
+    from harness.mutation.named import MutantListUnavailable, list_mutants
+    from harness.mutation.ordering import CatcherOrder
+
+    if args.worker_cmd:
+        raise UsageError("--auto mutates the reference implementation; drop --worker-cmd")
+    if args.shard:
+        raise UsageError("--auto does not split into parts; use --sample/--seed or ids instead")
+    mutants = catalog.generate(REPO_ROOT)
+    try:
+        chosen = catalog.select(
+            mutants, args.names, language=args.language, sample=args.sample, seed=args.seed
+        )
+        judged = triage.load(Path(args.triage))
+    except (catalog.UnknownMutantId, triage.TriageError) as exc:
+        raise UsageError(str(exc)) from exc
+    if args.list or args.diff:
+        for m in chosen:
+            mark = " [equivalent]" if m.id in judged.equivalent else ""
+            print(f"{m.id}\n    {m.path}:{m.line}  {m.describe()}{mark}")
+            if args.diff:
+                print(m.diff((REPO_ROOT / m.path).read_text(encoding="utf-8")))
+        print(f"{len(chosen)} of {len(mutants)} generated mutant(s)")
+        return 0
+    if not chosen:
+        raise UsageError("no mutant selected")
+    settings = settings_from_args(args)
+    report_root = Path(args.report_dir)
+    report_dir = report_root / ("automutants-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    report_dir.mkdir(parents=True, exist_ok=True)
+    order = CatcherOrder()
+    try:
+        named = list_mutants(settings.worker_cmd)
+        order = CatcherOrder((m.alters, m.catchers) for m in named)
+    except MutantListUnavailable:
+        pass  # only an ordering hint
+    learned = report_root / LEARNED_FILE
+    order.load(learned)
+    options = AutoOptions(
+        repo_root=REPO_ROOT,
+        report_dir=report_dir,
+        parallel=args.jobs or 2,
+        concurrent=args.mutants_at_once,
+        budget_s=args.budget,
+        baseline=not args.no_baseline,
+        confirm=not args.no_confirm,
+        run_equivalent=args.run_equivalent,
+        learned=learned,
+    )
+    stale = judged.stale(m.id for m in mutants)
+    print(
+        f"fencecheck mutants --auto: {len(chosen)} of {len(mutants)} generated mutant(s), "
+        f"{options.parallel} experiment(s) at once per mutant; reports in {report_dir}",
+        flush=True,
+    )
+    for mutant_id in stale:
+        print(f"  warning: triage entry {mutant_id} matches no generated mutant", flush=True)
+    run_info: dict[str, Any] = {
+        "command": "fencecheck mutants " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
+        "generated": len(mutants),
+        "selected": len(chosen),
+        "sample": args.sample,
+        "seed": args.seed if args.sample else None,
+        "language": args.language,
+        "jobs": options.parallel,
+        "mutants_at_once": options.concurrent,
+        "budget_s": args.budget,
+        "source_digest": catalog.source_digest(REPO_ROOT),
+        "commit": git_commit(),
+        "started_utc": _utc(),
+        "load_start": _load(),
+        "stale_triage_entries": stale,
+    }
+    _write_run(report_dir, run_info)
+    try:
+        run = run_generated(
+            settings, chosen, judged, order, options, lambda m: print(f"  {m}", flush=True)
+        )
+    except BaselineFailed as exc:
+        print(f"fencecheck: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    run_info |= {
+        "finished_utc": _utc(),
+        "load_end": _load(),
+        "wall_s": round(run.wall_s, 1),
+        "baseline_s": None if run.baseline_s is None else round(run.baseline_s, 1),
+    }
+    _write_run(report_dir, run_info)
+    entries = [entry(o, REPO_ROOT) for o in run.outcomes]
+    md_path = auto_report.write(report_dir, run_info, entries)
+    result = auto_report.score(len(mutants), entries)
+    survivors = auto_report.survivors_text(entries)
+    if survivors:
+        print("\n" + survivors)
+    print(auto_report.publish(report_dir, pages=not args.no_pages))
+    print(f"\n{result.line()}\n  {md_path}\n  {report_dir / auto_report.RESULTS}")
+    if result.rate is None:
+        return EXIT_UNKNOWN
+    return 0 if 100 * result.rate >= args.min_score else 1
+
+
+def _rebuild(args: argparse.Namespace) -> int:
+    """The report of an earlier --auto run again, with today's triage file."""
+    from harness.mutation import auto_report, catalog, triage
+    from harness.mutation.auto import RUN_FILE
+
+    folder = Path(args.rebuild_report)
+    if not (folder / RUN_FILE).is_file():
+        raise UsageError(f"{folder} has no {RUN_FILE}: give the folder a --auto run wrote")
+    try:
+        judged = triage.load(Path(args.triage))
+    except triage.TriageError as exc:
+        raise UsageError(str(exc)) from exc
+    diffs = {
+        m.id: m.diff((REPO_ROOT / m.path).read_text(encoding="utf-8"))
+        for m in catalog.generate(REPO_ROOT)
+    }
+    data = auto_report.rebuild(folder, judged, diffs)
+    print(auto_report.publish(folder, pages=not args.no_pages))
+    print(f"{data['summary']}\n  {folder / auto_report.SUMMARY}")
+    return 0
+
+
+def _write_run(report_dir: Path, info: dict[str, Any]) -> None:
+    from harness.mutation.auto import RUN_FILE
+
+    (report_dir / RUN_FILE).write_text(json.dumps(info, indent=2) + "\n")
+
+
+def _utc() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def _load() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -66,7 +67,13 @@ def _rebuild(report_dir: Path, out: Path | None) -> int:
                 "`fencecheck verify` for details, or build elsewhere with --out DIR"
             )
             return 1
-    if (report_dir / "mutants.json").is_file() and not (report_dir / "archives").is_dir():
+    if _is_automutants(report_dir):
+        if out is not None:
+            raise UsageError("a mutants --auto folder's pages are rebuilt in place; drop --out")
+        from harness.evidence.html.automutants import write_automutants_pages
+
+        index = write_automutants_pages(report_dir)
+    elif (report_dir / "mutants.json").is_file() and not (report_dir / "archives").is_dir():
         if out is not None:
             raise UsageError("a mutants folder's pages are rebuilt in place; drop --out")
         from harness.evidence.html.mutants import write_mutants_pages
@@ -82,6 +89,15 @@ def _rebuild(report_dir: Path, out: Path | None) -> int:
     pages = len(list(index.parent.glob("**/experiments/*.html")))
     print(f"{index} and {pages} experiment page(s) built in {time.perf_counter() - started:.2f}s")
     return 0
+
+
+def _is_automutants(report_dir: Path) -> bool:
+    """A folder ``fencecheck mutants --auto`` wrote (its results.json says so)."""
+    try:
+        data = json.loads((report_dir / "results.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("kind") == "automutants"
 
 
 def _compare(a: Path, b: Path, html: str | None) -> int:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import os
 import random
 import re
@@ -70,6 +71,9 @@ class Settings:
 
     worker_cmd: Sequence[str] = DEFAULT_WORKER_CMD
     mutant: str | None = None
+    # The id of the generated mutant the worker command runs (`mutants --auto`):
+    # recorded in archives, never passed to the worker.
+    generated_mutant: str | None = None
     pg_bin: str | None = None
     toxiproxy_bin: str | None = None
     work_dir: Path | None = None
@@ -285,6 +289,29 @@ class SharedServices:
         stopping.trace("stopping the registered processes")
         self.registry.reap_all(grace_s=_grace(3.0))
         stopping.trace("registered processes stopped")
+
+    @contextlib.contextmanager
+    def worker_view(
+        self, settings: Settings, template: str, log_dir: Path
+    ) -> Iterator[SharedServices]:
+        """These services for another worker command (a generated mutant): the
+        same binaries, toxiproxy and primary, with ``settings`` and a template
+        database of its own, ``template``, migrated by that worker
+        (``migrate.log`` in ``log_dir``). The view owns only its template, which
+        is dropped when the block ends; these services stay up."""
+        assert self.primary is not None
+        primary = self.primary
+        view = copy.copy(self)
+        view.settings = settings
+        view._stack = contextlib.ExitStack()  # owns nothing of the base's
+        try:
+            view.template = primary.create_template(
+                template, lambda dsn: view.migrate_database(dsn, log_dir)
+            )
+            yield view
+        finally:
+            with contextlib.suppress(Exception):  # the cluster may be what failed
+                primary.drop_template(template)
 
     def _release_local_if_stopping(self) -> None:
         # A stopping run removes what is on this machine's disk first: a
@@ -740,12 +767,18 @@ def _drop_roles(cluster: PostgresCluster, roles: dict[tuple[str, RoleKind], str]
     Roles are rows of the cluster's catalog, and every cluster is the run's
     own: a stopping run skips the queries (it has seconds, the server may be
     going down already), its roles go with the data directory it removes, and
-    a dead run's go with the data directory its record names."""
+    a dead run's go with the data directory its record names. The commit does
+    not wait for a synchronous standby: an experiment can end with its standby
+    stopped or cut off (seen: H[sync_cancelled_wait] under a generated mutant,
+    the DROP ROLE waiting on SyncRep for 20 minutes)."""
     if stopping.requested():
         return
     for name in roles.values():
         with contextlib.suppress(Exception):
-            cluster.query(f"DROP ROLE IF EXISTS {name}")
+            cluster.query(
+                "DO $$BEGIN SET LOCAL synchronous_commit = local; "
+                f"DROP ROLE IF EXISTS {name}; END$$"
+            )
 
 
 def _delete_link(toxi: ToxiproxyServer, name: str) -> None:

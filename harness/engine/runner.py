@@ -282,7 +282,8 @@ def _archive(
         "worker": {
             "command": settings.worker_command_text(),
             "digest": evidence.worker_digest(tuple(settings.worker_cmd)),
-            "mutant": settings.mutant,
+            "mutant": settings.mutant
+            or (f"generated:{settings.generated_mutant}" if settings.generated_mutant else None),
         },
         "run_id": run_ids,
         "tenant_id": env.tenant_id,

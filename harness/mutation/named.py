@@ -47,6 +47,7 @@ class Mutant:
     rule: int
     catchers: tuple[str, ...]
     description: str
+    alters: str = ""  # the one place it changes, e.g. "SQL overlay x.sql (fencecheck.renew)"
 
 
 @dataclasses.dataclass
@@ -84,6 +85,7 @@ def list_mutants(worker_cmd: Sequence[str]) -> list[Mutant]:
                 rule=int(m["rule"]),
                 catchers=tuple(str(c).upper() for c in m["catchers"]),
                 description=str(m.get("description", "")),
+                alters=str(m.get("alters", "")),
             )
             for m in raw
         ]

@@ -372,6 +372,11 @@ class PostgresCluster:
         self._templates[name] = name
         return name
 
+    def drop_template(self, name: str) -> None:
+        """Drop a template database built by :meth:`create_template` (if it exists)."""
+        self._templates.pop(name, None)
+        self.drop_database(name)
+
     def drop_database(self, name: str) -> None:
         with self.connect() as conn:
             conn.execute(

@@ -89,3 +89,27 @@ def test_a_server_that_exits_at_start_fails_at_once(
         assert time.monotonic() - started < 10  # not the 30 s readiness timeout
     finally:
         cluster.remove()
+
+
+def test_dropping_an_experiments_roles_never_waits_for_a_missing_sync_standby(
+    pg_binaries: PgBinaries, session_tmp: Path
+) -> None:
+    """An experiment can end with its synchronous standby stopped: the teardown's
+    DROP ROLE must not wait for it (it once waited 20 minutes on SyncRep)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from harness.engine.environment import _drop_roles
+
+    cluster = PostgresCluster.init_primary(pg_binaries, session_tmp / "nosync", name="nosync")
+    pool = ThreadPoolExecutor(1)
+    try:
+        cluster.query("CREATE ROLE fc_probe_login")
+        cluster.query("ALTER SYSTEM SET synchronous_standby_names = 'no_such_standby'")
+        cluster.query("SELECT pg_reload_conf()")
+        done = pool.submit(_drop_roles, cluster, {("t", "worker"): "fc_probe_login"})
+        done.result(timeout=30)  # a wait on SyncRep would never end
+        rows = cluster.query("SELECT 1 FROM pg_roles WHERE rolname = 'fc_probe_login'")
+        assert rows == []
+    finally:
+        cluster.stop()  # also ends a backend still waiting, so the thread ends
+        pool.shutdown(wait=True)
