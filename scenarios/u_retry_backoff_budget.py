@@ -18,7 +18,7 @@ import uuid
 from typing import Any
 
 from harness.checking import checkers
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import control_plane
 
@@ -115,7 +115,7 @@ def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[t
     except WaitTimeout:
         # Judged below from what the database shows: a budget that never ends is a fail.
         ctx.command("the runs did not both pause for a human within 12 s")
-    ctx.command(f"watched the requeues for {time.monotonic() - started:.2f}s: {seen}")
+    ctx.command(f"watched the requeues for {time.monotonic() - started:.2f}s: {plain(seen)}")
     return seen
 
 

@@ -1,6 +1,7 @@
 """The ``fencecheck`` command line: one module per command.
 
     fencecheck run [IDS...]     run experiments (all by default), write reports
+    fencecheck contract         check in seconds that a worker follows the worker contract
     fencecheck list             the matrix with its invariants
     fencecheck show ARCHIVE     one evidence archive, readably, with its timeline
     fencecheck smoke            bring up every real part once, prove it works, tear down
@@ -25,11 +26,21 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from harness.cli import listing, merge, mutants, report, run, show, smoke, verify
+from harness.cli import contract, listing, merge, mutants, report, run, show, smoke, verify
 from harness.cli.common import UsageError
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
-COMMANDS: tuple[ModuleType, ...] = (run, listing, show, smoke, mutants, report, verify, merge)
+COMMANDS: tuple[ModuleType, ...] = (
+    run,
+    contract,
+    listing,
+    show,
+    smoke,
+    mutants,
+    report,
+    verify,
+    merge,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,8 @@ from harness.cli.common import (
 from harness.evidence.gate import add_gate_option
 
 if TYPE_CHECKING:
-    from harness.engine.environment import SharedServices
+    from harness.contract.report import ContractReport
+    from harness.engine.environment import MigrateFailed, SharedServices
 
 NAME = "run"
 HELP = "run experiments and write evidence archives"
@@ -39,6 +41,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
     run.add_argument("--mutant", help="start the reference worker with this named mutant")
     run.add_argument("--quiet", action="store_true", help="no per-experiment progress lines")
+    run.add_argument(
+        "--skip-contract",
+        action="store_true",
+        help="with --worker-cmd: run the matrix without checking the worker against the "
+        "contract first (`fencecheck contract`)",
+    )
     shard_option(run, "experiment runs")
     add_gate_option(run)
     common_env_options(run)
@@ -46,7 +54,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import scenarios
-    from harness.engine.environment import SharedServices
+    from harness.engine.environment import MigrateFailed, SharedServices
     from harness.engine.runner import jobs_for, run_jobs
     from harness.engine.shards import ShardError
     from harness.evidence.gate import gate_exit, gate_line
@@ -58,7 +66,7 @@ def main(args: argparse.Namespace) -> int:
         write_results_json,
         write_summary,
     )
-    from harness.verdict import Verdict
+    from harness.verdict import EXIT_UNKNOWN, Verdict
 
     try:
         modules = scenarios.select(args.ids)
@@ -91,13 +99,29 @@ def main(args: argparse.Namespace) -> int:
         flush=True,
     )
     started = time.monotonic()
-    with SharedServices(settings) as shared:
+    stack = contextlib.ExitStack()
+    try:
+        shared = stack.enter_context(SharedServices(settings))
+    except MigrateFailed as exc:
+        return _migrate_failed(exc, report_dir)
+    with stack:
         print(
             "  environment: "
             + ", ".join(f"{k} {v}" for k, v in shared.backend.deployment().items())
             + f"; toxiproxy {shared.toxiproxy_version()}",
             flush=True,
         )
+        if args.worker_cmd and not args.skip_contract:
+            report = _contract_first(shared, report_dir, progress)
+            if not report.conformant:
+                print(report.text())
+                print(
+                    f"\nthe worker does not follow the contract; the matrix was not run (its "
+                    f"verdicts would not mean much). Report: {report_dir / 'contract.txt'}; "
+                    "--skip-contract runs the matrix anyway."
+                )
+                print(f"fencecheck: exit {EXIT_UNKNOWN}: not conformant, no experiment ran")
+                return EXIT_UNKNOWN
         assert shared.primary is not None
         record = new_record(
             kind="run",
@@ -152,6 +176,40 @@ def main(args: argparse.Namespace) -> int:
     print(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
     print(gate_line(results, args.fail_on))
     return gate_exit(results, args.fail_on)
+
+
+def _contract_first(
+    shared: SharedServices, report_dir: Path, progress: Callable[[str], None]
+) -> ContractReport:
+    """`fencecheck contract` on the run's own services, before any experiment."""
+    from harness.contract.conformance import check
+
+    started = time.monotonic()
+    report = check(shared, report_dir / "logs" / "contract", progress)
+    report.write(report_dir)
+    progress(
+        f"contract: {'conformant' if report.conformant else f'{len(report.gaps)} gap(s)'} "
+        f"in {time.monotonic() - started:.1f}s"
+    )
+    return report
+
+
+def _migrate_failed(exc: MigrateFailed, report_dir: Path) -> int:
+    """A worker whose migrate fails: exit 2 with one paragraph; its output kept."""
+    from harness.verdict import EXIT_UNKNOWN
+
+    log = report_dir / "logs" / "migrate.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(exc.output(), encoding="utf-8")
+    paragraph = exc.paragraph(str(log))
+    (report_dir / "summary.md").write_text(
+        f"# fencecheck run\n\n- **overall verdict**: harness error, no experiment ran\n\n"
+        f"{paragraph}\n",
+        encoding="utf-8",
+    )
+    print(f"\nfencecheck: {paragraph}", flush=True)
+    print(f"fencecheck: exit {EXIT_UNKNOWN}: the worker's migrate failed, no experiment ran")
+    return EXIT_UNKNOWN
 
 
 def _publish(report_dir: Path) -> tuple[str, str]:

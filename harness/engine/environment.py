@@ -69,6 +69,57 @@ class Settings:
         return shlex.join(self.worker_cmd)
 
 
+class MigrateFailed(EnvironmentError_):
+    """The worker's ``migrate`` exited non-zero or did not finish in time.
+
+    For ``fencecheck run`` a harness / environment error (exit 2: no
+    experiment can run); for ``fencecheck contract`` the worker's gap. Keeps
+    the command, the exit code and the whole output for the report."""
+
+    def __init__(
+        self, command: str, exit_code: int | None, stdout: str, stderr: str, timeout_s: float
+    ) -> None:
+        self.command = command
+        self.exit_code = exit_code
+        self.stdout = stdout
+        self.stderr = stderr
+        self.timeout_s = timeout_s
+        super().__init__(self.paragraph())
+
+    def short(self) -> str:
+        """One line: how it ended and its last stderr line."""
+        how = (
+            f"exit {self.exit_code}"
+            if self.exit_code is not None
+            else f"not finished within {self.timeout_s:.0f} s"
+        )
+        last = [line for line in self.stderr.strip().splitlines() if line.strip()][-1:]
+        return how + (f": {last[0].strip()}" if last else " (nothing on stderr)")
+
+    def paragraph(self, log: str | None = None) -> str:
+        """The one-paragraph account: command, exit code, the last stderr lines."""
+        how = (
+            f"failed with exit code {self.exit_code}"
+            if self.exit_code is not None
+            else f"did not finish within {self.timeout_s:.0f} s"
+        )
+        tail = [line.rstrip() for line in self.stderr.strip().splitlines() if line.strip()][-5:]
+        said = (
+            "; its last stderr lines: " + " | ".join(tail)
+            if tail
+            else "; it wrote nothing on stderr"
+        )
+        where = f" Its whole output: {log}." if log else ""
+        return (
+            f"The worker's `{self.command}` {how} on a fresh database{said}. No experiment can "
+            "run without the contract's schema (docs/worker-contract.md sections 1, 6 and 7); "
+            f"fix migrate, then run `fencecheck contract --worker-cmd ...` to check the rest.{where}"
+        )
+
+    def output(self) -> str:
+        return f"$ {self.command}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
 def migrate(
     worker_cmd: Sequence[str],
     admin_dsn: str,
@@ -76,7 +127,10 @@ def migrate(
     timeout_s: float = 60,
     mutant: str | None = None,
 ) -> None:
-    """Run ``<worker-cmd> migrate`` against ``admin_dsn``, then add the audit trigger."""
+    """Run ``<worker-cmd> migrate`` against ``admin_dsn``, then add the audit trigger.
+
+    Raises :class:`MigrateFailed` (with the whole output; ``migrate.log`` in
+    ``log_dir`` holds it too) when migrate exits non-zero or times out."""
     import subprocess
 
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -85,6 +139,7 @@ def migrate(
         env.pop(key, None)
     if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
         env["FENCECHECK_MUTANT"] = mutant
+    command = f"{shlex.join(worker_cmd)} migrate"
     try:
         proc = subprocess.run(
             [*worker_cmd, "migrate"],
@@ -95,17 +150,22 @@ def migrate(
             stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as exc:
-        raise EnvironmentError_(
-            f"`{shlex.join(worker_cmd)} migrate` took over {timeout_s}s"
-        ) from exc
+        out, err = (_text(exc.stdout), _text(exc.stderr))
+        (log_dir / "migrate.log").write_text(out + err)
+        raise MigrateFailed(command, None, out, err, timeout_s) from exc
+    except OSError as exc:  # the command itself cannot be started
+        raise MigrateFailed(command, 127, "", f"cannot start it: {exc}", timeout_s) from exc
     (log_dir / "migrate.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise EnvironmentError_(
-            f"`{shlex.join(worker_cmd)} migrate` failed (exit {proc.returncode}):\n"
-            f"{proc.stderr.strip()[-2000:]}"
-        )
+        raise MigrateFailed(command, proc.returncode, proc.stdout, proc.stderr, timeout_s)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         conn.execute(AUDIT_SQL.encode())
+
+
+def _text(data: str | bytes | None) -> str:
+    if isinstance(data, bytes):
+        return data.decode("utf-8", "replace")
+    return data or ""
 
 
 class SharedServices:

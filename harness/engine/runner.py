@@ -21,7 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from harness.checking import checkers
-from harness.checking.history import read_history, timeline
+from harness.checking.history import Shorten, id_shortener, read_history, timeline, timeline_ids
 from harness.checking.invariants import experiment as invariants
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
@@ -197,6 +197,7 @@ def _archive(
         facts = env.primary.server_facts()
     commands = sorted(ctx.commands, key=lambda c: c["time"])
     run_ids: Any = ctx.run_ids[0] if len(ctx.run_ids) == 1 else (ctx.run_ids or None)
+    shorten = id_shortener([*timeline_ids(events, hits), *(str(r["run_id"]) for r in audit)])
     return {
         "archive_version": 1,
         "experiment_id": spec.id,
@@ -240,7 +241,14 @@ def _archive(
         + [{"unreadable_line": str(p)} for p in history.problems],
         "signals": [dataclasses.asdict(s) for s in ctx.signals],
         "audit_trail": audit,
-        "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
+        "timeline": timeline(
+            events,
+            hits,
+            faults,
+            signals=ctx.signals,
+            notes=_audit_notes(audit, shorten),
+            shorten=shorten,
+        ),
         "failover": ctx.extra.get("failover"),
         "metrics": env.metrics,
         "global_invariants": ctx.extra.get("global_invariants"),
@@ -254,7 +262,7 @@ def _archive(
     }
 
 
-def _audit_notes(audit: list[dict[str, Any]]) -> list[tuple[float, str]]:
+def _audit_notes(audit: list[dict[str, Any]], shorten: Shorten) -> list[tuple[float, str]]:
     """The database's own account of who held which epoch when, for the timeline."""
     notes: list[tuple[float, str]] = []
     for r in audit:
@@ -273,7 +281,9 @@ def _audit_notes(audit: list[dict[str, Any]]) -> list[tuple[float, str]]:
                 change.append(f"rev {r['old_revision']}->{r['revision']}")
             if not change:
                 change.append("lease renewed")
-        notes.append((at, f"db run={str(r['run_id'])[:8]}.. {', '.join(change)} (by {r['app']})"))
+        notes.append(
+            (at, f"db run={shorten(str(r['run_id']))} {', '.join(change)} (by {r['app']})")
+        )
     return notes
 
 
