@@ -195,3 +195,17 @@ def test_a_missing_optional_table_is_a_note() -> None:
     optional = Table("operator_actions", {"id": Column("bigint", True)})
     gaps, notes = catalog.compare(_catalog(_runs_table(), optional), _catalog(_runs_table()))
     assert gaps == [] and any("operator_actions" in n for n in notes)
+
+
+def test_the_contract_page_lists_every_operation_and_point() -> None:
+    from pathlib import Path
+
+    from harness.contract.conformance import POINTS
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "worker-contract.md").read_text()
+    section5 = page[page.index("## 5. `ops` mode") : page.index("## 6. ")]
+    for o in spec.operations():
+        assert f"| `{o.op}`" in section5 and f" | {o.plane} | " in section5, o.op
+    section3 = page[page.index("## 3. Control protocol") : page.index("## 4. ")]
+    for point in {p for ps in POINTS.values() for p in ps}:
+        assert f"| `{point}` |" in section3, point
