@@ -134,7 +134,10 @@ MUTANTS = (
         ("U",),
         "a requeued run is due again at once: the worker's backoff is ignored and a refusing "
         "tool is asked again without waiting",
-        SqlOverlay("requeue_without_backoff.sql", "fencecheck.protected_write"),
+        SqlOverlay(
+            "requeue_without_backoff.sql",
+            "fencecheck.protected_write and fencecheck._protected_write_lock_first",
+        ),
     ),
     Mutant(
         "grant_without_attempt_count",
