@@ -5,26 +5,14 @@ section 12)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.harness.helpers import fencecheck_cli as fencecheck
+
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def fencecheck(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "harness.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        check=False,
-    )
 
 
 def hostile(name: str) -> str:

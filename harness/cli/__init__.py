@@ -2,6 +2,7 @@
 
     fencecheck run [IDS...]     run experiments (all by default), write reports
     fencecheck contract         check in seconds that a worker follows the worker contract
+    fencecheck init-worker DIR  write a small starting worker that passes `contract`
     fencecheck list             the matrix with its invariants
     fencecheck show ARCHIVE     one evidence archive, readably, with its timeline
     fencecheck smoke            bring up every real part once, prove it works, tear down
@@ -26,13 +27,25 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from harness.cli import contract, listing, merge, mutants, report, run, show, smoke, verify
+from harness.cli import (
+    contract,
+    init_worker,
+    listing,
+    merge,
+    mutants,
+    report,
+    run,
+    show,
+    smoke,
+    verify,
+)
 from harness.cli.common import UsageError
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
 COMMANDS: tuple[ModuleType, ...] = (
     run,
     contract,
+    init_worker,
     listing,
     show,
     smoke,
