@@ -1,9 +1,10 @@
-"""``fencecheck init-worker --lang python DIR``: write a small starting worker.
+"""``fencecheck init-worker --lang python|go DIR``: write a small starting worker.
 
-The template (harness/contract/templates/<lang>/) implements the worker
-contract v2 in the simplest correct way and passes ``fencecheck contract``
-as written (tests/test_init_worker.py proves it); the contract's own
-``schema.sql`` is copied next to it, so the directory stands alone.
+The template (harness/contract/templates/<lang>/, plus ``common/``, the
+protocol's SQL both languages share) implements the worker contract v2 in
+the simplest correct way and passes ``fencecheck contract`` as written
+(tests/test_init_worker.py proves it); the contract's own ``schema.sql`` is
+copied next to it, so the directory stands alone.
 """
 
 from __future__ import annotations
@@ -18,14 +19,16 @@ from harness.cli.common import UsageError
 from harness.verdict import EXIT_PASS
 
 NAME = "init-worker"
-HELP = "write a small starting worker that passes `fencecheck contract` (python)"
+HELP = "write a small starting worker (python or go) that passes `fencecheck contract`"
 
 CONTRACT_DIR = Path(__file__).resolve().parents[1] / "contract"
 TEMPLATES = CONTRACT_DIR / "templates"
-#: What each language's worker command is, run from anywhere.
+#: Each language's worker command (run from anywhere), and how to build it first.
 COMMANDS = {
-    "python": lambda d: f"{shlex.quote(sys.executable)} {shlex.quote(str(d / 'worker.py'))}"
+    "python": lambda d: f"{shlex.quote(sys.executable)} {shlex.quote(str(d / 'worker.py'))}",
+    "go": lambda d: shlex.quote(str(d / "worker")),
 }
+BUILD = {"go": "go build -o worker ."}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,8 +41,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def files(lang: str) -> dict[str, Path]:
     """Name in DIR -> source: the template's files plus the contract's schema.sql."""
-    template = TEMPLATES / lang
-    chosen = {p.name: p for p in sorted(template.iterdir()) if p.is_file()}
+    chosen = {
+        p.name: p
+        for folder in (TEMPLATES / "common", TEMPLATES / lang)
+        for p in sorted(folder.iterdir())
+        if p.is_file()
+    }
     return chosen | {"schema.sql": CONTRACT_DIR / "schema.sql"}
 
 
@@ -66,6 +73,8 @@ def main(args: argparse.Namespace) -> int:
     command = COMMANDS[args.lang](target)
     print(f"wrote a {args.lang} worker to {target}: {', '.join(p.name for p in written)}")
     print("next:")
+    if args.lang in BUILD:
+        print(f"  cd {shlex.quote(str(target))} && {BUILD[args.lang]}")
     print(f"  fencecheck contract --worker-cmd '{command}'   # conformant out of the box")
     print(f"  fencecheck run --worker-cmd '{command}'        # the matrix")
     print(f"(read {target / 'README.md'} for what it does and leaves out)")

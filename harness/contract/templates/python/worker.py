@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import random
@@ -63,6 +64,7 @@ HEARTBEAT_MS = env_ms("FENCECHECK_HEARTBEAT_MS", 1000)
 HEARTBEAT_TIMEOUT_MS = env_ms("FENCECHECK_HEARTBEAT_TIMEOUT_MS", 1000)
 DISPATCH_TTL_MS = env_ms("FENCECHECK_DISPATCH_TTL_MS", 5000)
 TOOL_TIMEOUT_S = env_ms("FENCECHECK_TOOL_TIMEOUT_MS", 3000) / 1000
+RETRY_WRITE_S = 30  # how long a protected write whose connection broke is retried
 
 
 def log(message: str, **fields: Any) -> None:
@@ -271,42 +273,65 @@ def protected_write(
     intent: dict[str, Any] | None = None,
     result: dict[str, Any] | None = None,
     delay_ms: int | None = None,
-) -> tuple[int, str, bool]:
+) -> tuple[int, str]:
     """One protected write (section 6) in an explicit transaction with its two
-    injection points; (new revision, event id, durable). A COMMIT whose answer
-    is lost is read back by event id: committed, or CommitOutcomeUnknown."""
+    injection points: (new revision, event id).
+
+    A connection lost on the way is read back by event id: committed, or the
+    same write is sent again (its event id and the revision check make a
+    second commit impossible), for up to RETRY_WRITE_S. CommitOutcomeUnknown
+    when that cannot settle it, or when the COMMIT was answered with its wait for the synchronous
+    standby cancelled (committed here, not known to be durable)."""
     event_id = event_id or str(uuid.uuid4())
     payload = {"tenant_id": TENANT, "run_id": lease.run_id, "epoch": lease.epoch, "step": step}
-    db.sync_wait_cancelled = False
-    try:
-        with db.conn.transaction():
-            db.call(
-                "SELECT fencecheck.lock_lease(%s, %s, %s)", (lease.run_id, lease.owner, lease.epoch)
-            )
-            point("after_lease_row_locked", lease.run_id, lease.epoch, revision=expected_revision)
-            row = db.one(
-                "SELECT fencecheck.protected_write(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
-                " %s, %s, %s, %s) AS revision",
-                (
-                    lease.run_id, lease.owner, lease.epoch, expected_revision,
-                    Jsonb(state), hashlib.sha256(canonical(state).encode()).digest(),
-                    schema_version, event_id, step, status, event_type, Jsonb(payload),
-                    Jsonb(intent) if intent else None, Jsonb(result) if result else None, delay_ms,
-                ),
-            )  # fmt: skip
-            point("before_commit", lease.run_id, lease.epoch, revision=expected_revision)
-    except psycopg.OperationalError as exc:
+    params = (
+        lease.run_id, lease.owner, lease.epoch, expected_revision,
+        Jsonb(state), hashlib.sha256(canonical(state).encode()).digest(),
+        schema_version, event_id, step, status, event_type, Jsonb(payload),
+        Jsonb(intent) if intent else None, Jsonb(result) if result else None, delay_ms,
+    )  # fmt: skip
+    give_up_at = time.monotonic() + RETRY_WRITE_S
+    for attempt in itertools.count():
+        db.sync_wait_cancelled = False
         try:
-            found = Db(db.dsn).one(
-                "SELECT revision FROM agent_checkpoints WHERE event_id = %s", (event_id,)
-            )
-        except psycopg.Error:
-            found = None
-        if found is None:
-            raise CommitOutcomeUnknown(f"connection lost; event {event_id} not found") from exc
-        return int(found["revision"]), event_id, False
-    assert row is not None
-    return int(row["revision"]), event_id, not db.sync_wait_cancelled
+            with db.conn.transaction():
+                db.call("SELECT fencecheck.lock_lease(%s, %s, %s)", params[:3])
+                point(
+                    "after_lease_row_locked", lease.run_id, lease.epoch, revision=expected_revision
+                )
+                row = db.one(
+                    "SELECT fencecheck.protected_write(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s,"
+                    " %s, %s, %s, %s) AS revision",
+                    params,
+                )
+                point("before_commit", lease.run_id, lease.epoch, revision=expected_revision)
+        except psycopg.OperationalError:
+            if (found := read_back(db.dsn, event_id)) is not None:
+                return found, event_id
+            if time.monotonic() > give_up_at:
+                raise CommitOutcomeUnknown(f"event {event_id} not committed so far") from None
+            time.sleep(0.2)
+            continue
+        except ProtocolError:
+            if attempt and (found := read_back(db.dsn, event_id)) is not None:
+                return found, event_id  # our earlier COMMIT went through after all
+            raise
+        if db.sync_wait_cancelled:
+            raise CommitOutcomeUnknown("the wait for the synchronous standby was cancelled")
+        assert row is not None
+        return int(row["revision"]), event_id
+    raise AssertionError("unreachable")
+
+
+def read_back(dsn: str, event_id: str) -> int | None:
+    """The revision the write with this event id committed, if it did."""
+    try:
+        found = Db(dsn).one(
+            "SELECT revision FROM agent_checkpoints WHERE event_id = %s", (event_id,)
+        )
+    except psycopg.Error:
+        return None
+    return None if found is None else int(found["revision"])
 
 
 # ------------------------------------------------------------ the tool and the broker
@@ -326,15 +351,23 @@ def http(method: str, url: str, body: Any = None) -> tuple[int, dict[str, Any]]:
 
 
 TOOL_URL = ENV.get("FENCECHECK_TOOL_URL", "").rstrip("/")
-_capabilities: dict[str, str] = {}
+RESENDABLE = ("idempotent", "deterministic_id")  # a same-key resend creates nothing new
+_health: dict[str, Any] = {}
 
 
 def capability(tool: str) -> str:
     """idempotent, deterministic_id, query or none, as the tool declares it."""
-    if tool not in _capabilities:
-        _, health = http("GET", f"{TOOL_URL}/health")
-        _capabilities.update(health.get("tools", {}))
-    return _capabilities.get(tool, "none")
+    if tool not in _health.get("tools", {}):
+        _health.update(http("GET", f"{TOOL_URL}/health")[1])
+    return str(_health.get("tools", {}).get(tool, "none"))
+
+
+def retention_ms(tool: str) -> int | None:
+    """How long an idempotent tool remembers a key (None: for ever, or no key)."""
+    if capability(tool) != "idempotent":
+        return None
+    seconds = _health.get("server", {}).get("idempotency_retention_s")
+    return None if seconds is None else int(float(seconds) * 1000)
 
 
 def send(op: dict[str, Any], epoch: int) -> tuple[str, str | None]:
@@ -449,51 +482,75 @@ class Heartbeat:
 
 
 # ------------------------------------------------------------ dispatch, relay, consume
+def send_claimed(db: Db, op: dict[str, Any], epoch: int) -> tuple[str, str | None]:
+    """Call the tool for an operation this session claimed, between the two
+    injection points around the call: (ledger status, remote id)."""
+    ids = {"run_id": op["run_id"], "epoch": epoch, "operation_id": op["operation_id"]}
+    point("after_dispatch_claim_commit", **ids)
+    status, remote_id = send(op, epoch)
+    point("after_tool_response_before_tx2_commit", **ids)
+    return status, remote_id
+
+
+def record_answer(db: Db, op: dict[str, Any], owner: str, status: str, remote_id: str | None) -> tuple[str, str | None]:  # fmt: skip
+    """Record the tool's answer in the ledger, only under this claim (same
+    dispatch owner, same ledger revision); else what the ledger says now."""
+    done = db.one(
+        "SELECT fencecheck.record_tool_result(%s, %s, %s, %s, %s) AS ok",
+        (op["operation_id"], owner, op["revision"], status, remote_id),
+    )
+    if done and done["ok"]:
+        return status, remote_id
+    now = db.one("SELECT status, remote_id FROM tool_operations WHERE operation_id = %s",
+                 (op["operation_id"],))  # fmt: skip
+    return (now["status"], now["remote_id"]) if now else (status, remote_id)
+
+
+def run_epoch(db: Db, run_id: Any) -> int:
+    """A dispatcher that holds no lease sends the run's current epoch."""
+    run = db.one("SELECT epoch FROM agent_runs WHERE run_id = %s", (run_id,))
+    return int(run["epoch"]) if run else 0
+
+
 def dispatch(db: Db, operation_id: str | None) -> dict[str, Any]:
-    """One dispatcher cycle: claim a prepared operation, call its tool, record
-    the answer in the ledger (only under this claim)."""
+    """One dispatcher cycle: claim a prepared operation, call its tool, record the answer."""
     op = db.one(
         "SELECT * FROM fencecheck.dispatch_claim(%s, %s, %s)",
         (operation_id, OWNER, DISPATCH_TTL_MS),
     )
     if op is None:
         return {"operation_id": operation_id, "status": None}
-    run = db.one("SELECT epoch FROM agent_runs WHERE run_id = %s", (op["run_id"],))
-    epoch = int(run["epoch"]) if run else 0
-    ids = {"run_id": op["run_id"], "epoch": epoch, "operation_id": op["operation_id"]}
-    point("after_dispatch_claim_commit", **ids)
-    status, remote_id = send(op, epoch)
-    point("after_tool_response_before_tx2_commit", **ids)
-    recorded_ = db.one(
-        "SELECT fencecheck.record_tool_result(%s, %s, %s, %s, %s) AS ok",
-        (op["operation_id"], OWNER, op["revision"], status, remote_id),
-    )
-    if not (recorded_ and recorded_["ok"]):  # our claim was taken from us: report what is
-        now = db.one("SELECT status, remote_id FROM tool_operations WHERE operation_id = %s",
-                     (op["operation_id"],))  # fmt: skip
-        status, remote_id = (now["status"], now["remote_id"]) if now else (status, remote_id)
+    answer = send_claimed(db, op, run_epoch(db, op["run_id"]))
+    status, remote_id = record_answer(db, op, OWNER, *answer)
     return {"operation_id": op["operation_id"], "status": status, "remote_id": remote_id}
 
 
 def reconcile(db: Db) -> list[dict[str, Any]]:
-    """Expired dispatch claims become unknown; an unknown operation the tool's
-    query finds converges to succeeded. Nothing is ever sent again here."""
+    """Expired dispatch claims become unknown; an unknown operation converges
+    by a query of its tool, or by a same-key resend where that creates
+    nothing new (idempotent within its retention, deterministic_id)."""
     changes = [
         {"operation_id": r["op"], "from": "dispatching", "to": "unknown"}
         for r in db.call("SELECT fencecheck.reconcile_expire_claims() AS op")
     ]
     for op in db.call("SELECT * FROM tool_operations WHERE status = 'unknown'"):
-        remote_id = query(op)
-        if (
-            remote_id is not None
-            and db.call(
+        remote_id, status = query(op), None
+        if remote_id is not None:
+            converged = db.one(
                 "SELECT fencecheck.ledger_converge(%s, 'succeeded', %s) AS ok",
                 (op["operation_id"], remote_id),
-            )[0]["ok"]
-        ):
-            changes.append(
-                {"operation_id": op["operation_id"], "from": "unknown", "to": "succeeded"}
             )
+            status = "succeeded" if converged and converged["ok"] else None
+        elif capability(op["tool_name"]) in RESENDABLE:
+            claimed = db.one(
+                "SELECT * FROM fencecheck.ledger_claim_retry(%s, %s, %s)",
+                (op["operation_id"], OWNER, DISPATCH_TTL_MS),
+            )
+            if claimed is not None:
+                answer = send_claimed(db, claimed, run_epoch(db, claimed["run_id"]))
+                status, _ = record_answer(db, claimed, OWNER, *answer)
+        if status is not None and status != "unknown":
+            changes.append({"operation_id": op["operation_id"], "from": "unknown", "to": status})
     return changes
 
 
@@ -623,14 +680,14 @@ class Ops:
         if hb is not None and hb.lost:
             raise LeaseLost("this lease's heartbeat failed: its work is cancelled")
 
-    def write(self, db: Db, op: str, lease: Lease, args: dict[str, Any], state: dict[str, Any], **kw: Any) -> tuple[int, str, bool]:  # fmt: skip
+    def write(self, db: Db, op: str, lease: Lease, args: dict[str, Any], state: dict[str, Any], **kw: Any) -> tuple[int, str]:  # fmt: skip
         self.not_cancelled(lease)
         expected = int(args["expected_revision"])
         ids = {"run_id": lease.run_id, "epoch": lease.epoch, "revision": expected}
         with recorded(op, **ids, event_id=kw.get("event_id")) as h:
-            revision, event_id, durable = protected_write(db, lease, expected, state, **kw)
+            revision, event_id = protected_write(db, lease, expected, state, **kw)
             h.update(revision=revision, event_id=event_id)
-        return revision, event_id, durable
+        return revision, event_id
 
     def current_state(self, db: Db, run_id: str) -> dict[str, Any]:
         ck = latest_checkpoint(db, run_id)
@@ -735,12 +792,12 @@ class Ops:
     # -- protected writes
     def op_save_checkpoint(self, db: Db, a: dict[str, Any]) -> dict[str, Any]:
         lease = self.lease(a)
-        revision, event_id, durable = self.write(
+        revision, event_id = self.write(
             db, "save_checkpoint", lease, a, dict(a["state"]), step=a.get("step"), status=None,
             event_type="agent.checkpoint", event_id=a.get("event_id"),
             schema_version=int(a.get("schema_version", SCHEMA_VERSION)),
         )  # fmt: skip
-        return {"revision": revision, "event_id": event_id, "durable": durable}
+        return {"revision": revision, "event_id": event_id}
 
     def op_register_intent(self, db: Db, a: dict[str, Any]) -> dict[str, Any]:
         lease = self.lease(a)
@@ -751,7 +808,7 @@ class Ops:
                   "tool": str(a["tool"]), "request": request,
                   "digest": hashlib.sha256(canonical(request).encode()).hexdigest()}  # fmt: skip
         state = self.current_state(db, lease.run_id) | {"pending": op_id}
-        revision, _, _ = self.write(
+        revision, _ = self.write(
             db, "register_intent", lease, a, state, step=step, status="waiting_tool",
             event_type="agent.tool_intent", intent=intent,
         )  # fmt: skip
@@ -761,7 +818,7 @@ class Ops:
     def op_complete(self, db: Db, a: dict[str, Any]) -> dict[str, Any]:
         lease = self.lease(a)
         state = self.current_state(db, lease.run_id) | {"result": a["result"]}
-        revision, _, _ = self.write(
+        revision, _ = self.write(
             db, "complete", lease, a, state, step="finish", status="succeeded",
             event_type="agent.succeeded",
         )  # fmt: skip
@@ -785,6 +842,8 @@ class Ops:
         with recorded("read_checkpoint", run_id=a["run_id"]):
             ck = latest_checkpoint(db, str(a["run_id"]))
             if ck is None:
+                if not db.call("SELECT 1 FROM agent_runs WHERE run_id = %s", (a["run_id"],)):
+                    raise RunNotFound(f"no run {a['run_id']} of this tenant")
                 return {"revision": 0, "schema_version": None, "state": None}
             state = decode(ck["state_json"], ck["schema_version"])
         return {"revision": ck["revision"], "schema_version": SCHEMA_VERSION, "state": state}
@@ -839,7 +898,7 @@ class Execution:
         ids = {"run_id": self.lease.run_id, "epoch": self.lease.epoch, "revision": self.revision}
         self.giving_up = status not in HOLDING
         with recorded(op, **ids) as h:
-            self.revision, event_id, _ = protected_write(
+            self.revision, event_id = protected_write(
                 self.db, self.lease, self.revision, self.state, step=step, status=status,
                 event_type=f"agent.{op}", **kw,
             )  # fmt: skip
@@ -896,58 +955,48 @@ class Execution:
             request = request_body(self.input)
             intent = {"operation_id": op_id, "step_id": "create_label", "effect_version": 1,
                       "tool": self.input.get("tool", "idem"), "request": request,
-                      "digest": hashlib.sha256(canonical(request).encode()).hexdigest()}  # fmt: skip
+                      "digest": hashlib.sha256(canonical(request).encode()).hexdigest(),
+                      "retention_ms": retention_ms(self.input.get("tool", "idem"))}  # fmt: skip
             self.state = self.state | {"pending": op_id}
             self.write("register_intent", "create_label", "waiting_tool", intent=intent)
-            point(
-                "after_outbound_intent_commit",
-                self.lease.run_id,
-                self.lease.epoch,
-                operation_id=op_id,
-            )
+            ids = {"operation_id": op_id}
+            point("after_outbound_intent_commit", self.lease.run_id, self.lease.epoch, **ids)
+        resends = 0
         while True:
             op = self.ledger_row(op_id)
             assert op is not None
             status, remote_id = op["status"], op["remote_id"]
-            if status == "prepared":
-                claimed = self.db.one(
-                    "SELECT * FROM fencecheck.dispatch_claim(%s, %s, %s)",
-                    (op_id, self.lease.owner, DISPATCH_TTL_MS),
-                )
-                if claimed is None:
-                    continue
-                ids = {"operation_id": op_id}
-                point("after_dispatch_claim_commit", self.lease.run_id, self.lease.epoch, **ids)
-                status, remote_id = send(claimed, self.lease.epoch)
-                point(
-                    "after_tool_response_before_tx2_commit",
-                    self.lease.run_id,
-                    self.lease.epoch,
-                    **ids,
-                )
-                if status in ("unknown", "prepared"):
-                    self.db.call(
-                        "SELECT fencecheck.record_tool_result(%s, %s, %s, %s, NULL)",
-                        (op_id, self.lease.owner, claimed["revision"], status),
-                    )
-                if status == "prepared":
-                    return self.requeue()
-                if status == "unknown":
-                    continue
-            elif status == "dispatching":
+            if status == "dispatching":
                 if op["claim_live"]:  # someone's claim: wait it out
                     time.sleep(0.05)
                 else:
                     self.db.call("SELECT fencecheck.reconcile_expire_claims()")
                 continue
-            elif status == "unknown":
-                remote_id = query(op)
-                if remote_id is None:  # cannot learn the remote fact: a person decides
+            if status == "cancelled":
+                raise LeaseLost("the run was cancelled")
+            if status == "unknown" and (remote_id := query(op)) is not None:
+                status = "succeeded"
+            elif status in ("prepared", "unknown"):
+                claimed = None
+                if status == "prepared":
+                    claimed = self.claim_for_dispatch("dispatch_claim", op_id)
+                elif capability(op["tool_name"]) in RESENDABLE and resends < 3:
+                    claimed, resends = (
+                        self.claim_for_dispatch("ledger_claim_retry", op_id),
+                        resends + 1,
+                    )
+                if claimed is None and status == "unknown":  # the remote fact is out of reach
                     self.write("freeze", "create_label", "paused_indoubt")
                     return EXIT_FROZEN
-                status = "succeeded"
-            elif status == "cancelled":
-                raise LeaseLost("the run was cancelled")
+                if claimed is None:
+                    continue
+                status, remote_id = send_claimed(self.db, claimed, self.lease.epoch)
+                if status in ("unknown", "prepared"):  # only a final answer waits for tx2
+                    record_answer(self.db, claimed, self.lease.owner, status, None)
+                if status == "prepared":
+                    return self.requeue()
+                if status == "unknown":
+                    continue
             result = {"operation_id": op_id, "status": status, "remote_id": remote_id}
             if status == "failed_final":  # a definite refusal: a person decides
                 self.write("pause_human", "create_label", "paused_human", result=result)
@@ -958,6 +1007,13 @@ class Execution:
             }
             self.write("tool_result", "create_label", "running", result=result)
             return None
+
+    def claim_for_dispatch(self, function: str, op_id: str) -> dict[str, Any] | None:
+        """dispatch_claim (prepared) or ledger_claim_retry (unknown) under this lease's owner."""
+        return self.db.one(
+            f"SELECT * FROM fencecheck.{function}(%s, %s, %s)",
+            (op_id, self.lease.owner, DISPATCH_TTL_MS),
+        )
 
     def requeue(self) -> int:
         """The tool said 429: try again later, with a growing, jittered delay,

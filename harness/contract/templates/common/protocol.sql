@@ -112,8 +112,8 @@ $$;
 -- the expected revision, revision + 1, one checkpoint and one outbox event
 -- with the same event id, and the run's new status (null: unchanged); a
 -- status that holds no lease gives the lease up. Optionally, in the same transaction:
---   p_intent {operation_id, step_id, effect_version, tool, digest, request}: registers
---     the ledger row `prepared` (a tool intent);
+--   p_intent {operation_id, step_id, effect_version, tool, digest, request,
+--     retention_ms}: registers the ledger row `prepared` (a tool intent);
 --   p_result {operation_id, status, remote_id}: the operation's final status,
 --     from `dispatching` (this owner's claim) or `unknown`, or adopted as it is;
 --   p_delay_ms: for status `queued`, the run is not claimable before then.
@@ -153,10 +153,10 @@ BEGIN
   IF p_intent IS NOT NULL THEN
     INSERT INTO public.tool_operations
            (operation_id, tenant_id, run_id, step_id, effect_version, tool_name,
-            idempotency_key, request_digest, status, request)
+            idempotency_key, request_digest, status, request, retention_ms)
     VALUES (p_intent->>'operation_id', fencecheck.session_tenant(), p_run, p_intent->>'step_id',
             (p_intent->>'effect_version')::int, p_intent->>'tool', p_intent->>'operation_id',
-            p_intent->>'digest', 'prepared', p_intent->'request');
+            p_intent->>'digest', 'prepared', p_intent->'request', (p_intent->>'retention_ms')::bigint);
   END IF;
   IF p_result IS NOT NULL THEN
     SELECT * INTO v_op FROM public.tool_operations
@@ -195,6 +195,27 @@ BEGIN
               WHERE c.status = 'prepared' AND (p_operation IS NULL OR c.operation_id = p_operation)
                 AND r.status IN ('running', 'waiting_tool', 'queued')
               ORDER BY c.updated_at LIMIT 1 FOR UPDATE OF c SKIP LOCKED)
+    RETURNING o.*;
+END
+$$;
+
+-- Claim an unknown operation of a live run for a same-key resend (the caller
+-- sends only to idempotent and deterministic_id tools), while the tool still
+-- remembers the key: within retention_ms of the first dispatch.
+CREATE OR REPLACE FUNCTION fencecheck.ledger_claim_retry(p_operation text, p_owner text, p_ttl_ms bigint)
+RETURNS SETOF public.tool_operations
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  RETURN QUERY
+    UPDATE public.tool_operations o
+       SET status = 'dispatching', dispatch_owner = p_owner,
+           dispatch_until = clock_timestamp() + p_ttl_ms * interval '1 millisecond',
+           revision = o.revision + 1, updated_at = clock_timestamp()
+     WHERE o.operation_id = p_operation AND o.status = 'unknown'
+       AND EXISTS (SELECT 1 FROM public.agent_runs r WHERE r.run_id = o.run_id
+                     AND r.status NOT IN ('succeeded', 'failed', 'cancelled'))
+       AND (o.retention_ms IS NULL OR o.first_dispatched_at IS NULL
+            OR o.first_dispatched_at + o.retention_ms * interval '1 millisecond' > clock_timestamp())
     RETURNING o.*;
 END
 $$;
@@ -358,9 +379,9 @@ DECLARE
   f text;
   worker_api text[] := ARRAY['claim', 'renew', 'release', 'lock_lease', 'protected_write',
     'dispatch_claim', 'record_tool_result', 'reconcile_expire_claims', 'ledger_converge',
-    'outbox_lock_batch', 'outbox_mark_published'];
+    'ledger_claim_retry', 'outbox_lock_batch', 'outbox_mark_published'];
   control_api text[] := ARRAY['create_run', 'retry_run', 'cancel_run', 'deliver_callback',
-    'record_tool_result', 'reconcile_expire_claims', 'ledger_converge'];
+    'record_tool_result', 'reconcile_expire_claims', 'ledger_converge', 'ledger_claim_retry'];
 BEGIN
   FOR f IN SELECT p.oid::regprocedure::text FROM pg_proc p
             WHERE p.pronamespace = 'fencecheck'::regnamespace AND p.proname <> 'session_tenant' LOOP
