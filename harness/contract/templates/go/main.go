@@ -42,20 +42,22 @@ var migrations embed.FS
 const schemaVersion = 2 // the version of the checkpoint state this worker writes
 
 var (
-	workerID      = envOr("FENCECHECK_WORKER_ID", "worker")
-	tenant        = os.Getenv("FENCECHECK_TENANT")
-	owner         = fmt.Sprintf("%s/%x", workerID, rand.Int63())
-	leaseTTL      = envMS("FENCECHECK_LEASE_TTL_MS", 5000)
-	heartbeatMS   = envMS("FENCECHECK_HEARTBEAT_MS", 1000)
-	heartbeatTO   = envMS("FENCECHECK_HEARTBEAT_TIMEOUT_MS", 1000)
-	dispatchTTL   = envMS("FENCECHECK_DISPATCH_TTL_MS", 5000)
-	toolURL       = strings.TrimRight(os.Getenv("FENCECHECK_TOOL_URL"), "/")
-	brokerURL     = strings.TrimRight(os.Getenv("FENCECHECK_BROKER_URL"), "/")
-	httpClient    = &http.Client{Timeout: time.Duration(envMS("FENCECHECK_TOOL_TIMEOUT_MS", 3000)) * time.Millisecond}
-	sensitive     = []string{"customer_token", "payment_token", "card_number", "customer_email"}
-	bg            = context.Background()
-	capabilities  = map[string]string{}
-	capabilitiesM sync.Mutex
+	workerID                     = envOr("FENCECHECK_WORKER_ID", "worker")
+	tenant                       = os.Getenv("FENCECHECK_TENANT")
+	owner                        = fmt.Sprintf("%s/%x", workerID, rand.Int63())
+	leaseTTL                     = envMS("FENCECHECK_LEASE_TTL_MS", 5000)
+	heartbeatMS                  = envMS("FENCECHECK_HEARTBEAT_MS", 1000)
+	heartbeatTO                  = envMS("FENCECHECK_HEARTBEAT_TIMEOUT_MS", 1000)
+	dispatchTTL                  = envMS("FENCECHECK_DISPATCH_TTL_MS", 5000)
+	retryWrite                   = 30 * time.Second // how long a write whose connection broke is retried
+	toolURL                      = strings.TrimRight(os.Getenv("FENCECHECK_TOOL_URL"), "/")
+	brokerURL                    = strings.TrimRight(os.Getenv("FENCECHECK_BROKER_URL"), "/")
+	httpClient                   = &http.Client{Timeout: time.Duration(envMS("FENCECHECK_TOOL_TIMEOUT_MS", 3000)) * time.Millisecond}
+	sensitive                    = []string{"customer_token", "payment_token", "card_number", "customer_email"}
+	bg                           = context.Background()
+	capabilities                 = map[string]string{}
+	idempotencyRetentionMS int64 = -1
+	capabilitiesM          sync.Mutex
 )
 
 func envOr(name, def string) string {
@@ -119,13 +121,13 @@ func classify(err error) (class string, definite bool) {
 // ------------------------------------------------------------ injection points (section 3)
 
 // point tells the harness we reached `name` and obeys its one-line answer.
-func point(name, runID string, epoch int64, opID string) {
+func point(name, runID string, epoch, revision int64, opID string) {
 	path := os.Getenv("FENCECHECK_CONTROL")
 	if path == "" {
 		return
 	}
 	req, _ := json.Marshal(map[string]any{"v": 1, "type": "point", "point": name, "worker": workerID,
-		"pid": os.Getpid(), "run_id": nullable(runID), "epoch": epoch, "revision": nil,
+		"pid": os.Getpid(), "run_id": nullable(runID), "epoch": epoch, "revision": nonZero(revision),
 		"operation_id": nullable(opID)})
 	conn, err := net.DialTimeout("unix", path, 5*time.Second)
 	if err != nil {
@@ -155,6 +157,13 @@ func point(name, runID string, epoch int64, opID string) {
 	case "delay":
 		time.Sleep(time.Duration(answer.MS) * time.Millisecond)
 	}
+}
+
+func nonZero(n int64) any {
+	if n == 0 {
+		return nil
+	}
+	return n
 }
 
 func nullable(s string) any {
@@ -334,45 +343,68 @@ func orNil(m map[string]any) any {
 }
 
 // protectedWrite commits one protected write in an explicit transaction with
-// its two injection points; the new revision and whether it is durable. A
-// COMMIT whose answer is lost is read back by event id: committed, or
-// CommitOutcomeUnknown.
-func protectedWrite(d *Db, l Lease, expected int64, w Write) (int64, bool, error) {
+// its two injection points and returns the new revision.
+//
+// A connection lost on the way is read back by event id: committed, or the
+// same write is sent again (its event id and the revision check make a
+// second commit impossible), for up to retryWrite. CommitOutcomeUnknown when
+// that cannot settle it, or when the COMMIT was answered with its wait for
+// the synchronous standby cancelled (committed here, not known to be durable).
+func protectedWrite(d *Db, l Lease, expected int64, w Write) (int64, error) {
 	payload := map[string]any{"tenant_id": tenant, "run_id": l.RunID, "epoch": l.Epoch, "step": w.Step}
-	d.syncWaitCancelled.Store(false)
-	conn, err := d.c()
-	if err != nil {
-		return 0, false, err
-	}
-	var revision int64
-	err = pgx.BeginFunc(bg, conn, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(bg, "SELECT fencecheck.lock_lease($1::uuid, $2, $3)", l.RunID, l.Owner, l.Epoch); err != nil {
-			return err
+	giveUpAt := time.Now().Add(retryWrite)
+	for attempt := 0; ; attempt++ {
+		d.syncWaitCancelled.Store(false)
+		var revision int64
+		conn, err := d.c()
+		if err == nil {
+			err = pgx.BeginFunc(bg, conn, func(tx pgx.Tx) error {
+				if _, err := tx.Exec(bg, "SELECT fencecheck.lock_lease($1::uuid, $2, $3)", l.RunID, l.Owner, l.Epoch); err != nil {
+					return err
+				}
+				point("after_lease_row_locked", l.RunID, l.Epoch, expected, "")
+				err := tx.QueryRow(bg, "SELECT fencecheck.protected_write($1::uuid, $2, $3, $4, $5, $6, $7, $8::uuid,"+
+					" $9, $10, $11, $12, $13, $14, $15)",
+					l.RunID, l.Owner, l.Epoch, expected, w.State, sha(w.State), w.SchemaVersion, w.EventID,
+					nullable(w.Step), nullable(w.Status), w.Event, payload, orNil(w.Intent), orNil(w.Result), w.DelayMS,
+				).Scan(&revision)
+				if err != nil {
+					return err
+				}
+				point("before_commit", l.RunID, l.Epoch, expected, "")
+				return nil
+			})
 		}
-		point("after_lease_row_locked", l.RunID, l.Epoch, "")
-		err := tx.QueryRow(bg, "SELECT fencecheck.protected_write($1::uuid, $2, $3, $4, $5, $6, $7, $8::uuid,"+
-			" $9, $10, $11, $12, $13, $14, $15)",
-			l.RunID, l.Owner, l.Epoch, expected, w.State, sha(w.State), w.SchemaVersion, w.EventID,
-			nullable(w.Step), nullable(w.Status), w.Event, payload, orNil(w.Intent), orNil(w.Result), w.DelayMS,
-		).Scan(&revision)
-		if err != nil {
-			return err
+		var pg *pgconn.PgError
+		switch {
+		case err == nil && d.syncWaitCancelled.Load():
+			return 0, refuse("CommitOutcomeUnknown", "the wait for the synchronous standby was cancelled")
+		case err == nil:
+			return revision, nil
+		case !errors.As(err, &pg): // the connection broke: did it commit?
+			if found := readBack(d.dsn, w.EventID); found > 0 {
+				return found, nil
+			}
+			if time.Now().After(giveUpAt) {
+				return 0, refuse("CommitOutcomeUnknown", "event %s not committed so far", w.EventID)
+			}
+			time.Sleep(200 * time.Millisecond)
+		default: // refused; after a retry, our earlier COMMIT may have gone through after all
+			if found := readBack(d.dsn, w.EventID); attempt > 0 && found > 0 {
+				return found, nil
+			}
+			return 0, toRefusal(err)
 		}
-		point("before_commit", l.RunID, l.Epoch, "")
-		return nil
-	})
-	var pg *pgconn.PgError
-	if err != nil && !errors.As(err, &pg) { // the connection broke: did it commit?
-		found, rerr := (&Db{dsn: d.dsn}).one("SELECT revision FROM agent_checkpoints WHERE event_id = $1::uuid", w.EventID)
-		if rerr != nil || found == nil {
-			return 0, false, refuse("CommitOutcomeUnknown", "connection lost; event %s not found", w.EventID)
-		}
-		return num(found["revision"]), false, nil
 	}
-	if err != nil {
-		return 0, false, toRefusal(err)
+}
+
+// readBack is the revision the write with this event id committed, or 0.
+func readBack(dsn, eventID string) int64 {
+	found, err := (&Db{dsn: dsn}).one("SELECT revision FROM agent_checkpoints WHERE event_id = $1::uuid", eventID)
+	if err != nil || found == nil {
+		return 0
 	}
-	return revision, !d.syncWaitCancelled.Load(), nil
+	return num(found["revision"])
 }
 
 // toRefusal turns a database refusal of protocol.sql into its contract name.
@@ -431,12 +463,30 @@ func capability(tool string) string {
 					capabilities[k] = str(v)
 				}
 			}
+			if server, ok := health["server"].(map[string]any); ok && server["idempotency_retention_s"] != nil {
+				seconds, _ := server["idempotency_retention_s"].(float64)
+				idempotencyRetentionMS = int64(seconds * 1000)
+			}
 		}
 	}
 	if c, ok := capabilities[tool]; ok {
 		return c
 	}
 	return "none"
+}
+
+// resendable: a same-key resend to this tool creates nothing new.
+func resendable(tool string) bool {
+	c := capability(tool)
+	return c == "idempotent" || c == "deterministic_id"
+}
+
+// retentionMS is how long an idempotent tool remembers a key (nil: for ever, or no key).
+func retentionMS(tool string) any {
+	if capability(tool) != "idempotent" || idempotencyRetentionMS < 0 {
+		return nil
+	}
+	return idempotencyRetentionMS
 }
 
 // send creates the operation at its tool: the ledger status and the remote id.
@@ -529,7 +579,7 @@ func startHeartbeat(dsn string, l Lease, interval, timeout int64, onLost func())
 				return
 			case <-time.After(time.Duration(interval) * time.Millisecond):
 			}
-			point("before_renew", l.RunID, l.Epoch, "")
+			point("before_renew", l.RunID, l.Epoch, 0, "")
 			ctx, cancel := context.WithTimeout(bg, time.Duration(timeout)*time.Millisecond)
 			err := recorded("renew", Ids{"run_id": l.RunID, "epoch": l.Epoch}, func(Ids) error {
 				_, err := db.rows(ctx, "SELECT fencecheck.renew($1::uuid, $2, $3, $4)", l.RunID, l.Owner, l.Epoch, leaseTTL)
@@ -558,38 +608,55 @@ func (h *Heartbeat) Stop() { h.once.Do(func() { close(h.stop) }) }
 // opColumns are a ledger row's columns as JSON-friendly types.
 const opColumns = "operation_id, run_id::text, tool_name, request, status, remote_id, revision"
 
-// dispatch is one dispatcher cycle: claim a prepared operation, call its
-// tool, record the answer in the ledger (only under this claim).
+// sendClaimed calls the tool for an operation this session claimed, between
+// the two injection points around the call: the ledger status and remote id.
+func sendClaimed(op map[string]any, epoch int64) (string, string) {
+	runID, id := str(op["run_id"]), str(op["operation_id"])
+	point("after_dispatch_claim_commit", runID, epoch, 0, id)
+	status, remote := send(op, epoch)
+	point("after_tool_response_before_tx2_commit", runID, epoch, 0, id)
+	return status, remote
+}
+
+// recordAnswer records the tool's answer in the ledger, only under this claim
+// (same dispatch owner, same ledger revision); else it reports what the ledger says now.
+func recordAnswer(d *Db, op map[string]any, who, status, remote string) (string, string, error) {
+	ok, err := d.one("SELECT fencecheck.record_tool_result($1, $2, $3, $4, $5) AS ok",
+		op["operation_id"], who, op["revision"], status, nullable(remote))
+	if err != nil || ok["ok"] == true {
+		return status, remote, err
+	}
+	now, err := d.one("SELECT status, remote_id FROM tool_operations WHERE operation_id = $1", op["operation_id"])
+	if err != nil || now == nil {
+		return status, remote, err
+	}
+	return str(now["status"]), str(now["remote_id"]), nil
+}
+
+// runEpoch: a dispatcher that holds no lease sends the run's current epoch.
+func runEpoch(d *Db, runID any) (int64, error) {
+	run, err := d.one("SELECT epoch FROM agent_runs WHERE run_id = $1::uuid", runID)
+	return num(run["epoch"]), err
+}
+
+// dispatch is one dispatcher cycle: claim a prepared operation, call its tool, record the answer.
 func dispatch(d *Db, opID string) (map[string]any, error) {
 	op, err := d.one("SELECT "+opColumns+" FROM fencecheck.dispatch_claim($1, $2, $3)", nullable(opID), owner, dispatchTTL)
 	if err != nil || op == nil {
 		return map[string]any{"operation_id": nullable(opID), "status": nil}, err
 	}
-	run, err := d.one("SELECT epoch FROM agent_runs WHERE run_id = $1::uuid", op["run_id"])
+	epoch, err := runEpoch(d, op["run_id"])
 	if err != nil {
 		return nil, err
 	}
-	epoch, runID, id := num(run["epoch"]), str(op["run_id"]), str(op["operation_id"])
-	point("after_dispatch_claim_commit", runID, epoch, id)
-	status, remote := send(op, epoch)
-	point("after_tool_response_before_tx2_commit", runID, epoch, id)
-	ok, err := d.one("SELECT fencecheck.record_tool_result($1, $2, $3, $4, $5) AS ok",
-		id, owner, op["revision"], status, nullable(remote))
-	if err != nil {
-		return nil, err
-	}
-	if ok["ok"] != true { // our claim was taken from us: report what is
-		now, err := d.one("SELECT status, remote_id FROM tool_operations WHERE operation_id = $1", id)
-		if err != nil || now == nil {
-			return nil, err
-		}
-		status, remote = str(now["status"]), str(now["remote_id"])
-	}
-	return map[string]any{"operation_id": id, "status": status, "remote_id": nullable(remote)}, nil
+	status, remote := sendClaimed(op, epoch)
+	status, remote, err = recordAnswer(d, op, owner, status, remote)
+	return map[string]any{"operation_id": op["operation_id"], "status": status, "remote_id": nullable(remote)}, err
 }
 
 // reconcile: expired dispatch claims become unknown; an unknown operation
-// the tool's query finds converges to succeeded. Nothing is sent again here.
+// converges by a query of its tool, or by a same-key resend where that
+// creates nothing new (idempotent within its retention, deterministic_id).
 func reconcile(d *Db) ([]map[string]any, error) {
 	changes := []map[string]any{}
 	expired, err := d.rows(bg, "SELECT fencecheck.reconcile_expire_claims() AS op")
@@ -604,14 +671,34 @@ func reconcile(d *Db) ([]map[string]any, error) {
 		return nil, err
 	}
 	for _, op := range unknown {
+		status := ""
 		if remote := query(op); remote != "" {
 			ok, err := d.one("SELECT fencecheck.ledger_converge($1, 'succeeded', $2) AS ok", op["operation_id"], remote)
 			if err != nil {
 				return nil, err
 			}
 			if ok["ok"] == true {
-				changes = append(changes, map[string]any{"operation_id": op["operation_id"], "from": "unknown", "to": "succeeded"})
+				status = "succeeded"
 			}
+		} else if resendable(str(op["tool_name"])) {
+			claimed, err := d.one("SELECT "+opColumns+" FROM fencecheck.ledger_claim_retry($1, $2, $3)",
+				op["operation_id"], owner, dispatchTTL)
+			if err != nil {
+				return nil, err
+			}
+			if claimed != nil {
+				epoch, err := runEpoch(d, claimed["run_id"])
+				if err != nil {
+					return nil, err
+				}
+				sent, remote := sendClaimed(claimed, epoch)
+				if status, _, err = recordAnswer(d, claimed, owner, sent, remote); err != nil {
+					return nil, err
+				}
+			}
+		}
+		if status != "" && status != "unknown" {
+			changes = append(changes, map[string]any{"operation_id": op["operation_id"], "from": "unknown", "to": status})
 		}
 	}
 	return changes, nil
@@ -646,7 +733,7 @@ func relay(d *Db, limit int64) ([]string, error) {
 			if err != nil || status != 200 || answer["ack"] != true {
 				break
 			}
-			point("after_broker_ack_before_outbox_mark", str(row["run_id"]), 0, "")
+			point("after_broker_ack_before_outbox_mark", str(row["run_id"]), 0, 0, "")
 			if _, err := tx.Exec(bg, "SELECT fencecheck.outbox_mark_published($1::uuid)", row["event_id"]); err != nil {
 				return err
 			}
@@ -832,9 +919,9 @@ func (o *Ops) lease(a Args) Lease {
 }
 
 // write is a protected write of an op, refused when this lease's heartbeat failed.
-func (o *Ops) write(d *Db, op string, l Lease, a Args, w Write) (int64, bool, error) {
+func (o *Ops) write(d *Db, op string, l Lease, a Args, w Write) (int64, error) {
 	if h, ok := o.heartbeats.Load(fmt.Sprint(l.RunID, "/", l.Epoch)); ok && h.(*Heartbeat).lost.Load() {
-		return 0, false, refuse("LeaseLost", "this lease's heartbeat failed: its work is cancelled")
+		return 0, refuse("LeaseLost", "this lease's heartbeat failed: its work is cancelled")
 	}
 	if w.EventID == "" {
 		w.EventID = newEventID()
@@ -843,16 +930,15 @@ func (o *Ops) write(d *Db, op string, l Lease, a Args, w Write) (int64, bool, er
 		w.SchemaVersion = schemaVersion
 	}
 	var revision int64
-	var durable bool
 	expected := a.n("expected_revision")
 	err := recorded(op, Ids{"run_id": l.RunID, "epoch": l.Epoch, "revision": expected, "event_id": w.EventID},
 		func(ids Ids) error {
 			var err error
-			revision, durable, err = protectedWrite(d, l, expected, w)
+			revision, err = protectedWrite(d, l, expected, w)
 			ids["revision"] = revision
 			return err
 		})
-	return revision, durable, err
+	return revision, err
 }
 
 func (o *Ops) currentState(d *Db, runID string) (map[string]any, error) {
@@ -1002,8 +1088,8 @@ func (o *Ops) saveCheckpoint(d *Db, a Args) (any, error) {
 	if w.EventID == "" {
 		w.EventID = newEventID()
 	}
-	revision, durable, err := o.write(d, "save_checkpoint", l, a, w)
-	return map[string]any{"revision": revision, "event_id": w.EventID, "durable": durable}, err
+	revision, err := o.write(d, "save_checkpoint", l, a, w)
+	return map[string]any{"revision": revision, "event_id": w.EventID}, err
 }
 
 func (o *Ops) registerIntent(d *Db, a Args) (any, error) {
@@ -1018,12 +1104,12 @@ func (o *Ops) registerIntent(d *Db, a Args) (any, error) {
 	state["pending"] = opID
 	intent := map[string]any{"operation_id": opID, "step_id": step, "effect_version": version,
 		"tool": a.s("tool"), "request": request, "digest": hex.EncodeToString(sha(request))}
-	revision, _, err := o.write(d, "register_intent", l, a,
+	revision, err := o.write(d, "register_intent", l, a,
 		Write{State: state, Step: step, Status: "waiting_tool", Event: "agent.tool_intent", Intent: intent})
 	if err != nil {
 		return nil, err
 	}
-	point("after_outbound_intent_commit", l.RunID, l.Epoch, opID)
+	point("after_outbound_intent_commit", l.RunID, l.Epoch, revision, opID)
 	return map[string]any{"operation_id": opID, "revision": revision, "ledger_status": "prepared"}, nil
 }
 
@@ -1034,7 +1120,7 @@ func (o *Ops) complete(d *Db, a Args) (any, error) {
 		return nil, err
 	}
 	state["result"] = a["result"]
-	revision, _, err := o.write(d, "complete", l, a,
+	revision, err := o.write(d, "complete", l, a,
 		Write{State: state, Step: "finish", Status: "succeeded", Event: "agent.succeeded"})
 	return map[string]any{"revision": revision, "status": "succeeded"}, err
 }
@@ -1072,7 +1158,14 @@ func (o *Ops) readCheckpoint(d *Db, a Args) (any, error) {
 	out := map[string]any{"revision": 0, "schema_version": nil, "state": nil}
 	err := recorded("read_checkpoint", Ids{"run_id": a.s("run_id")}, func(Ids) error {
 		ck, err := latestCheckpoint(d, a.s("run_id"))
-		if err != nil || ck == nil {
+		if err != nil {
+			return err
+		}
+		if ck == nil {
+			run, err := d.one("SELECT 1 AS found FROM agent_runs WHERE run_id = $1::uuid", a.s("run_id"))
+			if err == nil && run == nil {
+				return refuse("RunNotFound", "no run %s of this tenant", a.s("run_id"))
+			}
 			return err
 		}
 		stored, _ := ck["state_json"].(map[string]any)
@@ -1144,14 +1237,14 @@ func (e *Execution) write(op, step, status string, w Write) error {
 	e.givingUp.Store(status != "running" && status != "waiting_tool")
 	err := recorded(op, Ids{"run_id": e.lease.RunID, "epoch": e.lease.Epoch, "revision": e.revision, "event_id": w.EventID},
 		func(ids Ids) error {
-			revision, _, err := protectedWrite(e.db, e.lease, e.revision, w)
+			revision, err := protectedWrite(e.db, e.lease, e.revision, w)
 			if err == nil {
 				e.revision, ids["revision"] = revision, revision
 			}
 			return err
 		})
 	if err == nil {
-		point("after_checkpoint_commit", e.lease.RunID, e.lease.Epoch, "")
+		point("after_checkpoint_commit", e.lease.RunID, e.lease.Epoch, e.revision, "")
 	}
 	return err
 }
@@ -1247,33 +1340,55 @@ func (e *Execution) toolStep() (code int, stop bool, err error) {
 			tool = "idem"
 		}
 		intent := map[string]any{"operation_id": opID, "step_id": "create_label", "effect_version": 1,
-			"tool": tool, "request": request, "digest": hex.EncodeToString(sha(request))}
+			"tool": tool, "request": request, "digest": hex.EncodeToString(sha(request)), "retention_ms": retentionMS(tool)}
 		e.state = e.with("pending", opID)
 		if err := e.write("register_intent", "create_label", "waiting_tool", Write{Intent: intent}); err != nil {
 			return 0, true, err
 		}
-		point("after_outbound_intent_commit", e.lease.RunID, e.lease.Epoch, opID)
+		point("after_outbound_intent_commit", e.lease.RunID, e.lease.Epoch, e.revision, opID)
 	}
+	resends := 0
 	for {
 		if op, err = ledger(); err != nil {
 			return 0, true, err
 		}
 		status, remote := str(op["status"]), str(op["remote_id"])
-		switch status {
-		case "prepared":
-			claimed, err := e.db.one("SELECT "+opColumns+" FROM fencecheck.dispatch_claim($1, $2, $3)", opID, e.lease.Owner, dispatchTTL)
+		if status == "dispatching" {
+			if op["claim_live"] == true { // someone's claim: wait it out
+				time.Sleep(50 * time.Millisecond)
+			} else if _, err := e.db.rows(bg, "SELECT fencecheck.reconcile_expire_claims()"); err != nil {
+				return 0, true, err
+			}
+			continue
+		}
+		if status == "cancelled" {
+			return 0, true, refuse("LeaseLost", "the run was cancelled")
+		}
+		if status == "unknown" {
+			remote = query(op)
+		}
+		if status == "unknown" && remote != "" {
+			status = "succeeded"
+		} else if status == "prepared" || status == "unknown" {
+			var claimed map[string]any
+			if status == "prepared" {
+				claimed, err = e.claimForDispatch("dispatch_claim", opID)
+			} else if resendable(str(op["tool_name"])) && resends < 3 {
+				resends++
+				claimed, err = e.claimForDispatch("ledger_claim_retry", opID)
+			}
 			if err != nil {
 				return 0, true, err
+			}
+			if claimed == nil && status == "unknown" { // the remote fact is out of reach
+				return exitFrozen, true, e.write("freeze", "create_label", "paused_indoubt", Write{})
 			}
 			if claimed == nil {
 				continue
 			}
-			point("after_dispatch_claim_commit", e.lease.RunID, e.lease.Epoch, opID)
-			status, remote = send(claimed, e.lease.Epoch)
-			point("after_tool_response_before_tx2_commit", e.lease.RunID, e.lease.Epoch, opID)
-			if status == "unknown" || status == "prepared" {
-				if _, err := e.db.rows(bg, "SELECT fencecheck.record_tool_result($1, $2, $3, $4, NULL)",
-					opID, e.lease.Owner, claimed["revision"], status); err != nil {
+			status, remote = sendClaimed(claimed, e.lease.Epoch)
+			if status == "unknown" || status == "prepared" { // only a final answer waits for tx2
+				if _, _, err := recordAnswer(e.db, claimed, e.lease.Owner, status, ""); err != nil {
 					return 0, true, err
 				}
 			}
@@ -1283,20 +1398,6 @@ func (e *Execution) toolStep() (code int, stop bool, err error) {
 			if status == "unknown" {
 				continue
 			}
-		case "dispatching":
-			if op["claim_live"] == true { // someone's claim: wait it out
-				time.Sleep(50 * time.Millisecond)
-			} else if _, err := e.db.rows(bg, "SELECT fencecheck.reconcile_expire_claims()"); err != nil {
-				return 0, true, err
-			}
-			continue
-		case "unknown":
-			if remote = query(op); remote == "" { // cannot learn the remote fact: a person decides
-				return exitFrozen, true, e.write("freeze", "create_label", "paused_indoubt", Write{})
-			}
-			status = "succeeded"
-		case "cancelled":
-			return 0, true, refuse("LeaseLost", "the run was cancelled")
 		}
 		result := map[string]any{"operation_id": opID, "status": status, "remote_id": nullable(remote)}
 		if status == "failed_final" { // a definite refusal: a person decides
@@ -1307,6 +1408,14 @@ func (e *Execution) toolStep() (code int, stop bool, err error) {
 		return 0, false, e.write("tool_result", "create_label", "running", Write{Result: result})
 	}
 }
+
+// claimForDispatch is dispatch_claim (prepared) or ledger_claim_retry (unknown) under this lease's owner.
+func (e *Execution) claimForDispatch(function, opID string) (map[string]any, error) {
+	return e.db.one("SELECT "+opColumns+" FROM fencecheck."+function+"($1, $2, $3)", opID, e.lease.Owner, dispatchTTL)
+}
+
+// backoffBaseMS is the first full delay of a requeue (then doubled, capped at 10 s).
+const backoffBaseMS = 400
 
 // requeue: the tool said 429. Try again later with a growing, jittered
 // delay, until the attempt budget is spent (then a person decides).
@@ -1319,7 +1428,7 @@ func (e *Execution) requeue() error {
 	if attempt >= num(run["max_attempts"]) {
 		return e.write("pause_human", "create_label", "paused_human", Write{})
 	}
-	full := int64(200) << (attempt - 1)
+	full := int64(backoffBaseMS) << (attempt - 1)
 	if attempt > 7 || full > 10000 {
 		full = 10000
 	}
@@ -1377,7 +1486,7 @@ func runMode(argv []string) int {
 			time.Sleep(100 * time.Millisecond)
 			continue
 		}
-		point("after_lease_acquired", str(grant["run_id"]), num(grant["epoch"]), "")
+		point("after_lease_acquired", str(grant["run_id"]), num(grant["epoch"]), num(grant["revision"]), "")
 		input, _ := grant["input"].(map[string]any)
 		e := &Execution{db: d, lease: Lease{str(grant["run_id"]), str(grant["owner"]), num(grant["epoch"])},
 			revision: num(grant["revision"]), input: input}

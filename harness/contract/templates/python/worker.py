@@ -8,9 +8,9 @@ still correct: the command line (section 1), the injection-point client
 SQL functions (`protocol.sql`), and the `run` workflow (section 10).
 
 Simple where the contract allows it:
-- an operation whose outcome is unknown is never sent again: a query of the
-  tool that finds it converges it, anything else pauses the run in doubt for
-  a person (safe; fencecheck's E converges by same-key resends instead);
+- an operation whose outcome is unknown converges by a query of its tool or
+  by a same-key resend where that creates nothing new (idempotent within its
+  retention, deterministic_id); anything else pauses the run in doubt;
 - sensitive input fields are stored as given (section 9 asks for sealing);
 - the optional operator ops (`resolve_indoubt`, `decide`,
   `converge_operation`) answer Unsupported (J[operator_resolves], V: unknown).
@@ -64,6 +64,7 @@ HEARTBEAT_MS = env_ms("FENCECHECK_HEARTBEAT_MS", 1000)
 HEARTBEAT_TIMEOUT_MS = env_ms("FENCECHECK_HEARTBEAT_TIMEOUT_MS", 1000)
 DISPATCH_TTL_MS = env_ms("FENCECHECK_DISPATCH_TTL_MS", 5000)
 TOOL_TIMEOUT_S = env_ms("FENCECHECK_TOOL_TIMEOUT_MS", 3000) / 1000
+BACKOFF_BASE_MS = 400  # the first full delay of a requeue (then doubled, capped at 10 s)
 RETRY_WRITE_S = 30  # how long a protected write whose connection broke is retried
 
 
@@ -1024,7 +1025,7 @@ class Execution:
         if run["attempt_count"] >= run["max_attempts"]:
             self.write("pause_human", "create_label", "paused_human")
             return 0
-        full = min(200 * 2 ** (run["attempt_count"] - 1), 10_000)
+        full = min(BACKOFF_BASE_MS * 2 ** (run["attempt_count"] - 1), 10_000)
         self.write(
             "requeue", "create_label", "queued", delay_ms=int(full / 2 + random.random() * full / 2)
         )
