@@ -17,7 +17,7 @@ doubt with one real resource.
 from __future__ import annotations
 
 from harness.checking import checkers
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Crash, Hold
 from harness.waiting import wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
@@ -225,5 +225,5 @@ def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:
         forgotten and bool(row) and row[0]["retention_ms"] == int(RETENTION_S * 1000),
         expected=f"the tool's query answers not found; the ledger holds retention_ms "
         f"{int(RETENTION_S * 1000)}",
-        observed=f"query not found: {forgotten}; ledger {row}",
+        observed=f"query not found: {forgotten}; ledger {plain(row)}",
     )

@@ -17,7 +17,7 @@ import time
 from typing import Any
 
 from harness.checking import checkers
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import control_plane
 
@@ -117,7 +117,7 @@ def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[t
             [r],
         )
         seen[r] = [(float(row["delay_ms"]), row["due"]) for row in rows]
-    ctx.command(f"waited {time.monotonic() - started:.2f}s; requeues in the trail: {seen}")
+    ctx.command(f"waited {time.monotonic() - started:.2f}s; requeues in the trail: {plain(seen)}")
     return seen
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import heapq
 import json
 import logging
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -214,39 +214,67 @@ def operations(events: Sequence[Event]) -> list[Operation]:
 # -- timeline --------------------------------------------------------------
 
 
-def _short(value: str | None, n: int = 8) -> str:
-    if value is None:
-        return "-"
-    return value if len(value) <= n else value[:n] + ".."
+Shorten = Callable[[str | None], str]
+
+
+def id_shortener(values: Iterable[str | None], minimum: int = 8) -> Shorten:
+    """A function that cuts each of ``values`` to the shortest prefix of at least
+    ``minimum`` characters that no other of them shares (``..`` marks a cut),
+    so ids with a common prefix (operation ids of one tenant and run, uuids
+    that happen to agree) stay distinguishable; a value not among ``values``
+    is cut to ``minimum``."""
+    distinct = sorted({v for v in values if v})
+    needed: dict[str, int] = {}
+    for i, value in enumerate(distinct):
+        length = minimum
+        for other in distinct[max(0, i - 1) : i] + distinct[i + 1 : i + 2]:
+            common = next(
+                (k for k, (a, b) in enumerate(zip(value, other, strict=False)) if a != b),
+                min(len(value), len(other)),
+            )
+            length = max(length, common + 1)
+        needed[value] = length
+
+    def shorten(value: str | None) -> str:
+        if value is None:
+            return "-"
+        n = needed.get(value, minimum)
+        return value if len(value) <= n else value[:n] + ".."
+
+    return shorten
 
 
 def _fields(
-    run_id: str | None, epoch: int | None, revision: int | None, operation_id: str | None
+    shorten: Shorten,
+    run_id: str | None,
+    epoch: int | None,
+    revision: int | None,
+    operation_id: str | None,
 ) -> str:
     parts = []
     if run_id is not None:
-        parts.append(f"run={_short(run_id)}")
+        parts.append(f"run={shorten(run_id)}")
     if epoch is not None:
         parts.append(f"epoch={epoch}")
     if revision is not None:
         parts.append(f"rev={revision}")
     if operation_id is not None:
-        parts.append(f"op_id={_short(operation_id)}")
+        parts.append(f"op_id={shorten(operation_id)}")
     return " ".join(parts)
 
 
-def _event_line(e: Event) -> str:
+def _event_line(e: Event, shorten: Shorten) -> str:
     text = f"{e.worker} {e.type} {e.op}"
-    rest = _fields(e.run_id, e.epoch, e.revision, e.operation_id)
+    rest = _fields(shorten, e.run_id, e.epoch, e.revision, e.operation_id)
     if e.event_id is not None:
-        rest += f" event={_short(e.event_id)}"
+        rest += f" event={shorten(e.event_id)}"
     if e.error:
         rest += f" error={e.error}"
     return f"{text} {rest}".rstrip()
 
 
-def _hit_lines(h: Hit) -> Iterator[tuple[float, str]]:
-    where = _fields(h.run_id, h.epoch, h.revision, h.operation_id)
+def _hit_lines(h: Hit, shorten: Shorten) -> Iterator[tuple[float, str]]:
+    where = _fields(shorten, h.run_id, h.epoch, h.revision, h.operation_id)
     pid = h.peer_pid if h.peer_pid is not None else h.pid
     yield h.received_at, f"{h.worker} @{h.point} {where} pid={pid} -> {h.action}".replace("  ", " ")
     if h.released_at is not None:
@@ -270,6 +298,16 @@ def _signal_lines(s: SignalRecord) -> Iterator[tuple[float, str]]:
     yield when, f"{s.process} {s.signal} -> {s.state}{latency}{detail} pid={s.pid}"
 
 
+def timeline_ids(events: Iterable[Event], hits: Iterable[Hit] = ()) -> list[str | None]:
+    """Every id a timeline of ``events`` and ``hits`` shows."""
+    ids: list[str | None] = []
+    for e in events:
+        ids += [e.run_id, e.operation_id, e.event_id]
+    for h in hits:
+        ids += [h.run_id, h.operation_id]
+    return ids
+
+
 def timeline(
     events: Iterable[Event],
     hits: Iterable[Hit] = (),
@@ -277,13 +315,19 @@ def timeline(
     *,
     signals: Iterable[SignalRecord] = (),
     notes: Iterable[tuple[float, str]] = (),
+    shorten: Shorten | None = None,
 ) -> list[str]:
-    """One line per entry, ordered by time, as '+412ms A ok claim run=1f2a.. epoch=4'.
+    """One line per entry, ordered by time, as '+412ms A ok claim run=1f2a0b6c.. epoch=4'.
 
     Times are milliseconds from the first entry. Ties keep the order
     events, hits, faults, signals (a worker's own line before the harness's
-    reaction to it). Harness-observed lines are marked with '*'.
+    reaction to it). Harness-observed lines are marked with '*'. Ids are
+    cut only as far as they stay distinguishable (``shorten``; by default
+    made from every id of the events and hits).
     """
+    events, hits = list(events), list(hits)
+    if shorten is None:
+        shorten = id_shortener(timeline_ids(events, hits))
     entries: list[tuple[float, int, int, str]] = []
     order = 0
 
@@ -293,9 +337,9 @@ def timeline(
         order += 1
 
     for e in events:
-        add(e.time, 0, "  " + _event_line(e))
+        add(e.time, 0, "  " + _event_line(e, shorten))
     for h in hits:
-        for when, text in _hit_lines(h):
+        for when, text in _hit_lines(h, shorten):
             add(when, 1, "* " + text)
     for f in faults:
         for when, text in _fault_lines(f):

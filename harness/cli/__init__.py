@@ -1,6 +1,8 @@
 """The ``fencecheck`` command line: one module per command.
 
     fencecheck run [IDS...]     run experiments (all by default), write reports
+    fencecheck contract         check in seconds that a worker follows the worker contract
+    fencecheck init-worker DIR  write a small starting worker that passes `contract`
     fencecheck list             the matrix with its invariants
     fencecheck show ARCHIVE     one evidence archive, readably, with its timeline
     fencecheck smoke            bring up every real part once, prove it works, tear down
@@ -35,13 +37,27 @@ from types import ModuleType
 from typing import NoReturn
 
 from harness import stopping
-from harness.cli import clean, listing, merge, mutants, report, run, show, smoke, verify
+from harness.cli import (
+    clean,
+    contract,
+    init_worker,
+    listing,
+    merge,
+    mutants,
+    report,
+    run,
+    show,
+    smoke,
+    verify,
+)
 from harness.cli.common import UsageError
 from harness.failures import PartFailed
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
 COMMANDS: tuple[ModuleType, ...] = (
     run,
+    contract,
+    init_worker,
     listing,
     show,
     smoke,

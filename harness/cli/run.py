@@ -17,6 +17,7 @@ import dataclasses
 import secrets
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,7 +37,8 @@ from harness.cli.common import (
 from harness.evidence.gate import add_gate_option
 
 if TYPE_CHECKING:
-    from harness.engine.environment import Environment, Settings, SharedServices
+    from harness.contract.report import ContractReport
+    from harness.engine.environment import Environment, MigrateFailed, Settings, SharedServices
     from harness.engine.progress import Progress
     from harness.engine.runner import Job
     from harness.engine.shards import Shard
@@ -66,6 +68,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
     run.add_argument("--mutant", help="start the reference worker with this named mutant")
     run.add_argument("--quiet", action="store_true", help="no per-experiment progress lines")
+    run.add_argument(
+        "--skip-contract",
+        action="store_true",
+        help="with --worker-cmd: run the matrix without checking the worker against the "
+        "contract first (`fencecheck contract`)",
+    )
     shard_option(run, "experiment runs")
     add_gate_option(run)
     common_env_options(run)
@@ -146,7 +154,7 @@ def _run(
     args: argparse.Namespace,
     progress: Progress,
 ) -> int:
-    from harness.engine.environment import SharedServices
+    from harness.engine.environment import MigrateFailed, SharedServices
     from harness.engine.runner import interrupted_result, run_jobs
     from harness.evidence.gate import gate_exit, gate_line
     from harness.evidence.run_report import (
@@ -158,6 +166,7 @@ def _run(
     )
     from harness.evidence.shard_record import new_record, write_record
     from harness.parts.processes import kill_all_children
+    from harness.verdict import EXIT_UNKNOWN
 
     started = time.monotonic()
     jobs = plan.jobs
@@ -223,6 +232,10 @@ def _run(
                     backend=settings.backend,
                 )
                 write_record(report_dir, record)
+        except MigrateFailed as exc:
+            if stopping.requested():
+                raise
+            return _migrate_failed(exc, report_dir)
         except Exception as exc:
             # After a stop request, a failed start is the stop's doing (a
             # server killed half-way, a query cut): interrupted, not an error.
@@ -241,6 +254,17 @@ def _run(
             + ", ".join(f"{k} {v}" for k, v in shared.backend.deployment().items())
             + f"; toxiproxy {shared.toxiproxy_version()}"
         )
+        if args.worker_cmd and not args.skip_contract:
+            report = _contract_first(shared, report_dir, progress.say)
+            if not report.conformant:
+                progress.say(report.text())
+                progress.say(
+                    f"\nthe worker does not follow the contract; the matrix was not run (its "
+                    f"verdicts would not mean much). Report: {report_dir / 'contract.txt'}; "
+                    "--skip-contract runs the matrix anyway."
+                )
+                progress.say(f"fencecheck: exit {EXIT_UNKNOWN}: not conformant, no experiment ran")
+                return EXIT_UNKNOWN
         header["postgres"] = shared.binaries.describe()
         header["postgres server"] = record.postgres_version
         results = run_jobs(
@@ -296,6 +320,40 @@ def _run(
             progress.say(f"fencecheck: {gone}")
         progress.say(gate_line(results, args.fail_on))
     return code
+
+
+def _contract_first(
+    shared: SharedServices, report_dir: Path, progress: Callable[[str], None]
+) -> ContractReport:
+    """`fencecheck contract` on the run's own services, before any experiment."""
+    from harness.contract.conformance import check
+
+    started = time.monotonic()
+    report = check(shared, report_dir / "logs" / "contract", progress)
+    report.write(report_dir)
+    progress(
+        f"contract: {'conformant' if report.conformant else f'{len(report.gaps)} gap(s)'} "
+        f"in {time.monotonic() - started:.1f}s"
+    )
+    return report
+
+
+def _migrate_failed(exc: MigrateFailed, report_dir: Path) -> int:
+    """A worker whose migrate fails: exit 2 with one paragraph; its output kept."""
+    from harness.verdict import EXIT_UNKNOWN
+
+    log = report_dir / "logs" / "migrate.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    log.write_text(exc.output(), encoding="utf-8")
+    paragraph = exc.paragraph(str(log))
+    (report_dir / "summary.md").write_text(
+        f"# fencecheck run\n\n- **overall verdict**: harness error, no experiment ran\n\n"
+        f"{paragraph}\n",
+        encoding="utf-8",
+    )
+    print(f"\nfencecheck: {paragraph}", flush=True)
+    print(f"fencecheck: exit {EXIT_UNKNOWN}: the worker's migrate failed, no experiment ran")
+    return EXIT_UNKNOWN
 
 
 def _start_failed(report_dir: Path, exc: Exception) -> None:

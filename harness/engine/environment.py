@@ -106,6 +106,78 @@ def migrate_timeout_s() -> float:
         return MIGRATE_TIMEOUT_S
 
 
+class MigrateFailed(PartFailed):
+    """The worker's ``migrate`` exited non-zero, did not finish in time, or
+    exited 0 without the contract's tables.
+
+    For ``fencecheck run`` a harness / environment error (exit 2: no
+    experiment can run); for ``fencecheck contract`` the worker's gap. Keeps
+    the command, the exit code and the whole output for the report."""
+
+    def __init__(
+        self,
+        command: str,
+        exit_code: int | None,
+        stdout: str,
+        stderr: str,
+        timeout_s: float,
+        *,
+        log: Path | None = None,
+        why: str = "",
+    ) -> None:
+        self.command = command
+        self.exit_code = exit_code
+        self.stdout = stdout
+        self.timeout_s = timeout_s
+        self.why = why
+        super().__init__(
+            f"the worker's `{command}` {self._how()}",
+            status="killed" if exit_code is None else f"exit status {exit_code}",
+            stderr=stderr,
+            log=log,
+            hint="fix migrate, then run `fencecheck contract --worker-cmd ...` "
+            "(docs/worker-contract.md sections 1, 6 and 7)",
+        )
+
+    def _how(self) -> str:
+        if self.why:
+            return self.why
+        if self.exit_code is None:
+            return f"did not finish within {self.timeout_s:.0f} s"
+        return f"failed with exit code {self.exit_code}"
+
+    def short(self) -> str:
+        """One line: how it ended and its last stderr line."""
+        if self.why:
+            return self.why
+        how = (
+            f"exit {self.exit_code}"
+            if self.exit_code is not None
+            else f"not finished within {self.timeout_s:.0f} s"
+        )
+        last = [line for line in self.stderr.strip().splitlines() if line.strip()][-1:]
+        return how + (f": {last[0].strip()}" if last else " (nothing on stderr)")
+
+    def paragraph(self, log: str | None = None) -> str:
+        """The one-paragraph account: command, exit code, the last stderr lines."""
+        tail = [line.rstrip() for line in self.stderr.strip().splitlines() if line.strip()][-5:]
+        said = (
+            "; its last stderr lines: " + " | ".join(tail)
+            if tail
+            else "; it wrote nothing on stderr"
+        )
+        where = f" Its whole output: {log}." if log else ""
+        return (
+            f"The worker's `{self.command}` {self._how()} on a fresh database{said}. No "
+            "experiment can run without the contract's schema (docs/worker-contract.md "
+            "sections 1, 6 and 7); fix migrate, then run `fencecheck contract --worker-cmd "
+            f"...` to check the rest.{where}"
+        )
+
+    def output(self) -> str:
+        return f"$ {self.command}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
 def migrate(
     worker_cmd: Sequence[str],
     admin_dsn: str,
@@ -116,9 +188,10 @@ def migrate(
     """Run ``<worker-cmd> migrate`` against ``admin_dsn``, check it made the
     contract's tables, then add the audit trigger.
 
-    Raises PartFailed (what failed, its exit status, its stderr's last lines,
-    the log) when the command fails, hangs past ``timeout_s`` or creates no
-    schema; harness.stopping.Interrupted (after killing it) on a stop request.
+    Raises MigrateFailed (a PartFailed: what failed, its exit status, its
+    stderr's last lines, the whole output; ``migrate.log`` in ``log_dir``) when
+    the command fails, hangs past ``timeout_s`` or creates no schema;
+    harness.stopping.Interrupted (after killing it) on a stop request.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log = log_dir / "migrate.log"
@@ -127,39 +200,23 @@ def migrate(
         env.pop(key, None)
     if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
         env["FENCECHECK_MUTANT"] = mutant
-    command = f"`{shlex.join(worker_cmd)} migrate`"
+    command = shlex.join([*worker_cmd, "migrate"])
     timeout_s = timeout_s if timeout_s is not None else migrate_timeout_s()
-    stopping.check(command)
-    started = time.monotonic()
+    stopping.check(f"`{command}`")
     try:
         done = run_bounded([*worker_cmd, "migrate"], timeout_s=timeout_s, env=env)
-    except OSError as exc:
-        raise PartFailed(
-            f"the worker command {command} could not be started",
-            status=f"{type(exc).__name__}: {exc.strerror or exc}",
-            stderr="",
-            log=None,
-            hint="check --worker-cmd (docs/worker-contract.md)",
+    except OSError as exc:  # the command itself cannot be started
+        raise MigrateFailed(
+            command, 127, "", f"cannot start it: {exc.strerror or exc}", timeout_s, log=None
         ) from exc
     out, err, status = done.stdout, done.stderr, done.how
-    took = time.monotonic() - started
     log.write_text(out + err)
     if status == "interrupted":
-        raise stopping.Interrupted(f"{stopping.reason()}: {command} was killed")
+        raise stopping.Interrupted(f"{stopping.reason()}: `{command}` was killed")
     if status == "timeout":
-        raise PartFailed(
-            f"the worker's {command} did not finish within {timeout_s:.0f}s",
-            status="killed",
-            stderr=err,
-            log=log,
-        )
+        raise MigrateFailed(command, None, out, err, timeout_s, log=log)
     if done.returncode != 0:
-        raise PartFailed(
-            f"the worker's {command} failed after {took:.2f}s",
-            status=f"exit status {done.returncode}",
-            stderr=err,
-            log=log,
-        )
+        raise MigrateFailed(command, done.returncode, out, err, timeout_s, log=log)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         present = {
             row[0]
@@ -170,14 +227,15 @@ def migrate(
         }
         missing = [t for t in CONTRACT_TABLES if t not in present]
         if missing:
-            raise PartFailed(
-                f"the worker's {command} exited 0 after {took:.2f}s but created no table "
-                f"{', '.join(missing)}",
-                status="exit status 0",
-                stderr=err,
+            raise MigrateFailed(
+                command,
+                0,
+                out,
+                err,
+                timeout_s,
                 log=log,
-                hint="migrate must create the tables of docs/worker-contract.md, section 6 "
-                "(is --worker-cmd a worker at all?)",
+                why=f"exited 0 but created no table {', '.join(missing)} (migrate must create "
+                "the tables of docs/worker-contract.md, section 6: is --worker-cmd a worker?)",
             )
         conn.execute(AUDIT_SQL.encode())
 

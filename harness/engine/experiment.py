@@ -18,6 +18,8 @@ commands it executed (signals, proxy changes), and notes.
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 import json
 import random
 import time
@@ -33,6 +35,28 @@ from harness.verdict import Verdict
 
 if TYPE_CHECKING:
     from harness.engine.environment import Environment
+
+
+def plain(value: Any) -> str:
+    """``value`` as an auditor reads it: timestamps in ISO 8601, uuids and
+    decimals as their text, containers element by element; strings keep
+    their quotes so that ``'None'`` and ``None`` stay apart. Never a Python
+    object repr such as ``datetime.datetime(...)``."""
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return f"{value.total_seconds() * 1000:g}ms"
+    if isinstance(value, uuid.UUID | decimal.Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{plain(k)}: {plain(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, tuple):
+        inner = ", ".join(plain(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list | set | frozenset):
+        items = sorted(value, key=str) if isinstance(value, set | frozenset) else value
+        return "[" + ", ".join(plain(v) for v in items) + "]"
+    return repr(value)
 
 
 class Inconclusive(Exception):
@@ -169,7 +193,10 @@ class ExperimentContext:
         """Invariant ``actual == wanted`` with both values in the archive."""
         prefix = f"{what}: " if what else ""
         return self.invariant(
-            name, actual == wanted, expected=f"{prefix}{wanted!r}", observed=f"{prefix}{actual!r}"
+            name,
+            actual == wanted,
+            expected=f"{prefix}{plain(wanted)}",
+            observed=f"{prefix}{plain(actual)}",
         )
 
     def verdict(self) -> tuple[Verdict, str]:

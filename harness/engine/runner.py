@@ -23,7 +23,7 @@ from typing import Any
 
 from harness import stopping
 from harness.checking import checkers
-from harness.checking.history import read_history, timeline
+from harness.checking.history import Shorten, id_shortener, read_history, timeline, timeline_ids
 from harness.checking.invariants import experiment as invariants
 from harness.engine import stalls
 from harness.engine.environment import Environment, SharedServices, experiment_environment
@@ -265,6 +265,7 @@ def _archive(
             facts = env.primary.server_facts()
     commands = sorted(ctx.commands, key=lambda c: c["time"])
     run_ids: Any = ctx.run_ids[0] if len(ctx.run_ids) == 1 else (ctx.run_ids or None)
+    shorten = id_shortener([*timeline_ids(events, hits), *(str(r["run_id"]) for r in audit)])
     return {
         "archive_version": 1,
         "experiment_id": spec.id,
@@ -309,7 +310,14 @@ def _archive(
         + [{"unreadable_line": str(p)} for p in history.problems],
         "signals": [dataclasses.asdict(s) for s in ctx.signals],
         "audit_trail": audit,
-        "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
+        "timeline": timeline(
+            events,
+            hits,
+            faults,
+            signals=ctx.signals,
+            notes=_audit_notes(audit, shorten),
+            shorten=shorten,
+        ),
         "failover": ctx.extra.get("failover"),
         "worker_channel_errors": {
             w.worker_id: list(w.protocol_errors) for w in env.workers.values() if w.protocol_errors
@@ -326,7 +334,7 @@ def _archive(
     }
 
 
-def _audit_notes(audit: list[dict[str, Any]]) -> list[tuple[float, str]]:
+def _audit_notes(audit: list[dict[str, Any]], shorten: Shorten) -> list[tuple[float, str]]:
     """The database's own account of who held which epoch when, for the timeline."""
     notes: list[tuple[float, str]] = []
     for r in audit:
@@ -345,7 +353,9 @@ def _audit_notes(audit: list[dict[str, Any]]) -> list[tuple[float, str]]:
                 change.append(f"rev {r['old_revision']}->{r['revision']}")
             if not change:
                 change.append("lease renewed")
-        notes.append((at, f"db run={str(r['run_id'])[:8]}.. {', '.join(change)} (by {r['app']})"))
+        notes.append(
+            (at, f"db run={shorten(str(r['run_id']))} {', '.join(change)} (by {r['app']})")
+        )
     return notes
 
 

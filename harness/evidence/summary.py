@@ -77,6 +77,13 @@ def _write_atomically(path: Path, text: str) -> Path:
     return path
 
 
+def cell(text: str) -> str:
+    """``text`` as one Markdown table cell: a newline would end the row and a
+    ``|`` would end the cell, so line breaks become ``<br>`` and bars are escaped."""
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "<br>".join(line.replace("|", "\\|") for line in lines)
+
+
 def write_summary(
     path: Path,
     results: Sequence[ExperimentResult],
@@ -110,8 +117,8 @@ def write_summary(
     for r in results:
         archive = r.archive_path.name if r.archive_path else "-"
         lines.append(
-            f"| {r.name} | {r.title} | **{r.verdict.value}** | {r.duration_s:.2f} | "
-            f"{r.natural_wait_s:.2f} | {r.invariant} | {r.reason} | {archive} |"
+            f"| {cell(r.name)} | {cell(r.title)} | **{r.verdict.value}** | {r.duration_s:.2f} | "
+            f"{r.natural_wait_s:.2f} | {cell(r.invariant)} | {cell(r.reason)} | {cell(archive)} |"
         )
     return _write_atomically(path, "\n".join(lines) + "\n")
 

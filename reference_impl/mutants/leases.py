@@ -27,6 +27,22 @@ MUTANTS = (
         SqlOverlay("renew_ignores_expiry.sql", "fencecheck.renew"),
     ),
     Mutant(
+        "renew_ignores_owner",
+        1,
+        ("R",),
+        "renew checks the epoch and the expiry but not the owner: a stale session "
+        "passing the new epoch under its old owner renews the new holder's lease",
+        SqlOverlay("renew_ignores_owner.sql", "fencecheck.renew"),
+    ),
+    Mutant(
+        "release_ignores_epoch",
+        1,
+        ("R",),
+        "release checks the owner but not the epoch: a session passing the new "
+        "holder's owner with an old epoch gives the current lease up",
+        SqlOverlay("release_ignores_epoch.sql", "fencecheck.release"),
+    ),
+    Mutant(
         "takeover_keeps_epoch",
         1,
         ("B", "D"),

@@ -90,6 +90,14 @@ MUTANTS = (
         SqlOverlay("write_ignores_epoch.sql", "fencecheck.protected_write_fast"),
     ),
     Mutant(
+        "write_checks_owner_not_epoch",
+        2,
+        ("R",),
+        "the protected write checks owner, expiry and revision but not the epoch: a "
+        "session naming the new holder's owner writes with an old fencing token",
+        SqlOverlay("write_checks_owner_not_epoch.sql", "fencecheck.protected_write_fast"),
+    ),
+    Mutant(
         "write_path_ignored",
         2,
         ("A",),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socketserver
+import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -117,3 +118,15 @@ def sample_archive(**overrides: Any) -> dict[str, Any]:
     }
     base.update(overrides)
     return base
+
+
+def fencecheck_cli(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess[str]:
+    """``fencecheck ARGS`` as a user runs it, from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+    )

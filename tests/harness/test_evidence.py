@@ -74,7 +74,7 @@ def test_cli_list_names_every_experiment() -> None:
     proc = _cli("list")
     assert proc.returncode == 0
     ids = [line.split()[0] for line in proc.stdout.splitlines() if line and not line[0].isspace()]
-    assert ids == list("ABCDEFGHIJKLMNOPQSTUV")
+    assert ids == list("ABCDEFGHIJKLMNOPQRSTUV")
 
 
 def test_cli_missing_pg_binaries_named(tmp_path: Path) -> None:
@@ -96,4 +96,26 @@ def test_go_version_recorded_only_for_a_go_worker() -> None:
     # the binary's digest, not the Python package's (its path contains "reference_impl")
     assert evidence.worker_digest((str(go_worker),)) != evidence.digest_paths(
         [evidence.REPO_ROOT / "reference_impl"]
+    )
+
+
+def test_summary_cells_keep_one_row_per_experiment() -> None:
+    from harness.evidence.summary import cell
+
+    assert cell("a\nb | c\r\nd") == "a<br>b \\| c<br>d"
+
+
+def test_observed_values_print_plain() -> None:
+    import datetime as dt
+    import uuid
+
+    from harness.engine.experiment import plain
+
+    when = dt.datetime(2026, 12, 1, 5, 24, 39, 676076, tzinfo=dt.UTC)
+    rid = uuid.UUID("0b6c2f1e-aaaa-4bbb-8ccc-000000000000")
+    text = plain({"at": when, "run": rid, "rows": [(1, "x", None)], "one": (2,)})
+    assert "datetime" not in text and "UUID(" not in text
+    assert text == (
+        "{'at': 2026-12-01T05:24:39.676076+00:00, 'run': 0b6c2f1e-aaaa-4bbb-8ccc-000000000000, "
+        "'rows': [(1, 'x', None)], 'one': (2,)}"
     )

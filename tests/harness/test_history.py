@@ -12,6 +12,7 @@ import pytest
 from harness import injection
 from harness.checking.history import (
     Event,
+    id_shortener,
     load_history,
     operations,
     read_history,
@@ -138,3 +139,15 @@ def test_timeline_merges_worker_and_harness_evidence() -> None:
     assert "released: continue" in lines[5]
     assert lines[6].endswith("B fail save_checkpoint epoch=5 error=LeaseLost")
     assert timeline([]) == []
+
+
+def test_timeline_ids_stay_distinguishable() -> None:
+    tenant = "0b6c2f1e-aaaa-4bbb-8ccc-000000000000"
+    ops = [f"{tenant}/run-1/create_label/v1", f"{tenant}/run-1/create_label/v2"]
+    shorten = id_shortener([*ops, "deadbeef-1", "deadbeef-2", "cafe0001"])
+    assert shorten(ops[0]) != shorten(ops[1])
+    assert shorten(ops[0]).endswith("1") and shorten(ops[1]).endswith("2")
+    assert shorten("deadbeef-1") != shorten("deadbeef-2")
+    assert shorten("cafe0001") == "cafe0001"  # short enough: never cut
+    assert shorten(None) == "-"
+    assert shorten("not-seen-before-long-id") == "not-seen.."

@@ -1,0 +1,108 @@
+"""What ``fencecheck contract`` found: gaps, each with the section to read.
+
+Invariants:
+- a report with no gap is conformant, one with a gap is not; notes (an
+  optional op a worker does not offer, an optional table it lacks) never
+  make it non-conformant;
+- a step that could not be taken because an earlier one failed is listed as
+  skipped with the reason, never silently left out;
+- every gap names the contract section, what was expected and what was
+  found, as plain one-line text (newlines in found values are escaped).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.contract import CONTRACT_DOC, CONTRACT_VERSION
+
+
+@dataclass(frozen=True)
+class Gap:
+    """One way the worker differs from the contract."""
+
+    section: str
+    item: str
+    expected: str
+    found: str
+
+    def line(self) -> str:
+        return (
+            f"[§{self.section}] {self.item}: expected {_one_line(self.expected)}; "
+            f"found {_one_line(self.found)}"
+        )
+
+
+def _one_line(text: str, limit: int = 600) -> str:
+    flat = text.replace("\r", "").replace("\n", " | ")
+    return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+@dataclass
+class ContractReport:
+    """The outcome of one conformance check of one worker command."""
+
+    worker: str
+    gaps: list[Gap] = field(default_factory=list)
+    checked: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    #: The one-paragraph account of a migrate that failed (command, exit code,
+    #: last stderr lines), when it did.
+    migrate_failure: str | None = None
+
+    @property
+    def conformant(self) -> bool:
+        return not self.gaps
+
+    def gap(self, section: str, item: str, expected: str, found: str) -> None:
+        self.gaps.append(Gap(section, item, expected, found))
+
+    def text(self) -> str:
+        head = (
+            f"fencecheck contract v{CONTRACT_VERSION}: worker `{self.worker}` ({self.wall_s:.1f} s)"
+        )
+        lines = [head]
+        if self.migrate_failure:
+            lines += ["", self.migrate_failure]
+        if self.checked:
+            lines += ["", "checked:", *(f"  {c}" for c in self.checked)]
+        if self.notes:
+            lines += ["", "notes (not gaps):", *(f"  {n}" for n in self.notes)]
+        if self.skipped:
+            lines += ["", "not checked:", *(f"  {s}" for s in self.skipped)]
+        if self.gaps:
+            lines += [
+                "",
+                f"NOT CONFORMANT: {len(self.gaps)} gap(s); read {CONTRACT_DOC} at the "
+                "section named in brackets",
+            ]
+            lines += [f"  {i}. {g.line()}" for i, g in enumerate(self.gaps, start=1)]
+        else:
+            lines += ["", "CONFORMANT: no gap found"]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "contract_version": CONTRACT_VERSION,
+            "worker": self.worker,
+            "conformant": self.conformant,
+            "wall_s": round(self.wall_s, 3),
+            "gaps": [asdict(g) for g in self.gaps],
+            "checked": self.checked,
+            "notes": self.notes,
+            "skipped": self.skipped,
+            "migrate_failure": self.migrate_failure,
+        }
+
+    def write(self, directory: Path) -> tuple[Path, Path]:
+        """``contract.txt`` and ``contract.json`` in ``directory``."""
+        directory.mkdir(parents=True, exist_ok=True)
+        text, data = directory / "contract.txt", directory / "contract.json"
+        text.write_text(self.text() + "\n", encoding="utf-8")
+        data.write_text(json.dumps(self.as_dict(), indent=2) + "\n", encoding="utf-8")
+        return text, data

@@ -1,0 +1,272 @@
+"""R: after a takeover, every fenced operation of the contract is refused to the stale holder.
+
+The table of cases is not written here: it is every operation of
+``harness/contract/operations.json`` that changes a run, its checkpoints, its
+ledger or its outbox and takes a lease epoch (:func:`cases`), so an operation
+added to the contract is tried here without any change to this module. Each
+is sent by A's own session, after A's lease expired and B took the run over
+(B keeps its lease live with a heartbeat, so expiry never decides a case),
+in every identity combination a stale holder may present: its old owner
+and old epoch; the new owner with the old epoch; its old owner with the new
+epoch; and, for operations that take one, at its own stale revision and at
+the run's current revision. Each must change nothing, judged from the
+harness's audit trail (no change by A's session) and B's lease row, never
+from the reply (which is kept as detail).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from harness.checking import checkers
+from harness.contract import spec
+from harness.contract.spec import Operation
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
+from harness.parts.processes import WorkerProcess
+from harness.waiting import WaitTimeout, wait_for
+from scenarios.common import new_run
+
+SPEC = ExperimentSpec(
+    id="R",
+    title="stale holder, every operation",
+    seed_section="English seed §1, §5, §6 (owner + epoch + expiry on every write); Chinese "
+    "seed §5, §13.2 (expired fence)",
+    invariant="after B's takeover, every operation of the contract that changes a run, its "
+    "checkpoints, its ledger or its outbox, sent by A with (old owner, old epoch), (new owner, "
+    "old epoch) or (old owner, new epoch), at its stale and at the current revision, changes "
+    "nothing: no audited change by A, B's lease and revision untouched",
+    fault="A's lease expires; B takes over and keeps its lease live; A's session sends every "
+    "fenced operation with every stale identity",
+    rules=(1, 2, 3),
+    lease_ttl_ms=800,
+    natural_wait_s=0.8,
+)
+
+#: The identities a stale holder may present, as (owner, epoch) of (A, B).
+IDENTITIES = ("old owner, old epoch", "new owner, old epoch", "old owner, new epoch")
+REVISIONS = ("stale", "current")
+# Once one attempt changed the run, the takeover the rest need is gone.
+NOT_TRIED = "not tried"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attempt: an operation, the identity it presents, the revision it expects."""
+
+    op: str
+    identity: str
+    revision: str | None  # None: the operation takes no expected_revision
+
+    @property
+    def label(self) -> str:
+        at = f" at the {self.revision} revision" if self.revision else ""
+        return f"{self.op} with {self.identity}{at}"
+
+
+def cases(ops: Sequence[Operation]) -> list[Case]:
+    """Every stale-holder case the contract's operations call for, in table order."""
+    out: list[Case] = []
+    for o in spec.stale_holder_operations(ops):
+        revisions: Sequence[str | None] = (
+            REVISIONS if "expected_revision" in o.identity else (None,)
+        )
+        out += [Case(o.op, i, r) for i in IDENTITIES for r in revisions]
+    return out
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """What the stale holder knows and what the run is now."""
+
+    run_id: str
+    old: dict[str, Any]  # A's grant
+    new: dict[str, Any]  # B's grant
+    stale_revision: int
+    current_revision: int
+
+    def values(self, case: Case) -> dict[str, Any]:
+        owner = self.new["owner"] if case.identity.startswith("new owner") else self.old["owner"]
+        epoch = self.new["epoch"] if case.identity.endswith("new epoch") else self.old["epoch"]
+        revision = self.current_revision if case.revision == "current" else self.stale_revision
+        return {
+            "run_id": self.run_id,
+            "owner": owner,
+            "epoch": epoch,
+            "expected_revision": revision,
+            "event_id": str(uuid.uuid4()),
+        }
+
+
+def run(ctx: ExperimentContext) -> None:
+    table = cases(spec.operations())
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    b = ctx.env.start_worker("B", "ops")
+    takeover = _take_over(ctx, run_id, a, b)
+    ops = spec.by_name()
+    outcomes: dict[str, list[str]] = {}
+    broken_by: str | None = None
+    live_at_every_attempt = True
+    for case in table:
+        if broken_by is not None:
+            outcomes.setdefault(case.op, []).append(
+                f"{case.label}: {NOT_TRIED} ({broken_by} already changed the run)"
+            )
+            continue
+        before = _lease_state(ctx, run_id)
+        live_at_every_attempt &= _held_by(before, takeover.new)
+        mark = _audit_mark(ctx)
+        reply = _attempt(ctx, a, ops[case.op], takeover.values(case))
+        after = _lease_state(ctx, run_id)
+        late = checkers.changes_by(ctx, ["A"], after_seq=mark)
+        moved = _moved(before, after)
+        ok = not late and not moved
+        outcomes.setdefault(case.op, []).append(
+            f"{case.label}: {'nothing changed' if ok else 'CHANGED ' + _what(late, moved)}"
+            f" (reply: {reply})"
+        )
+        if not ok:
+            broken_by = case.label
+    ctx.fault(
+        "B's lease was live at every attempt",
+        live_at_every_attempt,
+        expected=f"B holds epoch {takeover.new['epoch']} unexpired by database time whenever A "
+        "sends an attempt (so only the identity can refuse it, never the expiry)",
+        observed="live at every attempt" if live_at_every_attempt else "not live at some attempt",
+    )
+    for op, lines in outcomes.items():
+        tried = [line for line in lines if NOT_TRIED not in line]
+        ctx.invariant(
+            f"stale {op} refused and changed nothing",
+            all(": nothing changed" in line for line in tried),
+            expected=f"{len(lines)} attempt(s): no audited change by A's session of any contract "
+            "table; B's owner, epoch, revision and status untouched",
+            observed="; ".join(lines),
+        )
+    ctx.ok(b, "heartbeat", run_id=run_id, epoch=takeover.new["epoch"], action="stop")
+    ctx.command(
+        f"{len(table)} stale-holder case(s) from the contract: {len(outcomes)} operation(s)"
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerProcess) -> Takeover:
+    """A claims and writes; its lease expires; B claims, keeps it live and writes."""
+    old = ctx.ok(a, "claim", run_id=run_id)
+    stale = ctx.ok(
+        a,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=old["epoch"],
+        expected_revision=old["revision"],
+        state={"by": "A"},
+    )["revision"]
+    checkers.wait_lease_expired(ctx, run_id)
+    expired = checkers.run_row(ctx, run_id, "the run with A's lease expired, before B's claim")
+    new = ctx.ok(b, "claim", run_id=run_id)
+    ctx.ok(
+        b,
+        "heartbeat",
+        run_id=run_id,
+        epoch=new["epoch"],
+        action="start",
+        interval_ms=ctx.env.heartbeat_ms,
+        timeout_ms=ctx.env.heartbeat_timeout_ms,
+    )
+    current = ctx.ok(
+        b,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=new["epoch"],
+        expected_revision=new["revision"],
+        state={"by": "B"},
+    )["revision"]
+    ctx.fault(
+        "B took the run over from A after A's lease expired",
+        bool(expired["lease_expired"]) and new["epoch"] == old["epoch"] + 1,
+        expected=f"A's lease (epoch {old['epoch']}) expired by database time, then B granted "
+        f"epoch {old['epoch'] + 1}",
+        observed=f"expired before B's claim: {expired['lease_expired']}; B's epoch {new['epoch']}",
+    )
+    if new["owner"] == old["owner"]:
+        raise Inconclusive(
+            f"A and B present the same owner {old['owner']!r}: nothing to tell apart"
+        )
+    return Takeover(run_id, old, new, stale, current)
+
+
+def _attempt(
+    ctx: ExperimentContext, a: WorkerProcess, op: Operation, values: dict[str, Any]
+) -> str:
+    """Send one stale attempt; what A's session answered, as text."""
+    args = spec.fill(dict(op.example), values)
+    if op.op == "heartbeat":
+        return _stale_heartbeat(ctx, a, args)
+    reply = ctx.op(a, op.op, **args)
+    return "ok" if reply.ok else f"{reply.error}"
+
+
+def _stale_heartbeat(ctx: ExperimentContext, a: WorkerProcess, args: dict[str, Any]) -> str:
+    """Start a heartbeat under the stale identity, wait until it tried to renew
+    (its ``before_renew`` point), give that renewal its timeout, stop it."""
+    seen = len(ctx.env.control.hits(worker="A", point="before_renew"))
+    started = ctx.op(a, "heartbeat", **{**args, "interval_ms": ctx.env.heartbeat_ms})
+    tried = True
+    try:
+        wait_for(
+            lambda: len(ctx.env.control.hits(worker="A", point="before_renew")) > seen,
+            what="A's stale heartbeat to try a renewal (point before_renew)",
+            timeout_s=5.0,
+        )
+    except WaitTimeout:
+        tried = False
+    time.sleep(ctx.env.heartbeat_timeout_ms / 1000)  # the renewal's own bound
+    stopped = ctx.op(a, "heartbeat", **{**args, "action": "stop"})
+    return (
+        f"start {'ok' if started.ok else started.error}, "
+        f"{'renewal tried' if tried else 'no renewal seen within 5 s'}, "
+        f"stop {plain(stopped.result) if stopped.ok else stopped.error}"
+    )
+
+
+def _lease_state(ctx: ExperimentContext, run_id: str) -> dict[str, Any]:
+    rows = ctx.env.query(
+        "SELECT owner, epoch, revision, status, lease_expires_at > clock_timestamp() AS live,"
+        " (SELECT count(*) FROM agent_checkpoints c WHERE c.run_id = r.run_id) AS checkpoints,"
+        " (SELECT count(*) FROM outbox o WHERE o.run_id = r.run_id) AS events,"
+        " (SELECT count(*) FROM tool_operations t WHERE t.run_id = r.run_id) AS operations"
+        " FROM agent_runs r WHERE r.run_id = %s",
+        [run_id],
+    )
+    if not rows:
+        raise Inconclusive(f"run {run_id} is not in agent_runs")
+    return rows[0]
+
+
+def _held_by(state: dict[str, Any], grant: dict[str, Any]) -> bool:
+    return bool(state["live"]) and (state["owner"], state["epoch"]) == (
+        grant["owner"],
+        grant["epoch"],
+    )
+
+
+_KEPT = ("owner", "epoch", "revision", "status", "checkpoints", "events", "operations")
+
+
+def _moved(before: dict[str, Any], after: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    return {k: (before[k], after[k]) for k in _KEPT if before[k] != after[k]}
+
+
+def _what(late: list[dict[str, Any]], moved: dict[str, tuple[Any, Any]]) -> str:
+    parts = [f"{c['op']} {c['tbl']} (audit seq {c['seq']})" for c in late]
+    parts += [f"{k} {a} -> {b}" for k, (a, b) in moved.items()]
+    return ", ".join(parts)
+
+
+def _audit_mark(ctx: ExperimentContext) -> int:
+    rows = ctx.env.query("SELECT coalesce(max(seq), 0) AS seq FROM fencecheck_audit.changes")
+    return int(rows[0]["seq"])
