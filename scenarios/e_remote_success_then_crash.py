@@ -17,7 +17,7 @@ doubt with one real resource.
 from __future__ import annotations
 
 from harness.checking import checkers
-from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
 from harness.parts.control import Crash, Hold
 from harness.waiting import wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
@@ -72,6 +72,13 @@ def run(ctx: ExperimentContext) -> None:
     op_id = created[0]["operation_id"] if created else None
     step = next((o["step_id"] for o in ops_before if o["operation_id"] == op_id), None)
     if variant == "retention_expired":
+        if op_id is None:
+            # The fault check above is already false (the verdict is unknown);
+            # say why instead of waiting on a window of no operation.
+            raise Inconclusive(
+                "the tool never received A's create request (A lost its lease or died before "
+                f"dispatching: exit {code_a}), so there is no retention window to outlive"
+            )
         _outlive_retention(ctx, str(op_id))
     wait_claimable(ctx, run_id)
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
