@@ -25,11 +25,22 @@ import sys
 from collections.abc import Sequence
 from types import FrameType, ModuleType
 
-from harness.cli import listing, merge, mutants, report, run, show, smoke, verify
+from harness.cli import explore, listing, merge, mutants, replay, report, run, show, smoke, verify
 from harness.cli.common import UsageError
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
-COMMANDS: tuple[ModuleType, ...] = (run, listing, show, smoke, mutants, report, verify, merge)
+COMMANDS: tuple[ModuleType, ...] = (
+    run,
+    listing,
+    show,
+    smoke,
+    mutants,
+    report,
+    verify,
+    merge,
+    explore,
+    replay,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -242,6 +242,7 @@ def _archive(
         "audit_trail": audit,
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
+        "explore": ctx.extra.get("explore"),
         "metrics": env.metrics,
         "global_invariants": ctx.extra.get("global_invariants"),
         "seed": ctx.seed,
