@@ -31,7 +31,7 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*$")
 def duration(value: str) -> float:
     """``90``, ``90s``, ``10m``, ``1h`` as seconds."""
     match = _DURATION.match(value)
-    if not match or float(match.group(1)) <= 0:
+    if not match:
         raise argparse.ArgumentTypeError(f"expected a duration like 90s, 10m or 1h, got {value!r}")
     return float(match.group(1)) * {"s": 1, "m": 60, "h": 3600}[match.group(2) or "s"]
 
@@ -146,6 +146,10 @@ def main(args: argparse.Namespace) -> int:
         f"\nexplore: {data['schedules']} schedule(s) in {data['wall_s']}s "
         f"({data['schedules_per_minute']}/min): {counts['pass']} pass, {counts['fail']} fail, "
         f"{counts['no_effect']} fault not in effect, {counts['unknown']} unknown"
+    )
+    print(
+        f"time per schedule (mean s; median schedule {data['median_schedule_s']}s): "
+        + ", ".join(f"{k} {v}" for k, v in data["time_per_phase_s"].items())
     )
     print("coverage (injection point x fault kind reached):")
     print(outcome.coverage.table())

@@ -144,7 +144,7 @@ def execute(
         nemesis.heal()
         lap("heal")
         unsettled = _wait_quiet(workload, local_stop)
-        nemesis.disarm_points()
+        nemesis.disarm_late()
         lap("quiet_wait")
         workload.stop_relay_loop()
         workload.relay_once()  # every outbox event reaches the broker after heal
@@ -309,10 +309,16 @@ class Campaign:
         self._issued = 0
         self._owner: int | None = None  # the lane that found the violation
         self.errors: list[str] = []
+        self._seen: set[str] = set()
 
-    def _claim_slot(self) -> str | None:
-        """A label for the next schedule, or None when the budget is spent."""
+    def _claim_slot(self, schedule: sched.Schedule) -> str | None:
+        """A label for the next schedule, or None when the budget is spent or the
+        schedule already ran (every lane starts from the same simplest ones)."""
+        key = sched.dump(dataclasses.replace(schedule, seed=None))
         with self._lock:
+            if key in self._seen:
+                return None
+            self._seen.add(key)
             over = self.stop.is_set() or self._owner is not None
             if self.config.max_schedules is not None:
                 over = over or self._issued >= self.config.max_schedules
@@ -329,7 +335,7 @@ class Campaign:
         if self._owner == lane:
             self._shrink_step(schedule)
             return
-        label = self._claim_slot()
+        label = self._claim_slot(schedule)
         if label is None:
             return
         result = run_schedule(

@@ -50,7 +50,9 @@ def _moment() -> st.SearchStrategy[int]:
 def _pause_duration(lease_ms: int) -> st.SearchStrategy[int]:
     # Shorter than the lease (the holder must keep it) or well past it (a
     # successor must be able to take over while the holder is frozen).
-    short = st.integers(1, max(1, lease_ms // 2 // 50)).map(lambda n: n * 50)
+    short = st.integers(max(1, lease_ms // 4 // 50), max(1, lease_ms // 2 // 50)).map(
+        lambda n: n * 50
+    )
     long = st.integers(lease_ms * 3 // 2 // 50, lease_ms * 3 // 50).map(lambda n: n * 50)
     return st.one_of(short, long)
 

@@ -234,7 +234,7 @@ class Nemesis:
 
     def _resume(self, i: int, f: Fault) -> None:
         for proc in list(self._paused):
-            if proc.worker_id.split(".")[0] == f"w{f.worker}":
+            if proc.worker_id == f"w{f.worker}":
                 with contextlib.suppress(ProcessError):
                     self.ctx.resume(proc)
                 self._paused.remove(proc)
@@ -317,16 +317,22 @@ class Nemesis:
             with contextlib.suppress(Exception):
                 self.ctx.release(hit.worker, hit.point)
         with contextlib.suppress(Exception):
-            tool = env.tool.client()
-            tool.clear_faults()
-            tool.release()
-        self.ctx.command("explore: healed every link, process, hold and tool fault")
+            env.tool.client().release()
+        self.ctx.command(
+            "explore: healed every link, process and hold (crash points and tool faults stay "
+            "armed through the quiet wait)"
+        )
 
-    def disarm_points(self) -> None:
-        """Crash arms stay through the quiet wait (a point may come late); then off."""
+    def disarm_late(self) -> None:
+        """Crash points and tool faults stay armed through the quiet wait (their
+        point or create may come late, and the workload recovers from them); then off."""
         for f in self.schedule.faults:
             if f.kind == "crash_at" and f.point is not None:
                 self.ctx.env.control.disarm(self._point_worker(f), f.point)
+        with contextlib.suppress(Exception):
+            tool = self.ctx.env.tool.client()
+            tool.clear_faults()
+            tool.release()
 
     def join_holds(self, started: float) -> None:
         """Give point faults until POINT_WAIT_S after the clock started to be

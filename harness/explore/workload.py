@@ -4,8 +4,8 @@ the control plane's cancels, retries and late callbacks.
 Workers run in the contract's autonomous ``run`` mode (worker contract §1,
 §10), each with a link of its own to PostgreSQL so one worker can be cut
 alone. A worker that dies (killed, crashed at a point, or exiting because it
-lost its lease) is started again, as a process manager would, under a new
-name (``w1``, ``w1.r1``, ...) so every incarnation keeps its own history.
+lost its lease) is started again, as a process manager would, under the same
+name (its history file is appended to; every line carries the pid).
 The outbox relay and a consumer run in an ``ops`` process per tenant.
 
 Invariant: every process is started through the environment, so the
@@ -101,23 +101,23 @@ class Workload:
             self._relay_thread.start()
 
     def _start(self, slot: Slot) -> WorkerProcess:
-        n = len(slot.incarnations)
-        name = slot.base_name + (f".r{n}" if n else "")
+        # Every incarnation keeps the slot's name: point faults armed for it
+        # apply after a restart too, and its history file (appended to, each
+        # line with its pid) holds every incarnation's account.
         proc = self.ctx.env.start_worker(
-            name, "run", tenant_id=slot.tenant_id, pg_link=slot.pg_link
+            slot.base_name, "run", tenant_id=slot.tenant_id, pg_link=slot.pg_link
         )
         slot.incarnations.append(proc)
         slot.died_at = None
-        if n:
-            self.ctx.command(f"restarted worker slot {slot.index} as {name}")
+        if len(slot.incarnations) > 1:
+            self.ctx.command(f"restarted worker {slot.base_name} (pid {proc.pid})")
         return proc
 
     def relay_name(self, tenant: str) -> str:
         return RELAY if tenant == self.tenants[0] else f"{RELAY}-t{self.tenants.index(tenant)}"
 
     def _start_relay(self, tenant: str) -> None:
-        base = self.relay_name(tenant)
-        name = base if base not in self.ctx.env.workers else f"{base}.r{self.relay_restarts}"
+        name = self.relay_name(tenant)
         self.relays[tenant] = self.ctx.env.start_worker(name, "ops", tenant_id=tenant)
 
     def wait_working(self, timeout_s: float = STARTUP_TIMEOUT_S) -> bool:
