@@ -17,6 +17,7 @@ from harness.explore.schedule import (
     LINK_FAULTS,
     POINTS,
     RELAY,
+    STALE_OPS,
     STEPPED_ONLY_POINTS,
     TOOL_MODES,
     TOOLS,
@@ -58,11 +59,20 @@ def _pause_duration(lease_ms: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def faults(draw: st.DrawFn, workers: int, write_path: str, lease_ms: int) -> Fault:
+def faults(draw: st.DrawFn, workers: int, runs: int, write_path: str, lease_ms: int) -> Fault:
     """One nemesis step of any kind."""
     worker = st.integers(0, workers - 1)
     points = [p for p in POINTS if write_path == "stepped" or p not in STEPPED_ONLY_POINTS]
-    kind = draw(st.sampled_from(("pause", "crash_at", "kill", "link", "hold", "tool")))
+    kind = draw(st.sampled_from(("pause", "crash_at", "kill", "stale", "link", "hold", "tool")))
+    if kind == "stale":
+        on_takeover = draw(st.booleans())
+        return Fault(
+            kind="stale",
+            run=draw(st.integers(0, runs - 1)),
+            op=draw(st.sampled_from(STALE_OPS)),
+            point="after_lease_acquired" if on_takeover else None,
+            at_ms=0 if on_takeover else draw(_moment()),
+        )
     if kind == "pause":
         at_point = draw(st.sampled_from([None, *points[:6]]))
         if at_point is not None:  # frozen right where a stale holder does harm
@@ -115,7 +125,7 @@ def faults(draw: st.DrawFn, workers: int, write_path: str, lease_ms: int) -> Fau
         mode=mode,
         tool=draw(st.sampled_from(("*", *TOOLS))),
         count=draw(st.integers(1, 3)),
-        at_ms=draw(_moment()),
+        at_ms=draw(st.one_of(st.just(0), _moment())),
         duration_ms=draw(st.integers(1, 40).map(lambda n: n * 50))
         if mode in ("hang", "delay")
         else 0,
@@ -154,7 +164,9 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
     )
     drawn = draw(
         st.lists(
-            faults(workers, write_path, shape.lease_ttl_ms), min_size=1, max_size=shape.max_faults
+            faults(workers, len(runs), write_path, shape.lease_ttl_ms),
+            min_size=1,
+            max_size=shape.max_faults,
         )
     )
     return Schedule(

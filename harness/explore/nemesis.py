@@ -72,6 +72,9 @@ class Nemesis:
     #: Set once the timed steps are over: a hold whose point was not reached by
     #: then gives up waiting.
     horizon_passed: threading.Event = field(default_factory=threading.Event)
+    #: Takeover watchers (stale holders) wait through the quiet wait too.
+    _watchers: list[threading.Thread] = field(default_factory=list)
+    _quiet_over: threading.Event = field(default_factory=threading.Event)
 
     def __post_init__(self) -> None:
         self.effects = [
@@ -80,8 +83,21 @@ class Nemesis:
 
     # ------------------------------------------------------------ before start
     def arm_points(self) -> None:
-        """Point faults are armed before any worker starts, so none is missed."""
+        """Point faults (and tool faults due at 0) are armed before any worker
+        starts, so none is missed."""
         for i, f in enumerate(self.schedule.faults):
+            if f.kind == "tool" and f.at_ms == 0:  # from the very first create on
+                self._tool_on(i, f)
+            if f.kind == "stale" and f.point is not None:
+                self._watchers.append(
+                    threading.Thread(
+                        target=self._stale_on_takeover,
+                        args=(i, f),
+                        name=f"explore-stale-{i}",
+                        daemon=True,
+                    )
+                )
+                continue
             if f.point is None:
                 continue
             who = self._point_worker(f)
@@ -93,7 +109,7 @@ class Nemesis:
                 self._holds.append(thread)
 
     def start_holds(self) -> None:
-        for thread in self._holds:
+        for thread in self._holds + self._watchers:
             thread.start()
 
     def _point_worker(self, f: Fault) -> str:
@@ -180,7 +196,9 @@ class Nemesis:
                         self._bind(self._link_off, i, f),
                     )
                 )
-            elif f.kind == "tool":
+            elif f.kind == "stale" and f.point is None:
+                out.append(Step(f.at_ms, f.label(), self._bind(self._stale, i, f)))
+            elif f.kind == "tool" and f.at_ms > 0:
                 out.append(Step(f.at_ms, f.label(), self._bind(self._tool_on, i, f)))
         for a in self.schedule.actions:
             out.append(Step(a.at_ms, f"{a.action} run {a.run}", lambda a=a: self.workload.act(a)))  # type: ignore[misc]
@@ -290,6 +308,66 @@ class Nemesis:
         self.ctx.command(f"mock tool: fault {f.mode} x{f.count} on {f.tool} ({fid})")
         self.effects[i].evidence = f"armed {fid}; never fired (no create of {f.tool} came)"
 
+    def _stale_on_takeover(self, i: int, f: Fault) -> None:
+        """Wait (by the control journal, holding nobody) for a second worker to
+        reach after_lease_acquired on the run, then speak as the holder before it."""
+        claims: set[int] = set()
+        while not (self.stop.is_set() or self._quiet_over.is_set()):
+            if len(self.workload.run_ids) > f.run:
+                run_id = self.workload.run_ids[f.run]
+                hits = self.ctx.env.control.hits(point="after_lease_acquired")
+                claims = {h.seq for h in hits if h.run_id == run_id}
+                if len(claims) >= 2:
+                    self._stale(i, f)
+                    return
+            self.stop.wait(0.01)
+        self.effects[i].evidence = f"run {f.run} was not taken over ({len(claims)} claim(s) seen)"
+
+    def _stale(self, i: int, f: Fault) -> None:
+        """A stale holder's request: the identity comes from the harness's audit
+        trail (superuser), and is stale by the database's own facts when sent."""
+        run_id = self.workload.run_ids[f.run]
+        rows = self.ctx.env.query(
+            "SELECT r.owner, r.epoch, r.revision, r.lease_expires_at < clock_timestamp() AS expired, "
+            "(SELECT a.owner FROM fencecheck_audit.run_changes a WHERE a.run_id = r.run_id "
+            " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_owner, "
+            "(SELECT a.epoch FROM fencecheck_audit.run_changes a WHERE a.run_id = r.run_id "
+            " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_epoch "
+            "FROM agent_runs r WHERE r.run_id = %s",
+            [run_id],
+        )
+        row = rows[0] if rows else {}
+        if row.get("old_owner") is not None:
+            owner, epoch, why = (
+                row["old_owner"],
+                row["old_epoch"],
+                f"epoch {row['epoch']} granted since",
+            )
+        elif row.get("owner") is not None and row.get("expired") and f.op != "release":
+            # (The contract lets a holder give back its own expired lease: a
+            # release is stale only after a takeover.)
+            owner, epoch, why = row["owner"], row["epoch"], "its lease expired by database time"
+        else:
+            self.effects[i].evidence = (
+                f"run {run_id[:8]} had no stale lease at that moment (owner {row.get('owner')}, "
+                f"epoch {row.get('epoch')}, expired {row.get('expired')})"
+            )
+            return
+        args: dict[str, object] = {"run_id": run_id, "epoch": epoch, "owner": owner}
+        if f.op == "save_checkpoint":
+            args |= {"expected_revision": row["revision"], "state": {"stale": True}}
+        proc = self.workload.stale_session(self.workload.tenants[self.schedule.runs[f.run].tenant])
+        self._note_point(i, None)
+        try:
+            reply = self.ctx.op(proc, f.op, timeout_s=5.0, **args)
+            answer = "accepted" if reply.ok else f"refused: {reply.error}"
+        except Exception as exc:  # an op the worker lacks, or no answer: sent all the same
+            answer = f"{type(exc).__name__}: {exc}"
+        self.effects[i].took_effect = True
+        self.effects[
+            i
+        ].evidence = f"{f.op} as {owner} epoch {epoch} on run {run_id[:8]} ({why}): {answer}"
+
     def _note_point(self, i: int, worker: str | None) -> None:
         hits = self.ctx.env.control.hits(worker=worker)
         self.effects[i].after_point = hits[-1].point if hits else None
@@ -324,8 +402,12 @@ class Nemesis:
         )
 
     def disarm_late(self) -> None:
-        """Crash points and tool faults stay armed through the quiet wait (their
-        point or create may come late, and the workload recovers from them); then off."""
+        """Crash points, tool faults and takeover watchers stay armed through the
+        quiet wait (their point, create or takeover may come late, and the
+        workload recovers from them); then off."""
+        self._quiet_over.set()
+        for thread in self._watchers:
+            thread.join(timeout=10)
         for f in self.schedule.faults:
             if f.kind == "crash_at" and f.point is not None:
                 self.ctx.env.control.disarm(self._point_worker(f), f.point)

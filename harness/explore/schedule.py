@@ -41,7 +41,8 @@ STEPPED_ONLY_POINTS = ("after_lease_row_locked", "before_commit")
 LINKS = ("pg", "tool")  # a worker's own link to PostgreSQL; the shared link to the tool
 LINK_FAULTS = ("cut", "blackhole", "reset", "latency")
 TOOL_MODES = ("drop_after_act", "error_5xx_after_act", "reject_429", "hang", "delay")
-FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool")
+FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool", "stale")
+STALE_OPS = ("save_checkpoint", "renew", "release")
 ANY = "any"  # a point fault for whichever worker reaches the point first
 RELAY = "relay"  # the outbox relay process, as a target of a point fault
 
@@ -87,7 +88,14 @@ class Fault:
       ``link`` (``pg`` of ``worker``, or the shared ``tool`` link) from
       ``at_ms`` for ``duration_ms``.
     * ``tool``: the mock tool answers the next ``count`` creates of ``tool``
-      with ``mode`` (``delay``/``hang`` for ``duration_ms``), armed at ``at_ms``.
+      with ``mode`` (``delay``/``hang`` for ``duration_ms``), armed at ``at_ms``
+      (at 0: before the workers start).
+    * ``stale``: at ``at_ms`` a stale holder of run ``run`` (a session of the
+      worker role that kept an old lease: an earlier owner and epoch after a
+      takeover, or the current ones once the lease expired by database time)
+      sends ``op`` (save_checkpoint / renew / release) with that identity,
+      as a worker whose own lease guard failed would; with ``point:
+      after_lease_acquired`` at once when another worker takes the run over.
     """
 
     kind: str
@@ -102,9 +110,13 @@ class Fault:
     mode: str | None = None
     tool: str = "*"
     count: int = 1
+    run: int = 0
+    op: str = "save_checkpoint"
 
     def label(self) -> str:
         """A short name for progress lines and the coverage table."""
+        if self.kind == "stale":
+            return f"stale {self.op} run {self.run}" + (" on takeover" if self.point else "")
         if self.point is not None:
             return f"{self.kind} w{self.worker}@{self.point}"
         if self.kind == "link":
@@ -301,7 +313,7 @@ def from_dict(data: Any) -> Schedule:
         )
     write_path = _choice(top, "write_path", "schedule", WRITE_PATHS, "fast")
     faults = [
-        _fault(_mapping(item, f"faults[{i}]"), f"faults[{i}]", workers, write_path)
+        _fault(_mapping(item, f"faults[{i}]"), f"faults[{i}]", workers, write_path, len(runs))
         for i, item in enumerate(top.get("faults") or [])
     ]
     return Schedule(
@@ -332,11 +344,22 @@ def _worker(
     return value
 
 
-def _fault(f: Mapping[str, Any], where: str, workers: int, write_path: str) -> Fault:
+def _fault(f: Mapping[str, Any], where: str, workers: int, write_path: str, runs: int) -> Fault:
     _known(f, where, {x.name for x in dataclasses.fields(Fault)})
     kind = _choice(f, "kind", where, FAULT_KINDS, None)
     at_ms = _int(f, "at_ms", where, 0, 60_000, 0)
     duration = _int(f, "duration_ms", where, 0, 60_000, 0)
+    if kind == "stale":
+        point = f.get("point")
+        if point not in (None, "after_lease_acquired"):
+            raise ScheduleError(f"{where}.point of a stale fault is after_lease_acquired or absent")
+        return Fault(
+            kind=kind,
+            at_ms=at_ms,
+            point=point,
+            run=_int(f, "run", where, 0, runs - 1, 0),
+            op=_choice(f, "op", where, STALE_OPS, "save_checkpoint"),
+        )
     if kind == "kill" or (kind == "pause" and f.get("point") is None):
         return Fault(
             kind=kind, at_ms=at_ms, worker=_worker(f, where, workers), duration_ms=duration

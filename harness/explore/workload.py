@@ -89,6 +89,11 @@ class Workload:
             self.task_ids.append(str(row[0]["task_id"]))
 
     def start_workers(self) -> None:
+        # A stale holder must speak at once when its moment comes: its
+        # session is started with the workers.
+        for f in self.schedule.faults:
+            if f.kind == "stale":
+                self.stale_session(self.tenants[self.schedule.runs[f.run].tenant])
         for slot in self.slots:
             self.ctx.env.add_pg_link(slot.pg_link)
             self._start(slot)
@@ -170,6 +175,15 @@ class Workload:
         self._relay_stop.set()
         if self._relay_thread is not None:
             self._relay_thread.join(timeout=2 * OP_TIMEOUT_S + 1)
+
+    def stale_session(self, tenant: str) -> WorkerProcess:
+        """The worker-role ``ops`` session a stale holder of a run of ``tenant``
+        speaks through (one per tenant)."""
+        name = f"stale-t{self.tenants.index(tenant)}"
+        proc = self.ctx.env.workers.get(name)
+        if proc is None or not proc.is_alive():
+            proc = self.ctx.env.start_worker(name, "ops", tenant_id=tenant)
+        return proc
 
     # ------------------------------------------------------------ control plane
     def act(self, action: ControlAction) -> None:
