@@ -32,17 +32,17 @@ def _report(root: Path) -> tuple[Path, dict[str, object]]:
 @pytest.mark.timeout(600)
 def test_a_short_campaign_finds_no_violation_in_the_reference_worker(tmp_path: Path) -> None:
     code = cli_main(
-        ["explore", "--schedules", "6", "--seed", "7", "--report-dir", str(tmp_path), "--quiet"]
+        ["explore", "--schedules", "4", "--seed", "7", "--report-dir", str(tmp_path), "--quiet"]
     )
     run, facts = _report(tmp_path)
     counts = facts["counts"]
     assert isinstance(counts, dict)
     assert counts["fail"] == 0, (run / "summary.md").read_text()
     assert code == (0 if counts["pass"] else 2)
-    assert facts["schedules"] == 6
+    assert facts["schedules"] == 4
     for name in ("summary.md", "results.json", "junit.xml"):
         assert (run / name).is_file()
-    assert len(list((run / "archives").glob("X-s*.yaml"))) == 6
+    assert len(list((run / "archives").glob("X-s*.yaml"))) == 4
     assert "Coverage" in (run / "summary.md").read_text()
 
 
@@ -52,8 +52,8 @@ def test_a_campaign_finds_shrinks_and_replays_a_mutant(
 ) -> None:
     code = cli_main(
         [
-            "explore", "--schedules", "4", "--seed", "3", "--mutant", MUST_FIND,
-            "--shrink-budget", "45s", "--report-dir", str(tmp_path / "explore"),
+            "explore", "--schedules", "2", "--seed", "3", "--mutant", MUST_FIND,
+            "--shrink-budget", "20s", "--report-dir", str(tmp_path / "explore"),
         ]
     )  # fmt: skip
     out = capsys.readouterr().out

@@ -36,7 +36,7 @@ from harness.explore import schedule as sched
 from harness.explore.coverage import Coverage
 from harness.explore.generate import Shape, schedules
 from harness.explore.nemesis import Effect, Nemesis
-from harness.explore.shrink import Shrinker, Violation
+from harness.explore.shrink import SearchOver, Shrinker, Violation
 from harness.explore.workload import STARTUP_TIMEOUT_S, Workload
 from harness.verdict import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN, Verdict
 
@@ -66,6 +66,8 @@ class ScheduleResult:
             return "fail"
         if self.verdict is Verdict.PASS:
             return "pass"
+        if "inconclusive:" in self.reason or "harness error" in self.reason:
+            return "unknown"
         if any(not e.took_effect for e in self.effects) or not self.schedule.faults:
             return "no_effect"
         return "unknown"
@@ -105,6 +107,7 @@ def execute(
     """
     timing: dict[str, float] = {}
     mark = time.monotonic()
+    out["entered"] = mark
 
     def lap(name: str) -> None:
         nonlocal mark
@@ -134,6 +137,8 @@ def execute(
         workload.create_runs()
         lap("create_runs")
         if not workload.wait_working():
+            if stop.is_set():
+                raise Inconclusive("interrupted before the schedule's clock started")
             raise Inconclusive(
                 f"no worker reached an injection point within {STARTUP_TIMEOUT_S:.0f}s of its start"
             )
@@ -176,6 +181,7 @@ def execute(
             expected="every run terminal, paused, or waiting out a backoff after heal",
             observed=f"all {len(workload.run_ids)} runs settled",
         )
+    out["left"] = time.monotonic()
     ctx.extra["explore"]["effects"] = [vars(e) for e in nemesis.effects]
     ctx.extra["explore"]["actions"] = workload.action_log
 
@@ -218,7 +224,16 @@ def run_schedule(
     result = run_job(shared, job, report_dir=report_dir, seed=schedule.seed)
     total = time.monotonic() - started
     timing = dict(out.get("timing", {}))
-    timing["setup_judge_archive"] = round(total - sum(timing.values()), 3)
+    # Outside the schedule itself: the experiment's environment coming up
+    # (database from the template, proxies, mock tool, roles, control socket),
+    # and after it: workers stopped, evidence gathered, invariants judged,
+    # archive written, everything torn down.
+    entered, left = out.get("entered"), out.get("left")
+    if isinstance(entered, float) and isinstance(left, float):
+        timing["environment_up"] = round(entered - started, 3)
+        timing["stop_judge_archive_teardown"] = round(started + total - left, 3)
+    else:
+        timing["outside_schedule"] = round(total - sum(timing.values()), 3)
     return ScheduleResult(
         label=job.label,
         schedule=schedule,
@@ -331,6 +346,8 @@ class Campaign:
 
     def on_example(self, lane: int, schedule: sched.Schedule) -> None:
         """Hypothesis's test function: run the schedule unless the budget is over."""
+        if self.stop.is_set():  # ends the search at once (no more draws)
+            raise SearchOver("stopped")
         schedule = dataclasses.replace(schedule, seed=self.config.seed + lane)
         if self._owner == lane:
             self._shrink_step(schedule)
@@ -392,8 +409,8 @@ class Campaign:
         phases = [Phase.generate] + ([Phase.shrink] if self.config.shrink_budget_s > 0 else [])
         if self.config.max_schedules is not None:
             examples = self.config.max_schedules
-        else:  # no schedule takes under a second: a bound the budget ends first
-            examples = max(1, int(self.config.budget_s or 1))
+        else:  # no schedule takes under 5 s: a bound the budget ends first
+            examples = max(1, int((self.config.budget_s or 5) / 5))
 
         @seed(self.config.seed + lane)
         @settings(
@@ -415,7 +432,7 @@ class Campaign:
         except Exception as exc:
             # The violation (or Hypothesis saying its last replay of the
             # minimal example did not fail again): what counts was recorded.
-            if self._owner != lane:
+            if self._owner != lane and not isinstance(exc, SearchOver):
                 self.progress(f"lane {lane} ended with {type(exc).__name__}: {exc}")
                 if not isinstance(exc, Violation):
                     self.errors.append(f"lane {lane}: {type(exc).__name__}: {exc}")

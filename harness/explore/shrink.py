@@ -30,6 +30,11 @@ class Violation(Exception):
     """Raised inside the Hypothesis search when a schedule broke an invariant."""
 
 
+class SearchOver(Exception):
+    """Raised inside the Hypothesis search to end it at once (the campaign was told
+    to stop); Hypothesis's shrinking of it costs nothing, every call raises again."""
+
+
 @dataclass
 class Shrinker:
     budget_s: float
