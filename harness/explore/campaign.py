@@ -441,7 +441,9 @@ class Campaign:
         """Search until the budget or a violation (then shrink); never raises for
         what a schedule does."""
         threads = [
-            threading.Thread(target=self._search, args=(lane,), name=f"explore-lane-{lane}")
+            threading.Thread(
+                target=self._search, args=(lane,), name=f"explore-lane-{lane}", daemon=True
+            )
             for lane in range(max(1, self.config.lanes))
         ]
         for t in threads:

@@ -287,6 +287,8 @@ class Nemesis:
             rec = link.blackhole()
         elif f.fault == "reset":
             rec = link.reset()
+        elif f.fault == "drop_responses":  # requests arrive, answers never come back
+            rec = link.drop_responses(close_after_ms=500)
         else:
             rec = link.latency(f.latency_ms)
         self.ctx.command(f"toxiproxy: {rec.detail}")

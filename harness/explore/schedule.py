@@ -39,7 +39,7 @@ POINTS = (
 )
 STEPPED_ONLY_POINTS = ("after_lease_row_locked", "before_commit")
 LINKS = ("pg", "tool")  # a worker's own link to PostgreSQL; the shared link to the tool
-LINK_FAULTS = ("cut", "blackhole", "reset", "latency")
+LINK_FAULTS = ("cut", "blackhole", "reset", "latency", "drop_responses")
 TOOL_MODES = ("drop_after_act", "error_5xx_after_act", "reject_429", "hang", "delay")
 FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool", "stale")
 STALE_OPS = ("save_checkpoint", "renew", "release")

@@ -11,9 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from harness.cli import main as cli_main
 from harness.cli.explore import duration
 from harness.explore import schedule as sched
+from harness.explore.campaign import ScheduleResult
 from harness.explore.coverage import Coverage
 from harness.explore.generate import Shape, schedules
 from harness.explore.nemesis import Effect
+from harness.verdict import Verdict
 
 HAND_WRITTEN = """
 workers: 3
@@ -74,7 +76,7 @@ def test_replay_of_a_bad_file_is_a_usage_error(
     assert "runs[0].tool" in capsys.readouterr().err
 
 
-@settings(max_examples=30, suppress_health_check=list(HealthCheck), deadline=None)
+@settings(max_examples=20, suppress_health_check=list(HealthCheck), deadline=None)
 @given(schedules(Shape()))
 def test_every_generated_schedule_is_valid_data(schedule: sched.Schedule) -> None:
     assert sched.from_dict(sched.to_dict(schedule)) == schedule
@@ -109,3 +111,22 @@ def test_coverage_counts_only_faults_in_effect() -> None:
     assert "after_checkpoint_commit" in table and "after_lease_acquired" in table
     assert "drawn but not in effect (not counted above): tool 1" in table
     assert cov.as_dict()["not_in_effect"] == {"tool": 1}
+
+
+def _result(verdict: Verdict, reason: str, took: bool = True) -> ScheduleResult:
+    schedule = sched.Schedule(runs=(sched.Run(),), faults=(sched.Fault(kind="kill"),))
+    effect = Effect(0, "kill w0", "kill", None, took, "reaped" if took else "not running")
+    return ScheduleResult("X-s0001", schedule, verdict, reason, [effect], None, 1.0)
+
+
+def test_a_schedule_is_counted_by_its_verdict_and_its_faults() -> None:
+    broken = "global invariant broken: write.revisions_gapless; lease.one_owner_per_epoch (the experiment itself: pass: ok)"
+    fail = _result(Verdict.FAIL, broken, took=False)
+    assert fail.category == "fail"  # a broken invariant is a fail even if a fault missed
+    assert fail.broken == ["write.revisions_gapless", "lease.one_owner_per_epoch"]
+    assert (
+        _result(Verdict.UNKNOWN, "fault did not take effect: x", took=False).category == "no_effect"
+    )
+    assert _result(Verdict.UNKNOWN, "inconclusive: interrupted").category == "unknown"
+    assert _result(Verdict.PASS, "every invariant held").category == "pass"
+    assert _result(Verdict.PASS, "every invariant held").broken == []
