@@ -119,14 +119,10 @@ def main(args: argparse.Namespace) -> int:
     )
     progress = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", flush=True))
     stop = threading.Event()
-    try:
-        with SharedServices(settings) as shared:
-            outcome = Campaign(
-                shared, config, report_dir=report_dir, stop=stop, progress=progress
-            ).run()
-    except KeyboardInterrupt:
-        stop.set()
-        raise
+    with SharedServices(settings) as shared:
+        outcome = Campaign(
+            shared, config, report_dir=report_dir, stop=stop, progress=progress
+        ).run()
     violation = None
     if outcome.minimal is not None:
         violation = write_violation(
@@ -162,6 +158,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"  minimal schedule (size {data['shrunk']['size']}): {violation[0]}")
         print(f"  replay: {violation[1]}")
     print(f"reports in {report_dir} (summary.md, explore.json, results.json, junit.xml)")
+    if outcome.interrupted:
+        print("explore: INTERRUPTED; the report covers the schedules that ran")
+        return 130
     code = outcome.exit_code()
     print(
         {

@@ -439,7 +439,8 @@ class Campaign:
 
     def run(self) -> CampaignOutcome:
         """Search until the budget or a violation (then shrink); never raises for
-        what a schedule does."""
+        what a schedule does. Interrupted, it returns what was run so far
+        (``interrupted`` set) once the running schedules are torn down."""
         threads = [
             threading.Thread(
                 target=self._search, args=(lane,), name=f"explore-lane-{lane}", daemon=True
@@ -451,11 +452,10 @@ class Campaign:
         try:
             for t in threads:
                 t.join()
-        except BaseException:  # Ctrl-C: every lane stops before its next schedule
+        except KeyboardInterrupt:  # Ctrl-C / SIGTERM: every lane ends its search
             self.stop.set()
             for t in threads:
-                t.join()
-            raise
+                t.join(timeout=120)
         return CampaignOutcome(
             results=self.results,
             shrink_runs=self.shrink_runs,
