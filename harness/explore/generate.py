@@ -59,7 +59,9 @@ def _pause_duration(lease_ms: int) -> st.SearchStrategy[int]:
 
 
 @st.composite
-def faults(draw: st.DrawFn, workers: int, runs: int, write_path: str, lease_ms: int) -> Fault:
+def faults(
+    draw: st.DrawFn, workers: int, runs: int, write_path: str, lease_ms: int, tools: tuple[str, ...]
+) -> Fault:
     """One nemesis step of any kind."""
     worker = st.integers(0, workers - 1)
     points = [p for p in POINTS if write_path == "stepped" or p not in STEPPED_ONLY_POINTS]
@@ -123,7 +125,7 @@ def faults(draw: st.DrawFn, workers: int, runs: int, write_path: str, lease_ms: 
     return Fault(
         kind="tool",
         mode=mode,
-        tool=draw(st.sampled_from(("*", *TOOLS))),
+        tool=draw(st.sampled_from(("*", *tools))),  # a tool some run calls
         count=draw(st.integers(1, 3)),
         at_ms=draw(st.one_of(st.just(0), _moment())),
         duration_ms=draw(st.integers(1, 40).map(lambda n: n * 50))
@@ -164,7 +166,13 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
     )
     drawn = draw(
         st.lists(
-            faults(workers, len(runs), write_path, shape.lease_ttl_ms),
+            faults(
+                workers,
+                len(runs),
+                write_path,
+                shape.lease_ttl_ms,
+                tuple(t for t in TOOLS if any(r.tool == t for r in runs)),
+            ),
             min_size=1,
             max_size=shape.max_faults,
         )
