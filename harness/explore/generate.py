@@ -70,7 +70,7 @@ def faults(
         on_takeover = draw(st.booleans())
         return Fault(
             kind="stale",
-            run=draw(st.integers(0, runs - 1)),
+            run=draw(st.one_of(st.just(ANY), st.integers(0, runs - 1))),
             op=draw(st.sampled_from(STALE_OPS)),
             point="after_lease_acquired" if on_takeover else None,
             at_ms=0 if on_takeover else draw(_moment()),

@@ -197,7 +197,7 @@ class Nemesis:
                     )
                 )
             elif f.kind == "stale" and f.point is None:
-                out.append(Step(f.at_ms, f.label(), self._bind(self._stale, i, f)))
+                out.append(Step(f.at_ms, f.label(), self._bind(self._stale_now, i, f)))
             elif f.kind == "tool" and f.at_ms > 0:
                 out.append(Step(f.at_ms, f.label(), self._bind(self._tool_on, i, f)))
         for a in self.schedule.actions:
@@ -310,25 +310,34 @@ class Nemesis:
         self.ctx.command(f"mock tool: fault {f.mode} x{f.count} on {f.tool} ({fid})")
         self.effects[i].evidence = f"armed {fid}; never fired (no create of {f.tool} came)"
 
+    def _target_runs(self, f: Fault) -> list[str]:
+        ids = self.workload.run_ids
+        if f.run == ANY:
+            return list(ids)
+        assert isinstance(f.run, int)
+        return [ids[f.run]] if len(ids) > f.run else []
+
     def _stale_on_takeover(self, i: int, f: Fault) -> None:
         """Wait (by the control journal, holding nobody) for a second worker to
-        reach after_lease_acquired on the run, then speak as the holder before it."""
-        claims: set[int] = set()
+        reach after_lease_acquired on the run (``any``: on any run of the
+        schedule), then speak as the holder before it."""
         while not (self.stop.is_set() or self._quiet_over.is_set()):
-            if len(self.workload.run_ids) > f.run:
-                run_id = self.workload.run_ids[f.run]
-                hits = self.ctx.env.control.hits(point="after_lease_acquired")
-                claims = {h.seq for h in hits if h.run_id == run_id}
-                if len(claims) >= 2:
-                    self._stale(i, f)
+            hits = self.ctx.env.control.hits(point="after_lease_acquired")
+            for run_id in self._target_runs(f):
+                if len({h.seq for h in hits if h.run_id == run_id}) >= 2:
+                    self._stale(i, f, run_id)
                     return
             self.stop.wait(0.01)
-        self.effects[i].evidence = f"run {f.run} was not taken over ({len(claims)} claim(s) seen)"
+        self.effects[i].evidence = f"run {f.run} was not taken over"
 
-    def _stale(self, i: int, f: Fault) -> None:
+    def _stale_now(self, i: int, f: Fault) -> None:
+        for run_id in self._target_runs(f):
+            if self._stale(i, f, run_id):
+                return
+
+    def _stale(self, i: int, f: Fault, run_id: str) -> bool:
         """A stale holder's request: the identity comes from the harness's audit
         trail (superuser), and is stale by the database's own facts when sent."""
-        run_id = self.workload.run_ids[f.run]
         rows = self.ctx.env.query(
             "SELECT r.owner, r.epoch, r.revision, r.lease_expires_at < clock_timestamp() AS expired, "
             "(SELECT a.owner FROM fencecheck_audit.run_changes a WHERE a.run_id = r.run_id "
@@ -354,11 +363,11 @@ class Nemesis:
                 f"run {run_id[:8]} had no stale lease at that moment (owner {row.get('owner')}, "
                 f"epoch {row.get('epoch')}, expired {row.get('expired')})"
             )
-            return
+            return False
         args: dict[str, object] = {"run_id": run_id, "epoch": epoch, "owner": owner}
         if f.op == "save_checkpoint":
             args |= {"expected_revision": row["revision"], "state": {"stale": True}}
-        proc = self.workload.stale_session(self.workload.tenants[self.schedule.runs[f.run].tenant])
+        proc = self.workload.stale_session(self.workload.tenant_of(run_id))
         self._note_point(i, None)
         try:
             reply = self.ctx.op(proc, f.op, timeout_s=5.0, **args)
@@ -366,9 +375,9 @@ class Nemesis:
         except Exception as exc:  # an op the worker lacks, or no answer: sent all the same
             answer = f"{type(exc).__name__}: {exc}"
         self.effects[i].took_effect = True
-        self.effects[
-            i
-        ].evidence = f"{f.op} as {owner} epoch {epoch} on run {run_id[:8]} ({why}): {answer}"
+        self.effects[i].evidence = f"{f.op} as {owner} epoch {epoch} on run {run_id[:8]}"
+        self.effects[i].evidence += f" ({why}): {answer}"
+        return True
 
     def _note_point(self, i: int, worker: str | None) -> None:
         hits = self.ctx.env.control.hits(worker=worker)

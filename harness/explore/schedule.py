@@ -110,7 +110,7 @@ class Fault:
     mode: str | None = None
     tool: str = "*"
     count: int = 1
-    run: int = 0
+    run: int | str = 0  # a run index, or "any" (stale faults)
     op: str = "save_checkpoint"
 
     def label(self) -> str:
@@ -357,7 +357,7 @@ def _fault(f: Mapping[str, Any], where: str, workers: int, write_path: str, runs
             kind=kind,
             at_ms=at_ms,
             point=point,
-            run=_int(f, "run", where, 0, runs - 1, 0),
+            run=ANY if f.get("run") == ANY else _int(f, "run", where, 0, runs - 1, 0),
             op=_choice(f, "op", where, STALE_OPS, "save_checkpoint"),
         )
     if kind == "kill" or (kind == "pause" and f.get("point") is None):

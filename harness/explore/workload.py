@@ -91,9 +91,9 @@ class Workload:
     def start_workers(self) -> None:
         # A stale holder must speak at once when its moment comes: its
         # session is started with the workers.
-        for f in self.schedule.faults:
-            if f.kind == "stale":
-                self.stale_session(self.tenants[self.schedule.runs[f.run].tenant])
+        if any(f.kind == "stale" for f in self.schedule.faults):
+            for tenant in self.tenants:
+                self.stale_session(tenant)
         for slot in self.slots:
             self.ctx.env.add_pg_link(slot.pg_link)
             self._start(slot)
@@ -175,6 +175,9 @@ class Workload:
         self._relay_stop.set()
         if self._relay_thread is not None:
             self._relay_thread.join(timeout=2 * OP_TIMEOUT_S + 1)
+
+    def tenant_of(self, run_id: str) -> str:
+        return self.tenants[self.schedule.runs[self.run_ids.index(run_id)].tenant]
 
     def stale_session(self, tenant: str) -> WorkerProcess:
         """The worker-role ``ops`` session a stale holder of a run of ``tenant``
