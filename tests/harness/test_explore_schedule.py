@@ -76,7 +76,7 @@ def test_replay_of_a_bad_file_is_a_usage_error(
     assert "runs[0].tool" in capsys.readouterr().err
 
 
-@settings(max_examples=20, suppress_health_check=list(HealthCheck), deadline=None)
+@settings(max_examples=10, suppress_health_check=list(HealthCheck), deadline=None)
 @given(schedules(Shape()))
 def test_every_generated_schedule_is_valid_data(schedule: sched.Schedule) -> None:
     assert sched.from_dict(sched.to_dict(schedule)) == schedule
