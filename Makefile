@@ -21,7 +21,7 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup browser run test test-fast lint bench bench-explore smoke clean go-check go-matrix go-bench
+.PHONY: setup browser run test test-fast lint bench bench-stop bench-explore smoke clean go-check go-matrix go-bench
 
 setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT)
 
@@ -103,6 +103,11 @@ lint: setup
 
 bench: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench $(ARGS)
+
+# How fast a run stops per signal and point, and what reaping a killed run
+# takes (docs/running.md); ARGS='--rounds 3' or ARGS='--backend containers'.
+bench-stop: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m tests.harness.stop_times $(ARGS)
 
 # Exploration speed: schedules per minute with 3 workers and 4 runs, and where a
 # schedule's time goes (docs/explore.md). BUDGET=10m JOBS=3 SEED=1 to change.

@@ -6,6 +6,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from harness import stopping
+
 T = TypeVar("T")
 
 
@@ -30,11 +32,15 @@ def wait_for(
     reader sees why the condition never came. An exception of a type in
     ``fatal`` says the condition can never come (the server it waits for has
     exited, say): it is raised at once instead of waiting out the timeout.
+    A stop request (``harness.stopping``) ends the wait at once with
+    :class:`harness.stopping.Interrupted`.
     """
     deadline = time.monotonic() + timeout_s
     last_error: BaseException | None = None
     delay = interval_s
     while True:
+        if stopping.requested():
+            raise stopping.Interrupted(f"{stopping.reason()}: stopped waiting for {what}")
         try:
             value = probe()
         except fatal:
@@ -49,5 +55,5 @@ def wait_for(
             raise WaitTimeout(f"timed out after {timeout_s:.1f}s waiting for {what}{detail}") from (
                 last_error
             )
-        time.sleep(delay)
+        stopping.wait(delay)
         delay = min(delay * 1.5, max_interval_s)

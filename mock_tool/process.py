@@ -157,6 +157,9 @@ class MockToolProcess:
                 stdout=subprocess.PIPE,
                 stderr=log,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                # Its own session: a terminal's Ctrl-C reaches only the process
+                # that started it, which decides when the tool stops.
+                start_new_session=True,
             )
         self._proc, self._stdout = proc, proc.stdout
         _LIVE.add(self)

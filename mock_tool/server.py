@@ -50,8 +50,13 @@ from mock_tool.constants import (
 from mock_tool.storage import After, Store, StoreClosed
 
 MAX_BODY_BYTES = 1 << 20
-# SQLite INTEGER is signed 64-bit; larger epochs would fail at insert time.
-MAX_EPOCH = 2**63 - 1
+# SQLite INTEGER is signed 64-bit: a larger epoch, or a larger ?after= or
+# ?limit=, would fail inside SQLite (an answer of 500) instead of being refused.
+MAX_SQLITE_INTEGER = 2**63 - 1
+MAX_EPOCH = MAX_SQLITE_INTEGER
+# Deeper JSON is refused before parsing: Python's parser recurses per level,
+# and a 100,000-deep body would end in a RecursionError (a 500) otherwise.
+MAX_JSON_DEPTH = 64
 # Upper bound of any delay in ms (one hour): longer waits are a typo.
 MAX_MS = 3_600_000
 LOCK_FILE = "mock_tool.lock"
@@ -375,6 +380,28 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _too_deep(value: Any, limit: int = MAX_JSON_DEPTH) -> bool:
+    """Whether ``value`` nests lists/dicts deeper than ``limit`` (no recursion)."""
+    level: list[Any] = [value]
+    for _depth in range(limit):
+        level = [
+            child
+            for item in level
+            if isinstance(item, dict | list)
+            for child in (item.values() if isinstance(item, dict) else item)
+        ]
+        if not level:
+            return False
+    return any(isinstance(item, dict | list) for item in level)
+
+
 # -- the application ----------------------------------------------------
 
 
@@ -510,12 +537,29 @@ class Handler(BaseHTTPRequestHandler):
     def _read_json(self) -> Any:
         if self._body_error is not None:
             raise self._body_error
+        media = (self.headers.get("Content-Type") or "").split(";", 1)[0].strip().lower()
+        if media != "application/json":
+            raise HttpError(
+                415,
+                f"Content-Type {media or '(none)'} is not JSON; send the body with "
+                "Content-Type: application/json",
+                "unsupported_media_type",
+            )
         if not self._body:
             raise _bad("empty body: send a JSON object")
+        too_deep = f"body nests arrays/objects deeper than {MAX_JSON_DEPTH} levels"
         try:
-            value = json.loads(self._body.decode("utf-8"), parse_constant=_reject_constant)
+            value = json.loads(
+                self._body.decode("utf-8"),
+                parse_constant=_reject_constant,
+                parse_float=_finite_float,
+            )
+        except RecursionError:
+            raise _bad(too_deep) from None
         except (UnicodeDecodeError, ValueError) as exc:
             raise _bad(f"body is not valid JSON: {exc}") from None
+        if _too_deep(value):
+            raise _bad(too_deep)
         try:
             # JSON allows "\ud800"; UTF-8 (the log, the digest) does not.
             json.dumps(value, ensure_ascii=False).encode("utf-8")
@@ -852,12 +896,13 @@ class Handler(BaseHTTPRequestHandler):
             values = params.get(name)
             if not values:
                 return default
+            wanted = f"query parameter {name!r} must be an integer from 0 to {MAX_SQLITE_INTEGER}"
             try:
                 value = int(values[-1])
             except ValueError:
-                raise _bad(f"query parameter {name!r} must be an integer >= 0") from None
-            if value < 0:
-                raise _bad(f"query parameter {name!r} must be an integer >= 0")
+                raise _bad(wanted) from None
+            if not 0 <= value <= MAX_SQLITE_INTEGER:
+                raise _bad(wanted)
             return value
 
         after = number("after", 0) or 0

@@ -246,7 +246,13 @@ class RefundWorkflow:
         if op is None:
             self.cancel.sleep(0.1)  # claimed by someone else, or forbidden
             return None
-        answer: Answer = rt.dispatcher.send(op, self.lease.epoch, self.cancel)
+        # The request carries the run's epoch as the ledger stands after the
+        # claim, never our lease's: a dispatch claim is not fenced by the lease
+        # (any dispatcher may send a prepared intent once), and a process that
+        # was frozen past its lease may claim the successor's intent of the same
+        # step before its heartbeat notices the loss (seen in Q).
+        epoch = rt.ledger.run_epoch(conn, op.run_id)
+        answer: Answer = rt.dispatcher.send(op, epoch, self.cancel)
         if answer.kind in ("succeeded", "failed_final"):
             effect = {
                 "mode": "record",

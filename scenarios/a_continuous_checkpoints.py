@@ -7,8 +7,6 @@ and outbox row committed together.
 
 from __future__ import annotations
 
-import uuid
-
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import new_run
@@ -32,7 +30,7 @@ def run(ctx: ExperimentContext) -> None:
     epoch, base = lease["epoch"], lease["revision"]
     # The harness names each write's event_id, so the evidence below can find
     # exactly these two writes, whatever the worker answers.
-    event_ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    event_ids = [ctx.uuid(), ctx.uuid()]
     replies = [
         ctx.op(
             w,

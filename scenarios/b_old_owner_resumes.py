@@ -67,7 +67,7 @@ def run(ctx: ExperimentContext) -> None:
         state={"step": "by B"},
     )["revision"]
     state_a = a.kernel_state()
-    before = checkers.run_row(ctx, run_id, "run after B's takeover, before A resumes")
+    checkers.run_row(ctx, run_id, "run after B's takeover, before A resumes")
     resumed = ctx.resume(a)
 
     ctx.fault(
@@ -93,6 +93,11 @@ def run(ctx: ExperimentContext) -> None:
         expected_revision=rev,
         state={"step": "stale A"},
     )
+    # B renews first: under load the time since B's claim can outlast its
+    # lease, and a write refused for B's expiry proves nothing about the
+    # owner+epoch check probed next.
+    ctx.ok(b, "renew", run_id=run_id, epoch=epoch_b)
+    before = checkers.run_row(ctx, run_id, "run after B's renewal, before A's stale writes")
     # A's session at the revision B's write left, sent by a process that has not
     # noticed the loss (A's own may refuse client-side once its heartbeat failed):
     # only the database's owner+epoch check can refuse it.
@@ -104,6 +109,15 @@ def run(ctx: ExperimentContext) -> None:
         owner=lease_a["owner"],
         expected_revision=rev_b,
         state={"step": "stale A at B's revision"},
+    )
+    live = checkers.run_row(ctx, run_id, "run after A's stale write at B's revision")
+    ctx.fault(
+        "B's lease was live when A's stale write arrived",
+        not live["lease_expired"],
+        expected="B's lease unexpired by database time after A2's write (so only the owner+epoch"
+        " check could refuse it)",
+        observed=f"B's lease expires at {live['lease_expires_at']}, expired: "
+        f"{live['lease_expired']}",
     )
     release = ctx.op(a, "release", run_id=run_id, epoch=epoch_a)
     for name, reply in (

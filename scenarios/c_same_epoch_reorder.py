@@ -8,8 +8,6 @@ lock, then releases the first.
 
 from __future__ import annotations
 
-import uuid
-
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
@@ -25,6 +23,9 @@ SPEC = ExperimentSpec(
     rules=(3,),
     injection_point="after_lease_row_locked",
     write_path="stepped",
+    # Same owner, same epoch: expiry plays no part, and a lease that ran out
+    # while the first write is held (a loaded machine) would refuse both.
+    lease_ttl_ms=10_000,
 )
 
 
@@ -34,7 +35,7 @@ def run(ctx: ExperimentContext) -> None:
     lease = ctx.ok(w, "claim", run_id=run_id)
     epoch, base = lease["epoch"], lease["revision"]
     ctx.arm("W", "after_lease_row_locked", Hold())
-    event_ids = [str(uuid.uuid4()), str(uuid.uuid4())]
+    event_ids = [ctx.uuid(), ctx.uuid()]
     first = w.request_async(
         "save_checkpoint",
         {

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import secrets
-import uuid
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -34,9 +33,10 @@ def new_run(
 ) -> str:
     """Create a task with one run through the worker's control plane; return run_id."""
     ctl = control_plane(ctx, tenant_id)
-    task_id = f"task-{ctx.spec.id.lower()}-{uuid.uuid4().hex[:8]}"
+    task_id = f"task-{ctx.spec.id.lower()}-{ctx.uuid()[:8]}"
     # Every run carries a sensitive field (contract: sealed at rest, sent to the
     # tool, never logged); the harness masks its value wherever it shows up.
+    # A secret, not a choice of the schedule: never derived from the seed.
     token = f"ct_{secrets.token_hex(12)}"
     ctx.env.secrets.add(token)
     args: dict[str, Any] = {

@@ -34,7 +34,7 @@ from scenarios.common import new_run, seen_within
 SPEC = ExperimentSpec(
     id="H",
     title="failover",
-    seed_section="English seed §10, §11 H; ENVIRONMENT.md (sync wait cancel)",
+    seed_section="English seed §10, §11 H; docs/protocol.md (sync wait cancel)",
     invariant="async: acknowledged epochs may be lost and the worker declares exactly that; "
     "sync: no acknowledged epoch is lost; a cancelled sync wait is never reported as durable",
     fault="promote the standby (old primary fenced first) under async, under sync, and after "

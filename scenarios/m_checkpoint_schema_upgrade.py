@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
 
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
@@ -44,7 +43,7 @@ def _plant(ctx: ExperimentContext, run_id: str, version: int, state: dict[str, o
         "schema_version": version,
         "state_json": state,
         "state_hash": "\\x" + hashlib.sha256(body.encode()).hexdigest(),
-        "event_id": str(uuid.uuid4()),
+        "event_id": ctx.uuid(),
         "owner": "older-code",
     }
     columns = [

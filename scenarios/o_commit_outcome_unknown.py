@@ -8,8 +8,6 @@ reached the server (request lost), or it committed and the answer was lost
 
 from __future__ import annotations
 
-import uuid
-
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
@@ -36,7 +34,7 @@ def run(ctx: ExperimentContext) -> None:
     w = ctx.env.start_worker("W", "ops")
     lease = ctx.ok(w, "claim", run_id=run_id)
     base = lease["revision"]
-    event_id = str(uuid.uuid4())
+    event_id = ctx.uuid()
     ctx.arm("W", "before_commit", Hold())
     pending = w.request_async(
         "save_checkpoint",

@@ -5,8 +5,6 @@ epochs per run only grow, and every run finishes with one effect per step.
 
 from __future__ import annotations
 
-import random
-
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
@@ -33,7 +31,7 @@ WORKERS = 6
 
 
 def run(ctx: ExperimentContext) -> None:
-    rng = random.Random(ctx.seed)
+    rng = ctx.rng
     run_ids = [new_run(ctx, tool=rng.choice(["idem", "queryable"])) for _ in range(RUNS)]
     # Two workers, chosen by the seed, stop at a barrier right after their
     # first claim; the harness freezes them there (SIGSTOP) holding that lease,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import time
-import uuid
 from typing import Any
 
 from harness.checking import checkers
@@ -44,7 +43,7 @@ def run(ctx: ExperimentContext) -> None:
             ctx.ok(
                 ctl,
                 "create_run",
-                task_id=f"task-u-{uuid.uuid4().hex[:8]}",
+                task_id=f"task-u-{ctx.uuid()[:8]}",
                 input={"tool": "plain"},
                 max_attempts=ATTEMPTS,
             )["run_id"]

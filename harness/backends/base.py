@@ -61,6 +61,16 @@ class Backend(Protocol):
 
     def deployment(self) -> dict[str, Any]: ...
 
+    def footprint(self) -> dict[str, Any]:
+        """What the backend keeps outside the run's temp root, for the run record
+        (``harness.engine.run_records``): ``temp_dirs``, ``container_run``, ``engine``."""
+        ...
+
+    def abort(self) -> None:
+        """The run is stopping: end every server of this backend now, the fastest
+        way it has (called once, from a thread of its own)."""
+        ...
+
     def close(self) -> None: ...
 
 
@@ -112,6 +122,12 @@ class LocalBackend:
         if os.environ.get(IMAGE_ENV):
             found["inside_image"] = os.environ[IMAGE_ENV]
         return found
+
+    def footprint(self) -> dict[str, Any]:
+        return {}  # everything lives in the run's temp root
+
+    def abort(self) -> None:
+        return None  # each local server is stopped (in milliseconds) by its owner
 
     def close(self) -> None:
         return None

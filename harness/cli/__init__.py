@@ -5,6 +5,7 @@
     fencecheck show ARCHIVE     one evidence archive, readably, with its timeline
     fencecheck smoke            bring up every real part once, prove it works, tear down
     fencecheck mutants [NAMES]  prove the matrix catches every protocol mutant
+    fencecheck clean            remove what killed runs left behind
     fencecheck report DIR       rebuild a run's HTML pages from its archives; --compare A B
     fencecheck verify DIR       re-hash a run folder against its MANIFEST.sha256
     fencecheck merge DIR... --into DIR   the parts of a sharded run as one run
@@ -12,21 +13,43 @@
 Each command module has ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``main(args) -> int``; a new command is a new module listed in ``COMMANDS``.
 
-Exit codes: 0 every verdict pass, 1 some fail, 2 some unknown or a harness
-error, 64 bad usage (the message says what to change); ``--fail-on unknown``
-makes an unknown exit 1 (harness.evidence.gate).
+Exit codes (README, "Exit codes"), exactly:
+  0   every verdict pass
+  1   an invariant broke (some verdict fail); with ``--fail-on unknown`` also
+      some verdict unknown (harness.evidence.gate)
+  2   some verdict unknown, or a harness or environment error (one paragraph:
+      what failed, its exit status, the last lines of its stderr, its log)
+  64  bad usage: one line naming what to fix, never a traceback
+  128+N  stopped by signal N before it finished (130 SIGINT, 143 SIGTERM,
+      129 SIGHUP); the reports it wrote say "interrupted"
 """
 
 from __future__ import annotations
 
 import argparse
-import signal
+import os
 import sys
+import traceback
 from collections.abc import Sequence
-from types import FrameType, ModuleType
+from types import ModuleType
+from typing import NoReturn
 
-from harness.cli import explore, listing, merge, mutants, replay, report, run, show, smoke, verify
+from harness import stopping
+from harness.cli import (
+    clean,
+    explore,
+    listing,
+    merge,
+    mutants,
+    replay,
+    report,
+    run,
+    show,
+    smoke,
+    verify,
+)
 from harness.cli.common import UsageError
+from harness.failures import PartFailed
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
 COMMANDS: tuple[ModuleType, ...] = (
@@ -38,32 +61,46 @@ COMMANDS: tuple[ModuleType, ...] = (
     report,
     verify,
     merge,
+    clean,
     explore,
     replay,
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are usage errors (exit 64 with one line), not exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> Parser:
+    parser = Parser(
         prog="fencecheck",
         description="Fault-injection verification of the lease + fencing token + outbox "
         "protocol on real PostgreSQL, toxiproxy and worker processes.",
     )
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     for command in COMMANDS:
         command.add_arguments(sub.add_parser(command.NAME, help=command.HELP))
     return parser
 
 
-def _raise_interrupt(signum: int, frame: FrameType | None) -> None:
-    # SIGTERM takes the same path as Ctrl-C: unwind every context manager.
-    raise KeyboardInterrupt(f"signal {signum}")
+def _silence_stdout() -> None:
+    # The reader went away (`fencecheck list | head`): nothing more can be
+    # shown, and the interpreter's final flush must not fail either.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(f"fencecheck: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    stopping.install()
+    stopping.on_escalate(_release_records)
     by_name = {command.NAME: command for command in COMMANDS}
     try:
         code: int = by_name[args.command].main(args)
@@ -71,16 +108,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"fencecheck: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    except KeyboardInterrupt:
-        print("\nfencecheck: interrupted; everything it started has been stopped", file=sys.stderr)
-        return 130
+    except (stopping.Interrupted, KeyboardInterrupt):
+        print(
+            f"\nfencecheck: {stopping.reason()}; everything it started has been stopped",
+            file=sys.stderr,
+        )
+        return stopping.exit_status()
+    except BrokenPipeError:
+        _silence_stdout()
+        return 0
     except Exception as exc:
-        from harness.backends.base import BackendUnavailable
-        from harness.parts.pg_binaries import PgBinariesNotFound
-        from harness.parts.toxiproxy import ToxiproxyNotFound
+        if not stopping.requested():
+            return _report_error(exc)
+        # A failure after a stop request is the stop's doing: interrupted.
+        print(f"\nfencecheck: {stopping.reason()} ({type(exc).__name__}: {exc})", file=sys.stderr)
+        return stopping.exit_status()
+    finally:
+        _release_records("the command ended")
 
-        if isinstance(exc, PgBinariesNotFound | ToxiproxyNotFound | BackendUnavailable):
-            print(f"fencecheck: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        raise
+
+def _report_error(exc: Exception) -> int:
+    """Exit code and message for an error no command handled itself."""
+    from harness.backends.base import BackendUnavailable
+    from harness.parts.pg_binaries import PgBinariesNotFound
+    from harness.parts.postgres import ClusterError
+    from harness.parts.toxiproxy import ToxiproxyNotFound
+
+    # A part that failed says what, why and where its log is: no traceback
+    # (the run directory's error.txt has it).
+    if isinstance(exc, PartFailed | ClusterError):
+        print(f"fencecheck: harness/environment error: {exc}", file=sys.stderr)
+        return EXIT_UNKNOWN
+    if isinstance(exc, PgBinariesNotFound | ToxiproxyNotFound | BackendUnavailable):
+        print(f"fencecheck: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    print(
+        f"fencecheck: harness error: {type(exc).__name__}: {exc}\n"
+        + "".join(traceback.format_exception(exc)[-6:]),
+        file=sys.stderr,
+    )
     return EXIT_UNKNOWN
+
+
+def _release_records(why: str) -> None:
+    # A stop that struck between a run record's creation and the teardown that
+    # owns it must not leave the record (nor what it names) behind.
+    del why
+    from harness.engine.run_records import release_unreleased
+
+    release_unreleased()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-from collections.abc import Sequence
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from harness.engine.environment import Settings
+    from harness.engine.run_records import ReapReport
     from harness.engine.shards import Shard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -18,6 +21,67 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 class UsageError(Exception):
     """The command line asks for something that cannot be done."""
+
+
+def seed_value(value: str) -> int:
+    """A --seed: any whole number (negative ones too)."""
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a whole number such as 7, got {value!r}"
+        ) from None
+
+
+def report_root(path: str) -> Path:
+    """The --report-dir, created if missing; a usage error when it cannot hold reports."""
+    root = Path(path)
+    if root.exists() and not root.is_dir():
+        raise UsageError(
+            f"--report-dir {path} is a file, not a directory; give a directory "
+            "(it is created when missing)"
+        )
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=root, prefix=".fencecheck-probe-"):
+            pass
+    except OSError as exc:
+        raise UsageError(
+            f"--report-dir {path} cannot be written ({exc.strerror or exc}); "
+            "give a directory you can write to"
+        ) from None
+    return root
+
+
+def worker_command(text: str | None) -> tuple[str, ...] | None:
+    """--worker-cmd as argv (None: the reference worker); a usage error, naming
+    what to fix, when it is empty, cannot be split or names no executable."""
+    if text is None:
+        return None
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(
+            f"--worker-cmd {text!r} cannot be split into words ({exc}); check its quotes"
+        ) from None
+    if not argv:
+        raise UsageError(
+            "--worker-cmd is empty; give the command that starts your worker "
+            "(docs/worker-contract.md), or leave the option out to test the reference worker"
+        )
+    program = argv[0]
+    if "/" in program:
+        path = Path(program)
+        if not path.is_file():
+            raise UsageError(f"--worker-cmd: {program} does not exist (or is not a file)")
+        if not os.access(path, os.X_OK):
+            raise UsageError(
+                f"--worker-cmd: {program} is not executable; `chmod +x {program}` or run it "
+                "through its interpreter"
+            )
+    elif shutil.which(program) is None:
+        raise UsageError(f"--worker-cmd: {program!r} is not found on PATH; give its full path")
+    return tuple(argv)
 
 
 def positive(value: str) -> int:
@@ -54,14 +118,23 @@ def common_env_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def reap_and_report(base: Path | None, say: Callable[[str], None]) -> ReapReport:
+    """Reap the records of dead runs under ``base``'s state directory and say what
+    went (nothing is said when nothing was left behind)."""
+    from harness.engine.run_records import reap_dead
+
+    report = reap_dead(base)
+    for line in report.lines():
+        say(f"fencecheck: {line}")
+    for name in report.unreadable:
+        say(f"fencecheck: run record {report.state_dir / name} is unreadable; left alone")
+    return report
+
+
 def settings_from_args(args: argparse.Namespace, *, mutant: str | None = None) -> Settings:
     from harness.engine.environment import DEFAULT_WORKER_CMD, Settings
 
-    worker_cmd: Sequence[str] = DEFAULT_WORKER_CMD
-    if args.worker_cmd:
-        worker_cmd = shlex.split(args.worker_cmd)
-        if not worker_cmd:
-            raise UsageError("--worker-cmd is empty; give the command that starts your worker")
+    worker_cmd: Sequence[str] = worker_command(args.worker_cmd) or DEFAULT_WORKER_CMD
     if args.work_dir and not Path(args.work_dir).is_dir():
         raise UsageError(f"--work-dir {args.work_dir} is not a directory; create it first")
     if args.toxiproxy:

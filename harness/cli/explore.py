@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness import stopping
 from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
     positive,
+    reap_and_report,
     settings_from_args,
     shard_from_args,
     shard_option,
@@ -118,11 +120,18 @@ def main(args: argparse.Namespace) -> int:
         flush=True,
     )
     progress = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", flush=True))
+    reap_and_report(settings.work_dir, print)
+    # A signal (harness/stopping.py) ends every lane before its next schedule;
+    # the running ones are torn down and the report covers what ran.
     stop = threading.Event()
-    with SharedServices(settings) as shared:
-        outcome = Campaign(
-            shared, config, report_dir=report_dir, stop=stop, progress=progress
-        ).run()
+    forget = stopping.on_stop(lambda _why: stop.set())
+    try:
+        with SharedServices(settings) as shared:
+            outcome = Campaign(
+                shared, config, report_dir=report_dir, stop=stop, progress=progress
+            ).run()
+    finally:
+        forget()
     violation = None
     if outcome.minimal is not None:
         violation = write_violation(
@@ -159,8 +168,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"  replay: {violation[1]}")
     print(f"reports in {report_dir} (summary.md, explore.json, results.json, junit.xml)")
     if outcome.interrupted:
-        print("explore: INTERRUPTED; the report covers the schedules that ran")
-        return 130
+        print(
+            f"explore: INTERRUPTED ({stopping.reason()}); the report covers the schedules that ran"
+        )
+        return stopping.exit_status()
     code = outcome.exit_code()
     print(
         {

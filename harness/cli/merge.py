@@ -45,6 +45,13 @@ def main(args: argparse.Namespace) -> int:
         print(f"  passed over {why}")
     for k in merged.missing_parts:
         print(f"  part {k}/{count} is missing: its {what} are unknown")
+    for part in merged.parts:
+        if part.record.finished_at is None:
+            why = part.record.interrupted or "it never wrote its end (killed?)"
+            print(
+                f"  part {part.record.shard} ({part.path}) did not finish: {why}; "
+                f"what it did not complete is unknown"
+            )
     print()
     if merged.kind == "mutants":
         for entry in merged.mutants:
@@ -62,6 +69,9 @@ def main(args: argparse.Namespace) -> int:
     print(
         f"\noverall: {overall(results).value.upper()}; slowest part {merged.wall_s:.1f}s; "
         f"reports in {merged.into}"
+    )
+    print(
+        f"  pages {merged.pages}; evidence digest {merged.digest} (fencecheck verify {merged.into})"
     )
     print(gate_line(results, args.fail_on))
     return gate_exit(results, args.fail_on)

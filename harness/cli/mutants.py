@@ -12,6 +12,7 @@ from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
+    reap_and_report,
     settings_from_args,
     shard_from_args,
     shard_option,
@@ -57,6 +58,7 @@ def main(args: argparse.Namespace) -> int:
     from harness.mutation.named import MutantListUnavailable, run_mutants
 
     settings = settings_from_args(args)
+    reap_and_report(settings.work_dir, print)
     if args.explore:
         return _explore(args, settings)
     try:

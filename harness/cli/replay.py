@@ -8,11 +8,13 @@ import threading
 import time
 from pathlib import Path
 
+from harness import stopping
 from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
     positive,
+    reap_and_report,
     settings_from_args,
 )
 
@@ -55,7 +57,9 @@ def main(args: argparse.Namespace) -> int:
     )
     if schedule.note:
         print(f"  schedule note: {schedule.note}")
+    reap_and_report(settings.work_dir, print)
     stop = threading.Event()
+    forget = stopping.on_stop(lambda _why: stop.set())  # no new replay after a signal
     try:
         with SharedServices(settings) as shared:
             outcome = replay(
@@ -66,9 +70,8 @@ def main(args: argparse.Namespace) -> int:
                 stop=stop,
                 progress=lambda m: print(f"  {m}", flush=True),
             )
-    except KeyboardInterrupt:
-        stop.set()
-        raise
+    finally:
+        forget()
     experiments = [r.experiment for r in outcome.results if r.experiment]
     header = {
         "run": run_id,
@@ -84,4 +87,7 @@ def main(args: argparse.Namespace) -> int:
         f"\nreplay: violation reproduced in {outcome.reproduced} of {len(outcome.results)} run(s); "
         f"reports in {report_dir}"
     )
+    if stopping.requested():
+        print(f"replay: INTERRUPTED ({stopping.reason()}) after {len(outcome.results)} run(s)")
+        return stopping.exit_status()
     return outcome.exit_code()

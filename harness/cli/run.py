@@ -1,19 +1,34 @@
-"""``fencecheck run [IDS...]``: run experiments and write the run's reports."""
+"""``fencecheck run [IDS...]``: run experiments and write the run's reports.
+
+Order of a run: check the command line (usage errors exit 64 before anything
+starts), reap what dead runs left, bring up the shared services (and write
+shard.json), run the jobs, write the reports, keep the environment up with
+``--keep``, tear down, then the pages and the seal (MANIFEST.sha256) last.
+A stop request (SIGINT, SIGTERM, SIGHUP) at any point ends it within seconds
+with reports marked interrupted; a failed start leaves a run directory whose
+``error.txt`` says what failed.
+"""
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import secrets
 import time
+import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from harness import stopping
 from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
     positive,
+    reap_and_report,
+    report_root,
+    seed_value,
     settings_from_args,
     shard_from_args,
     shard_option,
@@ -21,7 +36,12 @@ from harness.cli.common import (
 from harness.evidence.gate import add_gate_option
 
 if TYPE_CHECKING:
-    from harness.engine.environment import SharedServices
+    from harness.engine.environment import Environment, Settings, SharedServices
+    from harness.engine.progress import Progress
+    from harness.engine.runner import Job
+    from harness.engine.shards import Shard
+    from harness.evidence.shard_record import ShardItem, ShardRecord
+    from harness.evidence.summary import ExperimentResult
 
 NAME = "run"
 HELP = "run experiments and write evidence archives"
@@ -30,11 +50,18 @@ HELP = "run experiments and write evidence archives"
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("ids", nargs="*", help="experiment ids (A..Q); all when omitted")
     run.add_argument("--repeat", type=positive, default=1, help="run each experiment N times")
-    run.add_argument("--seed", type=int, help="seed for generated inputs (default: random)")
+    run.add_argument(
+        "--seed",
+        type=seed_value,
+        help="seed of every random choice of every experiment (task and tenant ids, which "
+        "workers Q freezes, ...); the same seed gives the same schedule (default: random, "
+        "printed and recorded in every archive)",
+    )
     run.add_argument(
         "--keep",
         action="store_true",
-        help="leave the environment up after the run and print how to connect; Ctrl-C ends it",
+        help="leave every part of the experiments up after the run (databases, mock tools, "
+        "proxies, replicated pairs, control sockets) and print how to reach each; Ctrl-C ends it",
     )
     run.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
     run.add_argument("--mutant", help="start the reference worker with this named mutant")
@@ -44,33 +71,41 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     common_env_options(run)
 
 
+def _check_mutant(worker_cmd: tuple[str, ...], mutant: str) -> None:
+    from harness.mutation.named import MutantListUnavailable, list_mutants
+
+    try:
+        known = [m.name for m in list_mutants(worker_cmd)]
+    except MutantListUnavailable as exc:
+        raise UsageError(f"--mutant {mutant}: {exc}") from None
+    if mutant not in known:
+        raise UsageError(
+            f"--mutant {mutant!r} is not a mutant of this worker; known: {', '.join(known)} "
+            "(`fencecheck mutants` runs them all)"
+        )
+
+
 def main(args: argparse.Namespace) -> int:
     import scenarios
-    from harness.engine.environment import SharedServices
-    from harness.engine.runner import jobs_for, run_jobs
+    from harness.engine.progress import Progress
+    from harness.engine.runner import jobs_for
     from harness.engine.shards import ShardError
-    from harness.evidence.gate import gate_exit, gate_line
-    from harness.evidence.shard_record import job_items, new_record, write_record
-    from harness.evidence.summary import (
-        overall,
-        terminal_table,
-        write_junit,
-        write_results_json,
-        write_summary,
-    )
-    from harness.verdict import Verdict
+    from harness.evidence.shard_record import job_items
 
     try:
         modules = scenarios.select(args.ids)
     except scenarios.UnknownExperiment as exc:
         raise UsageError(str(exc)) from exc
     settings = settings_from_args(args, mutant=args.mutant)
+    if settings.mutant:
+        _check_mutant(tuple(settings.worker_cmd), settings.mutant)
     shard = shard_from_args(args)
     if shard.count > 1 and args.seed is None:
         raise UsageError(
             f"--shard {shard} needs --seed: give every part the same seed "
             "(e.g. --seed $CI_PIPELINE_ID) so the merged run is one run"
         )
+    root = report_root(args.report_dir)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
     all_jobs = jobs_for(modules, args.repeat)
     try:
@@ -79,109 +114,264 @@ def main(args: argparse.Namespace) -> int:
         raise UsageError(str(exc)) from exc
     mine = {item.label for item in items if item.shard == shard.index}
     jobs = [job for job in all_jobs if job.label in mine]
+    plan = Plan(jobs=jobs, shard=shard, items=items, total=len(all_jobs))
     run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-    report_dir = Path(args.report_dir) / run_id
-    report_dir.mkdir(parents=True, exist_ok=True)
-    progress = (lambda _m: None) if args.quiet else (lambda m: print(f"  {m}", flush=True))
-    print(
-        f"fencecheck run {run_id}: {len(jobs)} experiment run(s), seed {seed}, "
-        f"worker `{settings.worker_command_text()}`"
-        + (f", mutant {settings.mutant}" if settings.mutant else "")
-        + (f", shard {shard} of {len(all_jobs)}" if shard.count > 1 else ""),
-        flush=True,
+    with Progress(len(jobs), quiet=args.quiet) as progress:
+        progress.say(
+            f"fencecheck run {run_id}: {len(jobs)} experiment run(s), seed {seed}, "
+            f"worker `{settings.worker_command_text()}`"
+            + (f", mutant {settings.mutant}" if settings.mutant else "")
+            + (f", shard {shard} of {len(all_jobs)}" if shard.count > 1 else "")
+        )
+        reap_and_report(settings.work_dir, progress.say)
+        return _run(settings, plan, root / run_id, run_id, seed, args, progress)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What this run runs: its jobs, and the part of the whole list they are."""
+
+    jobs: list[Job]
+    shard: Shard
+    items: list[ShardItem]
+    total: int
+
+
+def _run(
+    settings: Settings,
+    plan: Plan,
+    report_dir: Path,
+    run_id: str,
+    seed: int,
+    args: argparse.Namespace,
+    progress: Progress,
+) -> int:
+    from harness.engine.environment import SharedServices
+    from harness.engine.runner import interrupted_result, run_jobs
+    from harness.evidence.gate import gate_exit, gate_line
+    from harness.evidence.run_report import (
+        PAGES_BY_S,
+        RunInfo,
+        seal_run,
+        write_pages,
+        write_run_reports,
     )
+    from harness.evidence.shard_record import new_record, write_record
+    from harness.parts.processes import kill_all_children
+
     started = time.monotonic()
-    with SharedServices(settings) as shared:
-        print(
-            "  environment: "
-            + ", ".join(f"{k} {v}" for k, v in shared.backend.deployment().items())
-            + f"; toxiproxy {shared.toxiproxy_version()}",
-            flush=True,
-        )
-        assert shared.primary is not None
-        record = new_record(
-            kind="run",
-            run_id=run_id,
-            shard=shard,
-            items=items,
-            seed=seed,
-            worker_cmd=settings.worker_cmd,
-            mutant=settings.mutant,
-            postgres_version=shared.primary.query("SHOW server_version")[0]["server_version"],
-            backend=settings.backend,
-        )
-        write_record(report_dir, record)
-        results = run_jobs(
-            shared, jobs, report_dir=report_dir, seed=seed, parallel=args.jobs, progress=progress
-        )
-        wall = time.monotonic() - started
-        write_record(report_dir, record.finished(wall))
-        if settings.keep:
-            _keep_up(shared)
+    jobs = plan.jobs
     header = {
         "run": run_id,
         "worker": settings.worker_command_text(),
         "mutant": settings.mutant or "none",
         "seed": str(seed),
-        "postgres": shared.binaries.describe(),
-        "postgres server": record.postgres_version,
+        "backend": settings.backend,
     }
-    if shard.count > 1:
-        header["shard"] = f"{shard} ({len(jobs)} of {len(all_jobs)} experiment runs)"
-    write_summary(report_dir / "summary.md", results, header=header, wall_s=wall)
-    write_junit(report_dir / "junit.xml", results, suite=f"fencecheck {run_id}")
-    write_results_json(report_dir / "results.json", results)
-    pages, digest = _publish(report_dir)
-    latest = Path(args.report_dir) / "latest"
+    if plan.shard.count > 1:
+        header["shard"] = f"{plan.shard} ({len(jobs)} of {plan.total} experiment runs)"
+    collected: list[ExperimentResult] = []
+    record: ShardRecord | None = None  # none when the start was cut: merge names it missing
+
+    def reports(results: list[ExperimentResult], interrupted: str | None) -> int:
+        code = stopping.exit_status() if interrupted else gate_exit(results, args.fail_on)
+        info = RunInfo(
+            run_id,
+            header,
+            time.monotonic() - started,
+            code,
+            interrupted,
+            extra={"fail_on": args.fail_on},
+        )
+        write_run_reports(report_dir, results, info, record)
+        return code
+
+    def all_results(done: list[ExperimentResult]) -> list[ExperimentResult]:
+        names = {(r.experiment_id, r.variant, r.repeat_index) for r in done}
+        return done + [
+            interrupted_result(j, None, None)
+            for j in jobs
+            if (j.spec.id, j.variant, j.repeat_index) not in names
+        ]
+
+    def on_escalate(why: str) -> None:
+        # The stop escalated before the reports were written: write them now,
+        # with what finished, so the run directory never looks complete.
+        if not (report_dir / "results.json").exists():
+            reports(all_results(list(collected)), f"{stopping.reason()}, then killed ({why})")
+
+    with contextlib.ExitStack() as stack:
+        try:
+            with stopping.interruptible():
+                shared: SharedServices = stack.enter_context(
+                    SharedServices(
+                        settings, log_dir=report_dir / "logs" / "run", report_dir=report_dir
+                    )
+                )
+                assert shared.primary is not None
+                record = new_record(
+                    kind="run",
+                    run_id=run_id,
+                    shard=plan.shard,
+                    items=plan.items,
+                    seed=seed,
+                    worker_cmd=settings.worker_cmd,
+                    mutant=settings.mutant,
+                    postgres_version=shared.primary.query("SHOW server_version")[0][
+                        "server_version"
+                    ],
+                    backend=settings.backend,
+                )
+                write_record(report_dir, record)
+        except Exception as exc:
+            # After a stop request, a failed start is the stop's doing (a
+            # server killed half-way, a query cut): interrupted, not an error.
+            if not isinstance(exc, stopping.Interrupted) and not stopping.requested():
+                _start_failed(report_dir, exc)
+                raise
+            record = None
+            code = reports(all_results([]), stopping.reason())
+            stack.close()  # what did come up goes before the seal
+            seal_run(report_dir, interrupted=True, pages="none: no experiment ran")
+            progress.say(f"fencecheck: {stopping.reason()} while starting; reports in {report_dir}")
+            return code
+        stack.callback(stopping.on_escalate(on_escalate))
+        progress.say(
+            "  environment: "
+            + ", ".join(f"{k} {v}" for k, v in shared.backend.deployment().items())
+            + f"; toxiproxy {shared.toxiproxy_version()}"
+        )
+        header["postgres"] = shared.binaries.describe()
+        header["postgres server"] = record.postgres_version
+        results = run_jobs(
+            shared,
+            jobs,
+            report_dir=report_dir,
+            seed=seed,
+            parallel=args.jobs,
+            progress=progress,
+            on_result=collected.append,
+        )
+        interrupted = stopping.reason() if stopping.requested() else None
+        code = reports(results, interrupted)
+        stopping.trace("reports written")
+        progress.close()
+        _print_outcome(progress, results, report_dir, time.monotonic() - started, interrupted)
+        pages: str | None = None
+        if settings.keep and not interrupted:
+            pages = write_pages(report_dir)
+            _keep_up(shared, progress)
+    # Last resort: anything still a child of this process was started by this
+    # run, whichever path forgot it (only here, where every child is ours).
+    for left in kill_all_children():
+        progress.say(f"fencecheck: killed a process teardown missed: {left}")
+    # Pages and seal last: the servers' logs in the run directory are final now,
+    # and the archives of jobs that outlasted a stop's grace are written.
+    budget = None if not interrupted else PAGES_BY_S - (stopping.since_s() or 0.0)
+    late = shared.wait_jobs_written(3600.0 if budget is None else max(0.0, budget))
+    if late:
+        progress.say(
+            f"fencecheck: sealed before the archive(s) of {', '.join(late)} were written "
+            "(the stop's seconds ran out): `fencecheck verify` lists them as added"
+        )
+    pages, digest = seal_run(report_dir, interrupted=interrupted is not None, pages=pages)
+    stopping.trace("pages written and run sealed")
+    progress.say(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
+    kept = shared.final_reap.problems if shared.final_reap is not None else []
+    gone = (
+        "everything it started has been removed"
+        if not kept
+        else f"not removed yet ({'; '.join(kept)}): named in {shared.record.path}, "
+        "the next run or `fencecheck clean` removes it"
+    )
+    if settings.keep and not interrupted:
+        progress.say(f"fencecheck: --keep ended; {gone}")
+    if interrupted:
+        progress.say(
+            f"fencecheck: {interrupted}: stopped in {stopping.since_s() or 0:.1f}s; {gone}; "
+            f"exit {code}"
+        )
+    else:
+        if kept:
+            progress.say(f"fencecheck: {gone}")
+        progress.say(gate_line(results, args.fail_on))
+    return code
+
+
+def _start_failed(report_dir: Path, exc: Exception) -> None:
+    """A failed start leaves a run directory that says so, with the full story
+    (not for what is a usage error: then nothing was started at all)."""
+    from harness.backends.base import BackendUnavailable
+    from harness.parts.pg_binaries import PgBinariesNotFound
+    from harness.parts.toxiproxy import ToxiproxyNotFound
+
+    if isinstance(exc, BackendUnavailable | PgBinariesNotFound | ToxiproxyNotFound):
+        return
     with contextlib.suppress(OSError):
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(run_id)
-    print()
-    print(terminal_table(results))
-    verdict = overall(results)
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "error.txt").write_text(
+            "fencecheck run did not start: no experiment ran.\n\n"
+            f"{type(exc).__name__}: {exc}\n\n{traceback.format_exc()}"
+        )
+
+
+def _print_outcome(
+    progress: Progress,
+    results: list[ExperimentResult],
+    report_dir: Path,
+    wall: float,
+    interrupted: str | None,
+) -> None:
+    from harness.evidence.summary import overall, terminal_table
+    from harness.verdict import Verdict
+
+    progress.say("")
+    progress.say(terminal_table(results))
     not_passed = [r for r in results if r.verdict is not Verdict.PASS]
     if not_passed:
-        print(f"\nnot passed ({len(not_passed)} of {len(results)}):")
+        progress.say(f"\nnot passed ({len(not_passed)} of {len(results)}):")
         for r in not_passed:
-            print(f"  {r.name} {r.verdict.value}: {r.reason}  [{r.archive_path}]")
-    print(f"\noverall: {verdict.value.upper()} in {wall:.1f}s; reports in {report_dir}")
-    print(
+            progress.say(f"  {r.name} {r.verdict.value}: {r.reason}  [{r.archive_path or '-'}]")
+    state = f"INTERRUPTED ({interrupted})" if interrupted else overall(results).value.upper()
+    progress.say(f"\noverall: {state} in {wall:.1f}s; reports in {report_dir}")
+    progress.say(
         f"  summary {report_dir / 'summary.md'}, JUnit {report_dir / 'junit.xml'}, "
         f"archives {report_dir / 'archives'}"
     )
-    print(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
-    print(gate_line(results, args.fail_on))
-    return gate_exit(results, args.fail_on)
 
 
-def _publish(report_dir: Path) -> tuple[str, str]:
-    """The auditor's pages, then the seal over every file the run wrote (last)."""
-    from harness.evidence.html import write_run_pages
-    from harness.evidence.manifest import run_digest, write_manifest
+def _keep_up(shared: SharedServices, progress: Progress) -> None:
+    """Print how to reach every part that stayed up, then wait for a stop."""
+    assert shared.primary is not None and shared.toxiproxy is not None
+    progress.say("\n--keep: everything stays up until you press Ctrl-C (or send SIGTERM).")
+    progress.say(f"  shared primary (superuser): psql '{shared.primary.admin_dsn()}'")
+    progress.say(f"  toxiproxy API: {shared.toxiproxy.url}")
+    progress.say(f"  logs: {shared.log_dir}; temp root: {shared.root}")
+    for env in shared.kept():
+        for line in describe_environment(env):
+            progress.say(line)
+    with (
+        stopping.expected("ending --keep: tearing everything down"),
+        contextlib.suppress(stopping.Interrupted),
+        stopping.interruptible(),
+    ):
+        while not stopping.wait(3600):
+            pass
 
-    pages = "not written"
-    try:
-        pages = str(write_run_pages(report_dir))
-    except Exception as exc:  # the verdict stands on the archives; say why pages are missing
-        pages = f"NOT WRITTEN ({type(exc).__name__}: {exc}; rebuild: fencecheck report)"
-    write_manifest(report_dir)
-    return pages, run_digest(report_dir)
 
-
-def _keep_up(shared: SharedServices) -> None:
-    assert shared.primary is not None
-    print("\n--keep: PostgreSQL and toxiproxy stay up until you press Ctrl-C.")
-    for key, value in shared.describe().items():
-        print(f"  {key}: {value}")
-    databases = shared.primary.query(
-        "SELECT datname FROM pg_database WHERE datname NOT IN "
-        "('postgres', 'template0', 'template1') ORDER BY oid"
-    )
-    print("  experiment databases (one per experiment run, as the experiment left it):")
-    for row in databases:
-        print(f"    psql '{shared.primary.admin_dsn(row['datname'])}'")
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        print("tearing down")
+def describe_environment(env: Environment) -> list[str]:
+    """How to reach one kept experiment's parts: databases, tool, proxies, socket."""
+    lines = [f"  {env.name}:"]
+    lines.append(f"    database (superuser): psql '{env.primary.admin_dsn(env.db.name)}'")
+    if env.standby is env.primary:
+        lines.append("    standby: promoted by the experiment, now the database above")
+    elif env.standby is not None:
+        lines.append(f"    standby (superuser):  psql '{env.standby.admin_dsn(env.db.name)}'")
+    lines.append(f"    worker DSN (through its proxy): {env.worker_dsn()}")
+    lines.append(f"    tenant: {env.tenant_id}")
+    lines.append(f"    mock tool: {env.tool.base_url} (log {env.tool.log_path})")
+    for key, link in sorted(env.links.items()):
+        lines.append(f"    proxy {link.name} ({key}): {link.listen} -> {link.upstream}")
+    lines.append(f"    control socket: {env.control.socket_path}")
+    lines.append(f"    logs: {env.log_dir}")
+    return lines

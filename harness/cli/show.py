@@ -1,4 +1,9 @@
-"""``fencecheck show ARCHIVE``: one evidence archive, readably, with its timeline."""
+"""``fencecheck show ARCHIVE``: one evidence archive, readably, with its timeline.
+
+The file is checked against the published archive schema first: a truncated
+file, bad YAML, a binary file or a mapping that is not an archive is a usage
+error (exit 64) that says what is wrong with it.
+"""
 
 from __future__ import annotations
 
@@ -17,17 +22,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     path: str = args.archive
-    from harness.evidence.archive import ArchiveInvalid, read_archive
+    from harness.evidence.archive import ArchiveInvalid, load_archive
 
     archive_path = Path(path)
     if not archive_path.is_file():
         raise UsageError(f"no archive at {path}; archives are in reports/<run>/archives/")
     try:
-        archive = read_archive(archive_path)
+        archive = load_archive(archive_path)
     except ArchiveInvalid as exc:
         raise UsageError(str(exc)) from exc
     print(f"{archive['experiment_id']}: {archive['title']}  [{archive.get('variant') or '-'}]")
     print(f"verdict:    {str(archive['pass_or_fail']).upper()} ({archive.get('verdict_reason')})")
+    if archive.get("interrupted"):
+        print(f"INTERRUPTED: {archive['interrupted']}")
     print(f"invariant:  {archive['expected_invariant']}")
     print(f"source:     {archive['seed_section']}")
     print(f"worker:     {archive['worker']['command']}  {archive['worker']['digest'][:19]}")
@@ -36,7 +43,12 @@ def main(args: argparse.Namespace) -> int:
     print(f"postgres:   {archive['postgres_version']}")
     print(f"lease:      {archive['lease_duration']}, heartbeat {archive['heartbeat_interval']}")
     print(f"run_id:     {archive['run_id']}   tenant {archive['tenant_id']}")
+    print(f"seed:       {archive.get('seed')}")
     print(f"duration:   {archive['duration_s']}s (natural wait {archive['natural_wait_s']}s)")
+    for stall in archive.get("harness_stalls") or []:
+        print(
+            f"stall:      harness did not run for {stall['length_s']}s from {stall['started_at']}"
+        )
     print("\nchecks:")
     for check in archive["checks"]:
         mark = "ok " if check["ok"] else "NOT"
@@ -52,6 +64,8 @@ def main(args: argparse.Namespace) -> int:
         f"tool requests: {len(archive['mock_tool_request_log'])}, "
         f"broker messages: {len(archive['broker_messages'])}"
     )
+    for worker, lines in (archive.get("worker_channel_errors") or {}).items():
+        print(f"worker {worker} printed {len(lines)} non-reply line(s) on its ops channel")
     print(f"worker logs: {archive['worker_logs_path']}")
     if archive.get("harness_error"):
         print(f"\nharness error:\n{archive['harness_error']}")

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from harness.cli.common import UsageError, common_env_options, settings_from_args
+from harness import stopping
+from harness.cli.common import UsageError, common_env_options, reap_and_report, settings_from_args
 
 NAME = "smoke"
 HELP = (
@@ -23,4 +24,6 @@ def main(args: argparse.Namespace) -> int:
     if args.backend != "local":
         raise UsageError("smoke runs local processes only; for containers use make test-containers")
     settings = settings_from_args(args)
-    return smoke(settings)
+    reap_and_report(settings.work_dir, print)
+    with stopping.interruptible():
+        return smoke(settings)

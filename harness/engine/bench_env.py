@@ -11,12 +11,10 @@ failover (fence + promote).
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
+from harness.engine.run_records import RunRecord
 from harness.parts.pg_binaries import find_pg_binaries
 from harness.parts.postgres import PostgresCluster, failover
 from harness.parts.processes import ProcessRegistry
@@ -28,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     binaries = find_pg_binaries()
-    root = Path(tempfile.mkdtemp(prefix="fencecheck-bench-"))
+    # A run record, so a bench killed half-way is reaped like any run.
+    record = RunRecord.create(base=None, kind="bench")
+    root = record.temp_root
     figures: dict[str, list[float]] = {}
 
     def add(name: str, seconds: float) -> None:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
                         for c in clusters:
                             c.remove()
     finally:
-        shutil.rmtree(root, ignore_errors=True)
+        record.release()
     print(f"environment timings, median of {args.rounds} round(s), {binaries.describe()}:")
     for name, values in figures.items():
         print(

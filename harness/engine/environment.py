@@ -17,26 +17,37 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import random
 import re
 import shlex
-import shutil
 import sys
 import tempfile
+import threading
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 import psycopg
 
+from harness import stopping
 from harness.backends.base import Backend, make_backend
 from harness.checking.audit import AUDIT_SQL
+from harness.engine import stalls
+from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
+from harness.failures import PartFailed
 from harness.parts.control import ControlServer
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
-from harness.parts.processes import ProcessRegistry, WorkerProcess
+from harness.parts.processes import (
+    ProcessRegistry,
+    WorkerProcess,
+    kill_all_children,
+    run_bounded,
+)
 from harness.parts.toxiproxy import Link, ToxiproxyServer, free_port
 from mock_tool.process import MockToolProcess
 
@@ -69,75 +80,182 @@ class Settings:
         return shlex.join(self.worker_cmd)
 
 
+# The tables every checker reads (docs/worker-contract.md, section 6): a
+# migrate that leaves one out is reported at once, not as a later SQL error.
+CONTRACT_TABLES = (
+    "agent_tasks",
+    "agent_runs",
+    "agent_checkpoints",
+    "tool_operations",
+    "outbox",
+    "consumed_events",
+    "consumer_effects",
+)
+# How long `<worker-cmd> migrate` may take (FENCECHECK_MIGRATE_TIMEOUT_S overrides).
+MIGRATE_TIMEOUT_S = 60.0
+
+
+def migrate_timeout_s() -> float:
+    try:
+        return float(os.environ.get("FENCECHECK_MIGRATE_TIMEOUT_S", MIGRATE_TIMEOUT_S))
+    except ValueError:
+        return MIGRATE_TIMEOUT_S
+
+
 def migrate(
     worker_cmd: Sequence[str],
     admin_dsn: str,
     log_dir: Path,
-    timeout_s: float = 60,
+    timeout_s: float | None = None,
     mutant: str | None = None,
 ) -> None:
-    """Run ``<worker-cmd> migrate`` against ``admin_dsn``, then add the audit trigger."""
-    import subprocess
+    """Run ``<worker-cmd> migrate`` against ``admin_dsn``, check it made the
+    contract's tables, then add the audit trigger.
 
+    Raises PartFailed (what failed, its exit status, its stderr's last lines,
+    the log) when the command fails, hangs past ``timeout_s`` or creates no
+    schema; harness.stopping.Interrupted (after killing it) on a stop request.
+    """
     log_dir.mkdir(parents=True, exist_ok=True)
+    log = log_dir / "migrate.log"
     env = {**os.environ, "FENCECHECK_ADMIN_DSN": admin_dsn}
     for key in ("FENCECHECK_CONTROL", "FENCECHECK_EVENTS", "FENCECHECK_MUTANT"):
         env.pop(key, None)
     if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
         env["FENCECHECK_MUTANT"] = mutant
+    command = f"`{shlex.join(worker_cmd)} migrate`"
+    timeout_s = timeout_s if timeout_s is not None else migrate_timeout_s()
+    stopping.check(command)
+    started = time.monotonic()
     try:
-        proc = subprocess.run(
-            [*worker_cmd, "migrate"],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise EnvironmentError_(
-            f"`{shlex.join(worker_cmd)} migrate` took over {timeout_s}s"
+        done = run_bounded([*worker_cmd, "migrate"], timeout_s=timeout_s, env=env)
+    except OSError as exc:
+        raise PartFailed(
+            f"the worker command {command} could not be started",
+            status=f"{type(exc).__name__}: {exc.strerror or exc}",
+            stderr="",
+            log=None,
+            hint="check --worker-cmd (docs/worker-contract.md)",
         ) from exc
-    (log_dir / "migrate.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise EnvironmentError_(
-            f"`{shlex.join(worker_cmd)} migrate` failed (exit {proc.returncode}):\n"
-            f"{proc.stderr.strip()[-2000:]}"
+    out, err, status = done.stdout, done.stderr, done.how
+    took = time.monotonic() - started
+    log.write_text(out + err)
+    if status == "interrupted":
+        raise stopping.Interrupted(f"{stopping.reason()}: {command} was killed")
+    if status == "timeout":
+        raise PartFailed(
+            f"the worker's {command} did not finish within {timeout_s:.0f}s",
+            status="killed",
+            stderr=err,
+            log=log,
+        )
+    if done.returncode != 0:
+        raise PartFailed(
+            f"the worker's {command} failed after {took:.2f}s",
+            status=f"exit status {done.returncode}",
+            stderr=err,
+            log=log,
         )
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        present = {
+            row[0]
+            for row in conn.execute(
+                "SELECT table_name FROM information_schema.tables WHERE table_name = ANY(%s)",
+                [list(CONTRACT_TABLES)],
+            )
+        }
+        missing = [t for t in CONTRACT_TABLES if t not in present]
+        if missing:
+            raise PartFailed(
+                f"the worker's {command} exited 0 after {took:.2f}s but created no table "
+                f"{', '.join(missing)}",
+                status="exit status 0",
+                stderr=err,
+                log=log,
+                hint="migrate must create the tables of docs/worker-contract.md, section 6 "
+                "(is --worker-cmd a worker at all?)",
+            )
         conn.execute(AUDIT_SQL.encode())
 
 
-class SharedServices:
-    """What one run shares across experiments: binaries, toxiproxy, one primary."""
+def _grace(normal_s: float) -> float:
+    """How long a server gets to stop politely: much less once a stop was asked for."""
+    return min(normal_s, 0.3) if stopping.requested() else normal_s
 
-    def __init__(self, settings: Settings) -> None:
+
+class SharedServices:
+    """What one run shares across experiments: binaries, toxiproxy, one primary.
+
+    It also owns the run's footprint: a run record (``run_records``) naming
+    everything it creates, kept current and released at exit; the stall
+    monitor; and the environments alive right now, so that a stop request
+    aborts them all at once (:meth:`interrupt`) and an escalated stop kills
+    everything (:meth:`hard_stop`).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        log_dir: Path | None = None,
+        report_dir: Path | None = None,
+    ) -> None:
         self.settings = settings
         self.binaries: PgBinaries = find_pg_binaries(settings.pg_bin)
+        stopping.check("the run's servers")
         # The backend first: when it cannot run here, no temp directory is left.
         self.backend: Backend = make_backend(
             settings.backend, self.binaries, settings.toxiproxy_bin
         )
-        self.root = Path(
-            tempfile.mkdtemp(
-                prefix="fencecheck-", dir=str(settings.work_dir) if settings.work_dir else None
+        try:
+            self.record = RunRecord.create(
+                base=settings.work_dir, kind="run", report_dir=report_dir
             )
-        )
+            self.record.set_backend(self.backend.footprint())
+        except BaseException:
+            # Interrupted or failed half-way: nothing of this run may stay.
+            with contextlib.suppress(Exception):
+                self.record.release()
+            self.backend.close()
+            raise
+        # From here until __enter__ registers its teardown, a stop leaves the
+        # record to run_records.release_unreleased() (the command's last step).
+        self.root = self.record.temp_root
+        self.log_dir = log_dir or self.root / "logs"
         self.registry = ProcessRegistry()
         self._stack = contextlib.ExitStack()
+        self._lock = threading.Lock()
+        self._environments: list[Environment] = []
+        self._kept: list[tuple[Environment, contextlib.ExitStack]] = []
+        self._running_jobs: set[str] = set()
+        self._jobs_idle = threading.Condition()
+        self.closed = threading.Event()
+        self.final_reap: Reaped | None = None
+        self._aborter: threading.Thread | None = None
         self.toxiproxy: ToxiproxyServer | None = None
         self.primary: PostgresCluster | None = None
         self.template: str | None = None
 
     def __enter__(self) -> SharedServices:
         try:
-            self._stack.callback(self._remove_root)
+            # Until everything is gone, an escalated stop must still find the
+            # kill-all: its hook leaves last.
+            self._stack.callback(stopping.on_escalate(self.hard_stop))
+            self._stack.callback(self._release_record)
             self._stack.callback(self.backend.close)
-            self._stack.callback(self.registry.reap_all)
-            self.toxiproxy = self.backend.start_toxiproxy(self.root / "logs", self.registry)
-            self._stack.callback(self.toxiproxy.stop)
+            self._stack.callback(self._join_aborter)
+            self._stack.callback(self._release_local_if_stopping)
+            self._stack.callback(self._reap_processes)
+            stalls.monitor().start()
+            self._stack.callback(stalls.monitor().stop)
+            self._stack.callback(stopping.on_stop(self.interrupt))
+            self.toxiproxy = self.backend.start_toxiproxy(self.log_dir, self.registry)
+            toxiproxy = self.toxiproxy
+            self._stack.callback(lambda: toxiproxy.stop(grace_s=_grace(3.0)))
             self.primary = self.backend.start_primary(self.root / "pg", "primary")
             self._stack.callback(self.primary.remove)
+            self.record.add_cluster(self.primary.datadir)
+            self._stack.callback(self._close_kept)
             self.template = self.primary.create_template(TEMPLATE_NAME, self.migrate_database)
         except BaseException:
             self._stack.close()
@@ -147,7 +265,11 @@ class SharedServices:
     def __exit__(self, *exc: object) -> None:
         # --keep is honoured by the caller blocking before this exit; the
         # environment itself is always torn down in the end.
-        self._stack.close()
+        stopping.trace("tearing down the shared services")
+        try:
+            self._stack.close()
+        finally:
+            self.closed.set()
 
     def migrate_database(self, admin_dsn: str, log_dir: Path | None = None) -> None:
         """Migrate the database at ``admin_dsn`` with this run's worker (and mutant)
@@ -155,13 +277,123 @@ class SharedServices:
         migrate(
             self.settings.worker_cmd,
             admin_dsn,
-            log_dir or self.root / "logs",
+            log_dir or self.log_dir,
             mutant=self.settings.mutant,
         )
 
-    def _remove_root(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+    def _reap_processes(self) -> None:
+        stopping.trace("stopping the registered processes")
+        self.registry.reap_all(grace_s=_grace(3.0))
+        stopping.trace("registered processes stopped")
 
+    def _release_local_if_stopping(self) -> None:
+        # A stopping run removes what is on this machine's disk first: a
+        # container engine may need longer than the stop has.
+        if stopping.requested():
+            stopping.trace("removing temp directories and shared memory")
+            self.record.release_local()
+            stopping.trace("temp directories and shared memory removed")
+
+    def _release_record(self) -> None:
+        # Whatever teardown could not remove (a segment of a server that had
+        # to be killed, a directory still in use) goes now, then the record.
+        stopping.trace("releasing the run record")
+        self.final_reap = self.record.release()
+        stopping.trace("run record released")
+
+    # ------------------------------------------------------- environments
+    def register(self, env: Environment) -> None:
+        """An environment came up: a stop request must reach it."""
+        with self._lock:
+            self._environments.append(env)
+        if stopping.requested():
+            env.interrupt(stopping.reason())
+
+    def forget(self, env: Environment) -> None:
+        with self._lock:
+            if env in self._environments:
+                self._environments.remove(env)
+
+    def environments(self) -> list[Environment]:
+        with self._lock:
+            return list(self._environments)
+
+    @contextlib.contextmanager
+    def job_running(self, label: str) -> Iterator[None]:
+        """Mark ``label`` as running until its archive is written (see
+        :meth:`wait_jobs_written`)."""
+        with self._jobs_idle:
+            self._running_jobs.add(label)
+        try:
+            yield
+        finally:
+            with self._jobs_idle:
+                self._running_jobs.discard(label)
+                self._jobs_idle.notify_all()
+
+    def wait_jobs_written(self, timeout_s: float) -> list[str]:
+        """Wait up to ``timeout_s`` for every job to have written its archive; the
+        labels still writing. A stopped run's jobs may outlast its grace period
+        (their results then say so) and write their archives during teardown:
+        the seal must come after them."""
+        ends = time.monotonic() + timeout_s
+        with self._jobs_idle:
+            while self._running_jobs and time.monotonic() < ends:
+                self._jobs_idle.wait(max(0.0, ends - time.monotonic()))
+            return sorted(self._running_jobs)
+
+    def keep(self, env: Environment, stack: contextlib.ExitStack) -> None:
+        """--keep: the environment's parts stay up until this run's exit."""
+        with self._lock:
+            self._kept.append((env, stack))
+
+    def kept(self) -> list[Environment]:
+        with self._lock:
+            return [env for env, _ in self._kept]
+
+    def _close_kept(self) -> None:
+        with self._lock:
+            kept, self._kept = self._kept, []
+        for _env, stack in reversed(kept):
+            with contextlib.suppress(Exception):
+                stack.close()
+
+    def interrupt(self, reason: str) -> None:
+        """A stop was asked for: abort every running experiment at once (kill its
+        workers, release its barriers, wake whatever waits on them), and let the
+        backend end its servers its fastest way, alongside."""
+        with self._lock:
+            if self._aborter is None:
+                self._aborter = threading.Thread(
+                    target=self.backend.abort, name="backend-abort", daemon=True
+                )
+                self._aborter.start()
+        for env in self.environments():
+            env.interrupt(reason)
+
+    def _join_aborter(self) -> None:
+        # Waiting past the stop's deadline gains nothing: what the engine has
+        # not removed by then, the run record keeps for the next run.
+        if self._aborter is not None:
+            left = stopping.HARD_DEADLINE_S - (stopping.since_s() or 0.0) - 0.5
+            self._aborter.join(timeout=max(0.1, left))
+
+    def hard_stop(self, why: str) -> None:
+        """The stop escalated: kill every process this run started (every child
+        of this process, with its group), remove containers, reap the record.
+
+        Only called in the `fencecheck` process itself, where every child is
+        this run's; it must finish well within a second or two.
+        """
+        del why
+        kill_all_children()
+        stopping.trace("hard stop: every child killed")
+        closer = threading.Thread(target=self.backend.close, daemon=True)
+        closer.start()
+        closer.join(timeout=1.0)
+        self.record.release()
+
+    # ------------------------------------------------------------- access
     def toxiproxy_server(self) -> ToxiproxyServer:
         if self.toxiproxy is None:
             raise EnvironmentError_("toxiproxy is not running")
@@ -180,7 +412,7 @@ class SharedServices:
         }
 
 
-@dataclass
+@dataclass(eq=False)
 class Environment:
     """One experiment's world. Build with :func:`experiment_environment`."""
 
@@ -204,6 +436,7 @@ class Environment:
     replication: Literal["async", "sync"] | None = None
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     aborted: str | None = None
+    interrupted: str | None = None
     extra_links: list[str] = field(default_factory=list)
     roles: dict[tuple[str, RoleKind], str] = field(default_factory=dict)
     #: Every worker's metrics: scraped before it is stopped, or the snapshot
@@ -222,6 +455,18 @@ class Environment:
         self.aborted = f"experiment exceeded its global timeout of {timeout_s:.0f}s"
         self.stop_workers()
 
+    def interrupt(self, reason: str) -> None:
+        """The run was asked to stop: end the experiment now. Barrier waits end
+        with an error, held workers are let go, every worker is SIGKILLed (no
+        grace: the run has seconds to exit), so what the scenario waits on
+        fails at once. Safe to call from any thread, more than once."""
+        self.interrupted = self.interrupted or reason
+        with contextlib.suppress(Exception):
+            self.control.abort(reason)
+        for worker in reversed(list(self.workers.values())):
+            with contextlib.suppress(Exception):
+                worker.kill(timeout_s=2.0)
+
     def stop_workers(self) -> None:
         # Release held barriers first so no worker sits in a read we then wait on.
         with contextlib.suppress(Exception):
@@ -237,7 +482,8 @@ class Environment:
     def _keep_metrics(self, worker: WorkerProcess) -> None:
         """Scrape a live worker; read the exit snapshot of one that ended."""
         wid = worker.worker_id
-        if worker.is_alive() and wid in self.metrics_ports:
+        # A stopping run has no time to ask (its workers are killed anyway).
+        if worker.is_alive() and wid in self.metrics_ports and not stopping.requested():
             text = worker_metrics.scrape(self.metrics_ports[wid])
             if text is not None:
                 self.metrics[wid] = {"source": "scrape", "samples": worker_metrics.samples(text)}
@@ -381,13 +627,23 @@ def experiment_environment(
     tools: dict[str, str] | None = None,
     tool_retention_s: float | None = None,
     log_dir: Path,
+    rng: random.Random | None = None,
     write_path: str = "fast",
 ) -> Iterator[Environment]:
-    """Bring up one experiment's world and tear all of it down afterwards."""
+    """Bring up one experiment's world and tear all of it down afterwards.
+
+    Tenant ids come from ``rng`` (seeded by the run's seed and the job), so a
+    rerun with the same seed uses the same ones. Once a stop was asked for,
+    nothing more starts and teardown takes the short way (kill, no polite
+    shutdown, no database drop: the run's servers go next anyway). With
+    ``--keep`` the parts stay up until the run's end (``SharedServices.keep``).
+    """
     assert shared.primary is not None and shared.toxiproxy is not None
     assert shared.template is not None
+    rng = rng or random.Random()
     stack = contextlib.ExitStack()
     with stack:
+        stopping.check(f"experiment {name}")
         work_dir = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=shared.root))
         log_dir.mkdir(parents=True, exist_ok=True)
         tag = f"{name}_{uuid.uuid4().hex[:6]}".replace("-", "_")
@@ -396,13 +652,13 @@ def experiment_environment(
         replication_link: Link | None = None
         if replication is not None:
             primary, standby, replication_link = _replicated_pair(
-                shared, stack, work_dir, tag, replication
+                shared, stack, work_dir, log_dir, tag, replication
             )
             db = Database(cluster=primary, name=shared.template)
         else:
             db = primary.create_database(template=shared.template, prefix=name.lower())
             if not shared.settings.keep:  # kept databases are listed by `run --keep`
-                stack.callback(primary.drop_database, db.name)
+                stack.callback(_drop_database, primary, db.name)
         toxi = shared.toxiproxy
         links: dict[str, Link] = {}
 
@@ -412,12 +668,15 @@ def experiment_environment(
             stack.callback(_delete_link, toxi, link.name)
 
         add_link("worker_pg", shared.backend.inner_address("127.0.0.1", primary.port))
+        stopping.check(f"the mock tool of experiment {name}")
         tool = shared.backend.start_mock_tool(
             work_dir / "tool", log_dir / "mock_tool.log", tools, tool_retention_s
         )
-        stack.callback(tool.stop)
+        stack.callback(_stop_tool, tool)
         add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
-        control = stack.enter_context(ControlServer(work_dir))
+        control = stack.enter_context(
+            ControlServer(work_dir, on_gap=_control_gap(f"control server of {name}"))
+        )
         env = Environment(
             name=name,
             shared=shared,
@@ -427,8 +686,8 @@ def experiment_environment(
             links=links,
             tool=tool,
             control=control,
-            tenant_id=str(uuid.uuid4()),
-            other_tenant_id=str(uuid.uuid4()),
+            tenant_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
+            other_tenant_id=str(uuid.UUID(int=rng.getrandbits(128), version=4)),
             lease_ttl_ms=lease_ttl_ms,
             heartbeat_ms=heartbeat_ms,
             heartbeat_timeout_ms=heartbeat_timeout_ms,
@@ -450,17 +709,48 @@ def experiment_environment(
         stack.callback(env.stop_workers)
         if replication_link is not None:
             links["replication"] = replication_link
+        shared.register(env)
+        stack.callback(shared.forget, env)
         yield env
+        if shared.settings.keep and not stopping.requested():
+            env.stop_workers()  # workers end with the experiment; the parts stay
+            shared.keep(env, stack.pop_all())
+
+
+def _control_gap(seen_by: str) -> Callable[[float], None]:
+    monitor = stalls.monitor()
+    return lambda late_s: monitor.gap(late_s, seen_by=seen_by)
+
+
+def _drop_database(primary: PostgresCluster, name: str) -> None:
+    if not stopping.requested():  # stopping: the whole server goes next
+        primary.drop_database(name)
+
+
+def _stop_tool(tool: MockToolProcess) -> None:
+    if stopping.requested():
+        tool.kill()  # its log is on disk already; no time for a drain
+    else:
+        tool.stop()
 
 
 def _drop_roles(cluster: PostgresCluster, roles: dict[tuple[str, RoleKind], str]) -> None:
-    """Drop the experiment's login roles (after its workers stopped)."""
+    """Drop the experiment's login roles (after its workers stopped).
+
+    Roles are rows of the cluster's catalog, and every cluster is the run's
+    own: a stopping run skips the queries (it has seconds, the server may be
+    going down already), its roles go with the data directory it removes, and
+    a dead run's go with the data directory its record names."""
+    if stopping.requested():
+        return
     for name in roles.values():
         with contextlib.suppress(Exception):
             cluster.query(f"DROP ROLE IF EXISTS {name}")
 
 
 def _delete_link(toxi: ToxiproxyServer, name: str) -> None:
+    if stopping.requested():
+        return  # toxiproxy itself stops next
     with contextlib.suppress(Exception):
         toxi.remove_link(name)
 
@@ -474,6 +764,7 @@ def _replicated_pair(
     shared: SharedServices,
     stack: contextlib.ExitStack,
     work_dir: Path,
+    log_dir: Path,
     tag: str,
     mode: Literal["async", "sync"],
 ) -> tuple[PostgresCluster, PostgresCluster, Link]:
@@ -485,8 +776,9 @@ def _replicated_pair(
     assert shared.toxiproxy is not None and shared.template is not None
     primary = shared.backend.start_primary(work_dir / "pg", "primary")
     stack.callback(primary.remove)
+    shared.record.add_cluster(primary.datadir)
     primary.create_template(
-        shared.template, lambda dsn: shared.migrate_database(dsn, log_dir=work_dir / "logs")
+        shared.template, lambda dsn: shared.migrate_database(dsn, log_dir=log_dir)
     )
     link = shared.toxiproxy.link(
         f"{tag}_replication", shared.backend.inner_address("127.0.0.1", primary.port)
@@ -500,6 +792,7 @@ def _replicated_pair(
         name="replica",
     )
     stack.callback(standby.remove)
+    shared.record.add_cluster(standby.datadir)
     primary.wait_streaming("replica")
     if mode == "sync":
         primary.set_sync_standby("replica")

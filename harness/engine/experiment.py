@@ -19,7 +19,9 @@ commands it executed (signals, proxy changes), and notes.
 from __future__ import annotations
 
 import json
+import random
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -115,6 +117,10 @@ class ExperimentContext:
     env: Environment
     variant: str | None = None
     seed: int | None = None
+    # Every random choice of the experiment (task ids, event ids, which
+    # workers to freeze) comes from here; the runner seeds it from the run's
+    # seed and the job's label, so the same seed gives the same schedule.
+    rng: random.Random = field(default_factory=random.Random)
     checks: list[Check] = field(default_factory=list)
     queries: list[QueryRecord] = field(default_factory=list)
     commands: list[dict[str, Any]] = field(default_factory=list)
@@ -183,6 +189,10 @@ class ExperimentContext:
     def command(self, text: str) -> None:
         """Record something the harness did (a signal, a proxy change, a promote)."""
         self.commands.append({"time": time.time(), "command": text})
+
+    def uuid(self) -> str:
+        """A random (version 4) UUID drawn from the experiment's seeded generator."""
+        return str(uuid.UUID(int=self.rng.getrandbits(128), version=4))
 
     def note_run(self, run_id: str) -> str:
         if run_id not in self.run_ids:

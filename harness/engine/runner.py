@@ -8,28 +8,34 @@ scenario can forget it and no worker can supply it.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import random
 import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from harness import stopping
 from harness.checking import checkers
 from harness.checking.history import read_history, timeline
 from harness.checking.invariants import experiment as invariants
+from harness.engine import stalls
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines
 from harness.verdict import Verdict
 
-Progress = Callable[[str], None]
+# After a stop request, how long the running experiments get to unwind (their
+# workers are killed at once) before the run reports them and tears down.
+STOP_GRACE_S = 1.5
 
 
 def _iso(ts: float) -> str:
@@ -66,25 +72,38 @@ def jobs_for(modules: Sequence[ModuleType], repeat: int) -> list[Job]:
     return jobs
 
 
+def job_rng(seed: int | None, job: Job) -> random.Random:
+    """The job's own generator: the run's seed and the job's label decide every
+    random choice, so the same seed gives the same schedule (a repetition has
+    its own label, hence its own choices)."""
+    return random.Random(f"{seed}/{job.label}") if seed is not None else random.Random()
+
+
 def run_job(
     shared: SharedServices,
     job: Job,
     *,
     report_dir: Path,
     seed: int | None,
-    progress: Progress = lambda _m: None,
+    progress: Progress | None = None,
 ) -> ExperimentResult:
     """One experiment, start to archive. Never raises for what the experiment does:
-    a harness failure becomes verdict *unknown* with the error in the archive."""
+    a harness failure, an interruption or a stall of the harness that could
+    have decided the outcome becomes verdict *unknown* with the reason in the
+    archive."""
     spec = job.spec
     started = time.time()
-    progress(f"{job.label}: {spec.title} ...")
+    if progress is not None:
+        progress.job_started(job.label, spec.title)
     archive_path = report_dir / "archives" / f"{job.label}.yaml"
     logs_dir = report_dir / "logs" / job.label
     harness_error: str | None = None
     verdict, reason = Verdict.UNKNOWN, "not run"
     archive: dict[str, Any] = {}
+    interrupted: str | None = None
+    rng = job_rng(seed, job)
     secrets: set[str] = set()
+    stalls_judged = False
     try:
         with experiment_environment(
             shared,
@@ -96,45 +115,64 @@ def run_job(
             replication=_replication_for(spec, job.variant),
             tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
             log_dir=logs_dir,
+            rng=rng,
             write_path=spec.write_path,
         ) as env:
-            ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed)
-            watchdog = threading.Timer(spec.timeout_s, env.abort, args=(spec.timeout_s,))
-            watchdog.daemon = True
-            watchdog.start()
-            try:
-                job.module.run(ctx)
-                verdict, reason = ctx.verdict()
-            except Inconclusive as exc:
-                verdict, reason = Verdict.UNKNOWN, f"inconclusive: {exc}"
-            except Exception as exc:
-                harness_error = traceback.format_exc()
-                verdict, reason = Verdict.UNKNOWN, f"harness error: {type(exc).__name__}: {exc}"
-                # An invariant that already broke, with every fault confirmed,
-                # is evidence of its own: a later error does not erase it.
-                checked, why = ctx.verdict()
-                if checked is Verdict.FAIL:
-                    verdict, reason = checked, f"{why} (then harness error: {exc})"
-            finally:
-                watchdog.cancel()
-            if env.aborted:
+            ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed, rng=rng)
+            verdict, reason, harness_error = _run_scenario(job, ctx)
+            # The stop's flag is up before its callbacks ran: either says so.
+            if env.interrupted or stopping.requested():
+                interrupted = env.interrupted or stopping.reason()
+                verdict, reason = Verdict.UNKNOWN, _interrupted_reason(interrupted, ctx)
+            elif env.aborted:
                 verdict, reason = Verdict.UNKNOWN, f"aborted: {env.aborted}"
+            stopping.trace(f"{job.label}: scenario ended")
             # Stop the workers before reading their histories: the files are final.
             env.stop_workers()
-            verdict, reason = invariants.judge(ctx, verdict, reason)
-            archive = _archive(ctx, env, job, started, verdict, reason, harness_error, logs_dir)
+            # A stall while workers ran may have decided the experiment's own
+            # verdict; the global invariants hold for every schedule, so no
+            # stall excuses a broken one: they are judged after the stall.
+            verdict, reason = _judge_stalls(spec, started, verdict, reason)
+            stalls_judged = True
+            # Steps that judge the experiment after its scenario go here, one
+            # call each, while the environment is still up:
+            # `verdict, reason = step(ctx, verdict, reason)`.
+            if interrupted is None:  # a stopping run has no time for queries
+                verdict, reason = invariants.judge(ctx, verdict, reason)
+            archive = _archive(
+                ctx, env, job, started, verdict, reason, harness_error, logs_dir,
+                gather=interrupted is None,
+            )  # fmt: skip
             secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
-        verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
+        if stopping.requested():
+            interrupted = stopping.reason()
+            verdict, reason = Verdict.UNKNOWN, f"{interrupted} while its environment came up"
+        else:
+            verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
     finished = time.time()
+    if not stalls_judged:
+        verdict, reason = _judge_stalls(spec, started, verdict, reason)
+    seen_stalls = stalls.monitor().stalls(started, finished)
     if not archive:
-        archive = _minimal_archive(shared, job, started, verdict, reason, harness_error, logs_dir)
+        archive = _minimal_archive(
+            shared, job, seed, started, verdict, reason, harness_error, logs_dir
+        )
     archive.update(
         finished_at=_iso(finished),
         duration_s=round(finished - started, 3),
         pass_or_fail=verdict.value,
         verdict_reason=reason,
+        harness_stalls=[
+            {
+                "started_at": _iso(st.started_at),
+                "length_s": round(st.length_s, 3),
+                "seen_by": st.seen_by,
+            }
+            for st in seen_stalls
+        ],
+        interrupted=interrupted,
     )
     written: Path | None = None
     try:
@@ -142,21 +180,56 @@ def run_job(
     except Exception as exc:
         verdict, reason = Verdict.UNKNOWN, f"archive not written: {exc}"
     failed = failed_check_lines(archive.get("checks", []))
-    result = ExperimentResult(
-        experiment_id=spec.id,
-        title=spec.title,
-        variant=job.variant,
-        repeat_index=job.repeat_index,
-        verdict=verdict,
-        reason=reason,
-        duration_s=finished - started,
-        natural_wait_s=spec.natural_wait(job.variant),
-        archive_path=written,
-        invariant=spec.invariant,
-        failed_checks=failed,
-    )
-    progress(f"{job.label}: {verdict.value.upper()} in {result.duration_s:.2f}s ({reason})")
+    result = _result(job, verdict, reason, finished - started, written, failed)
+    stopping.trace(f"{job.label}: result ready")
+    if progress is not None:
+        progress.job_finished(
+            job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({reason})"
+        )
     return result
+
+
+def _judge_stalls(
+    spec: ExperimentSpec, started: float, verdict: Verdict, reason: str
+) -> tuple[Verdict, str]:
+    """``verdict`` judged against the harness's stalls since ``started``."""
+    seen = stalls.monitor().stalls(started, time.time())
+    limit = stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms)
+    return stalls.judge(verdict, reason, seen, limit)
+
+
+def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str | None]:
+    """The scenario under its global timeout: verdict, reason, harness error."""
+    env = ctx.env
+    spec = job.spec
+    watchdog = threading.Timer(spec.timeout_s, env.abort, args=(spec.timeout_s,))
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        job.module.run(ctx)
+        verdict, reason = ctx.verdict()
+        return verdict, reason, None
+    except Inconclusive as exc:
+        return Verdict.UNKNOWN, f"inconclusive: {exc}", None
+    except Exception as exc:
+        harness_error = traceback.format_exc()
+        verdict, reason = Verdict.UNKNOWN, f"harness error: {type(exc).__name__}: {exc}"
+        # An invariant that already broke, with every fault confirmed, is
+        # evidence of its own: a later error does not erase it (unless the
+        # run was interrupted meanwhile: then nothing after the interrupt is).
+        checked, why = ctx.verdict()
+        if checked is Verdict.FAIL:
+            verdict, reason = checked, f"{why} (then harness error: {exc})"
+        return verdict, reason, harness_error
+    finally:
+        watchdog.cancel()
+
+
+def _interrupted_reason(why: str, ctx: ExperimentContext) -> str:
+    """Interrupted is a reason, never an environment error: what was cut, and how
+    far the experiment had come (its checks so far prove nothing)."""
+    done = len(ctx.checks)
+    return f"{why} while it ran ({done} check(s) recorded before the stop; none counts)"
 
 
 def _replication_for(spec: ExperimentSpec, variant: str | None) -> Any:
@@ -178,23 +251,28 @@ def _archive(
     reason: str,
     harness_error: str | None,
     logs_dir: Path,
+    *,
+    gather: bool = True,
 ) -> dict[str, Any]:
+    """The experiment's archive. ``gather`` False (the run is stopping) keeps to
+    what the harness already holds, without asking the tool or the database."""
     spec = job.spec
     settings = env.shared.settings
     tool_log: dict[str, Any] = {}
     with contextlib.suppress(Exception):
-        tool_log = checkers.tool_log(ctx)
+        tool_log = checkers.tool_log(ctx) if gather else {}
     history = read_history(env.event_files())
     events = history.events
     hits = env.control.hits()
     faults = env.shared.toxiproxy.journal() if env.shared.toxiproxy else []
     faults = [f for f in faults if f.link.startswith(env.tag)]
     audit: list[dict[str, Any]] = []
-    with contextlib.suppress(Exception):
-        audit = checkers.audit(ctx)
     facts: dict[str, str] = {}
-    with contextlib.suppress(Exception):
-        facts = env.primary.server_facts()
+    if gather:
+        with contextlib.suppress(Exception):
+            audit = checkers.audit(ctx)
+        with contextlib.suppress(Exception):
+            facts = env.primary.server_facts()
     commands = sorted(ctx.commands, key=lambda c: c["time"])
     run_ids: Any = ctx.run_ids[0] if len(ctx.run_ids) == 1 else (ctx.run_ids or None)
     return {
@@ -243,6 +321,9 @@ def _archive(
         "timeline": timeline(events, hits, faults, signals=ctx.signals, notes=_audit_notes(audit)),
         "failover": ctx.extra.get("failover"),
         "explore": ctx.extra.get("explore"),
+        "worker_channel_errors": {
+            w.worker_id: list(w.protocol_errors) for w in env.workers.values() if w.protocol_errors
+        },
         "metrics": env.metrics,
         "global_invariants": ctx.extra.get("global_invariants"),
         "seed": ctx.seed,
@@ -287,6 +368,7 @@ def _observed(ctx: ExperimentContext) -> str:
 def _minimal_archive(
     shared: SharedServices,
     job: Job,
+    seed: int | None,
     started: float,
     verdict: Verdict,
     reason: str,
@@ -330,6 +412,7 @@ def _minimal_archive(
         "faults": [],
         "control_hits": [],
         "history": [],
+        "seed": seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),
         "finished_at": _iso(time.time()),
@@ -346,16 +429,103 @@ def run_jobs(
     report_dir: Path,
     seed: int | None,
     parallel: int,
-    progress: Progress,
+    progress: Progress | None = None,
+    on_result: Callable[[ExperimentResult], None] | None = None,
 ) -> list[ExperimentResult]:
-    """Run ``jobs``, ``parallel`` at a time; results come back in job order."""
-    if parallel <= 1:
+    """Run ``jobs``, ``parallel`` at a time; one result per job, in job order
+    (``on_result`` gets each as it comes, from the experiment's thread).
+
+    Invariants: once a stop was asked for (``harness.stopping``) no job starts,
+    and each job that never started gets an *interrupted* result; the running
+    ones are aborted by the stop itself (``SharedServices.interrupt``), and
+    this returns within ``STOP_GRACE_S`` of the stop request even when one's
+    teardown hangs (its result then says so). The experiment threads stay
+    alive until the run's services close: a child's parent-death signal fires
+    when the thread that started it exits, and ``--keep`` keeps children up.
+    """
+    results: list[ExperimentResult | None] = [None] * len(jobs)
+    queue = collections.deque(range(len(jobs)))
+    started_at: dict[int, float] = {}
+    cond = threading.Condition()
+    finished_threads = 0
+
+    def work() -> None:
+        nonlocal finished_threads
+        try:
+            while True:
+                with cond:
+                    if stopping.requested() or not queue:
+                        break
+                    index = queue.popleft()
+                    started_at[index] = time.time()
+                with shared.job_running(jobs[index].label):
+                    result = run_job(
+                        shared, jobs[index], report_dir=report_dir, seed=seed, progress=progress
+                    )
+                with cond:
+                    results[index] = result
+                    cond.notify_all()
+                if on_result is not None:
+                    on_result(result)
+        finally:
+            with cond:
+                finished_threads += 1
+                cond.notify_all()
+        shared.closed.wait()
+
+    count = max(1, min(parallel, len(jobs)))
+    for n in range(count):
+        threading.Thread(target=work, name=f"experiment-{n + 1}", daemon=True).start()
+    with cond:
+        while finished_threads < count and not stopping.requested():
+            cond.wait(0.2)
+    if stopping.requested():
+        grace_ends = time.monotonic() + max(0.0, STOP_GRACE_S - (stopping.since_s() or 0.0))
+        with cond:
+            while finished_threads < count and time.monotonic() < grace_ends:
+                cond.wait(max(0.0, grace_ends - time.monotonic()))
+        stopping.trace(f"{finished_threads} of {count} experiment thread(s) done")
+    with cond:
         return [
-            run_job(shared, j, report_dir=report_dir, seed=seed, progress=progress) for j in jobs
+            r if r is not None else interrupted_result(jobs[i], started_at.get(i), progress)
+            for i, r in enumerate(results)
         ]
-    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="experiment") as pool:
-        futures = [
-            pool.submit(run_job, shared, j, report_dir=report_dir, seed=seed, progress=progress)
-            for j in jobs
-        ]
-        return [f.result() for f in futures]
+
+
+def interrupted_result(
+    job: Job, started_at: float | None, progress: Progress | None
+) -> ExperimentResult:
+    """The result of a job the stop cut: never started, or whose teardown did
+    not end within the grace period (its archive, if any, is written later)."""
+    if started_at is None:
+        why, took = f"{stopping.reason()} before it started", 0.0
+    else:
+        why = f"{stopping.reason()} while it ran; its teardown did not end within {STOP_GRACE_S}s"
+        took = time.time() - started_at
+        if progress is not None:
+            progress.job_finished(job.label, f"UNKNOWN ({why})")
+    return _result(job, Verdict.UNKNOWN, why, took, None, [])
+
+
+def _result(
+    job: Job,
+    verdict: Verdict,
+    reason: str,
+    duration_s: float,
+    archive_path: Path | None,
+    failed_checks: list[str],
+) -> ExperimentResult:
+    spec = job.spec
+    return ExperimentResult(
+        experiment_id=spec.id,
+        title=spec.title,
+        variant=job.variant,
+        repeat_index=job.repeat_index,
+        verdict=verdict,
+        reason=reason,
+        duration_s=duration_s,
+        natural_wait_s=spec.natural_wait(job.variant),
+        archive_path=archive_path,
+        invariant=spec.invariant,
+        failed_checks=failed_checks,
+    )

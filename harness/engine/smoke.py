@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,7 @@ import psutil
 import psycopg
 
 from harness.engine.environment import Settings
+from harness.engine.run_records import RunRecord
 from harness.parts.control import ControlServer, Hold
 from harness.parts.pg_binaries import find_pg_binaries
 from harness.parts.postgres import PostgresCluster, failover
@@ -66,7 +66,9 @@ def _query_fails_through(dsn: str, timeout_s: float) -> str:
 def smoke(settings: Settings) -> int:
     steps = Steps()
     started = time.monotonic()
-    root = Path(tempfile.mkdtemp(prefix="fencecheck-smoke-"))
+    # A record first, so a smoke run killed with SIGKILL is reaped by the next run.
+    record = RunRecord.create(base=settings.work_dir, kind="smoke")
+    root = record.temp_root
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     try:
         with contextlib.ExitStack() as stack, ProcessRegistry() as registry:
@@ -77,6 +79,7 @@ def smoke(settings: Settings) -> int:
         return 1
     finally:
         shutil.rmtree(root, ignore_errors=True)
+        record.release()
     with steps.step("no leftovers") as note:
         left = [
             p

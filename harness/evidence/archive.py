@@ -100,12 +100,22 @@ def to_plain(value: Any) -> Any:
 
 
 def validate(archive: dict[str, Any]) -> None:
+    """ArchiveInvalid listing what does not match the schema: the missing fields
+    in one line, then up to ten other mismatches with their paths."""
     errors = sorted(
         jsonschema.Draft202012Validator(schema()).iter_errors(archive), key=lambda e: e.path
     )
-    if errors:
-        lines = [f"  {'/'.join(map(str, e.path)) or '(top)'}: {e.message}" for e in errors[:10]]
-        raise ArchiveInvalid("evidence archive does not match its schema:\n" + "\n".join(lines))
+    if not errors:
+        return
+    missing = [
+        str(e.message).split("'")[1]
+        for e in errors
+        if e.validator == "required" and not e.path and "'" in str(e.message)
+    ]
+    others = [e for e in errors if not (e.validator == "required" and not e.path)]
+    lines = [f"  missing field(s): {', '.join(missing)}"] if missing else []
+    lines += [f"  {'/'.join(map(str, e.path)) or '(top)'}: {e.message}" for e in others[:10]]
+    raise ArchiveInvalid("evidence archive does not match its schema:\n" + "\n".join(lines))
 
 
 def write_archive(path: Path, archive: dict[str, Any], secrets: Iterable[str] = ()) -> Path:
@@ -146,10 +156,45 @@ _SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 def read_archive(path: Path) -> dict[str, Any]:
-    loaded = yaml.load(path.read_text(), Loader=_SAFE_LOADER)
+    """The YAML mapping in ``path``; ArchiveInvalid (saying what is wrong) when the
+    file is not text, not YAML, or not a mapping."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ArchiveInvalid(
+            f"{path} is not an evidence archive: it is not UTF-8 text (byte {exc.start} "
+            "cannot be decoded); archives are YAML files in reports/<run>/archives/"
+        ) from None
+    except OSError as exc:
+        raise ArchiveInvalid(f"{path} cannot be read: {exc.strerror or exc}") from None
+    if "\x00" in text:
+        raise ArchiveInvalid(f"{path} is not an evidence archive: it is a binary file")
+    try:
+        loaded = yaml.load(text, Loader=_SAFE_LOADER)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ArchiveInvalid(
+            f"{path} is not valid YAML{where}: {problem} (a truncated or edited archive?)"
+        ) from None
     if not isinstance(loaded, dict):
-        raise ArchiveInvalid(f"{path} is not an evidence archive (top level is not a mapping)")
+        kind = "empty" if loaded is None else f"a {type(loaded).__name__}"
+        raise ArchiveInvalid(
+            f"{path} is not an evidence archive: its top level is {kind}, not a mapping"
+        )
     return loaded
+
+
+def load_archive(path: Path) -> dict[str, Any]:
+    """:func:`read_archive`, then checked against the published schema: what
+    ``fencecheck show`` reads. ArchiveInvalid lists what does not match."""
+    archive = read_archive(path)
+    try:
+        validate(archive)
+    except ArchiveInvalid as exc:
+        raise ArchiveInvalid(f"{path}: {exc} (schema: {SCHEMA_PATH})") from None
+    return archive
 
 
 # ------------------------------------------------------------ provenance

@@ -79,6 +79,10 @@ class Merged:
     passed_over: list[str] = field(default_factory=list)
     header: dict[str, str] = field(default_factory=dict)
     wall_s: float = 0.0
+    # What to say about the merged run's HTML pages, and the digest of the
+    # MANIFEST sealing the merged folder (written last, like a run's).
+    pages: str = ""
+    digest: str = ""
 
 
 def find_parts(paths: Sequence[Path]) -> tuple[list[Part], list[str]]:
@@ -322,7 +326,11 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
     missing = sorted(set(range(1, first.shard_count + 1)) - set(by_index))
     walls = [p.record.wall_s for p in parts if p.record.wall_s is not None]
     run_id = "merged-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-    unfinished = [str(p.record.shard) for p in parts if p.record.finished_at is None]
+    unfinished = [
+        f"{p.record.shard}" + (f" ({p.record.interrupted})" if p.record.interrupted else "")
+        for p in parts
+        if p.record.finished_at is None
+    ]
     header = {
         "run": run_id,
         "merged from": ", ".join(
@@ -372,4 +380,13 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
         )
         + "\n"
     )
+    # Sealed like a run: pages from the merged archives, then the MANIFEST
+    # over every file (fencecheck verify checks the merged folder as a whole).
+    from harness.evidence.manifest import run_digest, write_manifest
+    from harness.evidence.run_report import write_pages
+
+    if first.kind == "run":
+        merged.pages = write_pages(into)
+    write_manifest(into)
+    merged.digest = run_digest(into)
     return merged

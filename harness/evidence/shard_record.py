@@ -68,6 +68,9 @@ class ShardRecord:
     finished_at: str | None = None
     wall_s: float | None = None
     record_version: int = RECORD_VERSION
+    #: What cut the run short ("interrupted by SIGTERM"); such a part never
+    #: has ``finished_at``: merge lists it as unfinished.
+    interrupted: str | None = None
 
     @property
     def shard(self) -> Shard:
@@ -96,6 +99,10 @@ class ShardRecord:
 
     def finished(self, wall_s: float) -> ShardRecord:
         return dataclasses.replace(self, finished_at=_now(), wall_s=round(wall_s, 3))
+
+    def cut(self, why: str, wall_s: float) -> ShardRecord:
+        """The record of a part a stop cut: not finished, and saying why."""
+        return dataclasses.replace(self, interrupted=why, wall_s=round(wall_s, 3))
 
 
 def _now() -> str:

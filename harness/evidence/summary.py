@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -68,15 +69,35 @@ def terminal_table(results: Sequence[ExperimentResult]) -> str:
     return "\n".join(lines)
 
 
+def _write_atomically(path: Path, text: str) -> Path:
+    # A reader (or an escalated stop writing the same report) never sees half.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
 def write_summary(
-    path: Path, results: Sequence[ExperimentResult], *, header: dict[str, str], wall_s: float
+    path: Path,
+    results: Sequence[ExperimentResult],
+    *,
+    header: dict[str, str],
+    wall_s: float,
+    interrupted: str | None = None,
 ) -> Path:
     verdict = overall(results)
     counts = {v: sum(1 for r in results if r.verdict is v) for v in Verdict}
     natural = sum(r.natural_wait_s for r in results)
+    status = (
+        f"**INTERRUPTED** ({interrupted}): experiments marked interrupted did not finish; "
+        "nothing they would have shown is proven"
+        if interrupted
+        else "complete"
+    )
     lines = [
-        "# fencecheck run",
+        "# fencecheck run" + (" (INTERRUPTED)" if interrupted else ""),
         "",
+        f"- **status**: {status}",
         *(f"- **{k}**: {v}" for k, v in header.items()),
         f"- **overall verdict**: {verdict.value}",
         f"- **counts**: {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail, "
@@ -92,12 +113,18 @@ def write_summary(
             f"| {r.name} | {r.title} | **{r.verdict.value}** | {r.duration_s:.2f} | "
             f"{r.natural_wait_s:.2f} | {r.invariant} | {r.reason} | {archive} |"
         )
-    path.write_text("\n".join(lines) + "\n")
-    return path
+    return _write_atomically(path, "\n".join(lines) + "\n")
 
 
-def write_junit(path: Path, results: Sequence[ExperimentResult], *, suite: str) -> Path:
-    """JUnit XML: fail → <failure>, unknown → <error> (it proved nothing)."""
+def write_junit(
+    path: Path,
+    results: Sequence[ExperimentResult],
+    *,
+    suite: str,
+    interrupted: str | None = None,
+) -> Path:
+    """JUnit XML: fail → <failure>, unknown → <error> (it proved nothing); an
+    interrupted run says so in a property and in the suite's system-err."""
     root = ET.Element(
         "testsuite",
         name=suite,
@@ -106,6 +133,12 @@ def write_junit(path: Path, results: Sequence[ExperimentResult], *, suite: str) 
         errors=str(sum(r.verdict is Verdict.UNKNOWN for r in results)),
         time=f"{sum(r.duration_s for r in results):.3f}",
     )
+    properties = ET.SubElement(root, "properties")
+    ET.SubElement(
+        properties, "property", name="status", value="interrupted" if interrupted else "complete"
+    )
+    if interrupted:
+        ET.SubElement(properties, "property", name="interrupted", value=interrupted)
     for r in results:
         case = ET.SubElement(
             root,
@@ -121,27 +154,43 @@ def write_junit(path: Path, results: Sequence[ExperimentResult], *, suite: str) 
             ET.SubElement(case, "error", message=r.reason).text = detail
         if r.archive_path:
             ET.SubElement(case, "system-out").text = f"evidence: {r.archive_path}"
-    ET.ElementTree(root).write(path, encoding="utf-8", xml_declaration=True)
-    return path
+    if interrupted:
+        ET.SubElement(
+            root, "system-err"
+        ).text = f"the run was {interrupted}; experiments marked interrupted did not finish"
+    data = ET.tostring(root, encoding="unicode", xml_declaration=True)
+    return _write_atomically(path, data + "\n")
 
 
-def write_results_json(path: Path, results: Sequence[ExperimentResult]) -> Path:
-    path.write_text(
+def write_results_json(
+    path: Path,
+    results: Sequence[ExperimentResult],
+    *,
+    run: dict[str, object] | None = None,
+) -> Path:
+    """The run as JSON: ``run`` (id, status ``complete`` or ``interrupted``, by
+    what, exit code, ...) and ``results``, one entry per experiment run."""
+    return _write_atomically(
+        path,
         json.dumps(
-            [
-                {
-                    "experiment": r.experiment_id,
-                    "variant": r.variant,
-                    "repeat": r.repeat_index,
-                    "verdict": r.verdict.value,
-                    "reason": r.reason,
-                    "duration_s": round(r.duration_s, 3),
-                    "natural_wait_s": r.natural_wait_s,
-                    "archive": str(r.archive_path) if r.archive_path else None,
-                }
-                for r in results
-            ],
+            {
+                "run": run or {},
+                "overall": overall(results).value,
+                "results": [
+                    {
+                        "experiment": r.experiment_id,
+                        "variant": r.variant,
+                        "repeat": r.repeat_index,
+                        "verdict": r.verdict.value,
+                        "reason": r.reason,
+                        "duration_s": round(r.duration_s, 3),
+                        "natural_wait_s": r.natural_wait_s,
+                        "archive": str(r.archive_path) if r.archive_path else None,
+                    }
+                    for r in results
+                ],
+            },
             indent=2,
         )
+        + "\n",
     )
-    return path

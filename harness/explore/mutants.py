@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness import stopping
 from harness.engine.environment import Settings, SharedServices
 from harness.explore.campaign import Campaign, CampaignConfig
 from harness.explore.generate import Shape
@@ -115,6 +116,7 @@ def run_explore_mutants(
     """Every chosen mutant in turn; prints the table, writes explore-mutants.json.
     Exit 0 when every mutant was found, 1 otherwise."""
     stop = threading.Event()
+    forget = stopping.on_stop(lambda _why: stop.set())  # no new mutant after a signal
     findings: list[ExploreFinding] = []
     print(
         f"fencecheck mutants --explore: {len(chosen)} mutant(s), budget {budget_s:.0f}s each, "
@@ -123,6 +125,8 @@ def run_explore_mutants(
     )
     try:
         for m in chosen:
+            if stop.is_set():
+                break
             f = explore_mutant(
                 m, settings, report_dir, budget_s=budget_s, shrink_budget_s=shrink_budget_s,
                 seed=seed, shape=shape or Shape(), stop=stop, lanes=lanes,
@@ -138,9 +142,12 @@ def run_explore_mutants(
             (report_dir / "explore-mutants.json").write_text(
                 json.dumps([dataclasses.asdict(x) for x in findings], indent=2) + "\n"
             )
-    except KeyboardInterrupt:
-        stop.set()
-        raise
+    finally:
+        forget()
+    if stop.is_set():
+        print(
+            f"mutants --explore: INTERRUPTED ({stopping.reason()}) after {len(findings)} mutant(s)"
+        )
     print()
     print(table(findings))
     found = sum(f.found for f in findings)

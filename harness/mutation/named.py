@@ -13,6 +13,7 @@ proves nothing about the mutant.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import secrets
@@ -24,7 +25,9 @@ from pathlib import Path
 from typing import Any
 
 import scenarios
+from harness import stopping
 from harness.engine.environment import Settings, SharedServices
+from harness.engine.progress import Progress
 from harness.engine.runner import jobs_for, run_jobs
 from harness.engine.shards import Shard, job_cost
 from harness.evidence.gate import mutants_gate
@@ -111,17 +114,15 @@ def check_mutant(
             report_dir=report_dir / mutant.name,
             seed=seed,
             parallel=parallel,
-            progress=lambda _m: None,
         )
         expected_caught = bool(_failed(results))
-        if not expected_caught:
+        if not expected_caught and not stopping.requested():
             results += run_jobs(
                 shared,
                 jobs_for(rest, 1),
                 report_dir=report_dir / mutant.name,
                 seed=seed,
                 parallel=parallel,
-                progress=lambda _m: None,
             )
     failed = _failed(results)
     detail = (
@@ -174,6 +175,11 @@ def run_mutants(
     :mod:`harness.engine.shards`, by the expected cost of each mutant's
     catchers); the report directory's shard.json lets ``fencecheck merge``
     put the parts together. ShardError (a ValueError) when N parts cannot be made.
+
+    A stop request ends it within seconds: no further mutant starts, the
+    running ones' experiments are aborted, every mutant not checked is listed
+    in ``mutants.json`` as not run (never caught), shard.json says what cut
+    the run, and it returns the stop's exit status.
     """
     known = list_mutants(settings.worker_cmd)
     by_name = {m.name: m for m in known}
@@ -202,26 +208,62 @@ def run_mutants(
     )
     write_record(report_dir, record)
     started = time.monotonic()
+    out = Progress(quiet=True)
     part = f", part {shard} of {len(items)}" if shard.count > 1 else ""
-    print(f"fencecheck mutants: {len(chosen)} mutant(s){part}; reports in {report_dir}", flush=True)
+    out.say(f"fencecheck mutants: {len(chosen)} mutant(s){part}; reports in {report_dir}")
 
-    def one(m: Mutant) -> MutantOutcome:
-        outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
+    def one(m: Mutant) -> MutantOutcome | None:
+        if stopping.requested():
+            return None
+        try:
+            outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
+        except stopping.Interrupted:
+            return None
+        if stopping.requested():
+            return None  # its experiments were cut: it proves nothing either way
         mark = "caught by " + ",".join(outcome.caught_by) if outcome.caught else "NOT CAUGHT"
-        print(f"  {m.name} (rule {m.rule}): {mark} in {outcome.wall_s:.1f}s", flush=True)
+        out.say(f"  {m.name} (rule {m.rule}): {mark} in {outcome.wall_s:.1f}s")
         return outcome
 
-    with ThreadPoolExecutor(max_workers=concurrent_mutants, thread_name_prefix="mutant") as pool:
-        outcomes = list(pool.map(one, chosen))
+    pool = ThreadPoolExecutor(max_workers=concurrent_mutants, thread_name_prefix="mutant")
+    futures = [pool.submit(one, m) for m in chosen]
+    try:
+        while not all(f.done() for f in futures) and not stopping.wait(0.2):
+            pass
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    if stopping.requested():
+        # The running mutants' experiments were aborted by the stop itself;
+        # give their teardown the run's grace, then report.
+        deadline = time.monotonic() + 2.0
+        for f in futures:
+            with contextlib.suppress(Exception):
+                f.result(timeout=max(0.0, deadline - time.monotonic()))
+    outcomes: list[MutantOutcome] = []
+    for f in futures:
+        if not f.done() or f.cancelled():
+            continue
+        error = f.exception()
+        if error is not None:
+            raise error
+        outcome = f.result()
+        if outcome is not None:
+            outcomes.append(outcome)
     wall = time.monotonic() - started
     caught = sum(o.caught for o in outcomes)
-    print()
-    print(table(outcomes))
-    print(
+    interrupted = stopping.reason() if stopping.requested() else None
+    out.say("")
+    out.say(table(outcomes))
+    out.say(
         f"\nmutation score: {caught}/{len(outcomes)} caught in {wall:.1f}s"
         f" ({sum(o.expected_caught for o in outcomes)} by their expected experiment)"
+        + (
+            f"; INTERRUPTED ({interrupted}): {len(chosen) - len(outcomes)} not checked"
+            if interrupted
+            else ""
+        )
     )
-    entries = [
+    entries: list[dict[str, Any]] = [
         {
             "mutant": o.mutant.name,
             "rule": o.mutant.rule,
@@ -233,25 +275,47 @@ def run_mutants(
         }
         for o in outcomes
     ]
+    checked = {o.mutant.name for o in outcomes}
+    entries += [
+        {
+            "mutant": m.name,
+            "rule": m.rule,
+            "expected": list(m.catchers),
+            "caught_by": [],
+            "expected_caught": False,
+            "detail": f"not checked: {interrupted}",
+            "not_run": True,
+        }
+        for m in chosen
+        if m.name not in checked
+    ]
     (report_dir / "mutants.json").write_text(json.dumps(entries, indent=2))
+    if interrupted:
+        write_record(report_dir, record.cut(interrupted, wall))
+        _publish(report_dir, out, pages=False)
+        return stopping.exit_status()
     write_record(report_dir, record.finished(wall))
-    _publish(report_dir)
+    _publish(report_dir, out, pages=True)
     code, last_line = mutants_gate(entries, fail_on)
-    print(last_line)
+    out.say(last_line)
     return code
 
 
-def _publish(report_dir: Path) -> None:
-    """Pages for every mutant's runs and the folder's index, then the seal (last)."""
+def _publish(report_dir: Path, out: Progress, *, pages: bool) -> None:
+    """Pages for every mutant's runs and the folder's index, then the seal (last).
+    A stopped run seals without pages (no time: `fencecheck report` builds them)."""
     from harness.evidence.html.mutants import write_mutants_pages
     from harness.evidence.manifest import run_digest, write_manifest
 
     try:
-        print(f"pages: {write_mutants_pages(report_dir)}")
+        if not pages:
+            out.say(f"pages NOT WRITTEN (stopped; rebuild: fencecheck report {report_dir})")
+        else:
+            out.say(f"pages: {write_mutants_pages(report_dir)}")
     except Exception as exc:  # the score stands on mutants.json; say why pages are missing
-        print(f"pages NOT WRITTEN ({type(exc).__name__}: {exc})")
+        out.say(f"pages NOT WRITTEN ({type(exc).__name__}: {exc})")
     write_manifest(report_dir)
-    print(f"evidence digest {run_digest(report_dir)} (fencecheck verify {report_dir})")
+    out.say(f"evidence digest {run_digest(report_dir)} (fencecheck verify {report_dir})")
 
 
 def _catchers_cost(mutant: Mutant) -> float:

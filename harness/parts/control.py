@@ -29,6 +29,7 @@ import struct
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
@@ -170,6 +171,7 @@ class ControlServer:
         socket_name: str = "control.sock",
         worker_user: OsUser | None = None,
         hold_timeout_s: float = DEFAULT_HOLD_TIMEOUT_S,
+        on_gap: Callable[[float], None] | None = None,
     ) -> None:
         self.socket_path = Path(directory) / socket_name
         if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
@@ -196,6 +198,10 @@ class ControlServer:
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._closing = threading.Event()
+        self._aborted: str | None = None
+        # Told how late the server answered (its accept loop woke late, or a
+        # hit whose answer is immediate took long): the harness was stalled.
+        self._on_gap = on_gap
         self.protocol_errors: list[str] = []
 
     # -- lifecycle -------------------------------------------------------
@@ -290,16 +296,22 @@ class ControlServer:
     def _accept_loop(self) -> None:
         listener = self._listener
         assert listener is not None
+        timeout = listener.gettimeout() or 0.0
+        last = time.monotonic()
         while not self._closing.is_set():
             try:
                 conn, _ = listener.accept()
             except TimeoutError:
+                now = time.monotonic()
+                self._gap(now - last - timeout)
+                last = now
                 self._expire_holds()
                 continue
             except OSError:
                 if self._closing.is_set():
                     return
                 raise
+            last = time.monotonic()
             thread = threading.Thread(
                 target=self._handle, args=(conn,), name="control-conn", daemon=True
             )
@@ -313,6 +325,10 @@ class ControlServer:
         finally:
             with self._cond:
                 self._handlers.discard(threading.current_thread())
+
+    def _gap(self, late_s: float) -> None:
+        if self._on_gap is not None and late_s > 0:
+            self._on_gap(late_s)
 
     def _serve_one(self, conn: socket.socket) -> None:
         peer_pid, peer_uid = _peer_credentials(conn)
@@ -328,6 +344,7 @@ class ControlServer:
             self._protocol_error(f"read from pid {peer_pid} failed: {exc!r}", conn)
             return
         received_at = time.time()
+        got = time.monotonic()
         try:
             msg = json.loads(data.split(b"\n", 1)[0])
             if not isinstance(msg, dict) or msg.get("type") != "point":
@@ -364,6 +381,9 @@ class ControlServer:
         with contextlib.suppress(OSError):
             conn.sendall((json.dumps(action.reply()) + "\n").encode())
         conn.close()
+        # From the message read to the answer sent is the harness's time alone
+        # (well under a millisecond): taking long means it was not running.
+        self._gap(time.monotonic() - got)
 
     def _protocol_error(self, text: str, conn: socket.socket) -> None:
         with self._cond:
@@ -415,6 +435,10 @@ class ControlServer:
                         return hit
                 # Nothing after the cursor matched; do not scan it again.
                 self._cursors[key] = max(self._cursors.get(key, -1), len(self._hits) - 1)
+                if self._aborted is not None:
+                    raise ControlError(
+                        f"{self._aborted}: stopped waiting for worker {worker!r} at {point!r}"
+                    )
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise ControlTimeout(
@@ -461,6 +485,14 @@ class ControlServer:
                 f"{action.label()}: {error}"
             )
         return released
+
+    def abort(self, reason: str) -> None:
+        """The run is stopping: every wait for a hit ends with ControlError(reason)
+        and every held worker is let go (its connection closed)."""
+        with self._cond:
+            self._aborted = reason
+            self._cond.notify_all()
+        self.release_all()
 
     def release_all(self) -> list[Hit]:
         """Close every held connection without an answer (teardown)."""

@@ -12,10 +12,10 @@ clusters and the evidence archives must hold no secrets.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import time
@@ -27,9 +27,11 @@ from typing import Any, Literal
 import psycopg
 from psycopg import sql
 
+from harness import stopping
+from harness.parts.files import remove_tree
 from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
 from harness.parts.pg_binaries import PgBinaries
-from harness.parts.processes import pdeathsig_preexec
+from harness.parts.processes import pdeathsig_preexec, run_bounded
 from harness.parts.toxiproxy import free_port
 from harness.waiting import wait_for
 
@@ -57,6 +59,14 @@ BASE_SETTINGS: dict[str, str] = {
     "deadlock_timeout": "200ms",
     "fsync": "on",
     "synchronous_commit": "on",
+    # The audit trail's row changes are stamped when the trigger fires, before
+    # COMMIT; what another session could see at a moment is decided by the
+    # commit time, which PostgreSQL records only with this on.
+    "track_commit_timestamp": "on",
+    # Dynamic shared memory as files in the data directory, not /dev/shm:
+    # a server killed with SIGKILL then leaves nothing outside the directory
+    # the harness removes (its one System V segment is in postmaster.pid).
+    "dynamic_shared_memory_type": "mmap",
 }
 
 # Settings recorded in every evidence archive: they decide what a commit means.
@@ -72,6 +82,36 @@ EVIDENCE_SETTINGS = (
 
 class ClusterError(RuntimeError):
     """A PostgreSQL cluster could not be set up or did not behave as required."""
+
+
+@dataclass(frozen=True)
+class PostmasterPid:
+    """What a server wrote into its data directory's ``postmaster.pid``: enough
+    to find it, and its System V segment, after the harness that started it died."""
+
+    path: Path
+    pid: int
+    datadir: str
+    started: float  # seconds since the epoch
+    shm_key: int | None
+    shm_id: int | None
+
+    @classmethod
+    def read(cls, path: Path) -> PostmasterPid | None:
+        """The parsed file, or None when it is missing or not (yet) complete."""
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            return None
+        try:
+            pid, datadir, started = int(lines[0]), lines[1], float(lines[2])
+        except (IndexError, ValueError):
+            return None
+        shm_key = shm_id = None
+        if len(lines) > 6 and len(lines[6].split()) == 2:
+            with contextlib.suppress(ValueError):
+                shm_key, shm_id = (int(f) for f in lines[6].split())
+        return cls(path, pid, datadir, started, shm_key, shm_id)
 
 
 def _dsn(port: int, dbname: str, user: str, **extra: str | int) -> str:
@@ -112,6 +152,7 @@ class PostgresCluster:
     superuser: str = "postgres"
     _db_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _templates: dict[str, str] = field(default_factory=dict)
+    _last_probe_error: str = ""
 
     # ----------------------------------------------------------- lifecycle
     @classmethod
@@ -126,6 +167,7 @@ class PostgresCluster:
         start_timeout_s: float = 30.0,
     ) -> PostgresCluster:
         """initdb a new cluster under ``base_dir`` and start it on a free port."""
+        stopping.check(f"PostgreSQL cluster {name}")
         user = run_as or unprivileged_user()
         datadir = _make_owned_dir(base_dir / name, user)
         _run_as(
@@ -143,6 +185,9 @@ class PostgresCluster:
                 "--locale=C",
                 "-N",
                 "--no-instructions",
+                # initdb's own bootstrap servers, too, keep their dynamic shared
+                # memory out of /dev/shm (initdb -c exists from PostgreSQL 16).
+                *(["-c", "dynamic_shared_memory_type=mmap"] if binaries.major >= 16 else []),
             ],
             what=f"initdb of {name}",
         )
@@ -167,6 +212,7 @@ class PostgresCluster:
         """Start the server on a free port; retry with a new port if one was taken."""
         if self.process is not None and self.process.poll() is None:
             raise ClusterError(f"{self.name} is already running (pid {self.process.pid})")
+        stopping.check(f"PostgreSQL server {self.name}")
         last = ""
         for _ in range(3):
             self.port = free_port()
@@ -179,14 +225,20 @@ class PostgresCluster:
                         str(self.datadir),
                         "-p",
                         str(self.port),
+                        # No Unix socket: everything connects over TCP, and a
+                        # socket path in a deep temp directory can exceed the
+                        # 107-byte limit (the server then refuses to start).
                         "-k",
-                        str(self.datadir),
+                        "",
                     ],
                     stdout=log,
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     env=_server_env(self.run_as),
                     preexec_fn=pdeathsig_preexec(os.getpid()),
+                    # Its own session: a terminal's Ctrl-C reaches the harness
+                    # alone, which decides when the server stops.
+                    start_new_session=True,
                     **_user_kwargs(self.run_as),
                 )
             finally:
@@ -201,6 +253,8 @@ class PostgresCluster:
                 return
             except (TimeoutError, ClusterError) as exc:
                 last = str(exc)
+                if self._last_probe_error:
+                    last += f" (last connection attempt: {self._last_probe_error})"
                 self._kill_now()
                 if "already in use" not in self.log_tail():
                     break
@@ -215,7 +269,10 @@ class PostgresCluster:
         try:
             with psycopg.connect(self.admin_dsn(), connect_timeout=2, autocommit=True):
                 return True
-        except psycopg.OperationalError:
+        except psycopg.OperationalError as exc:
+            # Kept for the timeout message: a server whose log says it is
+            # ready but refuses the probe needs the probe's side to diagnose.
+            self._last_probe_error = str(exc).strip()
             return False
 
     def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
@@ -231,7 +288,10 @@ class PostgresCluster:
         return time.monotonic() - started
 
     def _kill_now(self) -> None:
+        """SIGKILL the server and its backends (its process group) and reap it."""
         if self.process is not None and self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
             self.process.kill()
             self.process.wait(timeout=10)
 
@@ -246,9 +306,12 @@ class PostgresCluster:
             return "(no server log)"
 
     def remove(self) -> None:
-        """Stop (immediate) and delete the data directory."""
-        self.stop("immediate")
-        shutil.rmtree(self.datadir, ignore_errors=True)
+        """Stop (immediate) and delete the data directory (its thousand files
+        unlinked from many threads: a stopping run has seconds)."""
+        took = self.stop("immediate", timeout_s=2.0 if stopping.requested() else 30.0)
+        stopping.trace(f"server {self.datadir.name} stopped in {took:.2f}s")
+        remove_tree(self.datadir)
+        stopping.trace(f"server {self.datadir.name} removed")
 
     # ------------------------------------------------------------- queries
     def admin_dsn(self, dbname: str = "postgres", **extra: str | int) -> str:
@@ -333,6 +396,7 @@ class PostgresCluster:
         The standby streams from a physical slot so the primary keeps the WAL
         it needs while the link is cut.
         """
+        stopping.check(f"PostgreSQL standby {name}")
         slot = name.replace("-", "_")
         with self.connect() as conn:
             conn.execute(
@@ -533,17 +597,10 @@ def _append_conf(path: Path, settings: dict[str, str]) -> None:
 
 
 def _run_as(user: OsUser, argv: list[str], *, what: str, timeout_s: float = 60.0) -> None:
-    try:
-        proc = subprocess.run(
-            argv,
-            capture_output=True,
-            text=True,
-            timeout=timeout_s,
-            stdin=subprocess.DEVNULL,
-            env=_server_env(user),
-            **_user_kwargs(user),
-        )
-    except subprocess.TimeoutExpired as exc:
-        raise ClusterError(f"{what} did not finish within {timeout_s}s") from exc
-    if proc.returncode != 0:
-        raise ClusterError(f"{what} failed (exit {proc.returncode}):\n{proc.stderr.strip()}")
+    done = run_bounded(argv, timeout_s=timeout_s, env=_server_env(user), **_user_kwargs(user))
+    if done.how == "interrupted":
+        raise stopping.Interrupted(f"{stopping.reason()}: {what} was killed")
+    if done.how == "timeout":
+        raise ClusterError(f"{what} did not finish within {timeout_s}s:\n{done.stderr.strip()}")
+    if done.returncode != 0:
+        raise ClusterError(f"{what} failed (exit {done.returncode}):\n{done.stderr.strip()}")

@@ -45,6 +45,7 @@ from typing import IO, Any, Self
 
 import psutil
 
+from harness import stopping
 from harness.parts.os_user import OsUser, first_untraversable, give_to
 
 POLL_INTERVAL_S = 0.002
@@ -173,6 +174,113 @@ def _kill_leftovers() -> None:
                 proc.kill(timeout_s=2.0)
 
 
+def process_started(pid: int) -> float | None:
+    """When process ``pid`` started (seconds since the epoch), None when there is
+    none: with the pid, the identity of a process (a reused pid is another one)."""
+    try:
+        return float(psutil.Process(pid).create_time())
+    except (psutil.Error, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """How a bounded command ended: ``how`` is "exited", "timeout" or "interrupted"."""
+
+    returncode: int | None
+    stdout: str
+    stderr: str
+    how: str
+
+
+def run_bounded(argv: Sequence[str], *, timeout_s: float, **popen: Any) -> Finished:
+    """Run a short command (initdb, pg_basebackup, a worker's migrate) to its end.
+
+    It runs in a session of its own (a terminal's Ctrl-C is the harness's to
+    handle) with a parent-death signal. Past ``timeout_s``, once a stop was
+    asked for, or when anything interrupts the wait (an Interrupted raised in
+    the main thread), its whole process group is killed: a killed initdb must
+    not leave its bootstrap server writing into a directory being removed.
+    """
+    stopping.check(f"`{argv[0]}`")
+    proc = subprocess.Popen(
+        list(argv),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        preexec_fn=pdeathsig_preexec(os.getpid()),
+        **popen,
+    )
+    deadline = time.monotonic() + timeout_s
+    how = "exited"
+    try:
+        while True:
+            try:
+                out, err = proc.communicate(timeout=0.1)
+                break
+            except subprocess.TimeoutExpired:
+                if stopping.requested():
+                    how = "interrupted"
+                elif time.monotonic() >= deadline:
+                    how = "timeout"
+                else:
+                    continue
+                _kill_group(proc)
+                out, err = proc.communicate()
+                break
+    except BaseException:
+        _kill_group(proc)
+        with contextlib.suppress(Exception):
+            proc.communicate(timeout=5)
+        raise
+    return Finished(
+        proc.returncode,
+        out.decode("utf-8", errors="replace"),
+        err.decode("utf-8", errors="replace"),
+        how,
+    )
+
+
+def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def process_running(pid: int) -> bool:
+    """True while ``pid`` exists and is not a zombie."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def kill_all_children() -> list[str]:
+    """SIGKILL every child of this process, with the process group it leads.
+
+    The last resort of a stop (and of every teardown): whatever is still a
+    child of the harness was started by it, whichever code path forgot it.
+    A child that shares the harness's own group is killed alone, never the
+    group. Returns a description of each process killed.
+    """
+    killed: list[str] = []
+    own_group = os.getpgrp()
+    for child in psutil.Process().children():
+        try:
+            if child.status() == psutil.STATUS_ZOMBIE:
+                continue  # already dead; its Popen reaps it
+            what = f"{child.pid} {' '.join(child.cmdline())[:80]}"
+            group = os.getpgid(child.pid)
+            if group == child.pid and group != own_group:
+                os.killpg(group, signal.SIGKILL)
+            else:
+                os.kill(child.pid, signal.SIGKILL)
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue
+        killed.append(what)
+    return killed
+
+
 def _safe_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", name) or "process"
 
@@ -246,7 +354,9 @@ class ManagedProcess:
         return env
 
     def start(self) -> Self:
-        """Start the child; raises ProcessError naming argv if it cannot run."""
+        """Start the child; raises ProcessError naming argv if it cannot run, and
+        harness.stopping.Interrupted once the run was asked to stop."""
+        stopping.check(f"process {self.name!r}")
         with self._lock:
             if self._popen is not None:
                 raise ProcessError(f"process {self.name!r} already started (pid {self.pid})")
@@ -608,6 +718,7 @@ class PendingOp:
             raise OpTimeout(
                 f"op {self.op!r} (id {self.id}) on worker {self.worker.worker_id!r} got no "
                 f"reply within {timeout_s}s (process {self.worker.describe()})"
+                + self.worker.channel_noise()
             )
         if self._error is not None:
             raise self._error
@@ -714,13 +825,47 @@ class WorkerProcess(ManagedProcess):
             self._channel_closed = True
             pending = list(self._pending.values())
             self._pending.clear()
+        if pending:
+            # Usually the worker exited: give it a moment so the message can say how.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=CLEAN_EXIT_WAIT_S)
         for op in pending:
             op._fail(
                 WorkerChannelClosed(
                     f"worker {self.worker_id!r} closed stdout before answering op {op.op!r} "
-                    f"(id {op.id}); process {self.describe()}"
+                    f"(id {op.id}): {self.how_it_ended()}{self.channel_noise()}"
                 )
             )
+
+    def how_it_ended(self) -> str:
+        """How the process ended, for a message: its exit status, how long after
+        its start (``at once`` within a second), the last lines of its stderr;
+        its kernel state while it still runs."""
+        code = self.returncode
+        if code is None:
+            return f"process {self.describe()}"
+        lived = (self.ended_at or time.time()) - (self.started_at or time.time())
+        when = "at once" if lived < 1.0 else f"after {lived:.1f}s"
+        status = f"killed by {signal.Signals(-code).name}" if code < 0 else f"status {code}"
+        tail = "\n".join(f"    {line}" for line in self.log_tail(1200).strip().splitlines()[-6:])
+        return (
+            f"it exited {when} with {status} ({lived:.2f}s after it started); last lines of its "
+            f"stderr ({self.stderr_log}):\n{tail or '    (nothing)'}"
+        )
+
+    def channel_noise(self) -> str:
+        """What the worker printed on its ops channel that is not a reply, for a message."""
+        if not self.protocol_errors:
+            return ""
+        shown = "; ".join(self.protocol_errors[:3])
+        more = (
+            f" (and {len(self.protocol_errors) - 3} more)" if len(self.protocol_errors) > 3 else ""
+        )
+        return (
+            f"; it printed {len(self.protocol_errors)} line(s) on its ops channel (stdout) "
+            f"that are not JSON replies: {shown}{more} (logs go to stderr, see "
+            f"docs/worker-contract.md section 5)"
+        )
 
     def _dispatch_reply(self, raw: bytes, received_at: float) -> None:
         try:
@@ -768,8 +913,8 @@ class WorkerProcess(ManagedProcess):
         with self._pending_lock:
             if self._channel_closed:
                 raise WorkerChannelClosed(
-                    f"worker {self.worker_id!r} channel closed; cannot send op {op!r} "
-                    f"(process {self.describe()})"
+                    f"worker {self.worker_id!r} channel closed; cannot send op {op!r}: "
+                    f"{self.how_it_ended()}{self.channel_noise()}"
                 )
             pending = PendingOp(self, request_id, op, time.time())
             self._pending[request_id] = pending
@@ -782,9 +927,11 @@ class WorkerProcess(ManagedProcess):
         except (BrokenPipeError, ValueError, OSError) as exc:
             with self._pending_lock:
                 self._pending.pop(request_id, None)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=CLEAN_EXIT_WAIT_S)
             raise WorkerChannelClosed(
-                f"could not send op {op!r} to worker {self.worker_id!r}: {exc!r} "
-                f"(process {self.describe()})"
+                f"could not send op {op!r} to worker {self.worker_id!r} ({exc!r}): "
+                f"{self.how_it_ended()}{self.channel_noise()}"
             ) from exc
         return pending
 

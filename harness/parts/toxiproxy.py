@@ -32,6 +32,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
+from harness.failures import PartFailed
 from harness.parts.processes import ManagedProcess, ProcessRegistry
 
 ENV_VAR = "FENCECHECK_TOXIPROXY"
@@ -492,23 +493,38 @@ class ToxiproxyServer:
                 self.process, self.port = proc, port
                 self._client = ToxiproxyClient(self.host, port)
                 return self
+            exited = not proc.is_alive()
+            lived = time.monotonic() - (deadline - self.startup_timeout_s)
             proc.stop(grace_s=1.0)
-            last_error = f"{last_error}; server log: {proc.log_tail(800)}"
-            if proc.returncode not in (None, 0) and "address already in use" in proc.log_tail():
+            if exited and "address already in use" in proc.log_tail():
                 continue
-            break
-        raise ToxiproxyError(
-            "GET",
-            "/version",
-            None,
-            f"toxiproxy-server ({self.binary}) not ready within {self.startup_timeout_s}s: "
-            f"{last_error}",
+            if exited:
+                raise PartFailed(
+                    f"toxiproxy-server {self.binary} exited {lived:.2f}s after it started, "
+                    "before answering GET /version",
+                    status=f"exit status {proc.returncode}",
+                    stderr=proc.log_tail(),
+                    log=proc.stderr_log,
+                    hint=f"is {self.binary} toxiproxy-server {PINNED_VERSION}? {INSTALL_HINT}",
+                )
+            raise PartFailed(
+                f"toxiproxy-server {self.binary} did not answer GET /version within "
+                f"{self.startup_timeout_s}s (last: {last_error or 'no answer'})",
+                status="still running, then stopped",
+                stderr=proc.log_tail(),
+                log=proc.stderr_log,
+            )
+        raise PartFailed(
+            f"toxiproxy-server {self.binary} could not bind a free port in 3 attempts",
+            status="exit: address already in use",
+            stderr=last_error,
+            log=None,
         )
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL); idempotent."""
+    def stop(self, grace_s: float = 3.0) -> None:
+        """Stop the server (SIGTERM, ``grace_s``, then SIGKILL); idempotent."""
         if self.process is not None:
-            self.process.stop(grace_s=3.0)
+            self.process.stop(grace_s=grace_s)
 
     def __enter__(self) -> Self:
         if self.process is None:

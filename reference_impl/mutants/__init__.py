@@ -1,6 +1,6 @@
-"""Named mutants of the reference implementation (SPEC.md, "Trusting the harness").
+"""Named mutants of the reference implementation (docs/protocol.md; README, "Trusting the harness: mutants").
 
-Each mutant breaks exactly ONE protocol rule of SPEC.md in exactly one place
+Each mutant breaks exactly ONE protocol rule of docs/protocol.md in exactly one place
 (see :mod:`reference_impl.mutants.base`) and names the experiment(s) of the
 acceptance matrix expected to catch it. ``load_protocol(FENCECHECK_MUTANT)``
 looks names up in :data:`REGISTRY`; the correct code never imports this

@@ -13,7 +13,7 @@ exactly ONE place, in one of four ways:
   function, or the DDL of one database rule): needed wherever the worker
   role cannot bypass the database, which is where rules 1-4, 6, 7 and 12 live.
 
-Invariants (checked when a Mutant is made): the rule is one of SPEC.md's
+Invariants (checked when a Mutant is made): the rule is one of docs/protocol.md's
 1-13; at least one catcher, each an experiment id (A-Q, U, V); a component subclass
 derives from the class it replaces.
 """
@@ -140,7 +140,9 @@ class Mutant:
         if not _ID.match(self.name):
             raise ValueError(f"mutant name {self.name!r} must be snake_case")
         if self.rule not in RULES:
-            raise ValueError(f"mutant {self.name}: rule {self.rule} is not one of SPEC.md's 1-13")
+            raise ValueError(
+                f"mutant {self.name}: rule {self.rule} is not one of docs/protocol.md's rules 1-13"
+            )
         if not self.catchers or not set(self.catchers) <= EXPERIMENTS:
             raise ValueError(f"mutant {self.name}: catchers {self.catchers} must be experiment ids")
         alt = self.alteration

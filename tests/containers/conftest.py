@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -68,3 +68,16 @@ def backend(engine_ready: None, pg_binaries: PgBinaries) -> Iterator[ContainerBa
     finally:
         made.close()
     assert made.leftovers() == [], "close() left containers or networks behind"
+
+
+@pytest.fixture
+def client(engine_ready: None) -> Iterator[Any]:
+    """A docker-py client of the engine the backend uses."""
+    from harness.backends import containers_images as images
+    from harness.backends.containers import find_engine
+
+    made = images.engine(find_engine())
+    try:
+        yield made
+    finally:
+        made.close()

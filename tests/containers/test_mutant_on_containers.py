@@ -33,7 +33,7 @@ def test_h_catches_a_mutant_on_containers(engine_ready: None, tmp_path: Path) ->
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr
     (run_dir,) = [p for p in reports.iterdir() if p.is_dir() and not p.is_symlink()]
-    results = json.loads((run_dir / "results.json").read_text())
+    results = json.loads((run_dir / "results.json").read_text())["results"]
     verdicts = {(r["experiment"], r["variant"]): r["verdict"] for r in results}
     assert verdicts.get(("H", "async")) == "fail", verdicts
     archive = (run_dir / "archives" / "H-async.yaml").read_text()

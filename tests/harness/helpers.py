@@ -8,6 +8,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -78,3 +79,41 @@ def echo_server() -> Iterator[EchoServer]:
     finally:
         server._server.shutdown()
         server._server.server_close()
+
+
+def sample_archive(**overrides: Any) -> dict[str, Any]:
+    """A small archive that matches the published schema (override any field)."""
+    base: dict[str, Any] = {
+        "archive_version": 1,
+        "experiment_id": "B",
+        "title": "old owner resumes",
+        "seed_section": "English seed §11 B",
+        "git_commit": "abc",
+        "runtime_versions": {"python": "3.11"},
+        "postgres_version": "PostgreSQL 18",
+        "deployment": {"kind": "local-processes"},
+        "worker": {"command": "python -m reference_impl.worker", "digest": "sha256:" + "a" * 64},
+        "run_id": "r1",
+        "tenant_id": "t1",
+        "lease_duration": "800ms",
+        "heartbeat_interval": "150ms",
+        "fault_injection_point": None,
+        "commands_executed": [{"time": 1.0, "command": "SIGSTOP A"}],
+        "worker_logs_path": "/tmp/x",
+        "postgres_queries_and_results": [{"label": "l", "query": "SELECT 1", "rows": []}],
+        "mock_tool_request_log": [{"request": {"card_number": "4111", "password": "pw"}}],
+        "broker_messages": [],
+        "expected_invariant": "x",
+        "observed_result": "y",
+        "pass_or_fail": "pass",
+        "checks": [{"name": "c", "kind": "fault", "ok": True, "expected": "e", "observed": "o"}],
+        "faults": [],
+        "control_hits": [],
+        "history": [],
+        "started_at": "2026-11-29T00:00:00Z",
+        "finished_at": "2026-11-29T00:00:01Z",
+        "duration_s": 1.0,
+        "natural_wait_s": 0.8,
+    }
+    base.update(overrides)
+    return base

@@ -13,12 +13,11 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
-import psutil
 import pytest
 
 from harness.waiting import wait_for
+from tests.harness.outside import Watcher, alive
 
 pytestmark = pytest.mark.slow
 
@@ -29,62 +28,23 @@ def _smoke_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), "fencecheck-smoke-*")))
 
 
-class TreeWatcher:
-    """Collects every descendant pid of a process while it runs."""
-
-    def __init__(self, pid: int) -> None:
-        self.root = psutil.Process(pid)
-        self.seen: dict[int, str] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._watch, daemon=True)
-        self._thread.start()
-
-    def _watch(self) -> None:
-        while not self._stop.is_set():
-            try:
-                for child in self.root.children(recursive=True):
-                    if child.pid not in self.seen:
-                        try:
-                            self.seen[child.pid] = " ".join(child.cmdline())[:120]
-                        except psutil.Error:
-                            self.seen[child.pid] = "?"
-            except psutil.Error:
-                return
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def alive(self) -> list[str]:
-        left = []
-        for pid, cmd in self.seen.items():
-            try:
-                proc = psutil.Process(pid)
-                if proc.status() != psutil.STATUS_ZOMBIE:
-                    left.append(f"{pid} {cmd}")
-            except psutil.NoSuchProcess:
-                continue
-        return left
-
-
 def test_completed_run_leaves_nothing_behind() -> None:
     dirs_before = _smoke_dirs()
     proc = subprocess.Popen(SMOKE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    watcher = TreeWatcher(proc.pid)
+    watcher = Watcher(proc.pid)
     out, _ = proc.communicate(timeout=120)
-    watcher.stop()
+    seen = watcher.stop().pids
     assert proc.returncode == 0, out
-    assert any("postgres" in c for c in watcher.seen.values()), "no server was ever started"
-    assert any("toxiproxy" in c for c in watcher.seen.values()), "no proxy was ever started"
-    assert watcher.alive() == []
+    assert any("postgres" in c for c in seen.values()), "no server was ever started"
+    assert any("toxiproxy" in c for c in seen.values()), "no proxy was ever started"
+    assert alive(seen) == []
     assert _smoke_dirs() - dirs_before == set(), "temp directories left behind"
 
 
 def test_interrupted_run_leaves_nothing_behind() -> None:
     dirs_before = _smoke_dirs()
     proc = subprocess.Popen(SMOKE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    watcher = TreeWatcher(proc.pid)
+    watcher = Watcher(proc.pid)
     lines: list[str] = []
 
     def read() -> None:
@@ -104,8 +64,8 @@ def test_interrupted_run_leaves_nothing_behind() -> None:
     proc.send_signal(signal.SIGINT)
     proc.wait(timeout=60)
     reader.join(timeout=5)
-    watcher.stop()
+    seen = watcher.stop().pids
     assert proc.returncode == 130, "".join(lines)
-    assert sum("postgres" in c for c in watcher.seen.values()) >= 2
-    assert watcher.alive() == []
+    assert sum("postgres" in c for c in seen.values()) >= 2
+    assert alive(seen) == []
     assert _smoke_dirs() - dirs_before == set(), "temp directories left behind"

@@ -6,7 +6,6 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
@@ -14,48 +13,12 @@ import yaml
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, write_junit, write_summary
 from harness.verdict import Verdict
-
-
-def _archive(**overrides: Any) -> dict[str, Any]:
-    base: dict[str, Any] = {
-        "archive_version": 1,
-        "experiment_id": "B",
-        "title": "old owner resumes",
-        "seed_section": "English seed §11 B",
-        "git_commit": "abc",
-        "runtime_versions": {"python": "3.11"},
-        "postgres_version": "PostgreSQL 18",
-        "deployment": {"kind": "local-processes"},
-        "worker": {"command": "python -m reference_impl.worker", "digest": "sha256:" + "a" * 64},
-        "run_id": "r1",
-        "tenant_id": "t1",
-        "lease_duration": "800ms",
-        "heartbeat_interval": "150ms",
-        "fault_injection_point": None,
-        "commands_executed": [{"time": 1.0, "command": "SIGSTOP A"}],
-        "worker_logs_path": "/tmp/x",
-        "postgres_queries_and_results": [{"label": "l", "query": "SELECT 1", "rows": []}],
-        "mock_tool_request_log": [{"request": {"card_number": "4111", "password": "pw"}}],
-        "broker_messages": [],
-        "expected_invariant": "x",
-        "observed_result": "y",
-        "pass_or_fail": "pass",
-        "checks": [{"name": "c", "kind": "fault", "ok": True, "expected": "e", "observed": "o"}],
-        "faults": [],
-        "control_hits": [],
-        "history": [],
-        "started_at": "2026-11-29T00:00:00Z",
-        "finished_at": "2026-11-29T00:00:01Z",
-        "duration_s": 1.0,
-        "natural_wait_s": 0.8,
-    }
-    base.update(overrides)
-    return base
+from tests.harness.helpers import sample_archive
 
 
 def test_archive_validates_masks_and_writes_atomically(tmp_path: Path) -> None:
     path = evidence.write_archive(
-        tmp_path / "B.yaml", _archive(observed_result="dsn password=hunter2 host=x")
+        tmp_path / "B.yaml", sample_archive(observed_result="dsn password=hunter2 host=x")
     )
     written = yaml.safe_load(path.read_text())
     request = written["mock_tool_request_log"][0]["request"]
@@ -66,7 +29,7 @@ def test_archive_validates_masks_and_writes_atomically(tmp_path: Path) -> None:
 
 
 def test_archive_missing_field_is_refused_and_nothing_written(tmp_path: Path) -> None:
-    broken = _archive()
+    broken = sample_archive()
     del broken["expected_invariant"]
     with pytest.raises(evidence.ArchiveInvalid, match="expected_invariant"):
         evidence.write_archive(tmp_path / "B.yaml", broken)
@@ -75,7 +38,7 @@ def test_archive_missing_field_is_refused_and_nothing_written(tmp_path: Path) ->
 
 def test_bad_verdict_is_refused(tmp_path: Path) -> None:
     with pytest.raises(evidence.ArchiveInvalid, match="pass_or_fail"):
-        evidence.write_archive(tmp_path / "B.yaml", _archive(pass_or_fail="maybe"))
+        evidence.write_archive(tmp_path / "B.yaml", sample_archive(pass_or_fail="maybe"))
 
 
 def test_verdict_merge_and_exit_codes() -> None:
@@ -105,22 +68,6 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "harness.cli", *args], capture_output=True, text=True, timeout=60
     )
-
-
-def test_cli_unknown_experiment_is_a_usage_error() -> None:
-    proc = _cli("run", "Z")
-    assert proc.returncode == 64
-    assert "unknown experiment 'Z'" in proc.stderr and "fencecheck list" in proc.stderr
-
-
-def test_cli_bad_option_value() -> None:
-    proc = _cli("run", "--repeat", "0")
-    assert proc.returncode == 2 and "expected 1 or more" in proc.stderr
-
-
-def test_cli_show_missing_archive() -> None:
-    proc = _cli("show", "/nonexistent.yaml")
-    assert proc.returncode == 64 and "no archive at" in proc.stderr
 
 
 def test_cli_list_names_every_experiment() -> None:

@@ -476,3 +476,22 @@ def test_write_path_not_judged_without_a_declaration() -> None:
     ev.write_paths = {}
     (result,) = [r for r in check(ev) if r.name == "harness.write_path_as_asked"]
     assert result.ok and result.checked == 0 and "not judged" in result.observed
+
+
+@pytest.mark.parametrize(("committed", "broken"), [(0.36, False), (0.295, True)])
+def test_request_epoch_is_judged_by_commit_time(committed: float, broken: bool) -> None:
+    # A takeover to epoch 2 is audited (trigger time) before A's claim at 0.300
+    # but commits only after the request left with epoch 1: the dispatcher could
+    # not have read epoch 2, so the request is in order. Committed before the
+    # claim, epoch 2 was readable and epoch 1 is stale.
+    ev = clean()
+    run = next(c for c in reversed(ev.changes) if c.table == "agent_runs").row
+    takeover = Change(
+        len(ev.changes) + 1, T0 + 0.29, T0 + 0.29, 99, "B", "agent_runs", "UPDATE",
+        run, {**run, "owner": "B/1", "epoch": 2}, committed_at=T0 + committed,
+    )  # fmt: skip
+    ev.changes.append(takeover)
+    rows = broken_by(ev).get("effect.sent_only_under_a_dispatch_claim", [])
+    assert bool(rows) == broken, rows
+    if broken:
+        assert "epoch 1 outside 2..2" in rows[0]["why"]

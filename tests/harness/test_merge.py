@@ -31,7 +31,7 @@ from harness.evidence.shard_record import (
     write_record,
 )
 from harness.verdict import Verdict
-from tests.harness.test_evidence import _archive
+from tests.harness.helpers import sample_archive as _archive
 
 JOBS = jobs_for(scenarios.all_modules(), repeat=1)
 DIGEST = "sha256:" + "d" * 64
@@ -99,9 +99,12 @@ def test_merged_parts_are_the_whole_run_with_no_job_twice(tmp_path: Path, count:
         f"{j.label}.yaml" for j in JOBS
     )
     assert (tmp_path / "out" / "logs" / "H-async" / "worker.log").read_text() == "H-async"
-    for name in ("summary.md", "junit.xml", "results.json", "merge.json"):
+    for name in ("summary.md", "junit.xml", "results.json", "merge.json", "MANIFEST.sha256"):
         assert (tmp_path / "out" / name).is_file()
     assert len(list((tmp_path / "out" / "shards").iterdir())) == count
+    # Sealed like a run: the merged folder verifies as a whole.
+    assert merged.digest.startswith("sha256:")
+    assert cli_main(["verify", str(tmp_path / "out")]) == 0
     assert merged.wall_s == 30.0 + count  # the slowest part
 
 
@@ -155,7 +158,7 @@ def test_parts_of_different_job_lists_are_refused(tmp_path: Path) -> None:
     one = _write_part(tmp_path / "in", _record(2, 1))
     items = tuple(job_items(jobs_for(scenarios.all_modules(), repeat=2), 2))
     other = _write_part(tmp_path / "in", _record(2, 2, items=items))
-    with pytest.raises(MergeRefused, match=r"item list and split differs .* 52 items"):
+    with pytest.raises(MergeRefused, match=rf"item list and split differs .* {len(items)} items"):
         merge([one, other], tmp_path / "out")
 
 
@@ -355,3 +358,32 @@ def test_a_missing_mutant_part_is_not_run_and_an_escaped_mutant_fails(
     assert capsys.readouterr().out.strip().splitlines()[-1] == (
         f"fencecheck: exit 1: not caught {', '.join(escaped)}"
     )
+
+
+def test_an_interrupted_part_is_named_unfinished_and_its_cut_jobs_unknown(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A part a stop cut (shard.json with `interrupted`, no `finished_at`, as
+    write_run_reports leaves it) is listed as unfinished with its reason; the
+    jobs it did not complete are unknown, so the merged run never passes."""
+    whole = _write_part(tmp_path / "in", _record(2, 1))
+    cut = _record(2, 2, finished_at=None).cut("interrupted by SIGTERM", 3.0)
+    part = _write_part(tmp_path / "in", cut)
+    dropped = sorted((part / "archives").iterdir())[1:]
+    for path in dropped:  # the stop came before these ran
+        path.unlink()
+    assert read_record(part).interrupted == "interrupted by SIGTERM"
+    code = cli_main(["merge", str(whole), str(part), "--into", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert "did not finish: interrupted by SIGTERM" in out
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "2/2 (interrupted by SIGTERM)" in summary
+    merged = json.loads((tmp_path / "out" / "results.json").read_text())
+    verdicts = {
+        r["experiment"] + (f"-{r['variant']}" if r["variant"] else ""): r["verdict"]
+        for r in merged["results"]
+    }
+    assert dropped
+    for path in dropped:
+        assert verdicts[path.stem] == "unknown", (path.stem, verdicts)

@@ -310,3 +310,39 @@ def test_a_stopped_worker_leaves_its_request_unanswered(tmp_path: Path) -> None:
             pending.result(0.3)
         worker.resume()
         assert pending.result(10).ok
+
+
+CHATTY = textwrap.dedent(
+    """
+    import sys, time
+    for line in sys.stdin:
+        print("INFO connecting to the database...", flush=True)
+        print("DEBUG still working", flush=True)
+        time.sleep(60)
+    """
+)
+
+
+def test_non_json_lines_on_the_ops_channel_are_kept_and_named(tmp_path: Path) -> None:
+    worker = WorkerProcess("A", [PYTHON, "-c", CHATTY], "ops", log_dir=tmp_path).start()
+    try:
+        with pytest.raises(OpTimeout) as info:
+            worker.request("claim", timeout_s=1.0)
+    finally:
+        worker.stop(grace_s=0.5)
+    message = str(info.value)
+    assert "got no reply within 1.0s" in message
+    assert "printed 2 line(s) on its ops channel (stdout) that are not JSON replies" in message
+    assert "INFO connecting to the database..." in message and "logs go to stderr" in message
+    assert [e for e in worker.protocol_errors if "DEBUG still working" in e]
+    assert "INFO connecting" in worker.stdout_log.read_text()  # kept in its log too
+
+
+def test_a_worker_that_exits_at_once_is_reported_as_such(tmp_path: Path) -> None:
+    code = "import sys; print('cannot parse FENCECHECK_DSN', file=sys.stderr); sys.exit(3)"
+    worker = WorkerProcess("A", [PYTHON, "-c", code], "ops", log_dir=tmp_path).start()
+    with pytest.raises(WorkerChannelClosed) as info:
+        worker.request("claim", timeout_s=10)
+    message = str(info.value)
+    assert "it exited at once with status 3" in message, message
+    assert "cannot parse FENCECHECK_DSN" in message and str(worker.stderr_log) in message

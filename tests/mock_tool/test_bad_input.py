@@ -152,3 +152,75 @@ def test_storage_in_use_by_another_server_exits_2(tool: MockToolProcess) -> None
     done = _run_server("--port", "0", "--storage", str(tool.storage))
     assert done.returncode == 2
     assert f"pid {tool.pid}" in done.stderr and "--storage" in done.stderr
+
+
+DEEP = 100_000
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"[" * DEEP + b"]" * DEEP, b'{"a":' * DEEP + b"1" + b"}" * DEEP],
+    ids=["deep-array", "deep-object"],
+)
+def test_deeply_nested_json_is_a_logged_bad_request(
+    tool: MockToolProcess, client: ToolClient, body: bytes
+) -> None:
+    status, answer = raw_request(tool.base_url, "POST", "/tools/idem/operations", body, JSON)
+    assert status == 400 and "deeper than 64 levels" in answer["error"], answer
+    # Just over the bound is refused too; at the bound is parsed (then judged on its fields).
+    over = {**GOOD, "request": json.loads("[" * 64 + "]" * 64)}
+    status, answer = raw_request(
+        tool.base_url, "POST", "/tools/idem/operations", json.dumps(over).encode(), JSON
+    )
+    assert status == 400 and "deeper than 64" in answer["error"], answer
+    at_bound = {**GOOD, "request": {"x": json.loads("[" * 62 + "]" * 62)}}
+    status, answer = raw_request(
+        tool.base_url, "POST", "/tools/idem/operations", json.dumps(at_bound).encode(), JSON
+    )
+    assert status == 201, answer
+    requests = client.export()["requests"]
+    assert [(r["outcome"], r["http_status"]) for r in requests[:2]] == [("bad_request", 400)] * 2
+
+
+@pytest.mark.parametrize(
+    "query", ["after=9223372036854775808", "limit=99999999999999999999", "after=-1", "limit=1e3"]
+)
+def test_broker_integers_beyond_sqlite_are_400(tool: MockToolProcess, query: str) -> None:
+    status, answer = raw_request(tool.base_url, "GET", f"/broker/messages?{query}")
+    assert status == 400, answer
+    assert "integer from 0 to 9223372036854775807" in answer["error"]
+    status, answer = raw_request(tool.base_url, "GET", "/broker/messages?after=9223372036854775807")
+    assert status == 200 and answer["messages"] == []
+
+
+def test_non_finite_number_is_a_bad_request(tool: MockToolProcess) -> None:
+    body = json.dumps({**GOOD, "request": {"x": 1}}).replace('"x": 1', '"x": 1e999').encode()
+    status, answer = raw_request(tool.base_url, "POST", "/tools/idem/operations", body, JSON)
+    assert status == 400 and "out of range" in answer["error"], answer
+
+
+@pytest.mark.parametrize(
+    "content_type", [None, "text/plain", "application/x-www-form-urlencoded", "application/jsonx"]
+)
+def test_wrong_content_type_is_415(
+    tool: MockToolProcess, client: ToolClient, content_type: str | None
+) -> None:
+    headers = {"Content-Type": content_type} if content_type else {}
+    body = json.dumps(GOOD).encode()
+    status, answer = raw_request(tool.base_url, "POST", "/tools/idem/operations", body, headers)
+    assert status == 415 and "application/json" in answer["error"], answer
+    assert answer["code"] == "unsupported_media_type"
+    status, answer = raw_request(tool.base_url, "POST", "/broker/publish", body, headers)
+    assert status == 415, answer
+    export = client.export()
+    assert export["resources"] == []
+    assert [(r["outcome"], r["http_status"]) for r in export["requests"]] == [("bad_request", 415)]
+    # A charset parameter is fine.
+    status, answer = raw_request(
+        tool.base_url,
+        "POST",
+        "/tools/idem/operations",
+        body,
+        {"Content-Type": "application/json; charset=utf-8"},
+    )
+    assert status == 201, answer

@@ -14,7 +14,7 @@ from harness.checking.invariants import check, gather
 from harness.parts.postgres import Database
 from reference_impl.protected import ProtectedWriter
 from reference_impl.runtime import Runtime
-from tests.reference_impl.conftest import cp, new_run, take
+from tests.reference_impl.conftest import ROLES, TENANT, cp, new_run, take
 
 
 def query_of(db: Database) -> gather.Query:
@@ -57,7 +57,7 @@ def test_every_write_audited_with_its_statement(
 
 def test_worker_role_cannot_read_or_write_the_trail(ref_db: Database) -> None:
     ref_db.query(AUDIT_SQL)
-    with psycopg.connect(ref_db.dsn("fencecheck_worker"), autocommit=True) as conn:
+    with psycopg.connect(ref_db.dsn(ROLES[(TENANT, "worker")]), autocommit=True) as conn:
         for statement in (
             "SELECT count(*) FROM fencecheck_audit.changes",
             "SELECT count(*) FROM fencecheck_audit.run_changes",

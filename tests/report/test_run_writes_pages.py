@@ -69,3 +69,19 @@ def test_mutants_folder_pages(run_fail: Path, tmp_path: Path) -> None:
     assert main(["report", str(folder)]) == 0, "rebuilt in place from mutants.json and the runs"
     assert "write_ignores_epoch" in (folder / "index.html").read_text()
     assert manifest.verify_report(folder).intact
+
+
+def test_an_interrupted_run_says_so_on_its_index_and_a_deadline_cuts_pages(
+    run_pass: Path,
+) -> None:
+    from harness.evidence.html import PagesCut, write_run_pages
+
+    (run_pass / "results.json").write_text(
+        json.dumps({"run": {"status": "interrupted", "interrupted": "interrupted by SIGTERM"}})
+    )
+    text = write_run_pages(run_pass).read_text()
+    assert "Interrupted run (interrupted by SIGTERM)" in text
+    (run_pass / "index.html").unlink()
+    with pytest.raises(PagesCut, match="0 of"):
+        write_run_pages(run_pass, deadline=0.0)  # a stop's deadline long past
+    assert not (run_pass / "index.html").exists(), "no index over a part of the pages"

@@ -51,9 +51,12 @@ IN_FLIGHT = ("dispatching", "unknown")
 
 
 def _epoch_at(ev: Evidence, run_id: str, t: float) -> int | None:
+    """The run's epoch another session could read at ``t`` (by commit time: a
+    takeover audited before a claim may commit after the dispatcher read the
+    epoch it sends)."""
     epoch = None
     for c in ev.of("agent_runs"):
-        if c.at > t:
+        if c.visible_at > t:
             continue
         if str(c.row.get("run_id")) == run_id and c.after("epoch") is not None:
             epoch = int(c.after("epoch"))
@@ -141,7 +144,7 @@ def sent_only_under_claim(ev: Evidence) -> Finding:
             elif status not in IN_FLIGHT:
                 why = f"ledger status {status!r} when the request arrived"
             else:
-                low = _epoch_at(ev, str(row["run_id"]), claim.at)
+                low = _epoch_at(ev, str(row["run_id"]), claim.visible_at)
                 high = _epoch_at(ev, str(row["run_id"]), t)
                 epoch = r.get("epoch")
                 if not isinstance(epoch, int) or low is None or high is None:

@@ -21,7 +21,11 @@ Query = Callable[[str, Sequence[Any] | None], list[dict[str, Any]]]
 CHANGES_SQL = (
     "SELECT seq, extract(epoch FROM at)::float8 AS at, "
     "extract(epoch FROM tx_start)::float8 AS tx_start, txid, app, db_user, "
-    "coalesce(statement, '') AS statement, tbl, op, old, new "
+    "coalesce(statement, '') AS statement, tbl, op, old, new, "
+    # The audit row is written by the transaction it records, so its xmin
+    # is that transaction's (or subtransaction's) id.
+    "CASE WHEN current_setting('track_commit_timestamp')::bool "
+    "THEN extract(epoch FROM pg_xact_commit_timestamp(xmin))::float8 END AS committed_at "
     "FROM fencecheck_audit.changes ORDER BY seq"
 )
 
@@ -48,6 +52,7 @@ def changes(query: Query) -> list[Change]:
             new=r["new"],
             statement=str(r["statement"]),
             db_user=str(r["db_user"]),
+            committed_at=None if r.get("committed_at") is None else float(r["committed_at"]),
         )
         for r in query(CHANGES_SQL, None)
     ]

@@ -58,6 +58,14 @@ class Change:
     new: dict[str, Any] | None
     statement: str = ""  # the client's top-level statement, truncated
     db_user: str = ""
+    # When its transaction committed (None where the server does not track
+    # commit times): from then on other sessions could see the change.
+    committed_at: float | None = None
+
+    @property
+    def visible_at(self) -> float:
+        """The earliest moment another session could have seen this change."""
+        return self.at if self.committed_at is None else self.committed_at
 
     @property
     def row(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
@@ -30,21 +31,39 @@ def _page(report_dir: Path, path: Path, out: Path) -> Entry:
     return experiment_page(report_dir, path.stem, archive, problem, out)
 
 
+class PagesCut(TimeoutError):
+    """Not every page was written before the deadline (a stopping run's)."""
+
+
 def write_run_pages(
-    report_dir: Path, out_dir: Path | None = None, *, title: str | None = None
+    report_dir: Path,
+    out_dir: Path | None = None,
+    *,
+    title: str | None = None,
+    deadline: float | None = None,
 ) -> Path:
     """Write ``index.html`` and ``experiments/<label>.html`` for the run in
     ``report_dir`` (into ``out_dir``, default the run directory itself) from
     its archives; returns the index's path. NotARunDirectory if it has none.
 
     Large runs (``--repeat``) are parsed and drawn by a few processes at once;
-    the pages do not depend on which process wrote them.
+    the pages do not depend on which process wrote them. With ``deadline``
+    (a ``time.monotonic()`` value: a stopping run has seconds) the pages are
+    written in this process, and PagesCut is raised, without an index, when
+    the deadline passes first.
     """
     out = out_dir or report_dir
     out.mkdir(parents=True, exist_ok=True)
     paths = require_archives(report_dir)
     processes = min(MAX_PROCESSES, os.cpu_count() or 1)
-    if len(paths) < PARALLEL_FROM or processes < 2:
+    entries: list[Entry]
+    if deadline is not None:
+        entries = []
+        for p in paths:
+            if time.monotonic() > deadline:
+                raise PagesCut(f"{len(entries)} of {len(paths)} experiment pages written in time")
+            entries.append(_page(report_dir, p, out))
+    elif len(paths) < PARALLEL_FROM or processes < 2:
         entries = [_page(report_dir, p, out) for p in paths]
     else:
         # spawn: no fork of a process that may still hold threads and locks,

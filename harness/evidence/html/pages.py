@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -798,6 +799,7 @@ def index_page(
         )
         if mutants
         else None,
+        _interrupted_note(report_dir),
         el("h2", "Run"),
         _facts_table(report_dir, entries, digest, out_dir),
         _rollup(entries, pages),
@@ -810,6 +812,24 @@ def index_page(
         built_from=f"{ARCHIVES}/",
         verdict=verdict,
         digest=digest,
+    )
+
+
+def _interrupted_note(report_dir: Path) -> Node | None:
+    """A run a stop cut says so first (results.json's run status): its cut
+    experiments are unknown, and those it never started have no page."""
+    try:
+        run = json.loads((report_dir / "results.json").read_text()).get("run", {})
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(run, dict) or run.get("status") != "interrupted":
+        return None
+    return el(
+        "p",
+        el("strong", f"Interrupted run ({run.get('interrupted')}): "),
+        "the experiments it cut are unknown, and those it never started have no page "
+        "(summary.md and results.json list every one). Nothing here is a complete run.",
+        class_="broken",
     )
 
 

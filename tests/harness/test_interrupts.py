@@ -1,0 +1,148 @@
+"""SIGINT, SIGTERM and SIGHUP stop a running matrix within the bound, leaving
+reports marked interrupted and nothing else behind.
+
+Each test starts the real CLI in a session of its own with a private TMPDIR,
+waits from outside until the run is at a chosen point (setting up its
+servers, a worker held at a barrier, a failover under way, the middle of a
+`--repeat`), sends the signal as an operator would (Ctrl-C: SIGINT to the
+terminal's whole process group; SIGTERM and SIGHUP: to the harness's pid),
+and then checks from outside: exit status 128+signal within 5 s, reports
+that say "interrupted" (never "environment error"), and no process, temp
+directory, shared memory segment or /dev/shm file left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from tests.harness import outside
+
+pytestmark = pytest.mark.slow
+
+STOP_BOUND_S = 5.0
+
+
+def _at_setup(run: outside.Run) -> None:
+    # initdb of the shared primary has begun: servers are being set up.
+    run.wait_file("fencecheck-run-*/pg/primary/PG_VERSION")
+
+
+def _at_barrier(run: outside.Run) -> None:
+    # D holds A at after_lease_row_locked while its lease runs out.
+    run.wait_file("*/logs/D/A.events.jsonl", contains='"op":"save_checkpoint"')
+    time.sleep(0.1)
+
+
+def _at_failover(run: outside.Run) -> None:
+    run.wait_file("fencecheck-run-*/H-*/pg/replica.log", contains="promote")
+
+
+def _in_repeat(run: outside.Run) -> None:
+    # The fourth of 20 repetitions started (three run at once): one is done,
+    # more are queued.
+    run.wait_line("A-r3: continuous checkpoints ...")
+
+
+POINTS: dict[str, tuple[list[str], Callable[[outside.Run], None]]] = {
+    "setup": (["run", "A"], _at_setup),
+    "barrier": (["run", "D"], _at_barrier),
+    "failover": (["run", "H"], _at_failover),
+    "repeat": (["run", "A", "--repeat", "20"], _in_repeat),
+}
+# Ctrl-C reaches the terminal's whole foreground group; the others are aimed
+# at the harness's pid (a CI runner's or container engine's stop, a hangup).
+SIGNALS = {
+    "SIGINT": (signal.SIGINT, True),
+    "SIGTERM": (signal.SIGTERM, False),
+    "SIGHUP": (signal.SIGHUP, False),
+}
+
+
+def _run_dir(reports: Path) -> Path:
+    dirs = [p for p in reports.iterdir() if p.is_dir() and not p.is_symlink()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]
+
+
+@pytest.mark.parametrize("signame", list(SIGNALS))
+@pytest.mark.parametrize("point", list(POINTS))
+def test_signal_stops_the_run(point: str, signame: str, tmp_path: Path) -> None:
+    args, wait_until = POINTS[point]
+    sig, to_group = SIGNALS[signame]
+    run = outside.start(args, tmp_path)
+    try:
+        wait_until(run)
+        sent = run.signal(sig, group=to_group)
+        code, ended, seen = run.finish()
+    except BaseException:
+        run.close()
+        raise
+    took = ended - sent
+    assert code == 128 + sig, run.output
+    assert took < STOP_BOUND_S, f"stopped in {took:.2f}s:\n{run.output}"
+    print(f"{point} {signame}: exit {code} {took:.2f}s after the signal")
+    try:
+        assert outside.leftovers(seen, run.tmpdir) == [], run.output
+    finally:
+        run.close()
+    assert any("initdb" in cmd or "postgres" in cmd for cmd in seen.pids.values()), (
+        "no server was ever set up: the point was never reached"
+    )
+    run_dir = _run_dir(run.reports)
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["run"]["status"] == "interrupted"
+    assert results["run"]["interrupted"] == f"interrupted by {signame}"
+    assert results["run"]["exit_code"] == code
+    assert "INTERRUPTED" in (run_dir / "summary.md").read_text()
+    assert 'name="status" value="interrupted"' in (run_dir / "junit.xml").read_text()
+    cut = [r["reason"] for r in results["results"] if "interrupted" in r["reason"]]
+    assert cut, "nothing was cut"
+    assert all(r.startswith(f"interrupted by {signame}") for r in cut), cut
+    assert not any("environment error" in r for r in cut), cut
+    if point == "repeat":
+        started = [r for r in results["results"] if "before it started" not in r["reason"]]
+        assert len(started) < 10, "the repetitions went on after the signal"
+    _check_part_and_seal(run_dir, f"interrupted by {signame}", run.output)
+
+
+def _check_part_and_seal(run_dir: Path, why: str, output: str) -> None:
+    """shard.json says the part was cut (merge lists it unfinished); an orderly
+    stop seals the run directory last, and the seal holds."""
+    from harness.evidence.manifest import MANIFEST_NAME, verify_report
+
+    if (run_dir / "shard.json").is_file():  # none when the start itself was cut
+        shard = json.loads((run_dir / "shard.json").read_text())
+        assert shard["interrupted"] == why and shard["finished_at"] is None, shard
+    if "killing everything" in output:
+        return  # the stop escalated: no time for the seal, the reports say interrupted
+    assert (run_dir / MANIFEST_NAME).is_file(), output
+    check = verify_report(run_dir)
+    assert check.intact, (check.changed, check.removed, check.added)
+
+
+def test_second_signal_kills_everything_at_once(tmp_path: Path) -> None:
+    run = outside.start(["run", "D"], tmp_path)
+    try:
+        _at_barrier(run)
+        sent = run.signal(signal.SIGINT, group=True)
+        time.sleep(0.05)
+        run.signal(signal.SIGINT, group=True)
+        code, ended, seen = run.finish()
+    except BaseException:
+        run.close()
+        raise
+    assert code == 130, run.output
+    assert ended - sent < STOP_BOUND_S, run.output
+    assert "second signal" in run.output
+    try:
+        assert outside.leftovers(seen, run.tmpdir) == [], run.output
+    finally:
+        run.close()
+    results = json.loads((_run_dir(run.reports) / "results.json").read_text())
+    assert results["run"]["status"] == "interrupted"

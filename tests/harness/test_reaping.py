@@ -1,0 +1,134 @@
+"""A run killed with SIGKILL leaves its temp root, its data directories and
+its servers' System V segments behind (its servers die with it through their
+parent-death signal); the next run, or `fencecheck clean`, reaps all of it
+and says so, and leaves live runs alone.
+
+Attribution is by a private TMPDIR: the killed run's record, temp root and
+data directories live there, and its segments are the ones its servers'
+postmaster.pid files named while it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness.engine import run_records
+from harness.parts import shared_memory
+from tests.harness import outside
+
+pytestmark = pytest.mark.slow
+
+
+def _kill_during_h(tmp_path: Path) -> tuple[outside.Run, outside.Observed]:
+    """`run H` killed with SIGKILL once its replicated pairs stream."""
+    run = outside.start(["run", "H"], tmp_path)
+    try:
+        run.wait_file("fencecheck-run-*/H-*/pg/replica/postmaster.pid", contains="ready")
+        run.signal(signal.SIGKILL)
+        code, _, seen = run.finish()
+    except BaseException:
+        run.close()
+        raise
+    assert code == -signal.SIGKILL
+    return run, seen
+
+
+def _cli(run: outside.Run, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "harness.cli", *args],
+        cwd=outside.REPO,
+        env={**os.environ, "TMPDIR": str(run.tmpdir)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def _left(run: outside.Run, seen: outside.Observed) -> tuple[list[str], list[int]]:
+    roots = [p.name for p in run.tmpdir.iterdir() if p.name.startswith("fencecheck-run-")]
+    live = shared_memory.segments()
+    segments = [s for s, key in seen.segments.items() if s in live and live[s].key == key]
+    return roots, segments
+
+
+@pytest.mark.parametrize("reaper", ["clean", "next run"])
+def test_a_killed_run_is_reaped(tmp_path: Path, reaper: str) -> None:
+    run, seen = _kill_during_h(tmp_path)
+    try:
+        roots, segments = _left(run, seen)
+        # What the kill left: the test can fail, so it must first see the mess.
+        assert roots and segments, "the killed run left nothing to reap"
+        (record,) = run_records.state_dir(run.tmpdir).glob("run-*.json")
+        assert json.loads(record.read_text())["clusters"], "the record named no server"
+        if reaper == "clean":
+            proc = _cli(run, "clean")
+        else:
+            proc = _cli(run, "run", "A", "--report-dir", str(tmp_path / "next"))
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        reaped = [line for line in proc.stdout.splitlines() if "reaped" in line]
+        print("\n".join(reaped))
+        assert f"reaped run of pid {run.proc.pid}" in proc.stdout
+        assert f"{len(segments)} shared memory segment(s)" in proc.stdout
+        assert outside.leftovers(seen, run.tmpdir) == []
+    finally:
+        run.close()
+
+
+def test_reaping_leaves_a_live_run_alone(tmp_path: Path) -> None:
+    run = outside.start(["run", "D"], tmp_path)
+    try:
+        run.wait_file("*/logs/D/A.events.jsonl")
+        proc = _cli(run, "clean")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "nothing left behind" in proc.stdout
+        assert f"left alone (still running): pid {run.proc.pid}" in proc.stdout
+        code, _, seen = run.finish()
+        assert code == 0, run.output
+        assert outside.leftovers(seen, run.tmpdir) == []
+    finally:
+        run.close()
+
+
+def test_a_record_whose_pid_was_reused_is_reaped(tmp_path: Path) -> None:
+    """Same pid, another start time: another process, so the owner is dead."""
+    base = outside.private_tmpdir()
+    try:
+        record = run_records.RunRecord.create(base=base, kind="run")
+        (record.temp_root / "data").mkdir()
+        (record.temp_root / "data" / "file").write_bytes(b"x" * 10_000)
+        data = json.loads(record.path.read_text())
+        data["owner"]["started"] -= 3600  # "our" pid, but started an hour earlier
+        record.path.write_text(json.dumps(data))
+        report = run_records.reap_dead(base)
+        assert [r.owner_pid for r in report.reaped] == [os.getpid()]
+        assert not record.temp_root.exists() and not record.path.exists()
+        # A live record (the real start time) is left alone.
+        live = run_records.RunRecord.create(base=base, kind="run")
+        assert run_records.reap_dead(base).live and live.temp_root.exists()
+        live.release()
+        assert not live.temp_root.exists() and not live.path.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_another_hosts_record_and_an_unreadable_one_are_left_alone() -> None:
+    base = outside.private_tmpdir()
+    try:
+        state = run_records.state_dir(base)
+        state.mkdir()
+        elsewhere = {"owner": {"pid": 1, "started": 0, "host": "another-host"}, "temp_dirs": []}
+        (state / "run-1-a.json").write_text(json.dumps(elsewhere))
+        (state / "run-2-b.json").write_text("{not json")
+        report = run_records.reap_dead(base)
+        assert report.reaped == [] and len(report.live) == 1
+        assert report.unreadable == ["run-2-b.json"]
+        assert sorted(p.name for p in state.iterdir()) == ["run-1-a.json", "run-2-b.json"]
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
