@@ -6,8 +6,6 @@ import argparse
 import re
 import secrets
 import threading
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from harness import stopping
@@ -15,6 +13,7 @@ from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
+    new_report_dir,
     positive,
     reap_and_report,
     settings_from_args,
@@ -100,14 +99,7 @@ def main(args: argparse.Namespace) -> int:
 
     config = config_from_args(args)
     settings = settings_from_args(args, mutant=args.mutant)
-    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-    report_dir = Path(args.report_dir) / run_id
-    try:
-        report_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"--report-dir {args.report_dir}: cannot create {report_dir}: {exc}"
-        ) from exc
+    run_id, report_dir = new_report_dir(args.report_dir)
     limit = (
         f"{config.max_schedules} schedules"
         if config.max_schedules

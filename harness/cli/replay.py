@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import secrets
 import threading
-import time
 from pathlib import Path
 
 from harness import stopping
@@ -13,6 +11,7 @@ from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
+    new_report_dir,
     positive,
     reap_and_report,
     settings_from_args,
@@ -41,14 +40,7 @@ def main(args: argparse.Namespace) -> int:
     except sched.ScheduleError as exc:
         raise UsageError(str(exc)) from exc
     settings = settings_from_args(args, mutant=args.mutant)
-    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
-    report_dir = Path(args.report_dir) / run_id
-    try:
-        report_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UsageError(
-            f"--report-dir {args.report_dir}: cannot create {report_dir}: {exc}"
-        ) from exc
+    run_id, report_dir = new_report_dir(args.report_dir)
     print(
         f"fencecheck replay {run_id}: {args.schedule} x{args.repeat}, worker "
         f"`{settings.worker_command_text()}`"
