@@ -21,7 +21,7 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup browser run test test-fast lint bench bench-stop smoke clean go-check go-matrix go-mutants go-bench
+.PHONY: setup browser run test test-fast lint bench bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
 
 setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT)
 
@@ -113,6 +113,16 @@ bench: setup
 # takes (docs/running.md); ARGS='--rounds 3' or ARGS='--backend containers'.
 bench-stop: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m tests.harness.stop_times $(ARGS)
+
+# Exploration speed: schedules per minute with 3 workers and 4 runs, and where a
+# schedule's time goes (docs/explore.md). BUDGET=10m JOBS=3 SEED=1 to change.
+BUDGET ?= 5m
+JOBS ?= 3
+SEED ?= 1
+bench-explore: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(VENV)/bin/fencecheck explore --workers 3 --runs 4 \
+	  --budget $(BUDGET) --jobs $(JOBS) --seed $(SEED) --shrink-budget 0 \
+	  --report-dir reports/bench-explore $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache $(GO_DIR)/bin

@@ -40,10 +40,12 @@ from harness import stopping
 from harness.cli import (
     clean,
     contract,
+    explore,
     init_worker,
     listing,
     merge,
     mutants,
+    replay,
     report,
     run,
     show,
@@ -66,6 +68,8 @@ COMMANDS: tuple[ModuleType, ...] = (
     verify,
     merge,
     clean,
+    explore,
+    replay,
 )
 
 

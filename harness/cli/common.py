@@ -170,3 +170,18 @@ def shard_from_args(args: argparse.Namespace) -> Shard:
         return Shard.parse(args.shard)
     except ShardError as exc:
         raise UsageError(str(exc)) from exc
+
+
+def new_report_dir(root: str) -> tuple[str, Path]:
+    """A fresh ``<root>/<UTC time>-<random>`` for one command's reports: its id
+    and path; a root that cannot hold it is a usage error naming the option."""
+    import secrets
+    import time
+
+    run_id = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    report_dir = Path(root) / run_id
+    try:
+        report_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UsageError(f"--report-dir {root}: cannot create {report_dir}: {exc}") from exc
+    return run_id, report_dir

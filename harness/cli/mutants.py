@@ -15,12 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import secrets
 import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from harness.cli.common import (
     REPO_ROOT,
@@ -32,23 +32,17 @@ from harness.cli.common import (
     shard_from_args,
     shard_option,
 )
+from harness.cli.explore import duration
 from harness.evidence.gate import add_gate_option
 from harness.verdict import EXIT_UNKNOWN
+
+if TYPE_CHECKING:
+    from harness.engine.environment import Settings
 
 NAME = "mutants"
 HELP = "prove the matrix catches protocol mutants (named ones, or --auto: generated ones)"
 TRIAGE_FILE = REPO_ROOT / "reference_impl" / "mutants" / "equivalent.yaml"
 LEARNED_FILE = "automutants-learned.json"
-
-
-def duration(value: str) -> float:
-    """``90``, ``90s``, ``30m``, ``2h`` -> seconds."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", value.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(
-            f"expected a duration like 600, 600s, 30m or 2h, got {value!r}"
-        )
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -59,6 +53,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "shell-style patterns such as '*fencecheck.renew*'",
     )
     parser.add_argument("--report-dir", default=str(REPO_ROOT / "reports"))
+    parser.add_argument(
+        "--explore",
+        action="store_true",
+        help="instead of the matrix, run an exploration campaign per mutant (docs/explore.md) "
+        "and print found or not, schedules and seconds to the first violation, shrunk size",
+    )
+    parser.add_argument(
+        "--shrink-budget",
+        type=duration,
+        default=60.0,
+        help="with --explore: shrink budget per found mutant (default 1m)",
+    )
     shard_option(parser, "mutants")
     add_gate_option(parser)
     common_env_options(parser)
@@ -74,13 +80,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--diff", action="store_true", help="print the selected mutants' diffs, run nothing"
     )
     auto.add_argument("--sample", type=positive, help="a seeded random sample of N mutants")
-    auto.add_argument("--seed", type=int, default=0, help="the sample's seed (default 0)")
+    auto.add_argument(
+        "--seed",
+        type=int,
+        help="--auto: the sample's seed (default 0); --explore: the Hypothesis seed (default 1)",
+    )
     auto.add_argument("--language", choices=("sql", "python"), help="only SQL or only Python")
     auto.add_argument(
         "--budget",
         type=duration,
-        help="after this long (600, 30m, 2h) start no mutant and no experiment; mutants "
-        "left or cut short are 'not run' (never survived)",
+        help="--auto: after this long (600, 30m, 2h) start no mutant and no experiment; "
+        "mutants left or cut short are 'not run' (never survived); --explore: the search "
+        "budget per mutant (default 5m)",
     )
     auto.add_argument(
         "--mutants-at-once",
@@ -133,11 +144,15 @@ def main(args: argparse.Namespace) -> int:
     if args.rebuild_report:
         return _rebuild(args)
     if args.auto:
+        if args.seed is None:
+            args.seed = 0
         return _auto(args)
     from harness.mutation.named import MutantListUnavailable, run_mutants
 
     settings = settings_from_args(args)
     reap_and_report(settings.work_dir, print)
+    if args.explore:
+        return _explore(args, settings)
     try:
         return run_mutants(
             settings,
@@ -289,3 +304,29 @@ def _utc() -> str:
 
 def _load() -> str:
     return " ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def _explore(args: argparse.Namespace, settings: Settings) -> int:
+    from harness.explore.mutants import run_explore_mutants
+    from harness.mutation.named import MutantListUnavailable, list_mutants
+
+    try:
+        known = {m.name: m for m in list_mutants(settings.worker_cmd)}
+    except MutantListUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(known))}")
+    chosen = [known[n] for n in args.names] if args.names else list(known.values())
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
+    report_dir = Path(args.report_dir) / f"explore-mutants-{stamp}"
+    report_dir.mkdir(parents=True, exist_ok=True)
+    return run_explore_mutants(
+        settings,
+        chosen,
+        report_dir=report_dir,
+        budget_s=args.budget if args.budget is not None else 300.0,
+        shrink_budget_s=args.shrink_budget,
+        seed=args.seed if args.seed is not None else 1,
+        lanes=args.jobs,
+    )

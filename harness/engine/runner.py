@@ -319,6 +319,7 @@ def _archive(
             shorten=shorten,
         ),
         "failover": ctx.extra.get("failover"),
+        "explore": ctx.extra.get("explore"),
         "worker_channel_errors": {
             w.worker_id: list(w.protocol_errors) for w in env.workers.values() if w.protocol_errors
         },

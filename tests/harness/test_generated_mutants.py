@@ -13,7 +13,8 @@ import pytest
 
 import scenarios
 from harness.cli import main as cli_main
-from harness.cli.mutants import TRIAGE_FILE, duration
+from harness.cli.explore import duration
+from harness.cli.mutants import TRIAGE_FILE
 from harness.engine.runner import Job, jobs_for
 from harness.evidence.summary import ExperimentResult
 from harness.mutation import auto, catalog, triage
