@@ -119,6 +119,9 @@ func (rt *Runtime) StartHeartbeat(ctx context.Context, cancel context.CancelCaus
 		case err == nil:
 			metrics.Inc(metrics.LeaseRenew, "success")
 			injection.Record(injection.Event{Type: "ok", Op: "renew", RunID: lease.RunID, Epoch: &ep})
+			// The renewal committed and is confirmed: the lease outlives this
+			// process by up to one lease duration; the execution has not gone on.
+			injection.Point("after_renew_commit", lease.RunID, &ep, nil, "")
 		case protocol.ClassOf(err) == "LeaseLost":
 			metrics.Inc(metrics.LeaseRenew, "lost")
 			metrics.Inc(metrics.RenewalFailures)
