@@ -144,7 +144,7 @@ func outcomeCommitted(runID, opID string) {
 func (p *Protocol) SettleWithoutResult(ctx context.Context, q Querier, op *Operation, owner string, a tool.Answer) (string, error) {
 	why, _ := json.Marshal(a.Error)
 	to, what, sql := "unknown", "unknown", p.SQL.MarkUnknown
-	if a.Kind == "rejected_retryable" {
+	if p.WithoutResult(a) == "prepared" {
 		to, what, sql = "prepared", "return", p.SQL.ReturnRejected
 	}
 	if err := ledgerChange(ctx, q, sql, op.OperationID, what, op.OperationID, owner, op.Revision, string(why)); err != nil {

@@ -107,6 +107,7 @@ func (rt *Runtime) StartHeartbeat(ctx context.Context, cancel context.CancelCaus
 	interval, timeout time.Duration) (done <-chan struct{}) {
 	session := rt.NewSession()
 	finished := make(chan struct{})
+	timeout = rt.P.RenewBound(timeout)
 	renew := func(callCtx context.Context) error {
 		ep := lease.Epoch
 		injection.Record(injection.Event{Type: "invoke", Op: "renew", RunID: lease.RunID, Epoch: &ep})
