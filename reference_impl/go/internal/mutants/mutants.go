@@ -12,11 +12,13 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"fencecheck/goworker/internal/protocol"
 	"fencecheck/goworker/internal/schema"
+	"fencecheck/goworker/internal/tool"
 )
 
 // Mutant is one named alteration.
@@ -99,6 +101,11 @@ DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints`},
 	{Name: "heartbeat_does_not_cancel", Rule: 8, Catchers: []string{"P"}, Alters: "Protocol.OnRenewUnconfirmed",
 		Description: "an unconfirmed renewal is logged, but the execution's context is not cancelled",
 		apply:       func(p *protocol.Protocol) { p.OnRenewUnconfirmed = func(context.CancelCauseFunc, error) {} }},
+	{Name: "renewal_without_client_timeout", Rule: 8, Catchers: []string{"S"}, Alters: "Protocol.RenewBound",
+		Description: "the heartbeat waits up to an hour for each renewal's answer instead of FENCECHECK_HEARTBEAT_TIMEOUT_MS: a black-holed link or a renewal waiting for a synchronous standby never cancels the execution in time, and a late answer keeps the lease alive",
+		apply: func(p *protocol.Protocol) {
+			p.RenewBound = func(time.Duration) time.Duration { return time.Hour }
+		}},
 	{Name: "commit_unknown_as_rollback", Rule: 9, Catchers: []string{"O"}, Alters: "Protocol.ResolveUnknown",
 		Description: "a COMMIT that failed without an answer is taken for a rollback and sent again under a new event_id, without read-back",
 		apply: func(p *protocol.Protocol) {
@@ -106,6 +113,11 @@ DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints`},
 				wr.EventID = protocol.NewUUID()
 				return nil, nil
 			}
+		}},
+	{Name: "no_answer_taken_as_refusal", Rule: 5, Catchers: []string{"S"}, Alters: "Protocol.WithoutResult",
+		Description: "a tool call without an answer (timeout, reset after sending, late answer) is taken for the tool's refusal: the claim goes back to prepared and the request is sent again, although the tool may have acted",
+		apply: func(p *protocol.Protocol) {
+			p.WithoutResult = func(tool.Answer) string { return "prepared" }
 		}},
 	{Name: "consumer_without_dedup", Rule: 10, Catchers: []string{"L"}, Alters: "Statements.ConsumeDedup",
 		Description: "the consumer applies its business effect for every delivery, without its dedup row",

@@ -43,8 +43,8 @@ type Change struct {
 
 // UnknownOp is an operation whose outcome is unknown, with its run's status.
 type UnknownOp struct {
-	OperationID, Tool, Capability, Digest, RunStatus string
-	Revision                                         int64
+	OperationID, RunID, Tool, Capability, Digest, RunStatus string
+	Revision                                                int64
 }
 
 func scanOperation(rows pgx.Rows) (*Operation, error) {
@@ -117,11 +117,24 @@ func ledgerChange(ctx context.Context, q Querier, sql, opID, what string, args .
 	return nil
 }
 
-// RecordResult writes the tool's definite answer for our claim, ledger only.
+// RecordResult writes the tool's definite answer for our claim, ledger only
+// (a dispatcher not holding the run's lease): a ledger-only outcome.
 func (p *Protocol) RecordResult(ctx context.Context, q Querier, op *Operation, owner string, a tool.Answer) error {
 	result, _ := json.Marshal(a.Result)
-	return ledgerChange(ctx, q, p.SQL.RecordResult, op.OperationID, "record",
+	err := ledgerChange(ctx, q, p.SQL.RecordResult, op.OperationID, "record",
 		op.OperationID, owner, op.Revision, op.Digest, a.Kind, a.RemoteID, string(result))
+	if err == nil {
+		outcomeCommitted(op.RunID, op.OperationID)
+	}
+	return err
+}
+
+// outcomeCommitted is the point after_dispatch_outcome_commit: a ledger-only
+// outcome (unknown; back to prepared after a 429; the result of a dispatcher
+// not holding the run's lease; the reconciler's convergence) is committed,
+// the run not moved yet.
+func outcomeCommitted(runID, opID string) {
+	injection.Point("after_dispatch_outcome_commit", runID, nil, nil, opID)
 }
 
 // SettleWithoutResult is the ledger consequence of an answer that records
@@ -130,12 +143,15 @@ func (p *Protocol) RecordResult(ctx context.Context, q Querier, op *Operation, o
 // never failed, never resent blindly (rule 5).
 func (p *Protocol) SettleWithoutResult(ctx context.Context, q Querier, op *Operation, owner string, a tool.Answer) (string, error) {
 	why, _ := json.Marshal(a.Error)
-	if a.Kind == "rejected_retryable" {
-		return "prepared", ledgerChange(ctx, q, p.SQL.ReturnRejected, op.OperationID, "return",
-			op.OperationID, owner, op.Revision, string(why))
+	to, what, sql := "unknown", "unknown", p.SQL.MarkUnknown
+	if p.WithoutResult(a) == "prepared" {
+		to, what, sql = "prepared", "return", p.SQL.ReturnRejected
 	}
-	return "unknown", ledgerChange(ctx, q, p.SQL.MarkUnknown, op.OperationID, "unknown",
-		op.OperationID, owner, op.Revision, string(why))
+	if err := ledgerChange(ctx, q, sql, op.OperationID, what, op.OperationID, owner, op.Revision, string(why)); err != nil {
+		return to, err
+	}
+	outcomeCommitted(op.RunID, op.OperationID)
+	return to, nil
 }
 
 // ExpireClaims turns every dispatch claim past its deadline into unknown,
@@ -173,6 +189,10 @@ func (p *Protocol) ExpireClaims(ctx context.Context, q Querier) ([]Change, error
 			_ = q.QueryRow(ctx, `SELECT status FROM tool_operations WHERE operation_id = $1`, c.op).Scan(&to)
 			changes = append(changes, Change{c.op, "dispatching", to})
 		}
+	}
+	if len(changes) > 0 {
+		// Committed (autocommit): these claims are unknown now, none queried yet.
+		injection.Point("after_claims_expired_commit", "", nil, nil, changes[0].OperationID)
 	}
 	return changes, nil
 }
@@ -255,7 +275,7 @@ func (r *Reconciler) Cycle(ctx context.Context, q Querier) ([]Change, error) {
 	var unknown []UnknownOp
 	for rows.Next() {
 		var u UnknownOp
-		if err := rows.Scan(&u.OperationID, &u.Tool, &u.Capability, &u.Digest, &u.Revision, &u.RunStatus); err != nil {
+		if err := rows.Scan(&u.OperationID, &u.RunID, &u.Tool, &u.Capability, &u.Digest, &u.Revision, &u.RunStatus); err != nil {
 			rows.Close()
 			return changes, err
 		}
@@ -287,6 +307,8 @@ func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (
 			return nil, nil // the tool could not be asked now; try again later
 		}
 	}
+	// The tool answered; what it said is recorded nowhere yet.
+	injection.Point("after_reconcile_query", u.RunID, nil, nil, u.OperationID)
 	if found != nil {
 		// The remote resource must come from THIS request body.
 		if found.BodyDigest != "" && found.BodyDigest != u.Digest {
@@ -304,6 +326,7 @@ func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (
 		if _, err := q.Exec(ctx, r.D.P.SQL.ResumeRun, u.OperationID); err != nil {
 			return nil, err
 		}
+		outcomeCommitted(u.RunID, u.OperationID)
 		return &Change{u.OperationID, "unknown", "succeeded"}, nil
 	}
 	live := u.RunStatus == "queued" || u.RunStatus == "running" || u.RunStatus == "waiting_tool"

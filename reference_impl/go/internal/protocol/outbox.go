@@ -16,7 +16,7 @@ import (
 // each, mark only what the broker acknowledged. A crash between ack and mark
 // republishes: at-least-once, never at-most-once.
 func (p *Protocol) Relay(ctx context.Context, db DB, broker *tool.Client, limit int) ([]string, error) {
-	published := []string{}
+	published, firstRun := []string{}, ""
 	err := pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, p.SQL.OutboxLockBatch, limit)
 		if err != nil {
@@ -39,6 +39,11 @@ func (p *Protocol) Relay(ctx context.Context, db DB, broker *tool.Client, limit 
 		rows.Close()
 		if err := rows.Err(); err != nil {
 			return err
+		}
+		if len(batch) > 0 {
+			// The batch is locked in this open transaction; nothing published.
+			firstRun = batch[0].run
+			injection.Point("after_outbox_batch_locked", firstRun, nil, nil, "")
 		}
 		var acked []int64
 		for _, r := range batch {
@@ -63,6 +68,10 @@ func (p *Protocol) Relay(ctx context.Context, db DB, broker *tool.Client, limit 
 		}
 		return err
 	})
+	if err == nil && len(published) > 0 {
+		// Published and marked, committed: the next cycle starts from here.
+		injection.Point("after_outbox_mark_commit", firstRun, nil, nil, "")
+	}
 	return published, err
 }
 
@@ -82,6 +91,10 @@ func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]in
 	msgs, err := c.Broker.Messages(c.after[name])
 	if err != nil {
 		return nil, err
+	}
+	if len(msgs) > 0 {
+		// Delivered by the broker, nothing of them committed here yet.
+		injection.Point("after_consumer_read", "", nil, nil, msgs[0].EventID)
 	}
 	consumed, duplicates := 0, 0
 	for _, m := range msgs {
@@ -126,5 +139,10 @@ func (c *Consumer) Process(ctx context.Context, db DB, name string, m tool.Messa
 		_, err := tx.Exec(ctx, c.P.SQL.ConsumeEffect, name, m.EventID, m.Topic+":"+run)
 		return err
 	})
+	if err == nil && first {
+		// The dedup row and the business effect committed together: the event
+		// counts as processed, whatever happens to this consumer next.
+		injection.Point("after_consumer_dedup_commit", run, nil, nil, m.EventID)
+	}
 	return first, err
 }

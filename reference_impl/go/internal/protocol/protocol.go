@@ -2,8 +2,11 @@ package protocol
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"fencecheck/goworker/internal/tool"
 )
 
 // Protocol is the strategy object: the statements plus the few Go-side
@@ -26,6 +29,14 @@ type Protocol struct {
 	// OnRenewUnconfirmed is what the heartbeat does with an unconfirmed
 	// renewal: cancel the execution with its cause (rule 8).
 	OnRenewUnconfirmed func(cancel context.CancelCauseFunc, cause error)
+	// RenewBound is the client-side bound of one renewal call, from the
+	// configured heartbeat timeout: the renewal's answer counts only within
+	// it (rule 8; S: a black hole, a SyncRep wait, a late answer).
+	RenewBound func(configured time.Duration) time.Duration
+	// WithoutResult is the ledger status of a tool answer that records no
+	// result (Dispatcher.SettleWithoutResult): prepared only on the tool's
+	// proof it did not act (429, refused connection), else unknown (rule 5).
+	WithoutResult func(a tool.Answer) string
 	// ResolveUnknown decides a write whose COMMIT outcome is unknown
 	// (Writer.Write): read back by event_id (rule 9).
 	ResolveUnknown func(ctx context.Context, w *Writer, wr *Write) (*Written, error)
@@ -60,6 +71,8 @@ func Correct() *Protocol {
 		RenewConfirmed:     func(tag pgconn.CommandTag) bool { return tag.RowsAffected() == 1 },
 		CheckLease:         checkLease,
 		OnRenewUnconfirmed: func(cancel context.CancelCauseFunc, cause error) { cancel(cause) },
+		RenewBound:         func(configured time.Duration) time.Duration { return configured },
+		WithoutResult:      withoutResult,
 		ResolveUnknown:     readBackResolve,
 		CommitWarning:      warningIsUnknown,
 		ReconcileWithout:   leaveForPerson,
@@ -71,6 +84,15 @@ func Correct() *Protocol {
 		BudgetSpent:        func(attempts, maxAttempts int32) bool { return attempts >= maxAttempts },
 		OnRefusal:          "pause_human",
 	}
+}
+
+// withoutResult: only the tool's proof that it did not act puts an intent
+// back to prepared; silence, a reset or a late answer is unknown.
+func withoutResult(a tool.Answer) string {
+	if a.Kind == "rejected_retryable" {
+		return "prepared"
+	}
+	return "unknown"
 }
 
 // toolRequest is the built-in workflow's tool request (worker contract

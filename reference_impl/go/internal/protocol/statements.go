@@ -228,7 +228,7 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
        revision = revision + 1, updated_at = clock_timestamp()
  WHERE operation_id = $1 AND status = 'dispatching' AND dispatch_owner = $2
    AND revision = $3 AND dispatch_until <= clock_timestamp()`,
-		UnknownOps: `SELECT o.operation_id, o.tool_name, o.tool_capability, o.request_digest, o.revision, r.status
+		UnknownOps: `SELECT o.operation_id, o.run_id::text, o.tool_name, o.tool_capability, o.request_digest, o.revision, r.status
   FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
  WHERE o.status = 'unknown' ORDER BY o.updated_at LIMIT $1`,
 		Converge: `UPDATE tool_operations

@@ -107,6 +107,7 @@ func (rt *Runtime) StartHeartbeat(ctx context.Context, cancel context.CancelCaus
 	interval, timeout time.Duration) (done <-chan struct{}) {
 	session := rt.NewSession()
 	finished := make(chan struct{})
+	timeout = rt.P.RenewBound(timeout)
 	renew := func(callCtx context.Context) error {
 		ep := lease.Epoch
 		injection.Record(injection.Event{Type: "invoke", Op: "renew", RunID: lease.RunID, Epoch: &ep})
@@ -119,6 +120,9 @@ func (rt *Runtime) StartHeartbeat(ctx context.Context, cancel context.CancelCaus
 		case err == nil:
 			metrics.Inc(metrics.LeaseRenew, "success")
 			injection.Record(injection.Event{Type: "ok", Op: "renew", RunID: lease.RunID, Epoch: &ep})
+			// The renewal committed and is confirmed: the lease outlives this
+			// process by up to one lease duration; the execution has not gone on.
+			injection.Point("after_renew_commit", lease.RunID, &ep, nil, "")
 		case protocol.ClassOf(err) == "LeaseLost":
 			metrics.Inc(metrics.LeaseRenew, "lost")
 			metrics.Inc(metrics.RenewalFailures)

@@ -270,7 +270,7 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 				return "", err
 			}
 		case "unknown":
-			u := protocol.UnknownOp{OperationID: opID, Tool: row.Tool, Capability: row.Capability,
+			u := protocol.UnknownOp{OperationID: opID, RunID: x.lease.RunID, Tool: row.Tool, Capability: row.Capability,
 				Digest: row.Digest, Revision: row.Revision, RunStatus: "running"}
 			change, err := rt.Recon.ReconcileOne(x.ctx, c, u)
 			if err != nil {
