@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import dataclasses
 import secrets
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -346,6 +347,12 @@ def _migrate_failed(exc: MigrateFailed, report_dir: Path) -> int:
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(exc.output(), encoding="utf-8")
     paragraph = exc.paragraph(str(log))
+    # Like every start that failed: error.txt says the run did not start, and
+    # stderr carries the part's account (what, exit status, stderr, full log).
+    (report_dir / "error.txt").write_text(
+        f"fencecheck run did not start: no experiment ran.\n\n{paragraph}\n", encoding="utf-8"
+    )
+    print(f"fencecheck: harness/environment error: {exc}", file=sys.stderr)
     (report_dir / "summary.md").write_text(
         f"# fencecheck run\n\n- **overall verdict**: harness error, no experiment ran\n\n"
         f"{paragraph}\n",

@@ -143,7 +143,7 @@ class MigrateFailed(PartFailed):
         if self.why:
             return self.why
         if self.exit_code is None:
-            return f"did not finish within {self.timeout_s:.0f} s"
+            return f"did not finish within {self.timeout_s:.0f}s"
         return f"failed with exit code {self.exit_code}"
 
     def short(self) -> str:
@@ -153,7 +153,7 @@ class MigrateFailed(PartFailed):
         how = (
             f"exit {self.exit_code}"
             if self.exit_code is not None
-            else f"not finished within {self.timeout_s:.0f} s"
+            else f"not finished within {self.timeout_s:.0f}s"
         )
         last = [line for line in self.stderr.strip().splitlines() if line.strip()][-1:]
         return how + (f": {last[0].strip()}" if last else " (nothing on stderr)")

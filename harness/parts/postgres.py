@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import psutil
 import psycopg
 from psycopg import sql
 
@@ -272,8 +273,28 @@ class PostgresCluster:
         except psycopg.OperationalError as exc:
             # Kept for the timeout message: a server whose log says it is
             # ready but refuses the probe needs the probe's side to diagnose.
-            self._last_probe_error = str(exc).strip()
+            self._last_probe_error = str(exc).strip() + self._resume_if_stopped()
             return False
+
+    def _resume_if_stopped(self) -> str:
+        """SIGCONT a postmaster found stopped, and say so.
+
+        Seen twice (CI and a loaded suite): a server whose log said "ready to
+        accept connections" timed out every probe for 30-60 s, as a postmaster
+        frozen by a stray SIGSTOP would (the kernel still completes the TCP
+        handshake, nobody answers the startup packet). The server is ours and
+        must run; the message names what was found so the sender can be traced.
+        """
+        assert self.process is not None
+        try:
+            state = psutil.Process(self.process.pid).status()
+        except psutil.Error:
+            return ""
+        if state != psutil.STATUS_STOPPED:
+            return ""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGCONT)
+        return f" (the postmaster {self.process.pid} was found stopped by a signal: SIGCONT sent)"
 
     def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
         """Stop the server; returns how long it took. ``immediate`` is a crash-stop."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import time
 from pathlib import Path
 
@@ -113,3 +114,18 @@ def test_dropping_an_experiments_roles_never_waits_for_a_missing_sync_standby(
     finally:
         cluster.stop()  # also ends a backend still waiting, so the thread ends
         pool.shutdown(wait=True)
+
+
+def test_a_stopped_postmaster_is_resumed_and_named(pg_cluster: PostgresCluster) -> None:
+    """A postmaster frozen by a stray SIGSTOP times out every probe although its
+    log says it is ready: the readiness probe finds it stopped, resumes it, and
+    says so (the message names the pid)."""
+    assert pg_cluster.process is not None
+    pid = pg_cluster.process.pid
+    os.killpg(pid, signal.SIGSTOP)
+    try:
+        assert pg_cluster._ready() is False  # this probe times out on the frozen server
+        assert f"postmaster {pid} was found stopped" in pg_cluster._last_probe_error
+        assert pg_cluster._ready() is True
+    finally:
+        os.killpg(pid, signal.SIGCONT)
