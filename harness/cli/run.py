@@ -408,18 +408,20 @@ def _print_outcome(
 def _keep_up(shared: SharedServices, progress: Progress) -> None:
     """Print how to reach every part that stayed up, then wait for a stop."""
     assert shared.primary is not None and shared.toxiproxy is not None
-    progress.say("\n--keep: everything stays up until you press Ctrl-C (or send SIGTERM).")
-    progress.say(f"  shared primary (superuser): psql '{shared.primary.admin_dsn()}'")
-    progress.say(f"  toxiproxy API: {shared.toxiproxy.url}")
-    progress.say(f"  logs: {shared.log_dir}; temp root: {shared.root}")
-    for env in shared.kept():
-        for line in describe_environment(env):
-            progress.say(line)
+    # A stop is the way out from the first line on: a Ctrl-C sent as soon as
+    # the instructions appear must read as the end of --keep, not an interrupt.
     with (
         stopping.expected("ending --keep: tearing everything down"),
         contextlib.suppress(stopping.Interrupted),
         stopping.interruptible(),
     ):
+        progress.say("\n--keep: everything stays up until you press Ctrl-C (or send SIGTERM).")
+        progress.say(f"  shared primary (superuser): psql '{shared.primary.admin_dsn()}'")
+        progress.say(f"  toxiproxy API: {shared.toxiproxy.url}")
+        progress.say(f"  logs: {shared.log_dir}; temp root: {shared.root}")
+        for env in shared.kept():
+            for line in describe_environment(env):
+                progress.say(line)
         while not stopping.wait(3600):
             pass
 
