@@ -172,12 +172,15 @@ def request(signum: int | None = None, why: str | None = None) -> None:
     if not first:
         escalate(f"second signal ({signal.Signals(signum).name if signum else 'request'})")
         return
-    _state.event.set()
-    _say(
+    # Read before the event wakes the waiter: a section that expected this
+    # stop (--keep) leaves at once and clears its message.
+    announcement = (
         _state.expected
         or f"{reason()}: stopping (nothing new starts; running experiments are aborted); "
         "a second signal kills everything at once"
     )
+    _state.event.set()
+    _say(announcement)
     for callback in callbacks:
         _call(callback, reason())
     if _wakeup is None:
