@@ -233,11 +233,9 @@ def _run(
                     backend=settings.backend,
                 )
                 write_record(report_dir, record)
-        except MigrateFailed as exc:
-            if stopping.requested():
-                raise
-            return _migrate_failed(exc, report_dir)
         except Exception as exc:
+            if isinstance(exc, MigrateFailed) and not stopping.requested():
+                return _migrate_failed(exc, report_dir)
             # After a stop request, a failed start is the stop's doing (a
             # server killed half-way, a query cut): interrupted, not an error.
             if not isinstance(exc, stopping.Interrupted) and not stopping.requested():
