@@ -73,7 +73,13 @@ def owner_alive(owner: dict[str, Any]) -> bool:
 def _write_json(path: Path, data: dict[str, Any]) -> None:
     """Atomically: a reader sees the old record or the new one, never half."""
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(3)}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
+    text = json.dumps(data, indent=2, default=str)
+    try:
+        tmp.write_text(text)
+    except FileNotFoundError:
+        # Another run's release removed the state directory as it emptied.
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tmp.write_text(text)
     os.replace(tmp, path)
 
 
@@ -359,6 +365,10 @@ def reap_record(
     if not reaped.problems and not keep_record:
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
+        # The last record gone, the state directory goes too: a finished run
+        # leaves nothing in the temp dir (a run starting now recreates it).
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()
     return reaped
 
 

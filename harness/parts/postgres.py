@@ -294,7 +294,12 @@ class PostgresCluster:
             return ""
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGCONT)
-        return f" (the postmaster {self.process.pid} was found stopped by a signal: SIGCONT sent)"
+        note = f"the postmaster {self.process.pid} was found stopped by a signal: SIGCONT sent"
+        # Also in the server's log: when the next probe succeeds, no error
+        # message carries it, and a found-stopped server must not pass unseen.
+        with contextlib.suppress(OSError), open(self.log_path, "a") as log:
+            log.write(f"fencecheck harness: {note}\n")
+        return f" ({note})"
 
     def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
         """Stop the server; returns how long it took. ``immediate`` is a crash-stop."""

@@ -126,7 +126,10 @@ def leftovers(seen: Observed, tmpdir: Path) -> list[str]:
     problems += [f"orphan naming the TMPDIR: {p}" for p in processes_naming(str(tmpdir))]
     for path in sorted(tmpdir.iterdir()):
         if path.name.startswith("fencecheck-state-"):
-            problems += [f"run record left: {r}" for r in sorted(path.iterdir())]
+            records = sorted(path.iterdir())
+            problems += [f"run record left: {r}" for r in records]
+            if not records:  # released runs remove the emptied state directory
+                problems.append(f"empty state directory left: {path}")
         else:
             problems.append(f"left in TMPDIR: {path}")
     segments = shared_memory.segments()

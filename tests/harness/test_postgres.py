@@ -127,5 +127,6 @@ def test_a_stopped_postmaster_is_resumed_and_named(pg_cluster: PostgresCluster) 
         assert pg_cluster._ready() is False  # this probe times out on the frozen server
         assert f"postmaster {pid} was found stopped" in pg_cluster._last_probe_error
         assert pg_cluster._ready() is True
+        assert f"postmaster {pid} was found stopped" in pg_cluster.log_tail()
     finally:
         os.killpg(pid, signal.SIGCONT)
