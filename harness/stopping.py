@@ -64,6 +64,9 @@ class _State:
         self.main_depth = 0  # how deep the main thread is in interruptible()
         self.main_raised = False
         self.expected: str | None = None  # what to say when a stop is the way out
+        # The expected message as it stood when the signal arrived: the handler
+        # may end the expected section before the watcher announces the stop.
+        self.expected_at_signal: str | None = None
 
 
 _state = _State()
@@ -176,6 +179,7 @@ def request(signum: int | None = None, why: str | None = None) -> None:
     # stop (--keep) leaves at once and clears its message.
     announcement = (
         _state.expected
+        or _state.expected_at_signal
         or f"{reason()}: stopping (nothing new starts; running experiments are aborted); "
         "a second signal kills everything at once"
     )
@@ -228,7 +232,10 @@ def escalate(why: str) -> None:
 def _handler(signum: int, frame: object) -> None:
     del frame
     # The watcher thread does the work (it got the byte set_wakeup_fd wrote);
-    # here only the main thread's interruptible section is ended.
+    # here only the main thread's interruptible section is ended. Raising leaves
+    # an expected() section at once, so its message is kept for the watcher.
+    if not _state.event.is_set() and _state.expected_at_signal is None:
+        _state.expected_at_signal = _state.expected
     if _state.main_depth > 0 and not _state.main_raised:
         _state.main_raised = True
         raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
