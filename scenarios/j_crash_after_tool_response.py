@@ -7,14 +7,21 @@ tries before the decision must be refused; the operator's decision holds
 the run's row lock at the barrier ``after_operator_lock`` while a second
 worker's takeover waits on it; only after the decision may a worker take
 the run, and it must continue from the operator's finding (adopt the
-resource found, resend nothing). The decision is audited.
+resource found, resend nothing). The decision is audited. Before it, every
+operator decision of the contract is sent with every value outside its
+argument's enumeration (:func:`harness.contract.spec.invalid_choices`): each
+must change nothing, judged from the audit trail.
 """
 
 from __future__ import annotations
 
+import json
+
 from harness.checking import checkers
+from harness.contract import spec
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
+from harness.parts.processes import WorkerProcess
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(
@@ -86,6 +93,7 @@ def _operator_resolves(
         observed=f"{self_resolve.error or 'accepted'}",
     )
     ctl = control_plane(ctx)
+    _invalid_decisions_change_nothing(ctx, ctl, run_id, op_id, remote)
     ctx.arm("ctl", "after_operator_lock", Hold())
     decision = ctl.request_async(
         "resolve_indoubt",
@@ -166,4 +174,47 @@ def _operator_resolves(
         == [("resolve:executed", operator, "OPS-42", "paused_indoubt", "queued")],
         expected=f"one row: resolve:executed by {operator}, ticket OPS-42, paused_indoubt -> queued",
         observed=f"{[(a['action'], a['operator'], a['ticket'], a['before'], a['after']) for a in actions]}",
+    )
+
+
+def _invalid_decisions_change_nothing(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str, op_id: str, remote: str | None
+) -> None:
+    """Every operator decision with a value outside its enumeration, on the run
+    paused in doubt and its unknown operation: no audited change by ctl, the run
+    and the ledger as they were. An op the worker does not implement is skipped
+    (they are optional); the reply is kept as detail, never judged."""
+    ops = spec.by_name()
+    values = {"run_id": run_id, "operation_id": op_id}
+    before = (checkers.run_row(ctx, run_id)["status"], checkers.ledger(ctx, run_id))
+    mark = int(
+        ctx.env.query("SELECT coalesce(max(seq), 0) AS seq FROM fencecheck_audit.changes")[0]["seq"]
+    )
+    tried: list[str] = []
+    skipped: set[str] = set()
+    for op, arg, value in spec.invalid_choices(list(ops.values())):
+        if op in skipped:
+            continue
+        args = {**spec.fill(dict(ops[op].example), values), arg: value, "remote_id": remote}
+        args["reason"] = f"refusal probe: {arg}={value}"
+        reply = ctl.request(op, args, timeout_s=15)
+        ctx.command(
+            f"ctl: {op} {json.dumps(args, default=str)} -> "
+            f"{'ok' if reply.ok else f'{reply.error}: {reply.message}'}"
+        )
+        if reply.unsupported:
+            skipped.add(op)
+            continue
+        tried.append(f"{op} {arg}={value}: {'accepted' if reply.ok else reply.error}")
+    changed = checkers.changes_by(ctx, ["ctl"], after_seq=mark)
+    after = (checkers.run_row(ctx, run_id)["status"], checkers.ledger(ctx, run_id))
+    ctx.invariant(
+        "an operator decision outside its vocabulary changes nothing",
+        bool(tried) and not changed and after == before,
+        expected="every decision and outcome outside the contract's enumeration refused: no "
+        "audited change by the operator's session, run and ledger as before",
+        observed=f"{len(tried)} probes ({'; '.join(tried)}); skipped (not implemented): "
+        f"{sorted(skipped) or 'none'}; audited changes: "
+        f"{[(c['tbl'], c['op'], c['statement']) for c in changed] or 'none'}"
+        f"{'' if after == before else f'; run/ledger moved: {before} -> {after}'}",
     )

@@ -122,6 +122,39 @@ def stale_holder_operations(ops: Sequence[Operation]) -> list[Operation]:
     return [o for o in ops if o.fenced]
 
 
+#: Values a wrong caller plausibly sends for a decision or an outcome besides
+#: the contract's other enumerated values: the ledger's non-final statuses
+#: and a word that names nothing.
+_PLAUSIBLY_WRONG = ("prepared", "dispatching", "unknown", "cancelled", "bogus")
+
+
+def enumerated_args(op: str) -> dict[str, tuple[str, ...]]:
+    """The arguments of ``op`` whose values the contract enumerates (an ``enum``
+    in ops.schema.json's ``<op>.args``), each with its values."""
+    props = ops_schema()["$defs"].get(f"{op}.args", {}).get("properties", {})
+    return {arg: tuple(p["enum"]) for arg, p in props.items() if "enum" in p}
+
+
+def invalid_choices(ops: Sequence[Operation]) -> list[tuple[str, str, str]]:
+    """(op, argument, value) for every control-plane decision of ``ops`` sent with
+    a value outside its argument's enumeration: every other enumerated value of
+    the contract and :data:`_PLAUSIBLY_WRONG`. Each must be refused and change
+    nothing (experiment J[operator_resolves]); an enumeration added to the
+    schema is probed without any code change."""
+    controls = [o for o in ops if o.plane == "control" and "audit" in o.changes]
+    everything = sorted(
+        {v for o in ops for values in enumerated_args(o.op).values() for v in values}
+        | set(_PLAUSIBLY_WRONG)
+    )
+    return [
+        (o.op, arg, value)
+        for o in controls
+        for arg, allowed in enumerated_args(o.op).items()
+        for value in everything
+        if value not in allowed
+    ]
+
+
 def fill(template: Any, values: Mapping[str, Any]) -> Any:
     """``template`` with every whole-string ``{name}`` replaced by ``values[name]``."""
     if isinstance(template, str):

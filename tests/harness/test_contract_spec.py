@@ -41,6 +41,22 @@ def test_stale_holder_table_comes_from_the_operation_list() -> None:
     ]
 
 
+def test_invalid_choices_cover_every_enumerated_decision_and_only_wrong_values() -> None:
+    cases = spec.invalid_choices(spec.operations())
+    probed = {(op, arg) for op, arg, _ in cases}
+    assert probed == {
+        ("resolve_indoubt", "decision"),
+        ("decide", "decision"),
+        ("converge_operation", "outcome"),
+    }
+    for op, arg, value in cases:
+        assert value not in spec.enumerated_args(op)[arg], (op, arg, value)
+    # the outcome a person may never set: back into a state that dispatches again
+    assert {"prepared", "dispatching", "unknown"} <= {
+        v for op, _, v in cases if op == "converge_operation"
+    }
+
+
 def test_an_operation_added_to_the_contract_adds_stale_holder_cases() -> None:
     data = json.loads(spec.OPERATIONS_FILE.read_text())
     before = r_stale_holder.cases(spec.parse_operations(data))
