@@ -317,13 +317,24 @@ func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (
 		}
 		result, _ := json.Marshal(map[string]any{"resource_id": found.ResourceID, "resource_ids": found.ResourceIDs})
 		evidence, _ := json.Marshal(map[string]any{"source": "query", "count": len(found.ResourceIDs)})
-		err := ledgerChange(ctx, q, r.D.P.SQL.Converge, u.OperationID, "converge",
-			u.OperationID, u.Revision, "succeeded", found.ResourceID, string(result), string(evidence))
-		if err != nil {
-			return nil, err
+		converge := func(q Querier) error {
+			err := ledgerChange(ctx, q, r.D.P.SQL.Converge, u.OperationID, "converge",
+				u.OperationID, u.Revision, "succeeded", found.ResourceID, string(result), string(evidence))
+			if err != nil {
+				return err
+			}
+			// Nothing of a run paused in doubt left in doubt: back to the queue.
+			_, err = q.Exec(ctx, r.D.P.SQL.ResumeRun, u.OperationID)
+			return err
 		}
-		// Nothing of a run paused in doubt left in doubt: back to the queue.
-		if _, err := q.Exec(ctx, r.D.P.SQL.ResumeRun, u.OperationID); err != nil {
+		// One transaction: a crash between the two statements must not leave a
+		// run paused in doubt with nothing in doubt (nobody would resume it).
+		if db, ok := q.(DB); ok {
+			err = pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error { return converge(tx) })
+		} else {
+			err = converge(q) // already inside the caller's transaction
+		}
+		if err != nil {
 			return nil, err
 		}
 		outcomeCommitted(u.RunID, u.OperationID)
