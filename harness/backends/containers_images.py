@@ -157,14 +157,24 @@ def build_image(
         raise ImageMissing(f"building {tag} produced no image; build log:\n{''.join(log)[-2000:]}")
 
 
+#: Digests of one derived image kept besides the current one: another checkout
+#: on the same machine (another branch, a CI clone) may still run an older one.
+KEEP_OLDER_DIGESTS = 3
+
+
 def _prune_old(client: docker.DockerClient, repo: str, keep: str) -> None:
-    """Remove older digests of one derived image (best effort; in-use ones stay)."""
+    """Remove the digests of one derived image older than the newest
+    :data:`KEEP_OLDER_DIGESTS` others (best effort; in-use ones stay)."""
     with contextlib.suppress(docker.errors.APIError):
-        for image in client.images.list(name=repo):
-            tags = [t for t in image.tags if t.startswith(repo + ":")]
-            if tags and keep not in tags:
-                with contextlib.suppress(docker.errors.APIError):
-                    client.images.remove(image.id)
+        others = [
+            image
+            for image in client.images.list(name=repo)
+            if any(t.startswith(repo + ":") for t in image.tags) and keep not in image.tags
+        ]
+        others.sort(key=lambda image: str(image.attrs.get("Created", "")), reverse=True)
+        for image in others[KEEP_OLDER_DIGESTS:]:
+            with contextlib.suppress(docker.errors.APIError):
+                client.images.remove(image.id)
 
 
 def mock_tool_tag() -> str:
