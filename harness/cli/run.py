@@ -297,6 +297,8 @@ def _run(
             f"fencecheck: sealed before the archive(s) of {', '.join(late)} were written "
             "(the stop's seconds ran out): `fencecheck verify` lists them as added"
         )
+    if interrupted is not None and _attach_late_archives(results, report_dir):
+        reports(results, interrupted)  # results.json and the summary name them now
     pages, digest = seal_run(report_dir, interrupted=interrupted is not None, pages=pages)
     stopping.trace("pages written and run sealed")
     progress.say(f"  pages {pages}; evidence digest {digest} (fencecheck verify {report_dir})")
@@ -319,6 +321,18 @@ def _run(
             progress.say(f"fencecheck: {gone}")
         progress.say(gate_line(results, args.fail_on))
     return code
+
+
+def _attach_late_archives(results: list[ExperimentResult], report_dir: Path) -> bool:
+    """Point the results of jobs whose teardown outlasted the stop's grace at the
+    archives they wrote meanwhile; True when one was found."""
+    found = False
+    for result in results:
+        if result.archive_path is None and result.duration_s > 0:
+            path = report_dir / "archives" / f"{result.label}.yaml"
+            if path.is_file():
+                result.archive_path, found = path, True
+    return found
 
 
 def _contract_first(

@@ -30,7 +30,7 @@ from harness.engine.environment import Environment, SharedServices, experiment_e
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
-from harness.evidence.summary import ExperimentResult, failed_check_lines
+from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
 from harness.verdict import Verdict
 
 # After a stop request, how long the running experiments get to unwind (their
@@ -59,8 +59,7 @@ class Job:
 
     @property
     def label(self) -> str:
-        base = self.spec.id + (f"-{self.variant}" if self.variant else "")
-        return base + (f"-r{self.repeat_index}" if self.repeat_index else "")
+        return label_of(self.spec.id, self.variant, self.repeat_index)
 
 
 def jobs_for(modules: Sequence[ModuleType], repeat: int) -> list[Job]:

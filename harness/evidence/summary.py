@@ -13,6 +13,12 @@ from typing import Any
 from harness.verdict import Verdict
 
 
+def label_of(experiment_id: str, variant: str | None, repeat_index: int) -> str:
+    """A job's file-safe name (``E-query-r2``): its archive is ``archives/<label>.yaml``."""
+    base = experiment_id + (f"-{variant}" if variant else "")
+    return base + (f"-r{repeat_index}" if repeat_index else "")
+
+
 @dataclass
 class ExperimentResult:
     """The outcome of one experiment run (one variant, one repetition)."""
@@ -33,6 +39,10 @@ class ExperimentResult:
     def name(self) -> str:
         base = self.experiment_id + (f"[{self.variant}]" if self.variant else "")
         return base + (f"#{self.repeat_index}" if self.repeat_index else "")
+
+    @property
+    def label(self) -> str:
+        return label_of(self.experiment_id, self.variant, self.repeat_index)
 
 
 def failed_check_lines(checks: Sequence[dict[str, Any]]) -> list[str]:
