@@ -137,7 +137,21 @@ def settings_from_args(args: argparse.Namespace, *, mutant: str | None = None) -
     worker_cmd: Sequence[str] = worker_command(args.worker_cmd) or DEFAULT_WORKER_CMD
     if args.work_dir and not Path(args.work_dir).is_dir():
         raise UsageError(f"--work-dir {args.work_dir} is not a directory; create it first")
+    # Explicit binaries are checked before anything is printed or started.
+    if args.pg_bin:
+        from harness.parts.pg_binaries import PgBinariesNotFound, find_pg_binaries
+
+        try:
+            find_pg_binaries(args.pg_bin)
+        except PgBinariesNotFound as exc:
+            raise UsageError(str(exc)) from exc
     if args.toxiproxy:
+        from harness.parts.toxiproxy import ToxiproxyNotFound, find_toxiproxy_server
+
+        try:
+            find_toxiproxy_server(args.toxiproxy)
+        except ToxiproxyNotFound as exc:
+            raise UsageError(str(exc)) from exc
         os.environ["FENCECHECK_TOXIPROXY"] = args.toxiproxy
     return Settings(
         worker_cmd=tuple(worker_cmd),

@@ -65,6 +65,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=60.0,
         help="with --explore: shrink budget per found mutant (default 1m)",
     )
+    parser.add_argument(
+        "--list",
+        action="store_true",
+        help="list the selected mutants (named, or generated with --auto), run nothing",
+    )
     shard_option(parser, "mutants")
     add_gate_option(parser)
     common_env_options(parser)
@@ -75,7 +80,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="mutants generated from the reference implementation's SQL and Python",
     )
-    auto.add_argument("--list", action="store_true", help="list the selected mutants, run nothing")
     auto.add_argument(
         "--diff", action="store_true", help="print the selected mutants' diffs, run nothing"
     )
@@ -149,7 +153,11 @@ def main(args: argparse.Namespace) -> int:
         return _auto(args)
     from harness.mutation.named import MutantListUnavailable, run_mutants
 
+    if args.diff:
+        raise UsageError("--diff shows generated mutants' diffs: add --auto")
     settings = settings_from_args(args)
+    if args.list:
+        return _list_named(args, settings)
     reap_and_report(settings.work_dir, print)
     if args.explore:
         return _explore(args, settings)
@@ -289,6 +297,24 @@ def _rebuild(args: argparse.Namespace) -> int:
     data = auto_report.rebuild(folder, judged, diffs)
     print(auto_report.publish(folder, pages=not args.no_pages))
     print(f"{data['summary']}\n  {folder / auto_report.SUMMARY}")
+    return 0
+
+
+def _list_named(args: argparse.Namespace, settings: Settings) -> int:
+    """The worker's named mutants (all, or the ones named), one per line; runs nothing."""
+    from harness.mutation.named import MutantListUnavailable, list_mutants
+
+    try:
+        known = {m.name: m for m in list_mutants(settings.worker_cmd)}
+    except MutantListUnavailable as exc:
+        raise UsageError(str(exc)) from exc
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        raise UsageError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(known))}")
+    chosen = [known[n] for n in args.names] if args.names else list(known.values())
+    for m in chosen:
+        print(f"{m.name}  (rule {m.rule}; caught by {','.join(m.catchers)})\n    {m.description}")
+    print(f"{len(chosen)} named mutant(s) of `{settings.worker_command_text()}`")
     return 0
 
 

@@ -41,6 +41,12 @@ def main(args: argparse.Namespace) -> int:
             return _compare(Path(args.compare[0]), Path(args.compare[1]), args.html)
         if not args.report_dir:
             raise UsageError("give the run's folder: fencecheck report reports/<run-id>")
+        if not Path(args.report_dir).is_dir():
+            raise UsageError(
+                f"{args.report_dir} is not a folder: give a run's folder, reports/<run-id>"
+            )
+        if args.out and Path(args.out).exists() and not Path(args.out).is_dir():
+            raise UsageError(f"--out {args.out} exists and is not a folder")
         return _rebuild(Path(args.report_dir), Path(args.out) if args.out else None)
     except NotARunDirectory as exc:
         raise UsageError(str(exc)) from exc

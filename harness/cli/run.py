@@ -51,7 +51,9 @@ HELP = "run experiments and write evidence archives"
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
-    run.add_argument("ids", nargs="*", help="experiment ids (A..Q); all when omitted")
+    run.add_argument(
+        "ids", nargs="*", help="experiment ids (A..V, see `fencecheck list`); all when omitted"
+    )
     run.add_argument("--repeat", type=positive, default=1, help="run each experiment N times")
     run.add_argument(
         "--seed",

@@ -53,6 +53,15 @@ class ArchiveInvalid(ValueError):
 
 
 @cache
+def yaml_problem(exc: yaml.YAMLError) -> str:
+    """`` at line L, column C: <problem>``: a YAML error in one line (PyYAML's own
+    message spans several and names "<unicode string>" instead of the file)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return f"{where}: {problem}"
+
+
 def schema() -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
     return loaded
@@ -172,11 +181,8 @@ def read_archive(path: Path) -> dict[str, Any]:
     try:
         loaded = yaml.load(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ArchiveInvalid(
-            f"{path} is not valid YAML{where}: {problem} (a truncated or edited archive?)"
+            f"{path} is not valid YAML{yaml_problem(exc)} (a truncated or edited archive?)"
         ) from None
     if not isinstance(loaded, dict):
         kind = "empty" if loaded is None else f"a {type(loaded).__name__}"

@@ -20,6 +20,8 @@ from typing import Any, cast
 
 import yaml
 
+from harness.evidence.archive import yaml_problem
+
 FORMAT_VERSION = 1
 TOOLS = ("idem", "detid", "queryable", "plain")  # one tool per capability level
 WRITE_PATHS = ("fast", "stepped")
@@ -208,7 +210,7 @@ def load(path: Path) -> Schedule:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ScheduleError(f"{path} is not YAML: {exc}") from exc
+        raise ScheduleError(f"{path} is not valid YAML{yaml_problem(exc)}") from None
     try:
         return from_dict(data)
     except ScheduleError as exc:

@@ -24,6 +24,8 @@ from typing import Any
 
 import yaml
 
+from harness.evidence.archive import yaml_problem
+
 
 class TriageError(ValueError):
     """The triage file is malformed (the message names the entry)."""
@@ -61,7 +63,7 @@ def load(path: Path) -> Triage:
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as exc:
-        raise TriageError(f"{path}: not valid YAML: {exc}") from exc
+        raise TriageError(f"{path}: not valid YAML{yaml_problem(exc)}") from None
     if not isinstance(raw, dict) or set(raw) - {"equivalent", "survivors"}:
         raise TriageError(f"{path}: expected the keys `equivalent` and `survivors` only")
     triage = Triage(source=path)

@@ -147,6 +147,12 @@ def find_pg_binaries(explicit: str | Path | None = None) -> PgBinaries:
         if not missing:
             return PgBinaries(bindir=bindir, source=source, version=_version(bindir))
         tried.append(f"  {source}: {bindir} (missing {', '.join(missing)})")
+        if source.startswith(("explicit", "$")) and not Path(bindir).is_dir():
+            raise PgBinariesNotFound(
+                f"{source} names {bindir}, which does not exist (or is not a directory); "
+                "point it at a PostgreSQL bin directory holding initdb, pg_ctl, postgres and "
+                "pg_basebackup (e.g. /usr/lib/postgresql/15/bin)"
+            )
         if source.startswith(("explicit", "$")):
             raise PgBinariesNotFound(
                 f"{source} names {bindir}, which lacks {', '.join(missing)}; "
