@@ -38,6 +38,7 @@ from harness.verdict import EXIT_UNKNOWN
 
 if TYPE_CHECKING:
     from harness.engine.environment import Settings
+    from harness.mutation.named import Mutant
 
 NAME = "mutants"
 HELP = "prove the matrix catches protocol mutants (named ones, or --auto: generated ones)"
@@ -300,8 +301,9 @@ def _rebuild(args: argparse.Namespace) -> int:
     return 0
 
 
-def _list_named(args: argparse.Namespace, settings: Settings) -> int:
-    """The worker's named mutants (all, or the ones named), one per line; runs nothing."""
+def _named(args: argparse.Namespace, settings: Settings) -> list[Mutant]:
+    """The named mutants asked for (all when none is named); a usage error names the
+    unknown ones and lists the known."""
     from harness.mutation.named import MutantListUnavailable, list_mutants
 
     try:
@@ -312,6 +314,12 @@ def _list_named(args: argparse.Namespace, settings: Settings) -> int:
     if unknown:
         raise UsageError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(known))}")
     chosen = [known[n] for n in args.names] if args.names else list(known.values())
+    return chosen
+
+
+def _list_named(args: argparse.Namespace, settings: Settings) -> int:
+    """The worker's named mutants (all, or the ones named), one per line; runs nothing."""
+    chosen = _named(args, settings)
     for m in chosen:
         print(f"{m.name}  (rule {m.rule}; caught by {','.join(m.catchers)})\n    {m.description}")
     print(f"{len(chosen)} named mutant(s) of `{settings.worker_command_text()}`")
@@ -334,16 +342,8 @@ def _load() -> str:
 
 def _explore(args: argparse.Namespace, settings: Settings) -> int:
     from harness.explore.mutants import run_explore_mutants
-    from harness.mutation.named import MutantListUnavailable, list_mutants
 
-    try:
-        known = {m.name: m for m in list_mutants(settings.worker_cmd)}
-    except MutantListUnavailable as exc:
-        raise UsageError(str(exc)) from exc
-    unknown = [n for n in args.names if n not in known]
-    if unknown:
-        raise UsageError(f"unknown mutant(s) {unknown}; known: {', '.join(sorted(known))}")
-    chosen = [known[n] for n in args.names] if args.names else list(known.values())
+    chosen = _named(args, settings)
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
     report_dir = Path(args.report_dir) / f"explore-mutants-{stamp}"
     report_dir.mkdir(parents=True, exist_ok=True)

@@ -63,7 +63,10 @@ def _usage(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
         (["run", "--worker-cmd", ""], ["--worker-cmd is empty", "reference worker"]),
         (["run", "--worker-cmd", "   "], ["--worker-cmd is empty"]),
         (["run", "--worker-cmd", "python3 'unbalanced"], ["cannot be split", "quotes"]),
-        (["run", "--worker-cmd", "/fencecheck-no-such-path/worker"], ["/fencecheck-no-such-path/worker does not exist"]),
+        (
+            ["run", "--worker-cmd", "/fencecheck-no-such-path/worker"],
+            ["/fencecheck-no-such-path/worker does not exist"],
+        ),
         (
             ["run", "--worker-cmd", "no-such-worker-xyz"],
             ["'no-such-worker-xyz' is not found on PATH"],
@@ -72,14 +75,29 @@ def _usage(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
             ["run", "--mutant", "nosuch"],
             ["--mutant 'nosuch' is not a mutant", "write_ignores_epoch"],
         ),
-        (["run", "--work-dir", "/fencecheck-no-such-path"], ["--work-dir /fencecheck-no-such-path is not a directory"]),
-        (["run", "--pg-bin", "/fencecheck-no-such-path"], ["/fencecheck-no-such-path, which does not exist"]),
+        (
+            ["run", "--work-dir", "/fencecheck-no-such-path"],
+            ["--work-dir /fencecheck-no-such-path is not a directory"],
+        ),
+        (
+            ["run", "--pg-bin", "/fencecheck-no-such-path"],
+            ["/fencecheck-no-such-path, which does not exist"],
+        ),
         (["run", "--pg-bin", "/etc"], ["/etc, which lacks initdb"]),
         (["report", "/etc/hostname"], ["/etc/hostname is not a folder"]),
         (["mutants", "--diff"], ["add --auto"]),
-        (["run", "--toxiproxy", "/fencecheck-no-such-path"], ["not an executable file: /fencecheck-no-such-path"]),
-        (["show", "/fencecheck-no-such-path.yaml"], ["no archive at /fencecheck-no-such-path.yaml"]),
-        (["clean", "--work-dir", "/fencecheck-no-such-path"], ["--work-dir /fencecheck-no-such-path is not a directory"]),
+        (
+            ["run", "--toxiproxy", "/fencecheck-no-such-path"],
+            ["not an executable file: /fencecheck-no-such-path"],
+        ),
+        (
+            ["show", "/fencecheck-no-such-path.yaml"],
+            ["no archive at /fencecheck-no-such-path.yaml"],
+        ),
+        (
+            ["clean", "--work-dir", "/fencecheck-no-such-path"],
+            ["--work-dir /fencecheck-no-such-path is not a directory"],
+        ),
         (["mutants", "nosuch"], ["unknown mutant(s) ['nosuch']"]),
         (["smoke", "--backend", "containers"], ["smoke runs local processes only"]),
     ],
