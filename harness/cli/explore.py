@@ -137,7 +137,16 @@ def main(args: argparse.Namespace) -> int:
         "seed": str(config.seed),
         "postgres": shared.binaries.describe(),
     }
-    data = write_report(report_dir, outcome, header=header, violation=violation)
+    interrupted = stopping.reason() if outcome.interrupted else None
+    code = stopping.exit_status() if outcome.interrupted else outcome.exit_code()
+    data = write_report(
+        report_dir,
+        outcome,
+        header=header,
+        violation=violation,
+        exit_code=code,
+        interrupted=interrupted,
+    )
     counts = data["counts"]
     print(
         f"\nexplore: {data['schedules']} schedule(s) in {data['wall_s']}s "
@@ -163,8 +172,7 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"explore: INTERRUPTED ({stopping.reason()}); the report covers the schedules that ran"
         )
-        return stopping.exit_status()
-    code = outcome.exit_code()
+        return code
     print(
         {
             0: "exit 0: no violation",

@@ -133,6 +133,11 @@ def run_job(
             # stall excuses a broken one: they are judged after the stall.
             verdict, reason = _judge_stalls(spec, started, verdict, reason)
             stalls_judged = True
+            # A stop that came while the workers were stopped leaves the judging
+            # undone (seconds of queries the stop does not have): interrupted.
+            if interrupted is None and (env.interrupted or stopping.requested()):
+                interrupted = env.interrupted or stopping.reason()
+                verdict, reason = Verdict.UNKNOWN, _interrupted_reason(interrupted, ctx)
             # Steps that judge the experiment after its scenario go here, one
             # call each, while the environment is still up:
             # `verdict, reason = step(ctx, verdict, reason)`.
@@ -140,7 +145,7 @@ def run_job(
                 verdict, reason = invariants.judge(ctx, verdict, reason)
             archive = _archive(
                 ctx, env, job, started, verdict, reason, harness_error, logs_dir,
-                gather=interrupted is None,
+                gather=interrupted is None and not stopping.requested(),
             )  # fmt: skip
             secrets = env.secrets
     except Exception as exc:

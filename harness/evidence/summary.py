@@ -101,7 +101,11 @@ def write_summary(
     header: dict[str, str],
     wall_s: float,
     interrupted: str | None = None,
+    title: str = "fencecheck run",
+    verdict_text: str | None = None,
 ) -> Path:
+    """``verdict_text`` replaces the merged verdict of the results where the
+    command judges otherwise (explore: unknown schedules do not fail a search)."""
     verdict = overall(results)
     counts = {v: sum(1 for r in results if r.verdict is v) for v in Verdict}
     natural = sum(r.natural_wait_s for r in results)
@@ -112,11 +116,11 @@ def write_summary(
         else "complete"
     )
     lines = [
-        "# fencecheck run" + (" (INTERRUPTED)" if interrupted else ""),
+        f"# {title}" + (" (INTERRUPTED)" if interrupted else ""),
         "",
         f"- **status**: {status}",
         *(f"- **{k}**: {v}" for k, v in header.items()),
-        f"- **overall verdict**: {verdict.value}",
+        f"- **overall verdict**: {verdict_text or verdict.value}",
         f"- **counts**: {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail, "
         f"{counts[Verdict.UNKNOWN]} unknown",
         f"- **wall time**: {wall_s:.1f} s (sum of natural waits {natural:.1f} s)",

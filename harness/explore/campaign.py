@@ -66,7 +66,11 @@ class ScheduleResult:
             return "fail"
         if self.verdict is Verdict.PASS:
             return "pass"
-        if "inconclusive:" in self.reason or "harness error" in self.reason:
+        if (
+            "inconclusive:" in self.reason
+            or "harness error" in self.reason
+            or self.reason.startswith("interrupted")  # cut by a stop: nothing was judged
+        ):
             return "unknown"
         if any(not e.took_effect for e in self.effects) or not self.schedule.faults:
             return "no_effect"
@@ -160,7 +164,7 @@ def execute(
         workload.stop_relay_loop()
     for effect in nemesis.confirm():
         ctx.fault(
-            f"fault {effect.index} ({effect.label}) took effect",
+            f"fault {effect.index} ({effect.label})",
             effect.took_effect,
             expected="observed by the harness (kernel state, control socket, link probe, tool log)",
             observed=effect.evidence,
@@ -429,10 +433,12 @@ class Campaign:
 
         try:
             search()
+        except SearchOver:
+            pass
         except Exception as exc:
             # The violation (or Hypothesis saying its last replay of the
             # minimal example did not fail again): what counts was recorded.
-            if self._owner != lane and not isinstance(exc, SearchOver):
+            if self._owner != lane:
                 self.progress(f"lane {lane} ended with {type(exc).__name__}: {exc}")
                 if not isinstance(exc, Violation):
                     self.errors.append(f"lane {lane}: {type(exc).__name__}: {exc}")

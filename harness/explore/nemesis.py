@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from harness.engine.experiment import ExperimentContext
 from harness.explore.schedule import ANY, Fault, Schedule
 from harness.explore.workload import Workload
-from harness.parts.control import ANY_WORKER, Continue, Crash, Hit, Hold
+from harness.parts.control import ANY_WORKER, Continue, ControlError, Crash, Hit, Hold
 from harness.parts.processes import ProcessError, WorkerProcess
 from harness.parts.toxiproxy import Link
 
@@ -123,8 +123,13 @@ class Nemesis:
         assert f.point is not None
         hit: Hit | None = None
         while hit is None and not (self.stop.is_set() or self.horizon_passed.is_set()):
-            with contextlib.suppress(TimeoutError):
+            try:
                 hit = self.ctx.env.control.wait_reached(who, f.point, timeout_s=0.2)
+            except TimeoutError:
+                continue
+            except ControlError as exc:  # the experiment was aborted (a stop, its timeout)
+                self.effects[index].evidence = f"waiting for {f.point} ended: {exc}"
+                return
         if hit is None:
             self.effects[index].evidence = f"point {f.point} not reached by {who}"
             return

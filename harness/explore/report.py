@@ -9,7 +9,6 @@ faults did not take effect is an *unknown* there (JUnit error), never a pass.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,14 @@ from typing import Any
 
 from harness.evidence.summary import write_junit, write_results_json, write_summary
 from harness.explore.campaign import CampaignOutcome, ScheduleResult
+
+#: What a campaign's exit code says (unknown schedules do not fail a search;
+#: they count against its unknown share).
+CAMPAIGN_VERDICT = {
+    0: "no violation found",
+    1: "an invariant broke",
+    2: "nothing conclusive",
+}
 
 
 def time_split(results: list[ScheduleResult]) -> dict[str, float]:
@@ -72,15 +79,42 @@ def write_report(
     *,
     header: Mapping[str, str],
     violation: tuple[Path, str] | None,
+    exit_code: int,
+    interrupted: str | None = None,
 ) -> dict[str, Any]:
-    """Every file of the campaign's report; returns the facts of explore.json."""
+    """Every file of the campaign's report, sealed last (MANIFEST.sha256, so
+    `fencecheck verify` checks a campaign as it checks a run); returns the
+    facts of explore.json."""
     experiments = [r.experiment for r in outcome.results + outcome.shrink_runs if r.experiment]
     summary = report_dir / "summary.md"
-    write_summary(summary, experiments, header=dict(header), wall_s=outcome.wall_s)
-    write_junit(
-        report_dir / "junit.xml", experiments, suite=f"fencecheck explore {header.get('run', '')}"
+    write_summary(
+        summary,
+        experiments,
+        header=dict(header),
+        wall_s=outcome.wall_s,
+        interrupted=interrupted,
+        title="fencecheck explore",
+        verdict_text=CAMPAIGN_VERDICT.get(exit_code, "interrupted") + f" (exit {exit_code})",
     )
-    write_results_json(report_dir / "results.json", experiments)
+    write_junit(
+        report_dir / "junit.xml",
+        experiments,
+        suite=f"fencecheck explore {header.get('run', '')}",
+        interrupted=interrupted,
+    )
+    write_results_json(
+        report_dir / "results.json",
+        experiments,
+        run={
+            "id": header.get("run", ""),
+            "command": "explore",
+            "status": "interrupted" if interrupted else "complete",
+            "interrupted_by": interrupted,
+            "exit_code": exit_code,
+            "verdict": CAMPAIGN_VERDICT.get(exit_code, "interrupted"),
+            "seed": header.get("seed"),
+        },
+    )
     data = facts(outcome)
     if violation is not None:
         data["violation"] = {"schedule": str(violation[0]), "replay": violation[1]}
@@ -114,8 +148,7 @@ def write_report(
     lines.append(outcome.coverage.table())
     with summary.open("a") as fh:
         fh.write("\n".join(lines) + "\n")
-    with contextlib.suppress(Exception):  # the pages are a convenience; the archives stand
-        from harness.evidence.html import write_run_pages
+    from harness.evidence.run_report import seal_run
 
-        write_run_pages(report_dir)
+    seal_run(report_dir, interrupted=interrupted is not None)
     return data
