@@ -86,7 +86,7 @@ def _rebuild(report_dir: Path, out: Path | None) -> int:
 
         index = write_mutants_pages(report_dir)
     else:
-        index = write_run_pages(report_dir, out)
+        index = write_run_pages(report_dir, out, sealed=out is None)
     if out is None:
         manifest.write_manifest(report_dir)
         note = "resealed" if sealed else "sealed now (it had no MANIFEST.sha256: the seal covers "

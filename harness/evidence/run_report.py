@@ -118,7 +118,7 @@ def write_pages(report_dir: Path, *, interrupted: bool = False) -> str:
         deadline = time.monotonic() + max(0.0, PAGES_BY_S - (stopping.since_s() or 0.0))
     rebuild = f"rebuild: fencecheck report {report_dir}"
     try:
-        return str(write_run_pages(report_dir, deadline=deadline))
+        return str(write_run_pages(report_dir, deadline=deadline, sealed=True))
     except PagesCut as exc:
         return f"NOT ALL WRITTEN ({exc}; {rebuild})"
     except Exception as exc:

@@ -41,6 +41,14 @@ def test_an_untouched_run_verifies(run_pass: Path, capsys: pytest.CaptureFixture
         assert (run_pass / name).stat().st_mode & 0o777 == 0o644 & ~umask, name
 
 
+def test_a_sealed_runs_index_links_its_manifest(run_pass: Path) -> None:
+    from harness.evidence.run_report import seal_run
+
+    seal_run(run_pass)
+    index = (run_pass / "index.html").read_text()
+    assert 'href="MANIFEST.sha256"' in index and (run_pass / "MANIFEST.sha256").is_file()
+
+
 def test_manifest_is_what_sha256sum_checks(run_pass: Path) -> None:
     seal(run_pass)
     if shutil.which("sha256sum") is None:

@@ -41,6 +41,7 @@ def write_run_pages(
     *,
     title: str | None = None,
     deadline: float | None = None,
+    sealed: bool = False,
 ) -> Path:
     """Write ``index.html`` and ``experiments/<label>.html`` for the run in
     ``report_dir`` (into ``out_dir``, default the run directory itself) from
@@ -50,7 +51,8 @@ def write_run_pages(
     the pages do not depend on which process wrote them. With ``deadline``
     (a ``time.monotonic()`` value: a stopping run has seconds) the pages are
     written in this process, and PagesCut is raised, without an index, when
-    the deadline passes first.
+    the deadline passes first. ``sealed``: the caller seals the folder next
+    (the index links MANIFEST.sha256 before it exists).
     """
     out = out_dir or report_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -73,4 +75,4 @@ def write_run_pages(
             jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
             entries = [job.result() for job in jobs]
     digest = manifest.run_digest(report_dir)
-    return index_page(report_dir, entries, digest, out, title=title)
+    return index_page(report_dir, entries, digest, out, title=title, sealed=sealed)

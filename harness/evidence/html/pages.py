@@ -703,7 +703,9 @@ def _rollup(entries: Sequence[Entry], pages: str) -> Markup:
     )
 
 
-def _facts_table(report_dir: Path, entries: Sequence[Entry], digest: str, here: Path) -> Markup:
+def _facts_table(
+    report_dir: Path, entries: Sequence[Entry], digest: str, here: Path, *, sealed: bool = False
+) -> Markup:
     facts = run_facts(list(entries))
     started = sorted(e.started_at for e in entries if e.started_at)
     finished = sorted(e.finished_at for e in entries if e.finished_at)
@@ -737,7 +739,8 @@ def _facts_table(report_dir: Path, entries: Sequence[Entry], digest: str, here: 
     files = [
         el("a", name, href=rel(report_dir / name, here))
         for name in ("summary.md", "junit.xml", "results.json", "MANIFEST.sha256", "mutants.json")
-        if (report_dir / name).is_file()
+        # The seal is written right after the pages: linked before it exists.
+        if (report_dir / name).is_file() or (sealed and name == "MANIFEST.sha256")
     ]
     rows.append(
         el(
@@ -773,8 +776,10 @@ def index_page(
     out_dir: Path,
     *,
     title: str | None = None,
+    sealed: bool = False,
 ) -> Path:
-    """Write ``out_dir/index.html`` for the run in ``report_dir``."""
+    """Write ``out_dir/index.html`` for the run in ``report_dir`` (``sealed``: the
+    caller writes MANIFEST.sha256 next)."""
     pages = rel(out_dir / PAGES, out_dir)
     evidence = "" if report_dir.resolve() == out_dir.resolve() else rel(report_dir, out_dir) + "/"
     links = IndexLinks(pages, evidence, (report_dir / "junit.xml").is_file())
@@ -801,7 +806,7 @@ def index_page(
         else None,
         _interrupted_note(report_dir),
         el("h2", "Run"),
-        _facts_table(report_dir, entries, digest, out_dir),
+        _facts_table(report_dir, entries, digest, out_dir, sealed=sealed),
         _rollup(entries, pages),
         _experiments(entries, links),
     ]
