@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", type=positive, help="fix the number of workers (default 2-6)")
     p.add_argument("--runs", type=positive, help="fix the number of runs (default 2-8)")
     p.add_argument("--quiet", action="store_true", help="no per-schedule progress lines")
-    shard_option(p, "campaign (part K draws with seed + K and runs its share of --schedules)")
+    shard_option(p, "campaign (part K draws with seed + K - 1 and runs its share of --schedules)")
     common_env_options(p)
 
 
