@@ -31,7 +31,8 @@ def main(args: argparse.Namespace) -> int:
         archive = load_archive(archive_path)
     except ArchiveInvalid as exc:
         raise UsageError(str(exc)) from exc
-    print(f"{archive['experiment_id']}: {archive['title']}  [{archive.get('variant') or '-'}]")
+    variant = f"[{archive['variant']}]" if archive.get("variant") else ""
+    print(f"{archive['experiment_id']}{variant}: {archive['title']}")
     print(f"verdict:    {str(archive['pass_or_fail']).upper()} ({archive.get('verdict_reason')})")
     if archive.get("interrupted"):
         print(f"INTERRUPTED: {archive['interrupted']}")

@@ -386,6 +386,12 @@ def _minimal_archive(
     with contextlib.suppress(Exception):  # the backend may be what failed
         deployment = shared.backend.deployment()
     deployment["replication"] = spec.replication_for(job.variant)
+    # The worker is known even when its environment never came up (a compare of
+    # two runs must not show a placeholder as the worker's digest).
+    settings = shared.settings
+    worker = {"command": settings.worker_command_text(), "digest": "sha256:" + "0" * 64}
+    with contextlib.suppress(Exception):
+        worker["digest"] = evidence.worker_digest(tuple(settings.worker_cmd))
     return {
         "archive_version": 1,
         "experiment_id": spec.id,
@@ -396,7 +402,7 @@ def _minimal_archive(
         "runtime_versions": evidence.runtime_versions(go_worker=None, toxiproxy=None),
         "postgres_version": "unknown",
         "deployment": deployment,
-        "worker": {"command": "unknown", "digest": "sha256:" + "0" * 64},
+        "worker": worker,
         "run_id": None,
         "tenant_id": None,
         "lease_duration": _ms(spec.lease_ttl_ms),
