@@ -344,10 +344,13 @@ def _contract_first(
     from harness.contract.conformance import check
 
     started = time.monotonic()
-    report = check(shared, report_dir / "logs" / "contract", progress)
+    progress("  contract: migrate on a fresh database (done while the run started)")
+    report = check(
+        shared, report_dir / "logs" / "contract", lambda m: progress(f"  contract: {m} ...")
+    )
     report.write(report_dir)
     progress(
-        f"contract: {'conformant' if report.conformant else f'{len(report.gaps)} gap(s)'} "
+        f"  contract: {'conformant' if report.conformant else f'{len(report.gaps)} gap(s)'} "
         f"in {time.monotonic() - started:.1f}s"
     )
     return report
