@@ -124,18 +124,24 @@ def pdeathsig_preexec(parent_pid: int) -> Callable[[], None]:
     clears the parent-death signal, so setting it here is what makes it stick
     for children that run as another user.
     """
-    prctl = _PRCTL
-    sigkill = int(signal.SIGKILL)
 
     def preexec() -> None:
-        if prctl is not None and prctl(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-        # The parent may have died between fork and prctl: then nobody would
-        # ever send the signal, so take it now.
-        if os.getppid() != parent_pid:
-            os.kill(os.getpid(), sigkill)
+        die_with_parent(parent_pid)
 
     return preexec
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Arm SIGKILL-on-parent-death in the calling process (a preexec_fn, or the
+    initializer of a process pool's workers: a pool's worker holds both ends of
+    its own queue's pipe, so it would wait forever for a parent SIGKILLed)."""
+    sigkill = int(signal.SIGKILL)
+    if _PRCTL is not None and _PRCTL(_PR_SET_PDEATHSIG, sigkill, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    # The parent may have died between fork and prctl: then nobody would
+    # ever send the signal, so take it now.
+    if os.getppid() != parent_pid:
+        os.kill(os.getpid(), sigkill)
 
 
 def _thread_states(pid: int) -> list[str]:

@@ -346,3 +346,45 @@ def test_a_worker_that_exits_at_once_is_reported_as_such(tmp_path: Path) -> None
     message = str(info.value)
     assert "it exited at once with status 3" in message, message
     assert "cannot parse FENCECHECK_DSN" in message and str(worker.stderr_log) in message
+
+
+POOL_PARENT = textwrap.dedent(
+    """
+    import multiprocessing, os, sys, time
+    from concurrent.futures import ProcessPoolExecutor
+    from harness.parts.processes import die_with_parent
+
+    if __name__ == "__main__":
+        pool = ProcessPoolExecutor(
+            2, mp_context=multiprocessing.get_context("spawn"),
+            initializer=die_with_parent, initargs=(os.getpid(),),
+        )
+        futures = [pool.submit(time.sleep, 600) for _ in range(2)]
+        time.sleep(3)  # the workers are up
+        print(" ".join(str(p) for p in pool._processes), flush=True)
+        time.sleep(600)
+    """
+)
+
+
+def test_a_page_pool_worker_dies_with_its_sigkilled_parent(tmp_path: Path) -> None:
+    """A pool worker holds both ends of its queue's pipe: without the parent-death
+    signal it waits forever once its parent is SIGKILLed (seen: page writers left
+    by a run a test's timeout killed)."""
+    script = tmp_path / "pool_parent.py"
+    script.write_text(POOL_PARENT)
+    parent = subprocess.Popen(
+        [PYTHON, str(script)], stdout=subprocess.PIPE, text=True, cwd=Path(__file__).parents[2]
+    )
+    try:
+        assert parent.stdout is not None
+        workers = [int(p) for p in parent.stdout.readline().split()]
+        assert len(workers) == 2 and all(pid_alive(p) for p in workers)
+    finally:
+        parent.kill()
+        parent.wait(10)
+    wait_for(
+        lambda: not any(pid_alive(p) for p in workers),
+        timeout_s=10,
+        what="the pool's workers to die with their SIGKILLed parent",
+    )

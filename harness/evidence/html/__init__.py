@@ -16,6 +16,7 @@ from pathlib import Path
 from harness.evidence import manifest
 from harness.evidence.html.pages import experiment_page, index_page
 from harness.evidence.run_dir import Entry, load_yaml, require_archives
+from harness.parts.processes import die_with_parent
 
 # Below this many archives a process pool costs more than it saves.
 PARALLEL_FROM = 12
@@ -71,7 +72,12 @@ def write_run_pages(
         # spawn: no fork of a process that may still hold threads and locks,
         # and no helper process outlives the pool.
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(processes, mp_context=context) as pool:
+        with ProcessPoolExecutor(
+            processes,
+            mp_context=context,
+            initializer=die_with_parent,
+            initargs=(os.getpid(),),
+        ) as pool:
             jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
             entries = [job.result() for job in jobs]
     digest = manifest.run_digest(report_dir)
