@@ -20,6 +20,7 @@ request hung, whatever was applied before.
 from __future__ import annotations
 
 import contextlib
+import functools
 import socket
 import threading
 import time
@@ -390,12 +391,24 @@ class Nemesis:
 
     # ------------------------------------------------------------ the end
     def heal(self) -> None:
-        """Undo every fault still in force (see the module's invariant)."""
+        """Undo every fault still in force (see the module's invariant). A step
+        that fails is named in the archive's commands (a fault left in force
+        shows there, not only as runs that never settled)."""
         env = self.ctx.env
-        for key in list(env.links):
-            with contextlib.suppress(Exception):
-                if env.links[key].active() or key.startswith("pg_w") or key == "worker_tool":
-                    env.links[key].heal()
+        failed: list[str] = []
+
+        def attempt(what: str, step: Callable[[], object]) -> None:
+            try:
+                step()
+            except Exception as exc:
+                failed.append(f"{what}: {type(exc).__name__}: {exc}")
+
+        def heal_link(key: str, link: Link) -> None:
+            if link.active() or key.startswith("pg_w") or key == "worker_tool":
+                link.heal()
+
+        for key, link in list(env.links.items()):
+            attempt(f"heal link {key}", functools.partial(heal_link, key, link))
         for proc in self._paused:
             with contextlib.suppress(ProcessError):
                 self.ctx.resume(proc)
@@ -408,13 +421,15 @@ class Nemesis:
             if f.kind in ("hold", "pause") and f.point is not None:
                 env.control.disarm(self._point_worker(f), f.point)
         for hit in env.control.held():
-            with contextlib.suppress(Exception):
-                self.ctx.release(hit.worker, hit.point)
-        with contextlib.suppress(Exception):
-            env.tool.client().release()
+            attempt(
+                f"release {hit.worker} at {hit.point}",
+                functools.partial(self.ctx.release, hit.worker, hit.point),
+            )
+        attempt("release the tool's held requests", lambda: env.tool.client().release())
         self.ctx.command(
             "explore: healed every link, process and hold (crash points and tool faults stay "
             "armed through the quiet wait)"
+            + (f"; NOT healed: {'; '.join(failed)}" if failed else "")
         )
 
     def disarm_late(self) -> None:
