@@ -187,9 +187,7 @@ def _invalid_decisions_change_nothing(
     ops = spec.by_name()
     values = {"run_id": run_id, "operation_id": op_id}
     before = (checkers.run_row(ctx, run_id)["status"], checkers.ledger(ctx, run_id))
-    mark = int(
-        ctx.env.query("SELECT coalesce(max(seq), 0) AS seq FROM fencecheck_audit.changes")[0]["seq"]
-    )
+    mark = checkers.audit_mark(ctx)
     tried: list[str] = []
     skipped: set[str] = set()
     for op, arg, value in spec.invalid_choices(list(ops.values())):

@@ -119,7 +119,7 @@ def run(ctx: ExperimentContext) -> None:
             continue
         before = _lease_state(ctx, run_id)
         live_at_every_attempt &= _held_by(before, takeover.new)
-        mark = _audit_mark(ctx)
+        mark = checkers.audit_mark(ctx)
         reply = _attempt(ctx, a, ops[case.op], takeover.values(case))
         after = _lease_state(ctx, run_id)
         late = checkers.changes_by(ctx, ["A"], after_seq=mark)
@@ -265,8 +265,3 @@ def _what(late: list[dict[str, Any]], moved: dict[str, tuple[Any, Any]]) -> str:
     parts = [f"{c['op']} {c['tbl']} (audit seq {c['seq']})" for c in late]
     parts += [f"{k} {a} -> {b}" for k, (a, b) in moved.items()]
     return ", ".join(parts)
-
-
-def _audit_mark(ctx: ExperimentContext) -> int:
-    rows = ctx.env.query("SELECT coalesce(max(seq), 0) AS seq FROM fencecheck_audit.changes")
-    return int(rows[0]["seq"])

@@ -99,6 +99,13 @@ def changes_by(
     )
 
 
+def audit_mark(ctx: ExperimentContext) -> int:
+    """The audit trail's position now: :func:`changes_by` after it sees only what
+    comes next."""
+    rows = ctx.env.query("SELECT coalesce(max(seq), 0) AS seq FROM fencecheck_audit.changes")
+    return int(rows[0]["seq"])
+
+
 def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"tool ledger of run {run_id[:8]}",
