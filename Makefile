@@ -21,7 +21,7 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup browser run test test-fast lint bench bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
+.PHONY: setup browser run test test-fast lint bench bench-harness bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
 
 setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT)
 
@@ -108,6 +108,13 @@ lint: setup
 
 bench: setup
 	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m reference_impl.bench $(ARGS)
+
+# The harness's own overhead: the whole matrix through `fencecheck run`, with
+# its wall and CPU time, the load average, the verdicts and where the runs'
+# time went (docs/running.md, "Where the time goes"). ARGS='--rounds 10 --hogs 6'
+# is the loaded-machine check; ARGS='--exec-too' adds exec'd workers as a ratio.
+bench-harness: setup
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m harness.engine.bench_harness $(ARGS)
 
 # How fast a run stops per signal and point, and what reaping a killed run
 # takes (docs/running.md); ARGS='--rounds 3' or ARGS='--backend containers'.

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from harness.engine import phases
 from harness.parts.control import Action, Continue, ControlError, Hit
 from harness.parts.processes import OpReply, SignalRecord, WorkerProcess
 from harness.parts.toxiproxy import FaultRecord
@@ -227,7 +228,8 @@ class ExperimentContext:
     ) -> list[dict[str, Any]]:
         """Run a query as the harness (superuser) on the experiment database and
         keep the query with its rows as evidence."""
-        rows = self.env.query(statement, params)
+        with phases.phase("scenario.sql"):
+            rows = self.env.query(statement, params)
         self.queries.append(
             QueryRecord(
                 time.time(),
@@ -313,7 +315,8 @@ class ExperimentContext:
     # --------------------------------------------------------------- ops
     def op(self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any) -> OpReply:
         """One ops request; an op the worker does not implement is inconclusive."""
-        reply = worker.request(op, args, timeout_s=timeout_s)
+        with phases.phase("scenario.ops"):
+            reply = worker.request(op, args, timeout_s=timeout_s)
         outcome = "ok" if reply.ok else f"{reply.error}: {reply.message}"
         self.command(f"{worker.worker_id}: {op} {json.dumps(args, default=str)} -> {outcome}")
         if reply.unsupported:

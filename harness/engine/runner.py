@@ -25,7 +25,7 @@ from harness import stopping
 from harness.checking import checkers
 from harness.checking.history import Shorten, id_shortener, read_history, timeline, timeline_ids
 from harness.checking.invariants import experiment as invariants
-from harness.engine import stalls
+from harness.engine import phases, stalls
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.engine.progress import Progress
@@ -103,22 +103,31 @@ def run_job(
     rng = job_rng(seed, job)
     secrets: set[str] = set()
     stalls_judged = False
+    clock = phases.PhaseClock()
     try:
-        with experiment_environment(
-            shared,
-            job.label,
-            lease_ttl_ms=spec.lease_ttl_ms,
-            heartbeat_ms=spec.heartbeat_ms,
-            heartbeat_timeout_ms=spec.heartbeat_timeout_ms,
-            dispatch_ttl_ms=spec.dispatch_ttl_ms,
-            replication=spec.replication_for(job.variant),
-            tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
-            log_dir=logs_dir,
-            rng=rng,
-            write_path=spec.write_path,
-        ) as env:
+        with (
+            phases.timing(clock),
+            phases.timed(
+                experiment_environment(
+                    shared,
+                    job.label,
+                    lease_ttl_ms=spec.lease_ttl_ms,
+                    heartbeat_ms=spec.heartbeat_ms,
+                    heartbeat_timeout_ms=spec.heartbeat_timeout_ms,
+                    dispatch_ttl_ms=spec.dispatch_ttl_ms,
+                    replication=spec.replication_for(job.variant),
+                    tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
+                    log_dir=logs_dir,
+                    rng=rng,
+                    write_path=spec.write_path,
+                ),
+                "environment",
+                "teardown",
+            ) as env,
+        ):
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed, rng=rng)
-            verdict, reason, harness_error = _run_scenario(job, ctx)
+            with phases.phase("scenario"):
+                verdict, reason, harness_error = _run_scenario(job, ctx)
             # The stop's flag is up before its callbacks ran: either says so.
             if env.interrupted or stopping.requested():
                 interrupted = env.interrupted or stopping.reason()
@@ -127,7 +136,8 @@ def run_job(
                 verdict, reason = Verdict.UNKNOWN, f"aborted: {env.aborted}"
             stopping.trace(f"{job.label}: scenario ended")
             # Stop the workers before reading their histories: the files are final.
-            env.stop_workers()
+            with phases.phase("stop workers"):
+                env.stop_workers()
             # A stall while workers ran may have decided the experiment's own
             # verdict; the global invariants hold for every schedule, so no
             # stall excuses a broken one: they are judged after the stall.
@@ -142,11 +152,13 @@ def run_job(
             # call each, while the environment is still up:
             # `verdict, reason = step(ctx, verdict, reason)`.
             if interrupted is None:  # a stopping run has no time for queries
-                verdict, reason = invariants.judge(ctx, verdict, reason)
-            archive = _archive(
-                ctx, env, job, started, verdict, reason, harness_error, logs_dir,
-                gather=interrupted is None and not stopping.requested(),
-            )  # fmt: skip
+                with phases.phase("global invariants"):
+                    verdict, reason = invariants.judge(ctx, verdict, reason)
+            with phases.phase("archive gather"):
+                archive = _archive(
+                    ctx, env, job, started, verdict, reason, harness_error, logs_dir,
+                    gather=interrupted is None and not stopping.requested(),
+                )  # fmt: skip
             secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
@@ -179,12 +191,15 @@ def run_job(
         interrupted=interrupted,
     )
     written: Path | None = None
+    archive["phases_s"] = clock.figures()  # the archive's own writing is in results.json
     try:
-        written = evidence.write_archive(archive_path, archive, secrets)
+        with phases.timing(clock), phases.phase("archive write"):
+            written = evidence.write_archive(archive_path, archive, secrets)
     except Exception as exc:
         verdict, reason = Verdict.UNKNOWN, f"archive not written: {exc}"
     failed = failed_check_lines(archive.get("checks", []))
     result = _result(job, verdict, reason, finished - started, written, failed)
+    result.phases_s = clock.figures()
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
         progress.job_finished(

@@ -34,6 +34,8 @@ class ExperimentResult:
     archive_path: Path | None
     invariant: str
     failed_checks: list[str] = field(default_factory=list)
+    #: Where the run's wall time went (harness/engine/phases.py), in seconds.
+    phases_s: dict[str, float] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -206,6 +208,7 @@ def write_results_json(
                         "reason": r.reason,
                         "duration_s": round(r.duration_s, 3),
                         "natural_wait_s": r.natural_wait_s,
+                        "phases_s": r.phases_s,
                         "archive": str(r.archive_path) if r.archive_path else None,
                     }
                     for r in results

@@ -1,0 +1,160 @@
+"""The harness's own overhead, printed (never asserted): ``make bench-harness``.
+
+    python -m harness.engine.bench_harness [--rounds N] [--jobs J] [--hogs K]
+        [--exec-too] [--keep-reports] [-- RUN-ARGS...]
+
+Runs the real ``fencecheck run`` (the whole matrix unless RUN-ARGS name
+experiments) ``--rounds`` times, one after the other, and prints per round:
+the wall time, the CPU time of the run and everything it started, the load
+average before and after, the verdicts, and where the experiment runs' time
+went (the phases each run records, harness/engine/phases.py). The harness's
+overhead per experiment run is the sum of their wall times minus the waits
+their protocol timers impose (each spec's ``natural_wait_s``), divided by
+their number: what the harness itself costs, whatever the parallelism.
+
+``--hogs K`` starts K CPU-bound processes beside every round (the soundness
+check of a loaded machine: a correct worker must get no FAIL); ``--exec-too``
+adds a round with FENCECHECK_FORK_SERVER=0, so the fork server's share shows
+as a ratio taken in one run of the benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HOG = "while True: pass"
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def one_round(
+    label: str, run_args: list[str], jobs: int, env: dict[str, str], report_root: Path
+) -> dict[str, Any]:
+    """One ``fencecheck run``: its figures, from its own results.json."""
+    report_dir = report_root / label
+    cmd = [sys.executable, "-m", "harness.cli", "run", "--quiet", "--jobs", str(jobs)]
+    cmd += ["--report-dir", str(report_dir), *run_args]
+    load_before = _load()
+    cpu_before = _children_cpu()
+    started = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - started
+    cpu = _children_cpu() - cpu_before
+    results_path = next(report_dir.glob("*/results.json"), None)
+    if results_path is None:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        raise SystemExit(f"{label}: no results.json (exit {done.returncode}): {' | '.join(tail)}")
+    results = json.loads(results_path.read_text())["results"]
+    phases: collections.Counter[str] = collections.Counter()
+    for r in results:
+        phases.update(r.get("phases_s") or {})
+    verdicts = collections.Counter(r["verdict"] for r in results)
+    summed = sum(r["duration_s"] for r in results)
+    natural = sum(r["natural_wait_s"] for r in results)
+    return {
+        "label": label,
+        "exit": done.returncode,
+        "wall_s": wall,
+        "cpu_s": cpu,
+        "load_before": load_before,
+        "load_after": _load(),
+        "runs": len(results),
+        "verdicts": dict(verdicts),
+        "summed_s": summed,
+        "natural_s": natural,
+        "overhead_per_run_s": (summed - natural) / max(1, len(results)),
+        "phases": dict(phases),
+        "not_pass": [
+            f"{r['experiment']}{'[' + r['variant'] + ']' if r['variant'] else ''}: "
+            f"{r['verdict']}: {r['reason'][:160]}"
+            for r in results
+            if r["verdict"] != "pass"
+        ],
+    }
+
+
+def report(rounds: list[dict[str, Any]]) -> str:
+    lines = []
+    for r in rounds:
+        verdicts = ", ".join(f"{v} {n}" for v, n in sorted(r["verdicts"].items()))
+        lines.append(
+            f"{r['label']}: exit {r['exit']}, wall {r['wall_s']:.1f} s, CPU {r['cpu_s']:.1f} s "
+            f"({r['cpu_s'] / r['wall_s']:.2f} cores), load {r['load_before']} -> "
+            f"{r['load_after']}; {r['runs']} runs ({verdicts}); summed {r['summed_s']:.1f} s, "
+            f"natural waits {r['natural_s']:.1f} s, overhead {r['overhead_per_run_s']:.2f} s/run"
+        )
+        lines.extend(f"    not pass: {line}" for line in r["not_pass"])
+    first = rounds[0]
+    lines.append(f"\nwhere the runs' time went ({first['label']}; seconds, summed over runs):")
+    n = max(1, first["runs"])
+    for name, spent in sorted(first["phases"].items(), key=lambda kv: -kv[1]):
+        lines.append(f"  {name:32s} {spent:8.1f}  {spent / n:6.2f} per run")
+    if len(rounds) > 1:
+        base = rounds[0]
+        for other in rounds[1:]:
+            lines.append(
+                f"ratio {other['label']} / {base['label']}: wall "
+                f"{other['wall_s'] / base['wall_s']:.2f}, CPU {other['cpu_s'] / base['cpu_s']:.2f}, "
+                f"overhead per run {other['overhead_per_run_s'] / base['overhead_per_run_s']:.2f}"
+            )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.engine.bench_harness")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "0")) or 6)
+    parser.add_argument("--hogs", type=int, default=0, help="CPU-bound processes beside the run")
+    parser.add_argument(
+        "--exec-too", action="store_true", help="one more round with exec'd workers"
+    )
+    parser.add_argument("--keep-reports", action="store_true")
+    parser.add_argument("run_args", nargs="*", help="passed to `fencecheck run` (after --)")
+    args = parser.parse_args(argv)
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL)
+        for _ in range(args.hogs)
+    ]
+    report_root = Path(tempfile.mkdtemp(prefix="fencecheck-bench-harness-"))
+    rounds: list[dict[str, Any]] = []
+    try:
+        env = dict(os.environ)
+        for n in range(args.rounds):
+            label = f"round {n + 1}" + (f" (+{args.hogs} hogs)" if args.hogs else "")
+            rounds.append(one_round(label, args.run_args, args.jobs, env, report_root))
+            print(report(rounds[-1:]).splitlines()[0], flush=True)
+        if args.exec_too:
+            env = {**env, "FENCECHECK_FORK_SERVER": "0"}
+            rounds.append(one_round("exec'd workers", args.run_args, args.jobs, env, report_root))
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+        if not args.keep_reports:
+            subprocess.run(["rm", "-rf", str(report_root)], check=False)
+    print()
+    print(report(rounds))
+    if args.keep_reports:
+        print(f"reports kept in {report_root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
