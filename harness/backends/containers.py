@@ -910,6 +910,7 @@ class ContainerPostgres(PostgresCluster):
 
     def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
         """Stop the server; ``immediate`` is the fence: SIGKILL of the whole container."""
+        self._sessions.forget()
         if self.container is None or not self.running:
             return 0.0
         wrapped = self._wrapped()

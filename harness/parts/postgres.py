@@ -32,6 +32,7 @@ from harness import stopping
 from harness.parts.files import remove_tree
 from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
 from harness.parts.pg_binaries import PgBinaries
+from harness.parts.pg_sessions import SessionPool
 from harness.parts.processes import pdeathsig_preexec, run_bounded
 from harness.parts.toxiproxy import free_port
 from harness.waiting import wait_for
@@ -154,6 +155,12 @@ class PostgresCluster:
     _db_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _templates: dict[str, str] = field(default_factory=dict)
     _last_probe_error: str = ""
+    # The harness's own idle sessions, reused between queries (pg_sessions.py);
+    # emptied whenever this server stops or one of its databases is dropped.
+    _sessions: SessionPool = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._sessions = SessionPool(self.connect)
 
     # ----------------------------------------------------------- lifecycle
     @classmethod
@@ -303,6 +310,7 @@ class PostgresCluster:
 
     def stop(self, mode: Literal["fast", "immediate"] = "fast", timeout_s: float = 30.0) -> float:
         """Stop the server; returns how long it took. ``immediate`` is a crash-stop."""
+        self._sessions.forget()
         if self.process is None or self.process.poll() is not None:
             return 0.0
         started = time.monotonic()
@@ -315,6 +323,7 @@ class PostgresCluster:
 
     def _kill_now(self) -> None:
         """SIGKILL the server and its backends (its process group) and reap it."""
+        self._sessions.forget()
         if self.process is not None and self.process.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.process.pid, signal.SIGKILL)
@@ -355,9 +364,14 @@ class PostgresCluster:
     ) -> list[dict[str, Any]]:
         from psycopg.rows import dict_row
 
-        with self.connect(dbname) as conn, conn.cursor(row_factory=dict_row) as cur:
+        with self._sessions.session(dbname) as conn, conn.cursor(row_factory=dict_row) as cur:
             cur.execute(statement.encode(), params)
             return list(cur.fetchall()) if cur.description else []
+
+    def execute(self, statement: sql.Composed | str, dbname: str = "postgres") -> None:
+        """Run one statement that returns nothing (DDL) on a harness session."""
+        with self._sessions.session(dbname) as conn:
+            conn.execute(statement if isinstance(statement, sql.Composed) else statement.encode())
 
     def server_facts(self) -> dict[str, str]:
         """The server version and the settings that decide what a commit means."""
@@ -377,18 +391,18 @@ class PostgresCluster:
             stmt = sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
                 sql.Identifier(name), sql.Identifier(template)
             )
-        with self.connect() as conn:
-            conn.execute(stmt)
+            self._sessions.forget(template)  # no session may be on a template copied
+        self.execute(stmt)
         return Database(cluster=self, name=name)
 
     def create_template(self, name: str, init: Callable[[str], None]) -> str:
         """Build a template database once (``init`` gets its admin DSN); return its name."""
         if name in self._templates:
             return self._templates[name]
-        with self.connect() as conn:
-            conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        self.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
         init(self.admin_dsn(name))
         # No session may stay connected to a template while it is copied.
+        self._sessions.forget(name)
         with self.connect() as conn:
             conn.execute(
                 "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
@@ -404,10 +418,10 @@ class PostgresCluster:
         self.drop_database(name)
 
     def drop_database(self, name: str) -> None:
-        with self.connect() as conn:
-            conn.execute(
-                sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-            )
+        self._sessions.forget(name)
+        self.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+        )
 
     # --------------------------------------------------------- replication
     def create_standby(
