@@ -1,4 +1,4 @@
-"""``python -m reference_impl.worker {migrate,run,ops,mutants,write-paths}`` (worker contract, section 1)."""
+"""``python -m reference_impl.worker {migrate,run,ops,mutants,write-paths,fork-server}`` (worker contract, section 1)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,9 @@ _log = logging.getLogger("reference_impl.worker")
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fencecheck-worker", description=__doc__)
-    p.add_argument("mode", choices=["migrate", "run", "ops", "mutants", "write-paths"])
+    p.add_argument(
+        "mode", choices=["migrate", "run", "ops", "mutants", "write-paths", "fork-server"]
+    )
     p.add_argument("--dsn", help="worker-role DSN (FENCECHECK_DSN)")
     p.add_argument("--admin-dsn", help="superuser DSN for migrate (FENCECHECK_ADMIN_DSN)")
     p.add_argument("--worker-id", help="FENCECHECK_WORKER_ID")
@@ -85,8 +87,24 @@ WRITE_PATHS = {
 }
 
 
+def warm_imports() -> None:
+    """What every worker mode imports, loaded once by a fork server so a forked
+    worker starts with all of it; building the protocol once proves the
+    statements load before the first child needs them."""
+    import reference_impl.mutants
+    import reference_impl.ops
+    import reference_impl.runner
+    import reference_impl.runtime  # noqa: F401
+
+    load_protocol(None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.mode == "fork-server":
+        from reference_impl import fork_server
+
+        return fork_server.serve(main, warm_imports)
     if args.mode == "mutants":
         return print_mutants()
     if args.mode == "write-paths":

@@ -36,11 +36,12 @@ import psycopg
 from harness import stopping
 from harness.backends.base import Backend, make_backend
 from harness.checking.audit import AUDIT_SQL
-from harness.engine import stalls
+from harness.engine import phases, stalls
 from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
 from harness.failures import PartFailed
 from harness.parts.control import ControlServer
+from harness.parts.fork_server import ForkServer
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
 from harness.parts.processes import (
@@ -240,6 +241,26 @@ def migrate(
         conn.execute(AUDIT_SQL.encode())
 
 
+def start_fork_server(
+    worker_cmd: Sequence[str], log_dir: Path, stack: contextlib.ExitStack
+) -> tuple[ForkServer | None, str]:
+    """The worker command's fork server (worker contract §1, optional), closed
+    with ``stack``, and how workers are started, for the archives; no server
+    when the command does not offer one or FENCECHECK_FORK_SERVER=0 asks for
+    exec'd workers. Start it from a long-lived thread: it dies with the
+    thread that started it."""
+    if os.environ.get("FENCECHECK_FORK_SERVER", "1") == "0":
+        return None, "exec (FENCECHECK_FORK_SERVER=0)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FENCECHECK_")}
+    env["PYTHONUNBUFFERED"] = "1"
+    server = ForkServer(worker_cmd, log_path=log_dir / "fork-server.log", env=env)
+    stopping.check("the worker's fork server")
+    if not server.start():
+        return None, f"exec ({server.why_not})"
+    stack.callback(server.close)
+    return server, f"fork of `{shlex.join(server.argv)}` (pid {server.pid})"
+
+
 def _grace(normal_s: float) -> float:
     """How long a server gets to stop politely: much less once a stop was asked for."""
     return min(normal_s, 0.3) if stopping.requested() else normal_s
@@ -271,7 +292,10 @@ class SharedServices:
         )
         try:
             self.record = RunRecord.create(
-                base=settings.work_dir, kind="run", report_dir=report_dir
+                base=settings.work_dir,
+                kind="run",
+                report_dir=report_dir,
+                prefer_memory=settings.backend == "local",
             )
             self.record.set_backend(self.backend.footprint())
         except BaseException:
@@ -297,6 +321,8 @@ class SharedServices:
         self.toxiproxy: ToxiproxyServer | None = None
         self.primary: PostgresCluster | None = None
         self.template: str | None = None
+        self.fork_server: ForkServer | None = None
+        self.worker_launch = "exec"
 
     def __enter__(self) -> SharedServices:
         try:
@@ -319,6 +345,9 @@ class SharedServices:
             self.record.add_cluster(self.primary.datadir)
             self._stack.callback(self._close_kept)
             self.template = self.primary.create_template(TEMPLATE_NAME, self.migrate_database)
+            self.fork_server, self.worker_launch = start_fork_server(
+                self.settings.worker_cmd, self.log_dir, self._stack
+            )
         except BaseException:
             self._stack.close()
             raise
@@ -366,8 +395,12 @@ class SharedServices:
             view.template = primary.create_template(
                 template, lambda dsn: view.migrate_database(dsn, log_dir)
             )
+            view.fork_server, view.worker_launch = start_fork_server(
+                settings.worker_cmd, log_dir, view._stack
+            )
             yield view
         finally:
+            view._stack.close()
             with contextlib.suppress(Exception):  # the cluster may be what failed
                 primary.drop_template(template)
 
@@ -690,8 +723,10 @@ class Environment:
             control_socket=self.control.socket_path,
             env={**self.worker_env(tenant_id, pg_link, role), **metrics_env, **(env or {})},
             registry=self.shared.registry,
+            fork_server=self.shared.fork_server,
         )
-        proc.start()
+        with phases.phase("scenario.worker start"):
+            proc.start()
         self.workers[worker_id] = proc
         return proc
 
@@ -736,12 +771,14 @@ def experiment_environment(
         standby: PostgresCluster | None = None
         replication_link: Link | None = None
         if replication is not None:
-            primary, standby, replication_link = _replicated_pair(
-                shared, stack, work_dir, log_dir, tag, replication
-            )
+            with phases.phase("environment.replicated pair"):
+                primary, standby, replication_link = _replicated_pair(
+                    shared, stack, work_dir, log_dir, tag, replication
+                )
             db = Database(cluster=primary, name=shared.template)
         else:
-            db = primary.create_database(template=shared.template, prefix=name.lower())
+            with phases.phase("environment.database"):
+                db = primary.create_database(template=shared.template, prefix=name.lower())
             if not shared.settings.keep:  # kept databases are listed by `run --keep`
                 stack.callback(_drop_database, primary, db.name)
         toxi = shared.toxiproxy
@@ -754,9 +791,10 @@ def experiment_environment(
 
         add_link("worker_pg", shared.backend.inner_address("127.0.0.1", primary.port))
         stopping.check(f"the mock tool of experiment {name}")
-        tool = shared.backend.start_mock_tool(
-            work_dir / "tool", log_dir / "mock_tool.log", tools, tool_retention_s
-        )
+        with phases.phase("environment.tool"):
+            tool = shared.backend.start_mock_tool(
+                work_dir / "tool", log_dir / "mock_tool.log", tools, tool_retention_s
+            )
         stack.callback(_stop_tool, tool)
         add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
         control = stack.enter_context(
@@ -788,9 +826,10 @@ def experiment_environment(
         stack.callback(_drop_roles, primary, env.roles)
         # Every role the experiment's tenants need, made before any fault (a
         # role made after the replication link is cut would not reach the standby).
-        for tenant in (env.tenant_id, env.other_tenant_id):
-            for kind in GROUP_ROLES:
-                env.login_role(tenant, kind)  # type: ignore[arg-type]
+        with phases.phase("environment.roles"):
+            for tenant in (env.tenant_id, env.other_tenant_id):
+                for kind in GROUP_ROLES:
+                    env.login_role(tenant, kind)  # type: ignore[arg-type]
         stack.callback(env.stop_workers)
         if replication_link is not None:
             links["replication"] = replication_link

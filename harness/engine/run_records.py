@@ -55,6 +55,44 @@ def state_dir(base: Path | None = None) -> Path:
     return root / f"fencecheck-state-{os.getuid()}"
 
 
+# A tmpfs with at least this much free space holds a run's clusters (the
+# replicated pairs of H are about 400 MB each, several at a time).
+MEMORY_SCRATCH = Path("/dev/shm")
+MEMORY_SCRATCH_MIN_FREE = 4 << 30
+
+
+def scratch_base(base: Path | None, *, prefer_memory: bool) -> tuple[Path, str]:
+    """Where a run's temp root goes, and why: ``base`` when given; else the
+    system temp directory when TMPDIR names one; else a roomy tmpfs
+    (``/dev/shm``) when ``prefer_memory`` and there is one, because clusters
+    on a disk mounted with ``discard`` spent seconds of kernel time per run
+    writing WAL and trimming the files a teardown unlinks; else the system
+    temp directory."""
+    if base is not None:
+        return Path(base), "--work-dir"
+    if prefer_memory and not os.environ.get("TMPDIR") and _roomy_tmpfs(MEMORY_SCRATCH):
+        return MEMORY_SCRATCH, "tmpfs"
+    return Path(tempfile.gettempdir()), "system temp directory"
+
+
+def _roomy_tmpfs(path: Path) -> bool:
+    try:
+        with open("/proc/mounts", encoding="utf-8") as mounts:
+            on_tmpfs = any(
+                line.split()[1] == str(path) and line.split()[2] == "tmpfs"
+                for line in mounts
+                if len(line.split()) > 2
+            )
+        stat = os.statvfs(path)
+    except OSError:
+        return False
+    return (
+        on_tmpfs
+        and os.access(path, os.W_OK | os.X_OK)
+        and (stat.f_bavail * stat.f_frsize >= MEMORY_SCRATCH_MIN_FREE)
+    )
+
+
 def owner_alive(owner: dict[str, Any]) -> bool:
     """Whether the process that wrote a record still runs (same pid, same start).
 
@@ -109,16 +147,24 @@ class RunRecord:
         self._released: Reaped | None = None
 
     @classmethod
-    def create(cls, *, base: Path | None, kind: str, report_dir: Path | None = None) -> RunRecord:
+    def create(
+        cls,
+        *,
+        base: Path | None,
+        kind: str,
+        report_dir: Path | None = None,
+        prefer_memory: bool = False,
+    ) -> RunRecord:
         """Write the record, then make the run's temp root it names (so no moment
-        exists where the root is there and no record says whose it is)."""
+        exists where the root is there and no record says whose it is). The
+        record stays in ``state_dir(base)`` wherever the root goes
+        (:func:`scratch_base`), so ``fencecheck clean`` finds it."""
         directory = state_dir(base)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         token = secrets.token_hex(4)
         me = os.getpid()
-        root = (Path(base) if base is not None else Path(tempfile.gettempdir())) / (
-            f"fencecheck-{kind}-{token}"
-        )
+        scratch, why = scratch_base(base, prefer_memory=prefer_memory)
+        root = scratch / f"fencecheck-{kind}-{token}"
         data: dict[str, Any] = {
             "version": RECORD_VERSION,
             "owner": {
@@ -131,6 +177,7 @@ class RunRecord:
             "created_at": time.time(),
             "report_dir": str(report_dir) if report_dir else None,
             "temp_dirs": [str(root)],
+            "scratch": why,
             "clusters": [],
             "backend": {},
         }
@@ -148,6 +195,11 @@ class RunRecord:
     @property
     def temp_root(self) -> Path:
         return Path(self._data["temp_dirs"][0])
+
+    @property
+    def scratch(self) -> str:
+        """Where the temp root is and why (:func:`scratch_base`), for the archives."""
+        return f"{self.temp_root.parent} ({self._data.get('scratch', 'given')})"
 
     def _update(self, change: dict[str, Any]) -> None:
         with self._lock:

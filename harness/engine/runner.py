@@ -298,7 +298,12 @@ def _archive(
         ),
         "postgres_version": facts.get("version", "unknown"),
         "postgres_settings": facts,
-        "deployment": {**env.shared.backend.deployment(), "replication": env.replication},
+        "deployment": {
+            **env.shared.backend.deployment(),
+            "replication": env.replication,
+            "scratch": env.shared.record.scratch,
+            "worker_launch": env.shared.worker_launch,
+        },
         "worker": {
             "command": settings.worker_command_text(),
             "digest": evidence.worker_digest(tuple(settings.worker_cmd)),

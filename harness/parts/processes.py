@@ -41,12 +41,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
-from typing import IO, Any, Self
+from typing import IO, TYPE_CHECKING, Any, Self
 
 import psutil
 
 from harness import stopping
 from harness.parts.os_user import OsUser, first_untraversable, give_to
+
+if TYPE_CHECKING:
+    from harness.parts.fork_server import ForkedChild, ForkServer
 
 POLL_INTERVAL_S = 0.002
 DEFAULT_SIGNAL_TIMEOUT_S = 5.0
@@ -325,6 +328,7 @@ class ManagedProcess:
         signal_group: bool = False,
         pipe_stdio: bool = False,
         registry: ProcessRegistry | None = None,
+        launcher: tuple[ForkServer, Sequence[str]] | None = None,
     ) -> None:
         if not argv:
             raise ValueError(f"process {name!r}: empty argv")
@@ -338,7 +342,11 @@ class ManagedProcess:
         self._env_overrides = dict(env or {})
         self._inherit_env = inherit_env
         self._registry = registry
-        self._popen: subprocess.Popen[bytes] | None = None
+        # (fork server, the arguments after the worker command): start by a
+        # fork of that server instead of an exec (harness/parts/fork_server.py).
+        self._launcher = launcher
+        self.forked_by: int | None = None
+        self._popen: subprocess.Popen[bytes] | ForkedChild | None = None
         self._lock = threading.RLock()
         self.started_at: float | None = None
         self.ended_at: float | None = None
@@ -376,25 +384,10 @@ class ManagedProcess:
             stdout_file = open(self.stdout_log, "ab")  # noqa: SIM115 - handed to the child
             stderr_file = open(self.stderr_log, "ab")  # noqa: SIM115 - handed to the child
             try:
-                self._popen = subprocess.Popen(
-                    self.argv,
-                    env=self.build_env(),
-                    cwd=self.cwd,
-                    stdin=subprocess.PIPE if self.pipe_stdio else subprocess.DEVNULL,
-                    stdout=subprocess.PIPE if self.pipe_stdio else stdout_file,
-                    stderr=stderr_file,
-                    start_new_session=True,
-                    preexec_fn=pdeathsig_preexec(os.getpid()),
-                    close_fds=True,
-                    **user_kwargs,
-                )
-            except (OSError, subprocess.SubprocessError) as exc:
-                hint = ""
-                if isinstance(exc, PermissionError) and self.run_as is not None:
-                    hint = f" (it runs as {self.run_as.name!r}: can that user reach it?)"
-                raise ProcessError(
-                    f"could not start process {self.name!r}: {self.argv!r}: {exc}{hint}"
-                ) from exc
+                if self._launcher is not None and self.run_as is None:
+                    self._popen = self._fork_start(stdout_file.fileno(), stderr_file.fileno())
+                if self._popen is None:
+                    self._popen = self._exec_start(stdout_file, stderr_file, user_kwargs)
             finally:
                 # The child holds its own copies of the descriptors.
                 stdout_file.close()
@@ -406,6 +399,76 @@ class ManagedProcess:
                 self._registry.add(self)
         self._after_start()
         return self
+
+    def _fork_start(self, stdout_fd: int, stderr_fd: int) -> ForkedChild | None:
+        """Start by a fork of the launcher's server; None when it cannot (the
+        caller execs instead: a fork server only ever saves time)."""
+        from harness.parts.fork_server import ForkServerError
+
+        assert self._launcher is not None
+        server, args = self._launcher
+        if not server.alive:
+            return None
+        theirs: list[int] = []
+        ours: list[int] = []
+        try:
+            if self.pipe_stdio:
+                in_r, in_w = os.pipe()
+                out_r, out_w = os.pipe()
+                theirs, ours = [in_r, out_w], [in_w, out_r]
+                streams = (in_r, out_w, stderr_fd)
+            else:
+                devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                theirs = [devnull]
+                streams = (devnull, stdout_fd, stderr_fd)
+            pid = server.spawn(
+                args,
+                env=self.build_env(),
+                cwd=self.cwd,
+                stdin=streams[0],
+                stdout=streams[1],
+                stderr=streams[2],
+            )
+        except (ForkServerError, OSError) as exc:
+            for fd in theirs + ours:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            if isinstance(exc, ForkServerError) and exc.maybe_forked:
+                # No answer to a request it got: a child may run, so this one
+                # must not be started a second time by an exec.
+                server.close()
+                raise ProcessError(f"could not start process {self.name!r}: {exc}") from exc
+            return None
+        for fd in theirs:
+            os.close(fd)
+        stdin = os.fdopen(ours[0], "wb") if ours else None
+        stdout = os.fdopen(ours[1], "rb") if ours else None
+        self.forked_by = server.pid
+        return server.adopt(pid, stdin, stdout)
+
+    def _exec_start(
+        self, stdout_file: IO[bytes], stderr_file: IO[bytes], user_kwargs: dict[str, Any]
+    ) -> subprocess.Popen[bytes]:
+        try:
+            return subprocess.Popen(
+                self.argv,
+                env=self.build_env(),
+                cwd=self.cwd,
+                stdin=subprocess.PIPE if self.pipe_stdio else subprocess.DEVNULL,
+                stdout=subprocess.PIPE if self.pipe_stdio else stdout_file,
+                stderr=stderr_file,
+                start_new_session=True,
+                preexec_fn=pdeathsig_preexec(os.getpid()),
+                close_fds=True,
+                **user_kwargs,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            hint = ""
+            if isinstance(exc, PermissionError) and self.run_as is not None:
+                hint = f" (it runs as {self.run_as.name!r}: can that user reach it?)"
+            raise ProcessError(
+                f"could not start process {self.name!r}: {self.argv!r}: {exc}{hint}"
+            ) from exc
 
     def _after_start(self) -> None:
         """Hook for subclasses (the ops channel starts its reader here)."""
@@ -439,7 +502,7 @@ class ManagedProcess:
     # -- state -----------------------------------------------------------
 
     @property
-    def popen(self) -> subprocess.Popen[bytes]:
+    def popen(self) -> subprocess.Popen[bytes] | ForkedChild:
         if self._popen is None:
             raise ProcessError(f"process {self.name!r} was never started")
         return self._popen
@@ -503,7 +566,7 @@ class ManagedProcess:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.pid, sig)
             else:
-                os.kill(self.pid, sig)
+                self.popen.send_signal(sig)
 
     def _poll_until(self, what: str, done: Callable[[], bool], timeout_s: float) -> float:
         deadline = time.monotonic() + timeout_s
@@ -758,6 +821,7 @@ class WorkerProcess(ManagedProcess):
         cwd: Path | None = None,
         run_as: OsUser | None = None,
         registry: ProcessRegistry | None = None,
+        fork_server: ForkServer | None = None,
     ) -> None:
         self.worker_id = worker_id
         self.mode = mode
@@ -782,6 +846,7 @@ class WorkerProcess(ManagedProcess):
             run_as=run_as,
             pipe_stdio=(mode == "ops"),
             registry=registry,
+            launcher=(fork_server, [mode, *mode_args]) if fork_server is not None else None,
         )
         self._ids = itertools.count(1)
         self._pending: dict[int, PendingOp] = {}

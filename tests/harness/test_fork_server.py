@@ -1,0 +1,96 @@
+"""Workers forked from a fork server (harness/parts/fork_server.py, worker contract
+§1) are real processes the harness signals and reaps like exec'd ones."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from harness.parts.fork_server import ForkServer
+from harness.parts.processes import WorkerProcess
+
+SCRIPTS = Path(__file__).parent / "scripts"
+COMMAND = [sys.executable, str(SCRIPTS / "ops_worker.py")]
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[ForkServer]:
+    fork = ForkServer(COMMAND, log_path=tmp_path / "fork-server.log", env=dict(os.environ))
+    assert fork.start(), fork.why_not
+    try:
+        yield fork
+    finally:
+        fork.close()
+
+
+def forked(server: ForkServer, tmp_path: Path, name: str = "A") -> WorkerProcess:
+    return WorkerProcess(name, COMMAND, "ops", log_dir=tmp_path, fork_server=server).start()
+
+
+def test_a_forked_worker_is_a_child_of_the_server_in_its_own_session(
+    server: ForkServer, tmp_path: Path
+) -> None:
+    with forked(server, tmp_path, "w1") as worker:
+        assert worker.forked_by == server.pid
+        who = worker.request("whoami", timeout_s=10).result
+        assert who["pid"] == worker.pid and who["ppid"] == server.pid
+        assert who["sid"] == worker.pid  # a session of its own, as start_new_session
+        assert who["worker"] == "w1" and who["cwd"] == os.getcwd()
+        assert worker.request("echo", {"x": 1}, timeout_s=10).result["echo"] == {"x": 1}
+    assert worker.returncode == 0  # closing stdin ends it, and the exit status arrives
+
+
+def test_signals_reach_the_forked_process_itself(server: ForkServer, tmp_path: Path) -> None:
+    worker = forked(server, tmp_path)
+    try:
+        worker.request("echo", timeout_s=10)
+        paused = worker.pause()
+        assert paused.state == "stopped"
+        pending = worker.request_async("echo")
+        time.sleep(0.2)
+        assert not pending.done()  # frozen in the kernel: nobody reads the request
+        worker.resume()
+        assert pending.result(10).ok
+        killed = worker.kill()
+        assert worker.returncode == -signal.SIGKILL, killed
+        with pytest.raises(ProcessLookupError):
+            os.kill(worker.pid, 0)  # reaped by its parent, not a zombie
+    finally:
+        worker.stop()
+
+
+def test_exit_status_and_stderr_as_from_an_exec(server: ForkServer, tmp_path: Path) -> None:
+    worker = WorkerProcess(
+        "B", COMMAND, "exit-with", ["7"], log_dir=tmp_path, fork_server=server
+    ).start()
+    assert worker.wait(10) == 7
+    bad = WorkerProcess("C", COMMAND, "bogus", log_dir=tmp_path, fork_server=server).start()
+    assert bad.wait(10) == 2
+    assert "usage: ops_worker.py ops" in bad.stderr_log.read_text()
+
+
+def test_workers_die_with_their_server(server: ForkServer, tmp_path: Path) -> None:
+    worker = forked(server, tmp_path)
+    worker.request("echo", timeout_s=10)
+    server.close()
+    assert worker.wait(10) == -signal.SIGKILL
+    # Later starts are exec'd: a fork server only ever saves time.
+    with forked(server, tmp_path, "D") as again:
+        assert again.forked_by is None
+        assert again.request("whoami", timeout_s=10).result["ppid"] == os.getpid()
+
+
+def test_a_command_without_the_mode_is_exec_d(tmp_path: Path) -> None:
+    fork = ForkServer(
+        [sys.executable, "-c", "import sys; sys.exit(2)"],
+        log_path=tmp_path / "fork-server.log",
+        env=dict(os.environ),
+    )
+    assert not fork.start(timeout_s=5)
+    assert "does not offer it" in fork.why_not
