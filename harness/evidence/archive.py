@@ -48,6 +48,16 @@ SECRET_VALUE = re.compile(
 MASK = "***masked***"
 
 
+# libyaml's emitter when PyYAML has it (the PyPI wheel does): the same text,
+# about three times faster, which a run writing 47 archives feels.
+_SAFE_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+def dump_yaml(value: Any, *, width: int = 100) -> str:
+    """``value`` as block YAML, keys in their order, unicode kept."""
+    return yaml.dump(value, Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True, width=width)
+
+
 class ArchiveInvalid(ValueError):
     """The evidence archive does not match the published schema."""
 
@@ -133,9 +143,7 @@ def write_archive(path: Path, archive: dict[str, Any], secrets: Iterable[str] = 
     clean = mask(to_plain(archive), secrets)
     validate(clean)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(
-        path, yaml.safe_dump(clean, sort_keys=False, allow_unicode=True, width=100)
-    )
+    return atomic_write_text(path, dump_yaml(clean))
 
 
 def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> Path:

@@ -20,9 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from harness.evidence.archive import atomic_write_text, fencecheck_version
+from harness.evidence.archive import atomic_write_text, dump_yaml, fencecheck_version
 from harness.evidence.html.facts import FAULT_KINDS, SOURCE_TEXT, build_picture, counts, mapping
 from harness.evidence.html.markup import (
     Markup,
@@ -121,7 +119,7 @@ def value_html(value: Any, depth: int = 0) -> Markup:
     if isinstance(value, str):
         return el("pre", value) if "\n" in value or len(value) > 300 else text(value)
     if depth >= 3:
-        return el("pre", yaml.safe_dump(value, sort_keys=False, allow_unicode=True, width=110))
+        return el("pre", dump_yaml(value, width=110))
     if isinstance(value, Mapping):
         if not value:
             return el("span", "{}", class_="muted")
@@ -134,7 +132,7 @@ def value_html(value: Any, depth: int = 0) -> Markup:
         if all(not isinstance(v, Mapping | list) for v in value):
             items = el("ul", [el("li", value_html(v, depth + 1)) for v in value[:MAX_ROWS]])
             return render([items, _more(value)])
-        return el("pre", yaml.safe_dump(value, sort_keys=False, allow_unicode=True, width=110))
+        return el("pre", dump_yaml(value, width=110))
     return text(repr(value))
 
 
