@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -31,8 +32,17 @@ class Backend(Protocol):
     """What the environment needs from a place to run servers."""
 
     kind: str  # the evidence's deployment kind
+    # Whether clone_primary can make a primary from a stopped data directory.
+    clones_data_directories: bool
 
     def start_primary(self, base_dir: Path, name: str) -> PostgresCluster: ...
+
+    def clone_primary(
+        self, seed: Path, base_dir: Path, name: str, templates: Sequence[str]
+    ) -> PostgresCluster:
+        """A primary whose data directory is a copy of the stopped cluster
+        ``seed`` with its migrated databases ``templates``."""
+        ...
 
     def start_standby(
         self,
@@ -78,6 +88,7 @@ class LocalBackend:
     """Servers as child processes of the harness on 127.0.0.1 (the default)."""
 
     kind = "local-processes"
+    clones_data_directories = True
 
     def __init__(self, binaries: PgBinaries, toxiproxy_bin: str | None) -> None:
         self.binaries = binaries
@@ -85,6 +96,13 @@ class LocalBackend:
 
     def start_primary(self, base_dir: Path, name: str) -> PostgresCluster:
         return PostgresCluster.init_primary(self.binaries, base_dir, name=name)
+
+    def clone_primary(
+        self, seed: Path, base_dir: Path, name: str, templates: Sequence[str]
+    ) -> PostgresCluster:
+        return PostgresCluster.from_seed(
+            self.binaries, seed, base_dir, name=name, templates=templates
+        )
 
     def start_standby(
         self,

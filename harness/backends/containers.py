@@ -99,7 +99,7 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import Any, Literal, cast
@@ -335,6 +335,7 @@ class ContainerBackend:
     """PostgreSQL, toxiproxy and the mock tool as containers on a private network."""
 
     kind = "containers"
+    clones_data_directories = False
 
     def __init__(self, client: Any, base_url: str, binaries: PgBinaries) -> None:
         self.client = client
@@ -622,6 +623,13 @@ class ContainerBackend:
 
     def start_primary(self, base_dir: Path, name: str) -> ContainerPostgres:
         return ContainerPostgres.start_container(self, base_dir, name)
+
+    def clone_primary(
+        self, seed: Path, base_dir: Path, name: str, templates: Sequence[str]
+    ) -> ContainerPostgres:
+        # A container's data lives in the engine's storage: every primary is
+        # made by its image's entrypoint (clones_data_directories is False).
+        raise NotImplementedError("the containers backend does not clone data directories")
 
     def start_standby(
         self,

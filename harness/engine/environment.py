@@ -323,6 +323,10 @@ class SharedServices:
         self.template: str | None = None
         self.fork_server: ForkServer | None = None
         self.worker_launch = "exec"
+        # Stopped, migrated data directories that replicated pairs are copied
+        # from, per worker command and mutant (see pair_seed); shared by views.
+        self._seeds: dict[tuple[tuple[str, ...], str | None], Path] = {}
+        self._seed_lock = threading.Lock()
 
     def __enter__(self) -> SharedServices:
         try:
@@ -371,6 +375,34 @@ class SharedServices:
             log_dir or self.log_dir,
             mutant=self.settings.mutant,
         )
+
+    def pair_seed(self, log_dir: Path) -> Path | None:
+        """The data directory replicated pairs' primaries are copied from: made
+        once per worker command and mutant (initdb, the template migrated by
+        this run's worker, a clean stop), so that a pair costs a copy instead
+        of an initdb and a migrate. None where the backend cannot copy one."""
+        if not self.backend.clones_data_directories:
+            return None
+        key = (tuple(self.settings.worker_cmd), self.settings.mutant)
+        with self._seed_lock:
+            if key in self._seeds:
+                return self._seeds[key]
+            with phases.phase("environment.pair seed"):
+                seed = self.backend.start_primary(
+                    self.root / "seeds" / f"s{len(self._seeds)}", "seed"
+                )
+                self.record.add_cluster(seed.datadir)
+                try:
+                    seed.create_template(
+                        self.template or TEMPLATE_NAME,
+                        lambda dsn: self.migrate_database(dsn, log_dir=log_dir),
+                    )
+                    seed.stop("fast")
+                except BaseException:
+                    seed.remove()
+                    raise
+            self._seeds[key] = seed.datadir
+            return seed.datadir
 
     def _reap_processes(self) -> None:
         stopping.trace("stopping the registered processes")
@@ -904,10 +936,14 @@ def _replicated_pair(
     the experiment uses that database itself: the primary is its alone.
     """
     assert shared.toxiproxy is not None and shared.template is not None
-    primary = shared.backend.start_primary(work_dir / "pg", "primary")
+    seed = shared.pair_seed(log_dir)
+    if seed is not None:
+        primary = shared.backend.clone_primary(seed, work_dir / "pg", "primary", [shared.template])
+    else:
+        primary = shared.backend.start_primary(work_dir / "pg", "primary")
     stack.callback(primary.remove)
     shared.record.add_cluster(primary.datadir)
-    primary.create_template(
+    primary.create_template(  # migrates only when the primary is not a copy of the seed
         shared.template, lambda dsn: shared.migrate_database(dsn, log_dir=log_dir)
     )
     link = shared.toxiproxy.link(

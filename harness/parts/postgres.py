@@ -19,7 +19,7 @@ import secrets
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -213,6 +213,43 @@ class PostgresCluster:
             "host all all 127.0.0.1/32 trust\n"
             "host replication all 127.0.0.1/32 trust\n"
         )
+        cluster.start(timeout_s=start_timeout_s)
+        return cluster
+
+    @classmethod
+    def from_seed(
+        cls,
+        binaries: PgBinaries,
+        seed: Path,
+        base_dir: Path,
+        *,
+        name: str,
+        templates: Sequence[str] = (),
+        run_as: OsUser | None = None,
+        start_timeout_s: float = 30.0,
+    ) -> PostgresCluster:
+        """A new cluster whose data directory is a copy of ``seed``, the data
+        directory of a cluster made by :meth:`init_primary` and stopped cleanly
+        (its databases ``templates`` already migrated): no initdb, no migrate,
+        the same settings. A copy of a cleanly stopped cluster is a cluster."""
+        stopping.check(f"PostgreSQL cluster {name}")
+        user = run_as or unprivileged_user()
+        datadir = _make_owned_dir(base_dir / name, user)
+        # cp -a keeps owners and modes (the server refuses a data directory
+        # that is not its own, mode 0700).
+        done = run_bounded(["cp", "-a", f"{seed}/.", str(datadir)], timeout_s=60.0)
+        if done.returncode != 0:
+            raise ClusterError(f"copying {seed} to {datadir} failed: {done.stderr.strip()}")
+        (datadir / "postmaster.pid").unlink(missing_ok=True)
+        cluster = cls(
+            binaries=binaries,
+            datadir=datadir,
+            port=0,
+            name=name,
+            run_as=user,
+            log_path=base_dir / f"{name}.log",
+        )
+        cluster._templates.update({t: t for t in templates})
         cluster.start(timeout_s=start_timeout_s)
         return cluster
 

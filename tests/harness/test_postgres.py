@@ -130,3 +130,44 @@ def test_a_stopped_postmaster_is_resumed_and_named(pg_cluster: PostgresCluster) 
         assert f"postmaster {pid} was found stopped" in pg_cluster.log_tail()
     finally:
         os.killpg(pid, signal.SIGCONT)
+
+
+def test_a_cluster_copied_from_a_stopped_seed_has_its_databases(
+    pg_binaries: PgBinaries, session_tmp: Path
+) -> None:
+    seed = PostgresCluster.init_primary(pg_binaries, session_tmp / "seed-src", name="seed")
+    try:
+
+        def init(dsn: str) -> None:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute("CREATE TABLE seeded (a int)")
+                conn.execute("INSERT INTO seeded VALUES (7)")
+
+        seed.create_template("migrated", init)
+        seed.stop("fast")
+        copies = [
+            PostgresCluster.from_seed(
+                pg_binaries, seed.datadir, session_tmp / f"seed-copy{n}", name="copy",
+                templates=["migrated"],
+            )
+            for n in range(2)
+        ]  # fmt: skip
+        try:
+            assert copies[0].port != copies[1].port
+            for copy in copies:
+                assert copy.query("SELECT a FROM seeded", dbname="migrated") == [{"a": 7}]
+            copies[0].query("INSERT INTO seeded VALUES (8)", dbname="migrated")
+            assert copies[1].query("SELECT count(*) AS n FROM seeded", dbname="migrated") == [
+                {"n": 1}
+            ]  # each copy is a cluster of its own
+
+            # The template is known: nothing is migrated again.
+            def never(dsn: str) -> None:
+                raise AssertionError(f"migrated again: {dsn}")
+
+            assert copies[0].create_template("migrated", never) == "migrated"
+        finally:
+            for copy in copies:
+                copy.remove()
+    finally:
+        seed.remove()
