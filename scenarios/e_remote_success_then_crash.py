@@ -106,26 +106,55 @@ def run(ctx: ExperimentContext) -> None:
     ctx.equal(
         "one real resource", len(resources), 1, what=f"resources the tool created for step {step}"
     )
+    status = op and op["status"]
     if variant in ("none", "retention_expired"):
         ctx.equal("no resend", len(requests), 1, what="create requests the tool received")
-        ctx.equal(
-            "ledger stays unknown", op and op["status"], "unknown", what=f"ledger status of {op_id}"
+        # Safety: nothing may claim an outcome nobody can know. Progress: B
+        # marks the expired claim unknown and freezes the run (a B whose own
+        # renewal timed out first leaves both for the next worker).
+        ctx.invariant(
+            "ledger claims no outcome it cannot know",
+            status in ("dispatching", "unknown"),
+            expected="dispatching (the expired claim, not yet judged) or unknown",
+            observed=f"ledger status of {op_id}: {plain(status)}",
         )
-        ctx.equal("run frozen in doubt", run_row["status"], "paused_indoubt", what="run status")
+        ctx.progress_equal(
+            "ledger marked unknown", status, "unknown", what=f"ledger status of {op_id}"
+        )
+        ctx.invariant(
+            "the run never advanced past the doubt",
+            run_row["status"] not in ("succeeded", "failed", "cancelled"),
+            expected="not terminal",
+            observed=f"run status {run_row['status']}",
+        )
+        ctx.progress_equal(
+            "run frozen in doubt",
+            run_row["status"],
+            "paused_indoubt",
+            what=f"run status (B exit {code_b})",
+        )
     else:
         if variant == "query":
             ctx.equal("no resend", len(requests), 1, what="create requests the tool received")
+        matches = (
+            bool(resources) and op is not None and op["remote_id"] == resources[0]["resource_id"]
+        )
         ctx.invariant(
+            "ledger agrees with the remote fact",
+            status in ("dispatching", "unknown") or (status == "succeeded" and matches),
+            expected="not yet judged (dispatching, unknown), or succeeded with the remote "
+            "resource id",
+            observed=f"ledger {op and (op['status'], op['remote_id'])}; resources "
+            f"{[r['resource_id'] for r in resources]}",
+        )
+        ctx.progress(
             "ledger converged to the remote fact",
-            op is not None
-            and bool(resources)
-            and op["status"] == "succeeded"
-            and op["remote_id"] == resources[0]["resource_id"],
+            status == "succeeded" and matches,
             expected="ledger succeeded with the remote resource id",
             observed=f"ledger {op and (op['status'], op['remote_id'])}; resources "
             f"{[r['resource_id'] for r in resources]}",
         )
-        ctx.equal(
+        ctx.progress_equal(
             "successor finished the run",
             run_row["status"],
             "succeeded",
@@ -198,7 +227,7 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
         r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id
     ]
     ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
-    ctx.invariant(
+    ctx.progress(
         "the newer claim recorded the remote fact",
         final["status"] == "succeeded"
         and bool(resources)

@@ -234,12 +234,23 @@ def _confirm(
 
 
 def _judge(ctx: ExperimentContext, run_id: str) -> None:
-    """Liveness after the successors ran, from the database, the tool's and the
-    broker's logs."""
+    """After the successors ran, from the database, the tool's and the broker's
+    logs: what may never happen (safety) and what the successors must get done
+    when no timer of theirs fired (progress)."""
     row = checkers.run_row(ctx, run_id)
     ledger = checkers.ledger(ctx, run_id)
     resources = checkers.tool_resources(ctx, run_id=run_id)
+    ids = {r["resource_id"] for r in resources}
     ctx.invariant(
+        "at most one real resource, and the ledger never contradicts it",
+        len(resources) <= 1
+        and len(ledger) <= 1
+        and all(o["status"] != "succeeded" or o["remote_id"] in ids for o in ledger),
+        expected="the tool holds at most one resource for the run; a succeeded operation names it",
+        observed=f"ledger {[(o['status'], o['remote_id']) for o in ledger]}; resources "
+        f"{sorted(ids)}",
+    )
+    ctx.progress(
         "the successor finished the run with one real resource",
         row["status"] == "succeeded"
         and [o["status"] for o in ledger] == ["succeeded"]
@@ -255,7 +266,7 @@ def _judge(ctx: ExperimentContext, run_id: str) -> None:
     at_broker = {str(m["event_id"]) for m in checkers.tool_log(ctx)["messages"]}
     unpublished = sorted(k for k, e in events.items() if e["published_at"] is None)
     missing = sorted(set(events) - at_broker)
-    ctx.invariant(
+    ctx.progress(
         "every event of the run reached the broker",
         bool(events) and not unpublished and not missing,
         expected="each outbox row marked published and at the broker, after a relay ran",
@@ -268,8 +279,15 @@ def _judge(ctx: ExperimentContext, run_id: str) -> None:
         [CONSUMER, list(events)],
     )
     count = {str(e["event_id"]): int(e["n"]) for e in effects}
-    wrong = {k: count.get(k, 0) for k in sorted(events) if count.get(k, 0) != 1}
+    twice = {k: n for k, n in count.items() if n > 1}
     ctx.invariant(
+        "each event's business effect at most once",
+        not twice,
+        expected=f"at most one {CONSUMER} effect per event of the run",
+        observed=f"{len(events)} events; events with more than one effect: {twice}",
+    )
+    wrong = {k: count.get(k, 0) for k in sorted(events) if count.get(k, 0) != 1}
+    ctx.progress(
         "each event's business effect exactly once",
         bool(events) and not wrong,
         expected=f"one {CONSUMER} effect per event of the run, after a consumer ran",

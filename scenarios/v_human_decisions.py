@@ -11,7 +11,7 @@ through the control plane (operator role) and audited.
 from __future__ import annotations
 
 from harness.checking import checkers
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from scenarios.common import control_plane, finish, new_run
 
 SPEC = ExperimentSpec(
@@ -43,7 +43,9 @@ def run(ctx: ExperimentContext) -> None:
         expected="one create, logged rejected_final by the tool",
         observed=f"{[r['outcome'] for r in refused]} (W1 exit {code_first})",
     )
-    ctx.equal("refusal pauses for a human", paused["status"], "paused_human", what="run status")
+    ctx.progress_equal(
+        "refusal pauses for a human", paused["status"], "paused_human", what="run status"
+    )
     early = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
     code_early = finish(ctx, early)
     ctl = control_plane(ctx)
@@ -89,22 +91,32 @@ def run(ctx: ExperimentContext) -> None:
     row = checkers.run_row(ctx, run_id, "the run after the decision")
     resources = checkers.tool_resources(ctx, run_id=run_id)
     if variant == "supplement":
-        ctx.equal(
+        versions = [(o["effect_version"], o["status"]) for o in ops]
+        ctx.invariant(
             "the refused version kept, the effect planned again as version 2",
-            [(o["effect_version"], o["status"]) for o in ops],
-            [(1, "failed_final"), (2, "succeeded")],
-            what="ledger (effect_version, status)",
+            versions[:1] == [(1, "failed_final")]
+            and [v for v, _ in versions[1:]] in ([], [2])
+            and all(st != "failed_final" for _, st in versions[1:]),
+            expected="ledger (effect_version, status): (1, failed_final) kept, then at most a "
+            "version 2 (not refused: the tool accepts the supplemented request)",
+            observed=plain(versions),
         )
+        made = [(r["operation_id"], r["request"].get("address")) for r in resources]
+        second = ops[1]["operation_id"] if len(ops) > 1 else None
         ctx.invariant(
             "one real resource, made from the supplemented request",
-            len(resources) == 1
-            and resources[0]["request"].get("address") == supplement["address"]
-            and resources[0]["operation_id"] == (ops[-1]["operation_id"] if ops else None),
-            expected="the tool created one resource, for version 2, with the supplied address",
-            observed=f"{[(r['operation_id'], r['request'].get('address')) for r in resources]}",
+            len(resources) <= 1
+            and all(r["request"].get("address") == supplement["address"] for r in resources)
+            and all(r["operation_id"] == second for r in resources),
+            expected="the tool created at most one resource, for version 2, with the supplied "
+            "address",
+            observed=plain(made),
         )
-        ctx.equal(
-            "the run finished", row["status"], "succeeded", what=f"status (W3 exit {code_last})"
+        ctx.progress_equal(
+            "the run finished with version 2 done",
+            (row["status"], versions, len(resources)),
+            ("succeeded", [(1, "failed_final"), (2, "succeeded")], 1),
+            what=f"(status, ledger, resources) (W3 exit {code_last})",
         )
     else:
         ctx.equal("terminated", row["status"], "failed", what=f"status (W3 exit {code_last})")

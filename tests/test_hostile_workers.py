@@ -58,3 +58,11 @@ def test_zero_checkpoints_do_not_pass_a(tmp_path: Path) -> None:
     (result,) = run_with("zero_checkpoints", "A", tmp_path)
     assert result.verdict is Verdict.FAIL, result.reason
     assert any("committed together" in c for c in result.failed_checks), result.failed_checks
+
+
+@pytest.mark.timeout(240)
+def test_a_worker_that_never_exits_fails_its_bound(tmp_path: Path) -> None:
+    (result,) = run_with("loops_forever", "I", tmp_path)
+    assert result.verdict is Verdict.FAIL, result.reason
+    assert any("kept its bounds" in c for c in result.failed_checks), result.failed_checks
+    assert "did not exit within" in " ".join(result.failed_checks)

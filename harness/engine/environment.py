@@ -36,7 +36,7 @@ import psycopg
 from harness import stopping
 from harness.backends.base import Backend, make_backend
 from harness.checking.audit import AUDIT_SQL
-from harness.engine import phases, stalls
+from harness.engine import phases, stalls, starvation
 from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
 from harness.failures import PartFailed
@@ -45,6 +45,7 @@ from harness.parts.fork_server import ForkServer
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
 from harness.parts.processes import (
+    ManagedProcess,
     ProcessRegistry,
     WorkerProcess,
     kill_all_children,
@@ -344,6 +345,8 @@ class SharedServices:
             self.toxiproxy = self.backend.start_toxiproxy(self.log_dir, self.registry)
             toxiproxy = self.toxiproxy
             self._stack.callback(lambda: toxiproxy.stop(grace_s=_grace(3.0)))
+            if isinstance(toxiproxy.process, ManagedProcess) and toxiproxy.process.is_alive():
+                starvation.monitor().watch(toxiproxy.process.pid, "run/toxiproxy")
             self.primary = self.backend.start_primary(self.root / "pg", "primary")
             self._stack.callback(self.primary.remove)
             self.record.add_cluster(self.primary.datadir)
@@ -759,6 +762,7 @@ class Environment:
         )
         with phases.phase("scenario.worker start"):
             proc.start()
+        starvation.monitor().watch(proc.pid, f"{self.name}/worker {worker_id}")
         self.workers[worker_id] = proc
         return proc
 
@@ -828,6 +832,8 @@ def experiment_environment(
                 work_dir / "tool", log_dir / "mock_tool.log", tools, tool_retention_s
             )
         stack.callback(_stop_tool, tool)
+        if tool.pid is not None:  # a local process (a container's is the engine's)
+            starvation.monitor().watch(tool.pid, f"{name}/mock tool")
         add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
         control = stack.enter_context(
             ControlServer(work_dir, on_gap=_control_gap(f"control server of {name}"))

@@ -18,13 +18,14 @@ commands it executed (signals, proxy changes), and notes.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import decimal
 import json
 import random
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -142,13 +143,36 @@ class ExperimentSpec:
         return self.title.lower().replace(" ", "_").replace("-", "_")
 
 
+CheckKind = Literal["fault", "invariant", "progress"]
+
+
 @dataclass(frozen=True)
 class Check:
+    """One check of an experiment.
+
+    ``fault``: did the injected fault take effect (unknown when not).
+    ``invariant``: a safety property, an outcome the protocol forbids whatever
+    the timing (fail when broken). ``progress``: something the protocol
+    expects to happen only when no timer fired on the way (a successor
+    finishing, every run succeeding): unmet, it is fail only when the
+    harness measured nothing in its window [``since``, ``at``] that excuses
+    it (a stall of the harness, a watched process starved of CPU), else
+    unknown with ``excused_by`` naming what it measured.
+    """
+
     name: str
-    kind: Literal["fault", "invariant"]
+    kind: CheckKind
     ok: bool
     expected: str
     observed: str
+    since: float | None = None
+    at: float | None = None
+    excused_by: str | None = None
+
+
+# What the harness measured about timing in a wall-clock window that could
+# have kept a correct worker from progressing (None: nothing).
+Excuse = Callable[[float, float], str | None]
 
 
 @dataclass
@@ -178,6 +202,9 @@ class ExperimentContext:
     run_ids: list[str] = field(default_factory=list)
     signals: list[SignalRecord] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.time)
+    # Set by the runner: what it measured about timing in a window.
+    excuse: Excuse | None = None
 
     # -------------------------------------------------------------- checks
     def fault(self, name: str, ok: bool, *, expected: str, observed: str) -> bool:
@@ -190,6 +217,18 @@ class ExperimentContext:
         self.checks.append(Check(name, "invariant", bool(ok), expected, observed))
         return bool(ok)
 
+    def progress(
+        self, name: str, ok: bool, *, expected: str, observed: str, since: float | None = None
+    ) -> bool:
+        """Record something the protocol expects only when no timer fired on the
+        way (see :class:`Check`); its window runs from ``since`` (default: the
+        experiment's start) to now."""
+        at = time.time()
+        self.checks.append(
+            Check(name, "progress", bool(ok), expected, observed, since or self.started, at)
+        )
+        return bool(ok)
+
     def equal(self, name: str, actual: Any, wanted: Any, *, what: str = "") -> bool:
         """Invariant ``actual == wanted`` with both values in the archive."""
         prefix = f"{what}: " if what else ""
@@ -200,27 +239,71 @@ class ExperimentContext:
             observed=f"{prefix}{plain(actual)}",
         )
 
+    def progress_equal(
+        self, name: str, actual: Any, wanted: Any, *, what: str = "", since: float | None = None
+    ) -> bool:
+        """Progress ``actual == wanted`` with both values in the archive."""
+        prefix = f"{what}: " if what else ""
+        return self.progress(
+            name,
+            actual == wanted,
+            expected=f"{prefix}{plain(wanted)}",
+            observed=f"{prefix}{plain(actual)}",
+            since=since,
+        )
+
     def verdict(self) -> tuple[Verdict, str]:
         """Unknown if a fault did not take effect (whatever else was seen: without
-        the fault the experiment tested nothing); else fail if an invariant broke;
-        unknown if nothing was checked; pass otherwise.
+        the fault the experiment tested nothing); else fail if a safety
+        invariant broke; else, for unmet progress, fail when nothing the
+        harness measured excuses one of them and unknown when timing excuses
+        every one (each excuse recorded on its check); unknown if nothing was
+        checked; pass otherwise.
 
         Fault checks observe what the harness did (kernel state, barrier hit,
         link cut, lease expired by database time), never the protocol's
-        response, so a broken implementation cannot turn its fail into unknown.
+        response, so a broken implementation cannot turn its fail into unknown;
+        excuses are the harness's own measurements (its stalls, the kernel's
+        run-queue delays), never what a worker says.
         """
         broken = [c.name for c in self.checks if c.kind == "invariant" and not c.ok]
         missed = [c.name for c in self.checks if c.kind == "fault" and not c.ok]
+        unmet = self._judge_unmet_progress()
         if missed:
-            also = f" ({len(broken)} invariant check(s) also broke)" if broken else ""
+            failed = len(broken) + len(unmet)
+            also = f" ({failed} other check(s) also broke)" if failed else ""
             return Verdict.UNKNOWN, "fault did not take effect: " + "; ".join(missed) + also
         if broken:
             return Verdict.FAIL, "invariant broken: " + "; ".join(broken)
-        if not any(c.kind == "invariant" for c in self.checks):
+        unexcused = [c.name for c in unmet if c.excused_by is None]
+        if unexcused:
+            return Verdict.FAIL, (
+                "progress not made, and no stall or starvation the harness measured excuses it: "
+                + "; ".join(unexcused)
+            )
+        if unmet:
+            return Verdict.UNKNOWN, "progress not made while timing could decide: " + "; ".join(
+                f"{c.name} ({c.excused_by})" for c in unmet
+            )
+        if not any(c.kind in ("invariant", "progress") for c in self.checks):
             return Verdict.UNKNOWN, "no invariant was checked"
         if not any(c.kind == "fault" for c in self.checks):
             return Verdict.UNKNOWN, "the experiment did not confirm its fault"
         return Verdict.PASS, "every invariant held and every fault took effect"
+
+    def _judge_unmet_progress(self) -> list[Check]:
+        """The unmet progress checks, each with its excuse (if any) filled in."""
+        unmet: list[Check] = []
+        for i, c in enumerate(self.checks):
+            if c.kind != "progress" or c.ok:
+                continue
+            if c.excused_by is None and self.excuse is not None:
+                why = self.excuse(c.since or self.started, c.at or time.time())
+                if why is not None:
+                    c = dataclasses.replace(c, excused_by=why)
+                    self.checks[i] = c
+            unmet.append(c)
+        return unmet
 
     # ------------------------------------------------------------ evidence
     def sql(

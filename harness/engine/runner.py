@@ -25,12 +25,13 @@ from harness import stopping
 from harness.checking import checkers
 from harness.checking.history import Shorten, id_shortener, read_history, timeline, timeline_ids
 from harness.checking.invariants import experiment as invariants
-from harness.engine import phases, stalls
+from harness.engine import phases, stalls, starvation
 from harness.engine.environment import Environment, SharedServices, experiment_environment
-from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.experiment import Excuse, ExperimentContext, ExperimentSpec, Inconclusive
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
+from harness.parts.processes import ExitTimeout, OpTimeout
 from harness.verdict import Verdict
 
 # After a stop request, how long the running experiments get to unwind (their
@@ -126,6 +127,7 @@ def run_job(
             ) as env,
         ):
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed, rng=rng)
+            ctx.excuse = timing_excuse(env, spec)
             with phases.phase("scenario"):
                 verdict, reason, harness_error = _run_scenario(job, ctx)
             # The stop's flag is up before its callbacks ran: either says so.
@@ -138,10 +140,10 @@ def run_job(
             # Stop the workers before reading their histories: the files are final.
             with phases.phase("stop workers"):
                 env.stop_workers()
-            # A stall while workers ran may have decided the experiment's own
-            # verdict; the global invariants hold for every schedule, so no
-            # stall excuses a broken one: they are judged after the stall.
-            verdict, reason = _judge_stalls(spec, started, verdict, reason)
+            # An unknown verdict names a long stall it saw (it may be the cause);
+            # stalls never change a verdict: they excuse unmet progress checks
+            # inside their windows (ExperimentContext.verdict), nothing else.
+            verdict, reason = _note_stalls(spec, started, verdict, reason)
             stalls_judged = True
             # A stop that came while the workers were stopped leaves the judging
             # undone (seconds of queries the stop does not have): interrupted.
@@ -169,8 +171,9 @@ def run_job(
             verdict, reason = Verdict.UNKNOWN, f"environment error: {type(exc).__name__}: {exc}"
     finished = time.time()
     if not stalls_judged:
-        verdict, reason = _judge_stalls(spec, started, verdict, reason)
+        verdict, reason = _note_stalls(spec, started, verdict, reason)
     seen_stalls = stalls.monitor().stalls(started, finished)
+    starved = starvation.monitor().episodes(started, finished)
     if not archive:
         archive = _minimal_archive(
             shared, job, seed, started, verdict, reason, harness_error, logs_dir
@@ -187,6 +190,17 @@ def run_job(
                 "seen_by": st.seen_by,
             }
             for st in seen_stalls
+        ],
+        process_starvation=[
+            {
+                "process": st.process,
+                "pid": st.pid,
+                "started_at": _iso(st.started_at),
+                "length_s": round(st.length_s, 3),
+                "waited_s": round(st.waited_s, 3),
+            }
+            for st in starved
+            if _ours(st, job.label)
         ],
         interrupted=interrupted,
     )
@@ -208,13 +222,57 @@ def run_job(
     return result
 
 
-def _judge_stalls(
+def _note_stalls(
     spec: ExperimentSpec, started: float, verdict: Verdict, reason: str
 ) -> tuple[Verdict, str]:
-    """``verdict`` judged against the harness's stalls since ``started``."""
+    """``verdict`` with a long stall of the harness since ``started`` named in
+    the reason when it is unknown."""
     seen = stalls.monitor().stalls(started, time.time())
     limit = stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms)
     return stalls.judge(verdict, reason, seen, limit)
+
+
+def _ours(episode: starvation.Starvation, label: str) -> bool:
+    """A starvation episode of this experiment's processes, or of the run's
+    shared ones (toxiproxy) that every experiment's traffic crosses."""
+    return episode.process.startswith((f"{label}/", "run/"))
+
+
+def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
+    """What can excuse unmet progress in a window (ExperimentContext.verdict):
+    a stall of the harness of at least the slack a worker's lease leaves it
+    (``stalls.limit_s``), or a process of this experiment whose thread waited
+    for a CPU for at least half its shortest protocol timer (the renewal
+    timeout, the lease slack, the dispatch deadline): long enough that a
+    correct worker's timer could fire. Both are the harness's own
+    measurements."""
+    harness_limit = stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms)
+    starved_limit = (
+        min(env.heartbeat_timeout_ms, env.lease_ttl_ms - env.heartbeat_ms, env.dispatch_ttl_ms)
+        / 2000
+    )
+
+    def excuse(since: float, until: float) -> str | None:
+        long_stalls = [
+            s for s in stalls.monitor().stalls(since, until) if s.length_s >= harness_limit
+        ]
+        if long_stalls:
+            worst = max(long_stalls, key=lambda s: s.length_s)
+            return f"the harness stalled {worst.describe()}"
+        starved = [
+            e
+            for e in starvation.monitor().episodes(since, until)
+            if _ours(e, env.name) and e.waited_s >= starved_limit
+        ]
+        if starved:
+            worst_episode = max(starved, key=lambda e: e.waited_s)
+            return (
+                f"{worst_episode.describe()}, at least the {starved_limit:.2f}s that can fire a "
+                "protocol timer"
+            )
+        return None
+
+    return excuse
 
 
 def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str | None]:
@@ -230,6 +288,22 @@ def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str |
         return verdict, reason, None
     except Inconclusive as exc:
         return Verdict.UNKNOWN, f"inconclusive: {exc}", None
+    except (ExitTimeout, OpTimeout) as exc:
+        # A worker that does not exit or answer within what the experiment
+        # gives it broke a bound of the contract (§5, §10): progress not made,
+        # judged like any other (a stall or starvation in its window excuses it).
+        held = [f"{h.worker} at {h.point}" for h in env.control.held()]
+        if held:  # the harness itself keeps it waiting: nothing to judge
+            return Verdict.UNKNOWN, f"harness error: {exc} (held by the harness: {held})", None
+        ctx.progress(
+            "every worker kept its bounds (answered, exited)",
+            False,
+            expected="each ops request answered and each worker that must exit exited within "
+            "the time the experiment gives it",
+            observed=str(exc).splitlines()[0][:300],
+        )
+        verdict, reason = ctx.verdict()
+        return verdict, reason, None
     except Exception as exc:
         harness_error = traceback.format_exc()
         verdict, reason = Verdict.UNKNOWN, f"harness error: {type(exc).__name__}: {exc}"

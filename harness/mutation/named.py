@@ -8,7 +8,11 @@ with that mutant (``FENCECHECK_MUTANT``), and if none fails, the rest of the
 matrix. A mutant no experiment fails is a failure of the harness itself.
 
 Only a *fail* verdict counts as caught: an *unknown* (fault not confirmed)
-proves nothing about the mutant.
+proves nothing about the mutant. And a fail counts only when it is
+*confirmed*: the catching experiments, rerun at once against the unmutated
+implementation (up for the whole campaign), pass. A catch they do not pass
+(a loaded machine, a flaky experiment, a mutant whose code never ran) is
+reported unconfirmed and is no catch.
 """
 
 from __future__ import annotations
@@ -58,10 +62,68 @@ class MutantOutcome:
     detail: str
     wall_s: float
     results: list[ExperimentResult]
+    # Why the catch does not count (its experiments did not pass unmutated).
+    unconfirmed: str = ""
 
     @property
     def caught(self) -> bool:
-        return bool(self.caught_by)
+        return bool(self.caught_by) and not self.unconfirmed
+
+
+class Confirmation:
+    """The unmutated implementation, up for a whole campaign, against which every
+    catch is rerun: a fail counts only if the same experiment passes here."""
+
+    def __init__(self, settings: Settings, report_dir: Path, *, seed: int, parallel: int) -> None:
+        self.settings = dataclasses.replace(settings, mutant=None, keep=False)
+        self.report_dir = report_dir
+        self.seed = seed
+        self.parallel = parallel
+        self._stack = contextlib.ExitStack()
+        self.shared: SharedServices | None = None
+
+    def __enter__(self) -> Confirmation:
+        self.shared = self._stack.enter_context(SharedServices(self.settings))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stack.close()
+
+    def confirm(self, outcome: MutantOutcome, attempts: int = 2) -> None:
+        """Rerun the catching experiments unmutated; an unknown there (a fault
+        that did not take effect) is retried, up to ``attempts`` runs."""
+        assert self.shared is not None
+        caught = {r.label for r in outcome.results if r.verdict is Verdict.FAIL}
+        jobs = [j for j in jobs_for(scenarios.all_modules(), 1) if j.label in caught]
+        bad: list[ExperimentResult] = []
+        for attempt in range(attempts):
+            if stopping.requested():
+                return
+            bad = [
+                r
+                for r in run_jobs(
+                    self.shared,
+                    jobs,
+                    report_dir=self.report_dir / "confirm" / outcome.mutant.name / str(attempt + 1),
+                    seed=self.seed,
+                    parallel=self.parallel,
+                )
+                if r.verdict is not Verdict.PASS
+            ]
+            if not bad or any(r.verdict is Verdict.FAIL for r in bad):
+                break
+            jobs = [j for j in jobs if j.label in {r.label for r in bad}]
+        if bad:
+            outcome.unconfirmed = "; ".join(
+                f"{r.name} gave {r.verdict.value} against the unmutated implementation too "
+                f"({r.reason[:120]})"
+                for r in bad
+            )
+            outcome.detail = (
+                f"UNCONFIRMED: {outcome.unconfirmed}; the mutant's own: {outcome.detail}"
+            )
+        else:
+            outcome.detail += " (confirmed: passes against the unmutated implementation)"
 
 
 def list_mutants(worker_cmd: Sequence[str]) -> list[Mutant]:
@@ -150,7 +212,9 @@ def table(outcomes: Sequence[MutantOutcome]) -> str:
                 o.mutant.name,
                 str(o.mutant.rule),
                 ",".join(o.mutant.catchers),
-                ",".join(o.caught_by) or "NOT CAUGHT",
+                ",".join(o.caught_by)
+                if o.caught
+                else ("UNCONFIRMED" if o.caught_by else "NOT CAUGHT"),
                 o.detail[:90],
             )
         )
@@ -214,24 +278,36 @@ def run_mutants(
     part = f", part {shard} of {len(items)}" if shard.count > 1 else ""
     out.say(f"fencecheck mutants: {len(chosen)} mutant(s){part}; reports in {report_dir}")
 
+    confirmation = Confirmation(settings, report_dir, seed=seed, parallel=parallel)
+
     def one(m: Mutant) -> MutantOutcome | None:
         if stopping.requested():
             return None
         try:
             outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
+            if outcome.caught_by:
+                confirmation.confirm(outcome)
         except stopping.Interrupted:
             return None
         if stopping.requested():
             return None  # its experiments were cut: it proves nothing either way
-        mark = "caught by " + ",".join(outcome.caught_by) if outcome.caught else "NOT CAUGHT"
+        if outcome.caught:
+            mark = "caught by " + ",".join(outcome.caught_by) + " (confirmed)"
+        elif outcome.caught_by:
+            mark = f"UNCONFIRMED catch by {','.join(outcome.caught_by)}: {outcome.unconfirmed}"
+        else:
+            mark = "NOT CAUGHT"
         out.say(f"  {m.name} (rule {m.rule}): {mark} in {outcome.wall_s:.1f}s")
         return outcome
 
     pool = ThreadPoolExecutor(max_workers=concurrent_mutants, thread_name_prefix="mutant")
-    futures = [pool.submit(one, m) for m in chosen]
     try:
-        while not all(f.done() for f in futures) and not stopping.wait(0.2):
-            pass
+        with confirmation:
+            futures = [pool.submit(one, m) for m in chosen]
+            while not all(f.done() for f in futures) and not stopping.wait(0.2):
+                pass
+    except stopping.Interrupted:
+        futures = []
     finally:
         pool.shutdown(wait=False, cancel_futures=True)
     if stopping.requested():
@@ -258,7 +334,8 @@ def run_mutants(
     out.say(table(outcomes))
     out.say(
         f"\nmutation score: {caught}/{len(outcomes)} caught in {wall:.1f}s"
-        f" ({sum(o.expected_caught for o in outcomes)} by their expected experiment)"
+        f" ({sum(o.expected_caught and o.caught for o in outcomes)} by their expected experiment"
+        f", {sum(bool(o.unconfirmed) for o in outcomes)} unconfirmed)"
         + (
             f"; INTERRUPTED ({interrupted}): {len(chosen) - len(outcomes)} not checked"
             if interrupted
@@ -270,8 +347,9 @@ def run_mutants(
             "mutant": o.mutant.name,
             "rule": o.mutant.rule,
             "expected": list(o.mutant.catchers),
-            "caught_by": o.caught_by,
-            "expected_caught": o.expected_caught,
+            "caught_by": o.caught_by if o.caught else [],
+            "unconfirmed_catch_by": o.caught_by if o.unconfirmed else [],
+            "expected_caught": o.expected_caught and o.caught,
             "detail": o.detail,
             "wall_s": round(o.wall_s, 2),
         }

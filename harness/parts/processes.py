@@ -72,6 +72,10 @@ class OpTimeout(ProcessTimeout):
     """An `ops` request got no reply in time."""
 
 
+class ExitTimeout(ProcessTimeout):
+    """A process did not exit within the time it was given."""
+
+
 class WorkerChannelClosed(ProcessError):
     """The worker's stdin/stdout channel is gone (it exited or closed stdout)."""
 
@@ -640,7 +644,7 @@ class ManagedProcess:
         try:
             code = self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            raise ProcessTimeout(
+            raise ExitTimeout(
                 f"process {self.describe()} did not exit within {timeout_s}s"
             ) from None
         self._note_exit()

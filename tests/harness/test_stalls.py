@@ -1,5 +1,6 @@
-"""The harness notices its own stalls and turns what they could have caused
-into *unknown*, never a false fail; a short stall changes nothing.
+"""The harness notices its own stalls; what they can change is unmet progress
+(made *unknown* naming the stall), never a pass and never a broken safety
+invariant; a short stall changes nothing.
 
 The stall is real: a small helper process SIGSTOPs the harness (the whole
 `fencecheck` process) and SIGCONTs it later, as a frozen VM or a swapping
@@ -50,11 +51,17 @@ def _stall(length: float, *, at: float) -> stalls.Stall:
 
 
 @pytest.mark.parametrize("verdict", [Verdict.FAIL, Verdict.PASS])
-def test_a_long_stall_makes_pass_and_fail_unknown(verdict: Verdict) -> None:
-    judged, reason = stalls.judge(verdict, "why", [_stall(3.0, at=1_800_000_000.0)], 0.3)
+def test_a_long_stall_changes_no_pass_and_no_fail(verdict: Verdict) -> None:
+    judged = stalls.judge(verdict, "why", [_stall(3.0, at=1_800_000_000.0)], 0.3)
+    assert judged == (verdict, "why")
+
+
+def test_an_unknown_names_the_long_stall_it_saw() -> None:
+    judged, reason = stalls.judge(Verdict.UNKNOWN, "u", [_stall(3.0, at=1_800_000_000.0)], 0.3)
     assert judged is Verdict.UNKNOWN
-    assert "harness stalled 3.00s from 2027-01-15T08:00:00.000+00:00" in reason
-    assert f"the {verdict.value} it could have caused is not evidence (it was: why)" in reason
+    assert reason == "u (the harness stalled 3.00s from 2027-01-15T08:00:00.000+00:00 " + (
+        "(seen by test) meanwhile)"
+    )
 
 
 def test_a_short_stall_changes_nothing() -> None:
@@ -128,9 +135,12 @@ def _frozen_run(
 
 
 @pytest.mark.slow
-def test_a_frozen_harness_gives_unknown_not_fail(tmp_path: Path) -> None:
-    """The issue's case: E's workers wait on barrier answers and leases while the
-    harness is frozen for 3 s; whatever E then concludes is not evidence."""
+def test_a_frozen_harness_gives_no_fail(tmp_path: Path) -> None:
+    """E's workers wait on barrier answers and leases while the harness is frozen
+    for 3 s: no correct worker may fail for it. Each archive records the stall;
+    a verdict is a pass (every fault confirmed, every invariant held, every
+    progress made) or unknown because an unmet progress check's window held
+    the stall."""
     variants = len(scenarios.select(["E"])[0].SPEC.variants)
     code, archives, left = _frozen_run(
         tmp_path, ["run", "E", "--jobs", str(variants)], "E-*/A.events.jsonl", 3.0
@@ -140,12 +150,14 @@ def test_a_frozen_harness_gives_unknown_not_fail(tmp_path: Path) -> None:
     print("\n".join(reasons.values()))
     assert len(archives) == variants
     for name, archive in archives.items():
-        # All ran while the harness was frozen (one job per variant): each saw
-        # the stall, and none may conclude anything from a run it distorted.
-        assert archive["pass_or_fail"] == "unknown", reasons[name]
+        assert archive["pass_or_fail"] in ("pass", "unknown"), reasons[name]
         (stall,) = [s for s in archive["harness_stalls"] if s["length_s"] > 2.5]
         assert stall["length_s"] < 4.0
-    assert code == 2
+        if archive["pass_or_fail"] == "unknown":
+            excused = [c for c in archive["checks"] if c["kind"] == "progress" and not c["ok"]]
+            faults = [c for c in archive["checks"] if c["kind"] == "fault" and not c["ok"]]
+            assert faults or (excused and all(c["excused_by"] for c in excused)), reasons[name]
+    assert code in (0, 2)
 
 
 @pytest.mark.slow

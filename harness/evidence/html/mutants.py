@@ -52,7 +52,7 @@ def write_mutants_pages(folder: Path) -> Path:
                 el("td", name),
                 el("td", str(o.get("rule"))),
                 el("td", ", ".join(map(str, o.get("expected") or []))),
-                el("td", ", ".join(map(str, o.get("caught_by") or [])) or "NOT CAUGHT"),
+                el("td", _caught_text(o)),
                 el("td", str(o.get("detail", ""))),
                 el("td", link),
                 class_=f"row-{verdict.value}",
@@ -92,3 +92,14 @@ def write_mutants_pages(folder: Path) -> Path:
         verdict=overall,
         digest=digest,
     )
+
+
+def _caught_text(outcome: dict[str, Any]) -> str:
+    """Who caught it, or why nobody counts as having caught it."""
+    by: list[Any] = outcome.get("caught_by") or []
+    unconfirmed: list[Any] = outcome.get("unconfirmed_catch_by") or []
+    if by:
+        return ", ".join(map(str, by))
+    if unconfirmed:
+        return "UNCONFIRMED (" + ", ".join(map(str, unconfirmed)) + ")"
+    return "NOT CAUGHT"

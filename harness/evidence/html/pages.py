@@ -162,12 +162,14 @@ def _check_card(check: Mapping[str, Any]) -> Markup:
         k: v for k, v in check.items() if k not in ("name", "kind", "ok", "expected", "observed")
     }
     kind = str(check.get("kind", "?"))
+    heading = {
+        "fault": "fault not confirmed",
+        "progress": "progress not made"
+        + (" (excused by timing)" if check.get("excused_by") else ""),
+    }.get(kind, "invariant broken")
     return el(
         "div",
-        el(
-            "h3",
-            f"{'invariant broken' if kind != 'fault' else 'fault not confirmed'}: {check.get('name')}",
-        ),
+        el("h3", f"{heading}: {check.get('name')}"),
         kv_table(
             [
                 ("expected", value_html(check.get("expected"))),
@@ -175,7 +177,7 @@ def _check_card(check: Mapping[str, Any]) -> Markup:
                 *((str(k), value_html(v)) for k, v in extra.items()),
             ]
         ),
-        class_=f"check {'fault' if kind == 'fault' else 'invariant'}",
+        class_=f"check {kind if kind in ('fault', 'progress') else 'invariant'}",
         data_check=str(check.get("name")),
     )
 

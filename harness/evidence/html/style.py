@@ -51,6 +51,7 @@ tr.row-pass > td:first-child { border-left: 3px solid var(--pass); }
 .broken h2 { border: 0; margin-top: 6px; }
 .check { border-left: 4px solid var(--fail); padding: 2px 10px; margin: 8px 0; }
 .check.fault { border-left: 4px dashed var(--unknown); }
+.check.progress { border-left: 4px dotted var(--unknown); }
 .facts td, .facts th { font-size: 13px; }
 .strip a { display: inline-block; width: 16px; height: 16px; margin: 1px; text-align: center;
   font-size: 11px; line-height: 14px; text-decoration: none; border-radius: 2px; }

@@ -1,0 +1,172 @@
+"""How long the processes of a run waited for a CPU: the kernel's own account.
+
+On a busy machine a worker's heartbeat thread can be runnable and still not
+run: its renewal then times out and the worker cancels itself, as the
+protocol says it must. That is no bug, but a check that expects the run to
+finish would call it one. The kernel counts, per thread, the time it spent
+runnable on a run queue without a CPU (``/proc/PID/task/TID/schedstat``, the
+second field: run delay in nanoseconds). :class:`StarvationMonitor` samples
+that counter of every watched process every ``TICK_S`` and records an
+*episode* wherever one thread of a process waited for a CPU for at least
+half of a sampling interval in a row; a process stopped by SIGSTOP or
+blocked on I/O waits on no run queue, so a fault the harness injected never
+reads as starvation.
+
+Episodes are evidence of timing, measured by the harness itself: an unmet
+progress check whose window saw one long enough to fire a protocol timer is
+*unknown* naming it (harness/engine/experiment.py), never *fail*.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+TICK_S = 0.05
+# A sample counts as starved when one thread waited this share of it.
+STARVED_SHARE = 0.5
+MAX_KEPT = 20_000
+
+
+@dataclass(frozen=True)
+class Starvation:
+    """``process`` had a thread waiting for a CPU for ``waited_s`` of the
+    ``length_s`` from ``started_at`` (wall clock)."""
+
+    process: str
+    pid: int
+    started_at: float
+    length_s: float
+    waited_s: float
+
+    @property
+    def ended_at(self) -> float:
+        return self.started_at + self.length_s
+
+    def describe(self) -> str:
+        at = dt.datetime.fromtimestamp(self.started_at, dt.UTC).isoformat(timespec="milliseconds")
+        return (
+            f"{self.process} (pid {self.pid}) waited {self.waited_s:.2f}s for a CPU "
+            f"in {self.length_s:.2f}s from {at}"
+        )
+
+
+def _thread_delays(pid: int) -> dict[int, int] | None:
+    """Run delay (ns) of every thread of ``pid``; None once it is gone."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    delays: dict[int, int] = {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                fields = f.read().split()
+            delays[int(tid)] = int(fields[1])
+        except (OSError, IndexError, ValueError):
+            continue
+    return delays
+
+
+@dataclass
+class _Watched:
+    name: str
+    pid: int
+    last: dict[int, int]
+    open_since: float | None = None  # wall time the current episode began
+    open_waited: float = 0.0
+
+
+class StarvationMonitor:
+    """One sampling thread for every watched process of the harness process."""
+
+    def __init__(self, tick_s: float = TICK_S) -> None:
+        self.tick_s = tick_s
+        self._watched: dict[int, _Watched] = {}
+        self._episodes: list[Starvation] = []
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.available = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat")
+
+    def watch(self, pid: int, name: str) -> None:
+        """Start measuring process ``pid`` (until it exits)."""
+        if not self.available:
+            return
+        first = _thread_delays(pid)
+        if first is None:
+            return
+        with self._lock:
+            self._watched[pid] = _Watched(name, pid, first)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="starvation-monitor", daemon=True
+                )
+                self._thread.start()
+
+    def episodes(self, since: float, until: float) -> list[Starvation]:
+        """Episodes overlapping the wall-clock window [since, until] (one still
+        going on counts up to now)."""
+        now = time.time()
+        with self._lock:
+            found = [e for e in self._episodes if e.started_at < until and e.ended_at > since]
+            found += [
+                Starvation(w.name, w.pid, w.open_since, now - w.open_since, w.open_waited)
+                for w in self._watched.values()
+                if w.open_since is not None and w.open_since < until
+            ]
+        return found
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while True:
+            time.sleep(self.tick_s)
+            now_mono = time.monotonic()
+            interval = now_mono - last
+            last = now_mono
+            with self._lock:
+                watched = list(self._watched.values())
+                if not watched:
+                    self._thread = None
+                    return
+            for w in watched:
+                self._sample(w, interval)
+
+    def _sample(self, w: _Watched, interval: float) -> None:
+        now = time.time()
+        delays = _thread_delays(w.pid)
+        if delays is None:
+            with self._lock:
+                self._close(w, now)
+                self._watched.pop(w.pid, None)
+            return
+        waited = max(((d - w.last.get(tid, d)) / 1e9 for tid, d in delays.items()), default=0.0)
+        w.last = delays
+        with self._lock:
+            if waited >= STARVED_SHARE * interval:
+                if w.open_since is None:
+                    w.open_since = now - interval
+                    w.open_waited = 0.0
+                w.open_waited += waited
+            else:
+                self._close(w, now - interval)
+
+    def _close(self, w: _Watched, ended_at: float) -> None:
+        if w.open_since is None:
+            return
+        self._episodes.append(
+            Starvation(w.name, w.pid, w.open_since, max(0.0, ended_at - w.open_since),
+                       w.open_waited)
+        )  # fmt: skip
+        del self._episodes[:-MAX_KEPT]
+        w.open_since = None
+
+
+_MONITOR = StarvationMonitor()
+
+
+def monitor() -> StarvationMonitor:
+    """The harness process's starvation monitor."""
+    return _MONITOR

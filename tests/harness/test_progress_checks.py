@@ -1,0 +1,106 @@
+"""Progress is not safety (harness/engine/experiment.py): an unmet progress check
+is a fail only when nothing the harness measured in its window excuses it; a
+broken safety invariant is a fail whatever the timing. And the kernel's
+run-queue delays the harness reads (harness/engine/starvation.py) are real."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from harness.engine import starvation
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.verdict import Verdict
+
+SPEC = ExperimentSpec(id="X", title="x", seed_section="-", invariant="-", fault="-", rules=(1,))
+
+
+def _ctx(excuse: str | None = None) -> ExperimentContext:
+    ctx = ExperimentContext(spec=SPEC, env=None)  # type: ignore[arg-type]
+    ctx.excuse = (lambda since, until: excuse) if excuse is not None else (lambda s, u: None)
+    ctx.fault("the fault", True, expected="-", observed="-")
+    return ctx
+
+
+def test_unmet_progress_without_an_excuse_is_a_fail() -> None:
+    ctx = _ctx()
+    ctx.progress("the successor finished", False, expected="succeeded", observed="running")
+    verdict, reason = ctx.verdict()
+    assert verdict is Verdict.FAIL
+    assert "the successor finished" in reason and "no stall or starvation" in reason
+
+
+def test_unmet_progress_excused_by_timing_is_unknown_naming_it() -> None:
+    ctx = _ctx("worker B (pid 7) waited 0.40s for a CPU")
+    ctx.progress("the successor finished", False, expected="succeeded", observed="running")
+    verdict, reason = ctx.verdict()
+    assert verdict is Verdict.UNKNOWN
+    assert "worker B (pid 7) waited 0.40s for a CPU" in reason
+    (check,) = [c for c in ctx.checks if c.kind == "progress"]
+    assert check.excused_by == "worker B (pid 7) waited 0.40s for a CPU"
+    assert check.since is not None and check.at is not None and check.since <= check.at
+
+
+def test_a_broken_safety_invariant_fails_whatever_the_timing() -> None:
+    ctx = _ctx("the harness stalled 3.00s")
+    ctx.progress("the successor finished", False, expected="succeeded", observed="running")
+    ctx.invariant("no resend", False, expected="1", observed="2")
+    assert ctx.verdict() == (Verdict.FAIL, "invariant broken: no resend")
+
+
+def test_met_progress_passes_and_the_window_is_asked_for_unmet_ones_only() -> None:
+    asked: list[tuple[float, float]] = []
+
+    def excuse(since: float, until: float) -> str | None:
+        asked.append((since, until))
+        return None
+
+    ctx = _ctx()
+    ctx.excuse = excuse
+    t0 = time.time()
+    ctx.progress("done", True, expected="-", observed="-", since=t0)
+    assert ctx.verdict()[0] is Verdict.PASS and asked == []
+    ctx.progress("not done", False, expected="-", observed="-", since=t0)
+    assert ctx.verdict()[0] is Verdict.FAIL
+    assert asked and asked[0][0] == t0
+
+
+def _pinned(code: str, cpu: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}}); exec({code!r})"]
+    )
+
+
+@pytest.mark.skipif(not starvation.monitor().available, reason="no schedstat in /proc")
+def test_a_process_starved_of_cpu_is_measured_and_a_stopped_one_is_not() -> None:
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    spin = "while True: pass"
+    hogs = [_pinned(spin, cpu) for _ in range(3)]
+    victim = _pinned(spin, cpu)
+    stopped = _pinned("import time; time.sleep(60)", cpu)
+    monitor = starvation.StarvationMonitor()
+    procs: list[subprocess.Popen[Any]] = [*hogs, victim, stopped]
+    try:
+        time.sleep(0.3)  # everyone pinned
+        os.kill(stopped.pid, signal.SIGSTOP)
+        since = time.time()
+        monitor.watch(victim.pid, "X/victim")
+        monitor.watch(stopped.pid, "X/stopped")
+        time.sleep(1.5)
+        found = monitor.episodes(since, time.time())
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    waited = {e.process: 0.0 for e in found}
+    for e in found:
+        waited[e.process] += e.waited_s
+    # Four spinners on one CPU: the victim waits about three quarters of the time.
+    assert waited.get("X/victim", 0.0) >= 0.5, found
+    assert "X/stopped" not in waited  # a stopped process waits on no run queue
