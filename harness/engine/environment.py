@@ -37,6 +37,7 @@ from harness import stopping
 from harness.backends.base import Backend, make_backend
 from harness.checking.audit import AUDIT_SQL
 from harness.engine import phases, stalls, starvation
+from harness.engine.janitor import Janitor
 from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
 from harness.failures import PartFailed
@@ -324,6 +325,7 @@ class SharedServices:
         self.template: str | None = None
         self.fork_server: ForkServer | None = None
         self.worker_launch = "exec"
+        self.janitor = Janitor()
         # Stopped, migrated data directories that replicated pairs are copied
         # from, per worker command and mutant (see pair_seed); shared by views.
         self._seeds: dict[tuple[tuple[str, ...], str | None], Path] = {}
@@ -351,6 +353,8 @@ class SharedServices:
             self._stack.callback(self.primary.remove)
             self.record.add_cluster(self.primary.datadir)
             self._stack.callback(self._close_kept)
+            # Deferred experiment teardowns end before the servers they talk to.
+            self._stack.callback(self.janitor.close)
             self.template = self.primary.create_template(TEMPLATE_NAME, self.migrate_database)
             self.fork_server, self.worker_launch = start_fork_server(
                 self.settings.worker_cmd, self.log_dir, self._stack
@@ -877,6 +881,9 @@ def experiment_environment(
         if shared.settings.keep and not stopping.requested():
             env.stop_workers()  # workers end with the experiment; the parts stay
             shared.keep(env, stack.pop_all())
+        elif not stopping.requested():
+            # The evidence is gathered: the rest only has to go (harness/engine/janitor.py).
+            shared.janitor.defer(name, stack.pop_all())
 
 
 def _control_gap(seen_by: str) -> Callable[[float], None]:
