@@ -24,12 +24,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--into", required=True, type=Path, help="the merged run directory (new or empty)"
     )
     add_gate_option(parser)
+    parser.add_argument(
+        "--min-score",
+        type=float,
+        default=90.0,
+        help="--auto parts: percent of non-equivalent mutants that must be caught for exit 0",
+    )
 
 
 def main(args: argparse.Namespace) -> int:
     from harness.evidence.gate import gate_exit, gate_line, mutants_gate
     from harness.evidence.merge import MergeRefused, merge
     from harness.evidence.summary import overall, terminal_table
+    from harness.mutation.auto_merge import find_auto_parts
+
+    auto_parts = find_auto_parts(args.dirs)
+    if auto_parts:
+        return _merge_auto(auto_parts, args)
 
     try:
         merged = merge(args.dirs, args.into)
@@ -75,3 +86,25 @@ def main(args: argparse.Namespace) -> int:
     )
     print(gate_line(results, args.fail_on))
     return gate_exit(results, args.fail_on)
+
+
+def _merge_auto(parts: list[Path], args: argparse.Namespace) -> int:
+    """The parts of `mutants --auto --shard K/N` as one campaign, one score."""
+    from harness.cli.common import REPO_ROOT
+    from harness.mutation.auto_merge import AutoMergeRefused, merge_auto
+
+    try:
+        merged = merge_auto(parts, args.into, REPO_ROOT)
+    except AutoMergeRefused as exc:
+        raise UsageError(str(exc)) from exc
+    count = merged.parts[0].count
+    print(
+        f"fencecheck merge: {len(merged.parts)} of {count} --auto part(s), {len(merged.entries)} mutant(s)"
+    )
+    for k in merged.missing:
+        print(f"  part {k}/{count} is missing: its mutants are not run")
+    assert merged.score is not None
+    print(f"\n{merged.score.line()}\n{merged.published}\nreports in {merged.into}")
+    if merged.score.rate is None or merged.missing:
+        return 2
+    return 0 if 100 * merged.score.rate >= args.min_score else 1

@@ -184,8 +184,7 @@ def _auto(args: argparse.Namespace) -> int:
 
     if args.worker_cmd:
         raise UsageError("--auto mutates the reference implementation; drop --worker-cmd")
-    if args.shard:
-        raise UsageError("--auto does not split into parts; use --sample/--seed or ids instead")
+    shard = shard_from_args(args)
     mutants = catalog.generate(REPO_ROOT)
     try:
         chosen = catalog.select(
@@ -194,19 +193,30 @@ def _auto(args: argparse.Namespace) -> int:
         judged = triage.load(Path(args.triage))
     except (catalog.UnknownMutantId, triage.TriageError) as exc:
         raise UsageError(str(exc)) from exc
+    selected = chosen
+    if shard.count > 1:
+        from harness.mutation.auto_merge import part
+
+        if shard.count > len(selected):
+            raise UsageError(f"--shard {shard}: only {len(selected)} mutant(s) are selected")
+        chosen = part(selected, shard.index, shard.count)
     if args.list or args.diff:
         for m in chosen:
             mark = " [equivalent]" if m.id in judged.equivalent else ""
             print(f"{m.id}\n    {m.path}:{m.line}  {m.describe()}{mark}")
             if args.diff:
                 print(m.diff((REPO_ROOT / m.path).read_text(encoding="utf-8")))
-        print(f"{len(chosen)} of {len(mutants)} generated mutant(s)")
+        part_note = f" (part {shard} of {len(selected)} selected)" if shard.count > 1 else ""
+        print(f"{len(chosen)} of {len(mutants)} generated mutant(s){part_note}")
         return 0
     if not chosen:
         raise UsageError("no mutant selected")
     settings = settings_from_args(args)
     report_root = Path(args.report_dir)
-    report_dir = report_root / ("automutants-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()))
+    part_tag = f"-part{shard.index}of{shard.count}" if shard.count > 1 else ""
+    report_dir = report_root / (
+        "automutants-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + part_tag
+    )
     report_dir.mkdir(parents=True, exist_ok=True)
     order = CatcherOrder()
     try:
@@ -229,8 +239,9 @@ def _auto(args: argparse.Namespace) -> int:
     )
     stale = judged.stale(m.id for m in mutants)
     print(
-        f"fencecheck mutants --auto: {len(chosen)} of {len(mutants)} generated mutant(s), "
-        f"{options.parallel} experiment(s) at once per mutant; reports in {report_dir}",
+        f"fencecheck mutants --auto: {len(chosen)} of {len(mutants)} generated mutant(s)"
+        + (f" (part {shard} of the {len(selected)} selected)" if shard.count > 1 else "")
+        + f", {options.parallel} experiment(s) at once per mutant; reports in {report_dir}",
         flush=True,
     )
     for mutant_id in stale:
@@ -239,6 +250,10 @@ def _auto(args: argparse.Namespace) -> int:
         "command": "fencecheck mutants " + " ".join(shlex.quote(a) for a in sys.argv[2:]),
         "generated": len(mutants),
         "selected": len(chosen),
+        # The whole selection, so `fencecheck merge` knows what each part owned.
+        "selected_total": len(selected),
+        "shard": str(shard) if shard.count > 1 else None,
+        "selected_ids": [m.id for m in selected] if shard.count > 1 else None,
         "sample": args.sample,
         "seed": args.seed if args.sample else None,
         "language": args.language,
