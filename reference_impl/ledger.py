@@ -13,7 +13,9 @@ Invariants (held by the fencecheck.* functions, surfaced here):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
@@ -57,10 +59,16 @@ class Operation:
     dispatch_owner: str | None
     dispatch_until: datetime | None
     revision: int
+    # The claim's deadline on this process's monotonic clock, from a reading
+    # taken before the claim was sent (so it ends no later than the
+    # database's): the dispatcher sends only before it. A process frozen
+    # between its claim and its call (SIGSTOP, a VM pause) must not send under
+    # a claim that expired meanwhile, as a successor may hold a newer one.
+    local_deadline: float | None = None
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Operation:
-        return cls(**{k: row[k] for k in cls.__dataclass_fields__})
+        return cls(**{k: row[k] for k in cls.__dataclass_fields__ if k in row})
 
 
 @dataclass(frozen=True)
@@ -121,14 +129,22 @@ class Ledger:
 
     def claim(self, conn: Conn, owner: str, operation_id: str | None = None) -> Operation | None:
         """Claim one prepared operation of a live run (SKIP LOCKED, with a deadline)."""
+        sent = time.monotonic()
         row = conn.execute(
             self.q.sql("dispatch_claim"),
             {"dispatch_owner": owner, "ttl_ms": self.dispatch_ttl_ms, "operation_id": operation_id},
         ).fetchone()
-        return Operation.from_row(row) if row else None
+        return self._claimed(row, sent)
+
+    def _claimed(self, row: dict[str, Any] | None, sent: float) -> Operation | None:
+        if row is None:
+            return None
+        op = Operation.from_row(row)
+        return dataclasses.replace(op, local_deadline=sent + self.dispatch_ttl_ms / 1000)
 
     def claim_retry(self, conn: Conn, owner: str, op_id: str, revision: int) -> Operation | None:
         """Same-key retry claim of an unknown operation (idempotent tools, live runs)."""
+        sent = time.monotonic()
         row = conn.execute(
             self.q.sql("claim_retry"),
             {
@@ -138,7 +154,7 @@ class Ledger:
                 "expected_revision": revision,
             },
         ).fetchone()
-        return Operation.from_row(row) if row else None
+        return self._claimed(row, sent)
 
     def record_result(self, conn: Conn, op: Operation, owner: str, answer: Answer) -> str:
         """Ledger-only result of our claim; LedgerConflict when the claim no longer
@@ -284,6 +300,12 @@ class Dispatcher:
         )
         if cancel is not None:
             cancel.check()  # last check before the side effect
+        if op.local_deadline is not None and time.monotonic() >= op.local_deadline:
+            # Nothing was sent, but the claim is past its deadline and another
+            # dispatcher may already hold a newer one: send nothing. Our word
+            # that nothing was sent proves nothing to anyone else, so the
+            # operation takes the path of every lost claim: unknown.
+            return Answer("unknown", error={"class": "DispatchClaimExpired", "sent": False})
         try:
             res = self.tools.create(
                 op.tool_name,

@@ -7,6 +7,13 @@ a dispatch claim that expired. What it may do depends on what the tool
 promises: retry with the same key (idempotent), ask the tool (query), or
 nothing at all but freeze (neither).
 
+Variant ``frozen_dispatcher``: A claims its tool call and is frozen (SIGSTOP)
+right after the claim commits, before the call; its lease and claim expire,
+B takes the run over, finds the claim expired and converges it with a claim
+of its own; then A resumes. A must not send: its claim expired (rule 4, and
+rule 8: a lost lease stops new side effects), which a dispatcher can know by
+its own clock without a renewal.
+
 Variant ``retention_expired``: the idempotent tool keeps its keys for one
 second only, and the successor comes after that: the tool no longer knows
 the key (its query answers "not found", a repeat would create anew), so a
@@ -33,9 +40,24 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_tool_response_before_tx2_commit, after the tool created the resource",
     rules=(4, 5),
     injection_point="after_tool_response_before_tx2_commit",
-    variants=("idempotent", "query", "none", "stale_dispatcher", "retention_expired"),
+    variants=(
+        "idempotent",
+        "query",
+        "none",
+        "stale_dispatcher",
+        "frozen_dispatcher",
+        "retention_expired",
+    ),
     natural_wait_s=0.8,
     variant_waits=(("stale_dispatcher", 0.6), ("retention_expired", 1.2)),
+    variant_points=(("frozen_dispatcher", "after_dispatch_claim_commit"),),
+    variant_faults=(
+        (
+            "frozen_dispatcher",
+            "SIGSTOP of A right after its dispatch claim commits, before its call; B takes "
+            "over and converges the operation; then SIGCONT A",
+        ),
+    ),
     tool_retention=(("retention_expired", RETENTION_S),),
 )
 
@@ -51,6 +73,9 @@ def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "idempotent"
     if variant == "stale_dispatcher":
         _stale_dispatcher(ctx)
+        return
+    if variant == "frozen_dispatcher":
+        _frozen_dispatcher(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -236,6 +261,71 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
         observed=f"ledger {(final['status'], final['remote_id'])}; resources "
         f"{[r['resource_id'] for r in resources]}",
     )
+
+
+def _frozen_dispatcher(ctx: ExperimentContext) -> None:
+    """A frozen right after its dispatch claim, before its call; resumed only
+    after B took over and converged the operation with a claim of its own."""
+    run_id = new_run(ctx, tool="idem")
+    ctx.arm("A", "after_dispatch_claim_commit", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    hit = ctx.reached("A", "after_dispatch_claim_commit")
+    stopped = ctx.pause(a)
+    # The barrier's answer waits in A's socket: A reads it the moment it runs.
+    ctx.release("A", "after_dispatch_claim_commit")
+    claim_a = next(
+        (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
+    )
+    wait_claimable(ctx, run_id)
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+    code_b = finish(ctx, b)
+    converged = next(
+        (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
+    )
+    state_a = a.kernel_state()
+    resumed = ctx.resume(a)
+    code_a = finish(ctx, a)
+    run_row = checkers.run_row(ctx, run_id)
+    ctx.fault(
+        "A was frozen between its claim and its call while B took over and claimed anew",
+        stopped.state == "stopped"
+        and state_a == "stopped"
+        and claim_a is not None
+        and claim_a["status"] == "dispatching"
+        and converged is not None
+        and converged["revision"] > claim_a["revision"]
+        and run_row["epoch"] > (hit.epoch or 0),
+        expected="A stopped in the kernel right after its claim (ledger dispatching by A), "
+        "still stopped when B had finished, B's claims after A's, the run at a newer epoch",
+        observed=f"A {stopped.state!r} then {state_a!r}; A's claim "
+        f"{claim_a and (claim_a['status'], claim_a['dispatch_owner'], claim_a['revision'])}; "
+        f"after B {converged and (converged['status'], converged['revision'])}; run epoch "
+        f"{run_row['epoch']} (A's {hit.epoch}); A resumed at {resumed.confirmed_at}",
+    )
+    late = [
+        r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= resumed.sent_at
+    ]
+    ctx.invariant(
+        "the frozen dispatcher sent nothing once resumed",
+        not late,
+        expected="no create request reaches the tool after A resumed (its claim expired while "
+        "it was frozen)",
+        observed=f"requests after A resumed: {[(r['seq'], r['epoch']) for r in late]} "
+        f"(A exit {code_a})",
+    )
+    resources = [
+        r
+        for r in checkers.tool_resources(ctx, run_id=run_id)
+        if r["operation_id"] == hit.operation_id
+    ]
+    ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
+    ctx.progress_equal(
+        "the successor finished the run",
+        run_row["status"],
+        "succeeded",
+        what=f"run status (B exit {code_b})",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:

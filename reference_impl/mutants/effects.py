@@ -61,6 +61,16 @@ class SilenceAsRefusalDispatcher(Dispatcher):
         return answer
 
 
+class DeadlineBlindLedger(Ledger):
+    """Claims without a local deadline, so the dispatcher never checks one."""
+
+    def _claimed(self, row: dict[str, Any] | None, sent: float) -> Operation | None:
+        # MUTANT: the claim's deadline is not carried to the call: a dispatcher
+        # frozen between its claim and its call (SIGSTOP, a VM pause) sends on
+        # resume, under a claim that expired while a successor holds a newer one.
+        return Operation.from_row(row) if row else None
+
+
 class EpochlessLedger(Ledger):
     """Sends requests of a dispatcher that does not hold the lease with epoch 0."""
 
@@ -95,6 +105,15 @@ MUTANTS = (
         "a dispatcher that is not the run's lease holder (a standalone dispatch or a "
         "same-key retry) sends the request with epoch 0 instead of the run's epoch",
         Component("ledger_cls", EpochlessLedger),
+    ),
+    Mutant(
+        "dispatch_after_claim_deadline",
+        4,
+        ("E",),
+        "a dispatcher does not check its claim's deadline right before the call: frozen "
+        "between its claim and its call, it sends on resume under a claim that expired "
+        "while a successor took the run over and holds a newer claim",
+        Component("ledger_cls", DeadlineBlindLedger),
     ),
     Mutant(
         "new_operation_id_on_retry",

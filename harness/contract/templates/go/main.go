@@ -608,11 +608,28 @@ func (h *Heartbeat) Stop() { h.once.Do(func() { close(h.stop) }) }
 // opColumns are a ledger row's columns as JSON-friendly types.
 const opColumns = "operation_id, run_id::text, tool_name, request, status, remote_id, revision"
 
+// claimOp is dispatch_claim (prepared) or ledger_claim_retry (unknown) for
+// who, with the claim's deadline by this process's monotonic clock, read
+// before the claim was sent (so it ends no later than the database's).
+func claimOp(d *Db, function string, opID any, who string) (map[string]any, error) {
+	sent := time.Now()
+	op, err := d.one("SELECT "+opColumns+" FROM fencecheck."+function+"($1, $2, $3)", opID, who, dispatchTTL)
+	if op != nil {
+		op["local_deadline"] = sent.Add(time.Duration(dispatchTTL) * time.Millisecond)
+	}
+	return op, err
+}
+
 // sendClaimed calls the tool for an operation this session claimed, between
 // the two injection points around the call: the ledger status and remote id.
+// A claim past its deadline (this process was frozen after claiming: a
+// successor may hold a newer claim) sends nothing and counts as unknown.
 func sendClaimed(op map[string]any, epoch int64) (string, string) {
 	runID, id := str(op["run_id"]), str(op["operation_id"])
 	point("after_dispatch_claim_commit", runID, epoch, 0, id)
+	if deadline, ok := op["local_deadline"].(time.Time); ok && !time.Now().Before(deadline) {
+		return "unknown", ""
+	}
 	status, remote := send(op, epoch)
 	point("after_tool_response_before_tx2_commit", runID, epoch, 0, id)
 	return status, remote
@@ -641,7 +658,7 @@ func runEpoch(d *Db, runID any) (int64, error) {
 
 // dispatch is one dispatcher cycle: claim a prepared operation, call its tool, record the answer.
 func dispatch(d *Db, opID string) (map[string]any, error) {
-	op, err := d.one("SELECT "+opColumns+" FROM fencecheck.dispatch_claim($1, $2, $3)", nullable(opID), owner, dispatchTTL)
+	op, err := claimOp(d, "dispatch_claim", nullable(opID), owner)
 	if err != nil || op == nil {
 		return map[string]any{"operation_id": nullable(opID), "status": nil}, err
 	}
@@ -681,8 +698,7 @@ func reconcile(d *Db) ([]map[string]any, error) {
 				status = "succeeded"
 			}
 		} else if resendable(str(op["tool_name"])) {
-			claimed, err := d.one("SELECT "+opColumns+" FROM fencecheck.ledger_claim_retry($1, $2, $3)",
-				op["operation_id"], owner, dispatchTTL)
+			claimed, err := claimOp(d, "ledger_claim_retry", op["operation_id"], owner)
 			if err != nil {
 				return nil, err
 			}
@@ -1411,7 +1427,7 @@ func (e *Execution) toolStep() (code int, stop bool, err error) {
 
 // claimForDispatch is dispatch_claim (prepared) or ledger_claim_retry (unknown) under this lease's owner.
 func (e *Execution) claimForDispatch(function, opID string) (map[string]any, error) {
-	return e.db.one("SELECT "+opColumns+" FROM fencecheck."+function+"($1, $2, $3)", opID, e.lease.Owner, dispatchTTL)
+	return claimOp(e.db, function, opID, e.lease.Owner)
 }
 
 // backoffBaseMS is the first full delay of a requeue (then doubled, capped at 10 s).

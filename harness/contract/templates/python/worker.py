@@ -483,11 +483,26 @@ class Heartbeat:
 
 
 # ------------------------------------------------------------ dispatch, relay, consume
+def claim_op(db: Db, function: str, op_id: str | None, owner: str) -> dict[str, Any] | None:
+    """dispatch_claim (prepared) or ledger_claim_retry (unknown) for ``owner``,
+    with the claim's deadline by this process's monotonic clock, read before
+    the claim was sent (so it ends no later than the database's)."""
+    sent = time.monotonic()
+    op = db.one(f"SELECT * FROM fencecheck.{function}(%s, %s, %s)", (op_id, owner, DISPATCH_TTL_MS))
+    if op is not None:
+        op["local_deadline"] = sent + DISPATCH_TTL_MS / 1000
+    return op
+
+
 def send_claimed(db: Db, op: dict[str, Any], epoch: int) -> tuple[str, str | None]:
     """Call the tool for an operation this session claimed, between the two
-    injection points around the call: (ledger status, remote id)."""
+    injection points around the call: (ledger status, remote id). A claim
+    past its deadline (this process was frozen after claiming: a successor
+    may hold a newer claim) sends nothing and counts as unknown."""
     ids = {"run_id": op["run_id"], "epoch": epoch, "operation_id": op["operation_id"]}
     point("after_dispatch_claim_commit", **ids)
+    if time.monotonic() >= op.get("local_deadline", float("inf")):
+        return "unknown", None
     status, remote_id = send(op, epoch)
     point("after_tool_response_before_tx2_commit", **ids)
     return status, remote_id
@@ -515,10 +530,7 @@ def run_epoch(db: Db, run_id: Any) -> int:
 
 def dispatch(db: Db, operation_id: str | None) -> dict[str, Any]:
     """One dispatcher cycle: claim a prepared operation, call its tool, record the answer."""
-    op = db.one(
-        "SELECT * FROM fencecheck.dispatch_claim(%s, %s, %s)",
-        (operation_id, OWNER, DISPATCH_TTL_MS),
-    )
+    op = claim_op(db, "dispatch_claim", operation_id, OWNER)
     if op is None:
         return {"operation_id": operation_id, "status": None}
     answer = send_claimed(db, op, run_epoch(db, op["run_id"]))
@@ -543,10 +555,7 @@ def reconcile(db: Db) -> list[dict[str, Any]]:
             )
             status = "succeeded" if converged and converged["ok"] else None
         elif capability(op["tool_name"]) in RESENDABLE:
-            claimed = db.one(
-                "SELECT * FROM fencecheck.ledger_claim_retry(%s, %s, %s)",
-                (op["operation_id"], OWNER, DISPATCH_TTL_MS),
-            )
+            claimed = claim_op(db, "ledger_claim_retry", op["operation_id"], OWNER)
             if claimed is not None:
                 answer = send_claimed(db, claimed, run_epoch(db, claimed["run_id"]))
                 status, _ = record_answer(db, claimed, OWNER, *answer)
@@ -1011,10 +1020,7 @@ class Execution:
 
     def claim_for_dispatch(self, function: str, op_id: str) -> dict[str, Any] | None:
         """dispatch_claim (prepared) or ledger_claim_retry (unknown) under this lease's owner."""
-        return self.db.one(
-            f"SELECT * FROM fencecheck.{function}(%s, %s, %s)",
-            (op_id, self.lease.owner, DISPATCH_TTL_MS),
-        )
+        return claim_op(self.db, function, op_id, self.lease.owner)
 
     def requeue(self) -> int:
         """The tool said 429: try again later, with a growing, jittered delay,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -23,6 +24,13 @@ type Operation struct {
 	Digest      string
 	Revision    int64
 	RunEpoch    int64 // the run's epoch read after the claim: what every request carries
+	// LocalDeadline is the claim's deadline on this process's monotonic
+	// clock, from a reading taken before the claim was sent (so it ends no
+	// later than the database's): Send sends only before it. A process
+	// frozen between its claim and its call (SIGSTOP, a VM pause) must not
+	// send under a claim that expired meanwhile: a successor may hold a
+	// newer one.
+	LocalDeadline time.Time
 }
 
 // OperationRow is a ledger row as a workflow resuming its tool step reads it.
@@ -89,6 +97,7 @@ func (p *Protocol) GetOperation(ctx context.Context, q Querier, opID string) (*O
 // DispatchClaim claims one prepared operation of a live run (English seed
 // section 9.2), optionally a given one; nil when there is none to claim.
 func (p *Protocol) DispatchClaim(ctx context.Context, q Querier, owner string, ttlMS int64, opID *string) (*Operation, error) {
+	sent := time.Now()
 	rows, err := q.Query(ctx, p.SQL.DispatchClaim, owner, ttlMS, opID)
 	if err != nil {
 		return nil, err
@@ -97,6 +106,7 @@ func (p *Protocol) DispatchClaim(ctx context.Context, q Querier, owner string, t
 	if op == nil || err != nil {
 		return op, err
 	}
+	op.LocalDeadline = sent.Add(time.Duration(ttlMS) * time.Millisecond)
 	// The request carries the run's epoch as it stands after the claim, never
 	// the sender's lease: a dispatch claim is not fenced by the lease, and a
 	// worker frozen past its lease may claim its successor's intent of the
@@ -213,6 +223,12 @@ func (d *Dispatcher) Send(ctx context.Context, op *Operation, epoch int64) (tool
 	injection.Point("after_dispatch_claim_commit", op.RunID, &epoch, nil, op.OperationID)
 	if err := ctx.Err(); err != nil {
 		return tool.Answer{}, Cancelled(ctx)
+	}
+	if !op.LocalDeadline.IsZero() && !time.Now().Before(op.LocalDeadline) {
+		// Nothing was sent, but the claim is past its deadline: send nothing.
+		// Our word that nothing went out proves nothing to anyone else, so the
+		// operation takes the path of every lost claim: unknown.
+		return tool.Answer{Kind: "unknown", Error: map[string]any{"class": "DispatchClaimExpired", "sent": false}}, nil
 	}
 	request, err := d.Seal.Open(op.Request)
 	if err != nil {
@@ -350,6 +366,7 @@ func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (
 // RetrySameKey resends with the original operation_id (tools that promise
 // a second create with the same key makes no second resource).
 func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (*Change, error) {
+	sent := time.Now()
 	rows, err := q.Query(ctx, r.D.P.SQL.ClaimRetry, r.D.Owner, r.TTLMS, u.OperationID, u.Revision)
 	if err != nil {
 		return nil, err
@@ -358,6 +375,7 @@ func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (
 	if err != nil || op == nil {
 		return nil, err
 	}
+	op.LocalDeadline = sent.Add(time.Duration(r.TTLMS) * time.Millisecond)
 	status, _, err := r.D.sendAndSettle(ctx, q, op)
 	if err != nil {
 		return nil, err
