@@ -283,3 +283,41 @@ def lease_history_is_sound(ctx: ExperimentContext, run_ids: list[str] | None = N
         expected="epochs only grow by 1, only over a free or expired lease, one owner per epoch",
         observed="; ".join(problems) or f"{len(rows)} audited change(s), all sound",
     )
+
+
+def recorded_results_are_the_tools(ctx: ExperimentContext, run_id: str) -> None:
+    """Rule 4: every operation of the run the ledger records ``succeeded`` names,
+    as its ``remote_id``, a resource the tool's own log holds for that
+    operation_id and tool, made from the request the ledger registered (the
+    same body digest). A resource made from another body under our key, or no
+    resource at all, is no success of ours."""
+    rows = ctx.sql(
+        f"succeeded operations of run {run_id[:8]} with their registered digest",
+        "SELECT operation_id, tool_name, remote_id, request_digest FROM tool_operations "
+        "WHERE run_id = %s AND status = 'succeeded' ORDER BY operation_id",
+        [run_id],
+    )
+    made = {
+        (r.get("tool"), r.get("operation_id"), r.get("resource_id")): r
+        for r in tool_log(ctx)["resources"]
+    }
+    bad = []
+    for row in rows:
+        resource = made.get((row["tool_name"], row["operation_id"], row["remote_id"]))
+        if resource is None:
+            bad.append(
+                f"{row['operation_id']}: remote_id {row['remote_id']!r} is no resource of it"
+            )
+        elif resource.get("body_digest") != row["request_digest"]:
+            bad.append(
+                f"{row['operation_id']}: {row['remote_id']} was made from another body "
+                f"(digest {str(resource.get('body_digest'))[:12]}, ours "
+                f"{str(row['request_digest'])[:12]})"
+            )
+    ctx.invariant(
+        "every recorded success is the tool's resource of our request",
+        not bad,
+        expected="each succeeded ledger row's remote_id is a resource the tool made for that "
+        "operation from the registered request (same digest)",
+        observed="; ".join(bad) or f"{len(rows)} succeeded operation(s), each the tool's own",
+    )

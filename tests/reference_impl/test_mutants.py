@@ -60,7 +60,7 @@ def test_mutant_is_well_formed(name: str) -> None:
     assert isinstance(m, Mutant)
     assert m.name == name
     assert 1 <= m.rule <= 13
-    assert m.catchers and all(re.fullmatch(r"[A-V]", c) for c in m.catchers)
+    assert m.catchers and all(re.fullmatch(r"[A-W]", c) for c in m.catchers)
     assert len(set(m.catchers)) == len(m.catchers)
     assert len(m.description) > 20
     assert isinstance(m.alteration, Component | Statement | Method | SqlOverlay)
