@@ -321,3 +321,34 @@ def recorded_results_are_the_tools(ctx: ExperimentContext, run_id: str) -> None:
         "operation from the registered request (same digest)",
         observed="; ".join(bad) or f"{len(rows)} succeeded operation(s), each the tool's own",
     )
+
+
+def every_event_applied_once(ctx: ExperimentContext, consumer: str) -> None:
+    """Rule 10, judged on every event, not one: each distinct event the broker
+    holds was handed out by it (its own delivery log) and has exactly one
+    business effect of ``consumer``. An event never handed out was skipped by
+    the consumer's reads; one handed out without an effect was dropped; one
+    with two was applied twice."""
+    log = tool_log(ctx)
+    held = list(dict.fromkeys(str(m["event_id"]) for m in log["messages"]))
+    delivered = {str(e) for d in log.get("deliveries", []) for e in d.get("event_ids", [])}
+    rows = ctx.sql(
+        f"business effects of consumer {consumer} per event",
+        "SELECT event_id, count(*) AS effects FROM consumer_effects WHERE consumer_name = %s "
+        "GROUP BY event_id",
+        [consumer],
+    )
+    effects = {str(r["event_id"]): int(r["effects"]) for r in rows}
+    wrong = [
+        f"{e[:8]}: {'never handed out' if e not in delivered else f'{effects.get(e, 0)} effect(s)'}"
+        for e in held
+        if e not in delivered or effects.get(e, 0) != 1
+    ]
+    ctx.invariant(
+        "every event at the broker applied exactly once",
+        bool(held) and not wrong,
+        expected=f"each distinct event at the broker handed out to {consumer} and applied once",
+        observed="; ".join(wrong)
+        or f"{len(held)} event(s), each delivered and applied once"
+        + (" (the broker holds none)" if not held else ""),
+    )
