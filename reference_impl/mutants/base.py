@@ -47,7 +47,7 @@ SLOTS: dict[str, type] = {
         "runs_cls",
     )
 }
-METHODS = ("operation_id", "decode_checkpoint")
+METHODS = ("operation_id", "decode_checkpoint", "backoff_ms")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Statement:
 class Method:
     """Replace one of the Protocol's own rule methods."""
 
-    name: Literal["operation_id", "decode_checkpoint"]
+    name: Literal["operation_id", "decode_checkpoint", "backoff_ms"]
     fn: Callable[..., Any]
 
     kind: ClassVar[str] = "method"

@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from mock_tool.errors import ToolError
-from reference_impl import ids
+from reference_impl import backoff, ids
 from reference_impl.cancellation import Cancellation
 from reference_impl.db import Conn
 from reference_impl.ledger import Answer, Dispatcher, Ledger, Operation, Reconciler
@@ -19,6 +19,12 @@ def operation_id_per_attempt(
 ) -> str:
     """MUTANT: the id carries a per-attempt nonce (like a worker, epoch or time)."""
     return f"{ids.operation_id(tenant, run_id, step_id, effect_version)}/{uuid.uuid4().hex[:8]}"
+
+
+def backoff_same_for_every_run(self: Protocol, run_id: str, attempt: int) -> int:
+    """MUTANT: the jitter is drawn from the attempt alone, not from the run."""
+    del run_id
+    return backoff.delay_ms("the-same-for-every-run", attempt)
 
 
 class ResendingReconciler(Reconciler):
@@ -229,6 +235,14 @@ MUTANTS = (
             "requeue_without_backoff.sql",
             "fencecheck.protected_write and fencecheck._protected_write_lock_first",
         ),
+    ),
+    Mutant(
+        "jitter_same_for_every_run",
+        4,
+        ("U",),
+        "the retry backoff grows with the attempt but its jitter is the same for every run: "
+        "runs that failed together are all due again at the same moment",
+        Method("backoff_ms", backoff_same_for_every_run),
     ),
     Mutant(
         "grant_without_attempt_count",
