@@ -272,6 +272,12 @@ class RefundWorkflow:
                 with contextlib.suppress(e.LedgerConflict):
                     rt.ledger.record_result(conn, op, rt.owner, answer)
                 raise
+            except e.LedgerConflict:
+                # Our claim no longer matches: the operation moved while we held
+                # the answer (a callback converged it, or the claim expired and
+                # turned unknown). The whole write rolled back; the loop goes on
+                # from what the ledger says now, never from our copy.
+                return None
             return out if out is not None else ""
         rt.dispatcher.settle_without_result(conn, op, answer)
         if answer.kind == "rejected_retryable":
