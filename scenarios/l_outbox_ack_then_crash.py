@@ -46,7 +46,9 @@ SPEC = ExperimentSpec(
     invariant="at-least-once: a row is marked published only after the broker has its message, "
     "a refused or unanswered publish is published again; every event the broker holds is "
     "handed to the consumer and its business effect happens exactly once",
-    fault="SIGKILL at after_broker_ack_before_outbox_mark",
+    fault="one per variant: the relay SIGKILLed between the broker's ack and the mark; the "
+    "broker refuses one publish of a batch, acks after the relay's timeout, hands a message "
+    "out twice, hands a read out of order",
     rules=(10,),
     injection_point="after_broker_ack_before_outbox_mark",
     variants=(
@@ -63,6 +65,7 @@ SPEC = ExperimentSpec(
         ("reordered_delivery", "none (broker fault)"),
     ),
     variant_faults=(
+        ("ack_then_crash", "SIGKILL at after_broker_ack_before_outbox_mark"),
         ("publish_fails", "the broker refuses the second publish of the relay's locked batch"),
         (
             "late_ack",

@@ -28,7 +28,8 @@ SPEC = ExperimentSpec(
     title="retry backoff and budget",
     seed_section="Chinese seed §3.1, §10 (retries, attempt budget); English seed §7",
     invariant="a requeued run is not claimed before its next_attempt_at; the delay grows "
-    "with every attempt and differs between runs (jitter); after max_attempts the run is "
+    "with every attempt and differs between runs (jitter), measured delays compared with a "
+    "stated 1 ms tolerance; after max_attempts the run is "
     "paused for a human and no further request reaches the tool",
     fault="the tool refuses every create with 429 (retry later)",
     rules=(4, 5),
