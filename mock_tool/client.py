@@ -14,6 +14,8 @@ connect failed (request never sent)    :class:`ToolUnavailable` (a ToolRejected,
 other 4xx (422 ...)                    :class:`ToolRejected`, ``retryable=False``
 501                                    :class:`QueryUnsupported`
 timeout / reset / closed, no answer    :class:`ToolOutcomeUnknown`
+202 accepted, no result in it          :class:`ToolOutcomeUnknown` (the tool
+                                       took it: only a query tells the result)
 5xx, or any other unexpected answer    :class:`ToolOutcomeUnknown`
 =====================================  ==========================================
 
@@ -259,11 +261,17 @@ class ToolClient:
         """The tool's whole log: requests, resources, messages, callbacks, ..."""
         return self._ok("GET", "/admin/export", what="export")
 
-    def set_fault(self, tool: str, mode: str, count: int = 1, ms: int | None = None) -> str:
-        """Arm a fault for the next ``count`` creates of ``tool`` ("*" = any); returns its id."""
+    def set_fault(
+        self, tool: str, mode: str, count: int = 1, ms: int | None = None, skip: int = 0
+    ) -> str:
+        """Arm a fault for the next ``count`` matching requests after ``skip`` of them
+        passed: creates of ``tool`` ("*" = any tool), or the broker's publishes or
+        deliveries (``tool="broker"``, a broker mode); returns its id."""
         body: dict[str, Any] = {"tool": tool, "mode": mode, "count": count}
         if ms is not None:
             body["ms"] = ms
+        if skip:
+            body["skip"] = skip
         decoded = self._ok("POST", "/admin/faults", body, what=f"set fault {mode}")
         return str(decoded["fault_id"])
 
@@ -274,6 +282,18 @@ class ToolClient:
     def faults(self) -> dict[str, Any]:
         """Active faults, their history and the requests hanging right now."""
         return self._ok("GET", "/admin/faults", what="list faults")
+
+    def callback_now(self, tool: str, operation_id: str) -> dict[str, Any]:
+        """The callback of ``operation_id``'s resource, issued now for the caller to
+        relay (logged by the tool); ToolRejected (404) when the tool holds none."""
+        decoded = self._ok(
+            "POST",
+            "/admin/callbacks",
+            {"tool": tool, "operation_id": operation_id},
+            what=f"callback of {tool}/{operation_id}",
+        )
+        payload: dict[str, Any] = decoded["payload"]
+        return payload
 
     def release(self) -> int:
         """Release every hung request; returns how many there were."""

@@ -17,7 +17,7 @@ DEFAULT_TOOLS: Final[dict[str, str]] = {
     "plain": "none",
 }
 
-#: Fault modes accepted by ``POST /admin/faults``.
+#: Fault modes of a tool's creates, accepted by ``POST /admin/faults``.
 FAULT_MODES: Final = (
     "delay",
     "drop_after_act",
@@ -26,7 +26,22 @@ FAULT_MODES: Final = (
     "error_5xx_after_act",
     "hang",
     "slow_callback",
+    "conflict_other_body",
+    "accept_without_result",
+    "answer_late",
 )
+
+#: The fault target of the broker's modes (never a tool's name; ``"*"`` never selects it).
+BROKER: Final = "broker"
+
+#: Fault modes of broker publishes (``POST /broker/publish``).
+PUBLISH_FAULT_MODES: Final = ("publish_fail", "publish_ack_late")
+
+#: Fault modes of broker deliveries (``GET /broker/messages``).
+DELIVERY_FAULT_MODES: Final = ("deliver_duplicate", "deliver_reorder")
+
+#: Modes that need ``ms``.
+MODES_WITH_MS: Final = ("delay", "slow_callback", "answer_late", "publish_ack_late")
 
 #: Default (and upper bound when no ``ms`` is given) of a ``hang`` fault.
 DEFAULT_HANG_MS: Final = 30_000

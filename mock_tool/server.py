@@ -23,30 +23,35 @@ import http.client
 import json
 import os
 import re
-import secrets
 import signal
 import sqlite3
 import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from mock_tool import broker
 from mock_tool.canonical import request_digest
 from mock_tool.constants import (
+    BROKER,
     CAPABILITIES,
     DEFAULT_HANG_MS,
     DEFAULT_RETENTION_S,
     DEFAULT_TOOLS,
+    DELIVERY_FAULT_MODES,
     FAULT_MODES,
     LISTENING_PREFIX,
+    MODES_WITH_MS,
+    PUBLISH_FAULT_MODES,
     iso,
 )
+from mock_tool.faults import FaultBoard, Hung
 from mock_tool.storage import After, Store, StoreClosed
 
 MAX_BODY_BYTES = 1 << 20
@@ -61,8 +66,18 @@ MAX_JSON_DEPTH = 64
 MAX_MS = 3_600_000
 LOCK_FILE = "mock_tool.lock"
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-# Names that cannot be tools: "*" selects all tools in a fault spec.
-_RESERVED_NAMES = frozenset({"*"})
+# Names that cannot be tools: "*" selects all tools in a fault spec, "broker"
+# is the target of the broker's fault modes.
+_RESERVED_NAMES = frozenset({"*", BROKER})
+_CREATE_MODES = frozenset(FAULT_MODES)
+_BROKER_MODES = (*PUBLISH_FAULT_MODES, *DELIVERY_FAULT_MODES)
+# How a create fault mode has the caller answered once the tool acted.
+_AFTER_OF: dict[str, After] = {
+    "drop_after_act": "drop",
+    "error_5xx_after_act": "5xx",
+    "accept_without_result": "accepted",
+    "answer_late": "late",
+}
 
 
 class HttpError(Exception):
@@ -79,127 +94,6 @@ def _bad(message: str) -> HttpError:
     return HttpError(400, message)
 
 
-# -- faults -------------------------------------------------------------
-
-
-@dataclass
-class Fault:
-    """One armed fault. ``count == 0`` means it fires until cleared."""
-
-    fault_id: str
-    tool: str
-    mode: str
-    count: int
-    ms: int | None
-    created_at: float
-    fired: int = 0
-    active: bool = True
-    cleared_at: float | None = None
-
-    def describe(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["remaining"] = None if self.count == 0 else max(self.count - self.fired, 0)
-        out["created_at_iso"] = iso(self.created_at)
-        out["cleared_at_iso"] = iso(self.cleared_at)
-        return out
-
-
-@dataclass
-class _Hung:
-    seq: int
-    tool: str
-    operation_id: str
-    since: float
-    max_ms: int
-    event: threading.Event = field(default_factory=threading.Event)
-
-
-class FaultBoard:
-    """Armed faults and hung requests; all state in memory, behind one lock.
-
-    Invariant: :meth:`take` hands each armed count to exactly one request, in
-    arrival order, so "the next N matching requests" means exactly N.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._faults: list[Fault] = []
-        self._hung: dict[int, _Hung] = {}
-
-    def add(self, tool: str, mode: str, count: int, ms: int | None) -> Fault:
-        fault = Fault(f"f-{secrets.token_hex(6)}", tool, mode, count, ms, time.time())
-        with self._lock:
-            self._faults.append(fault)
-        return fault
-
-    def take(self, tool: str) -> Fault | None:
-        """Consume one firing of the oldest active fault matching ``tool``."""
-        with self._lock:
-            for fault in self._faults:
-                if fault.active and fault.tool in (tool, "*"):
-                    fault.fired += 1
-                    if fault.count and fault.fired >= fault.count:
-                        fault.active = False
-                    return fault
-        return None
-
-    def clear(self) -> int:
-        """Deactivate every fault (hung requests stay hung); returns how many."""
-        now = time.time()
-        with self._lock:
-            n = 0
-            for fault in self._faults:
-                if fault.active:
-                    fault.active, fault.cleared_at = False, now
-                    n += 1
-            return n
-
-    def hang(self, hung: _Hung, stopping: threading.Event) -> bool:
-        """Block until released, ``max_ms`` passed or the tool stops; True when released."""
-        deadline = time.monotonic() + hung.max_ms / 1000
-        with self._lock:
-            self._hung[hung.seq] = hung
-        try:
-            # Short slices: a stopping tool must not sit out a 30 s hang.
-            while not stopping.is_set():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                if hung.event.wait(min(left, 0.1)):
-                    return True
-            return False
-        finally:
-            with self._lock:
-                self._hung.pop(hung.seq, None)
-
-    def release(self) -> int:
-        """Wake every hung request; returns how many were hung."""
-        with self._lock:
-            hung = list(self._hung.values())
-            self._hung.clear()
-        for h in hung:
-            h.event.set()
-        return len(hung)
-
-    def describe(self) -> dict[str, Any]:
-        with self._lock:
-            return {
-                "faults": [f.describe() for f in self._faults if f.active],
-                "history": [f.describe() for f in self._faults],
-                "hung": [
-                    {
-                        "seq": h.seq,
-                        "tool": h.tool,
-                        "operation_id": h.operation_id,
-                        "since": h.since,
-                        "since_iso": iso(h.since),
-                        "max_ms": h.max_ms,
-                    }
-                    for h in self._hung.values()
-                ],
-            }
-
-
 # -- callbacks ----------------------------------------------------------
 
 
@@ -212,6 +106,21 @@ class CallbackJob:
     resource_id: str
     url: str
     delay_ms: int
+
+    def payload(self) -> dict[str, Any]:
+        """What the receiver gets (plus ``attempt``)."""
+        return {
+            "operation_id": self.operation_id,
+            "run_id": self.run_id,
+            "epoch": self.epoch,
+            "resource_id": self.resource_id,
+            "tool": self.tool,
+        }
+
+
+#: The ``url`` logged for a callback issued by ``POST /admin/callbacks``: the
+#: caller relays it (the worker contract has no HTTP callback endpoint).
+RELAY_URL = "relay"
 
 
 class CallbackSender:
@@ -235,29 +144,34 @@ class CallbackSender:
             target=self._deliver, args=(job, time.time()), name="callback", daemon=True
         ).start()
 
+    def relay(self, job: CallbackJob) -> int:
+        """Log a callback handed to the caller now instead of sent (one attempt,
+        completed at once without a receiver's status); returns its id."""
+        cb_id = self._begin_attempt(job, 1, time.time())
+        self._store.finish_callback_attempt(cb_id, None, "handed to the caller to relay")
+        return cb_id
+
+    def _begin_attempt(self, job: CallbackJob, attempt: int, scheduled_at: float) -> int:
+        """Log one attempt before it is sent; returns its id."""
+        return self._store.begin_callback_attempt(
+            tool=job.tool,
+            operation_id=job.operation_id,
+            run_id=job.run_id,
+            epoch=job.epoch,
+            resource_id=job.resource_id,
+            url=job.url,
+            attempt=attempt,
+            delay_ms=job.delay_ms,
+            scheduled_at=scheduled_at,
+        )
+
     def _deliver(self, job: CallbackJob, scheduled_at: float) -> None:
         if self._stopping.wait(job.delay_ms / 1000):
             return
-        payload = {
-            "operation_id": job.operation_id,
-            "run_id": job.run_id,
-            "epoch": job.epoch,
-            "resource_id": job.resource_id,
-            "tool": job.tool,
-        }
+        payload = job.payload()
         for attempt in range(1, self._attempts + 1):
             try:
-                cb_id = self._store.begin_callback_attempt(
-                    tool=job.tool,
-                    operation_id=job.operation_id,
-                    run_id=job.run_id,
-                    epoch=job.epoch,
-                    resource_id=job.resource_id,
-                    url=job.url,
-                    attempt=attempt,
-                    delay_ms=job.delay_ms,
-                    scheduled_at=scheduled_at,
-                )
+                cb_id = self._begin_attempt(job, attempt, scheduled_at)
             except StoreClosed:
                 return
             status: int | None = None
@@ -598,6 +512,7 @@ class Handler(BaseHTTPRequestHandler):
             },
             ("admin", "release"): {"POST": self._release},
             ("admin", "export"): {"GET": self._export},
+            ("admin", "callbacks"): {"POST": self._callback_now},
             ("broker", "publish"): {"POST": self._publish},
             ("broker", "messages"): {"GET": lambda: self._messages(parts.query)},
         }
@@ -649,7 +564,7 @@ class Handler(BaseHTTPRequestHandler):
             )
             raise
         capability = app.tools[tool]
-        fault = app.faults.take(tool)
+        fault = app.faults.take(tool, _CREATE_MODES)
         mode = fault.mode if fault else None
         seq = app.store.begin_request(
             received_at=received_at,
@@ -667,7 +582,7 @@ class Handler(BaseHTTPRequestHandler):
             app.stopping.wait((fault.ms or 0) / 1000)
         elif fault is not None and mode == "hang":
             max_ms = DEFAULT_HANG_MS if fault.ms is None else fault.ms
-            app.faults.hang(_Hung(seq, tool, req.operation_id, time.time(), max_ms), app.stopping)
+            app.faults.hang(Hung(seq, tool, req.operation_id, time.time(), max_ms), app.stopping)
         if app.stopping.is_set():
             app.store.finish_without_act(seq, "interrupted", 503, "the tool was stopping")
             raise HttpError(503, "the tool is shutting down; nothing was done", "stopping")
@@ -692,11 +607,7 @@ class Handler(BaseHTTPRequestHandler):
                 },
             )
             return
-        after: After = "answer"
-        if mode == "drop_after_act":
-            after = "drop"
-        elif mode == "error_5xx_after_act":
-            after = "5xx"
+        after: After = _AFTER_OF.get(mode or "", "answer")
         result = app.store.act(
             seq,
             tool=tool,
@@ -708,6 +619,7 @@ class Handler(BaseHTTPRequestHandler):
             request=req.request,
             retention_s=app.retention_s,
             after=after,
+            other_body=mode == "conflict_other_body",
         )
         if result.created and req.callback_url is not None and result.resource_id:
             delay_ms = req.callback_delay_ms
@@ -735,12 +647,27 @@ class Handler(BaseHTTPRequestHandler):
                 {"error": "internal error (injected after the tool acted)", "code": "injected_5xx"},
             )
             return
+        if after == "accepted":
+            # Acted and logged; the answer carries no result: only a later query has it.
+            self._send_json(
+                202, {"operation_id": req.operation_id, "status": "accepted", "seq": seq}
+            )
+            return
+        if after == "late":
+            # Acted and logged; the answer waits, past the caller's timeout if it
+            # is shorter. A stopping tool closes without answering instead.
+            assert fault is not None
+            if app.stopping.wait((fault.ms or 0) / 1000):
+                self.close_connection = True
+                return
+            with contextlib.suppress(StoreClosed):
+                app.store.mark_answered(seq)
         common = {"operation_id": req.operation_id, "resource_id": result.resource_id, "seq": seq}
         if result.base == "created":
             self._send_json(201, {**common, "replayed": False})
         elif result.base == "replayed":
             self._send_json(200, {**common, "replayed": True})
-        elif result.base == "conflict":
+        elif result.base in ("conflict", "conflict_other_body"):
             same = result.resource is not None and result.resource["body_digest"] == digest
             self._send_json(
                 409,
@@ -837,23 +764,37 @@ class Handler(BaseHTTPRequestHandler):
         if not isinstance(body, dict):
             raise _bad('body must be a JSON object like {"tool": "idem", "mode": "hang"}')
         tool = body.get("tool")
-        if not isinstance(tool, str) or (tool != "*" and tool not in app.tools):
-            known = ", ".join(sorted(app.tools))
-            raise _bad(f"field 'tool' must be '*' or one of: {known}; got {json.dumps(tool)}")
         mode = body.get("mode")
-        if mode not in FAULT_MODES:
+        if tool == BROKER:
+            if mode not in _BROKER_MODES:
+                raise _bad(
+                    f"the broker's field 'mode' must be one of: {', '.join(_BROKER_MODES)};"
+                    f" got {json.dumps(mode)}"
+                )
+        elif not isinstance(tool, str) or (tool != "*" and tool not in app.tools):
+            known = ", ".join(sorted(app.tools))
             raise _bad(
-                f"field 'mode' must be one of: {', '.join(FAULT_MODES)}; got {json.dumps(mode)}"
+                f"field 'tool' must be '*', {BROKER!r} or one of: {known}; got {json.dumps(tool)}"
             )
-        count = body.get("count", 1)
+        elif mode not in FAULT_MODES:
+            raise _bad(
+                f"field 'mode' of a tool's fault must be one of: {', '.join(FAULT_MODES)}"
+                f" (the broker's modes take tool {BROKER!r}); got {json.dumps(mode)}"
+            )
+        count, skip = body.get("count", 1), body.get("skip", 0)
         if not _is_int(count) or count < 0:
             raise _bad(
                 f"field 'count' must be an integer >= 0 (0 = until cleared), got {json.dumps(count)}"
             )
+        if not _is_int(skip) or skip < 0:
+            raise _bad(
+                "field 'skip' must be an integer >= 0 (matching requests let pass before the"
+                f" fault fires), got {json.dumps(skip)}"
+            )
         ms = _opt_ms(body, "ms")
-        if mode in ("delay", "slow_callback") and ms is None:
+        if mode in MODES_WITH_MS and ms is None:
             raise _bad(f"mode {mode!r} needs field 'ms' (milliseconds)")
-        fault = app.faults.add(tool, str(mode), int(count), ms)
+        fault = app.faults.add(tool, str(mode), int(count), ms, int(skip))
         self._send_json(200, fault.describe())
 
     def _clear_faults(self) -> None:
@@ -884,9 +825,39 @@ class Handler(BaseHTTPRequestHandler):
         topic = _nonempty_str(body, "topic")
         if "payload" not in body:
             raise _bad("missing field 'payload' (any JSON value)")
-        seq, first = app.store.publish(event_id, topic, body["payload"])
+        answer = broker.publish(
+            app.store, app.faults, app.stopping, event_id, topic, body["payload"]
+        )
+        self._send_json(answer.status, answer.body)
+
+    def _callback_now(self) -> None:
+        """Issue the callback of an operation's resource now, for the caller to
+        relay (the tool's own record, logged as an attempt with url ``relay``)."""
+        app = self.server.app
+        body = self._read_json()
+        if not isinstance(body, dict):
+            raise _bad('body must be a JSON object {"tool", "operation_id"}')
+        tool = _nonempty_str(body, "tool")
+        if tool not in app.tools:
+            raise self._unknown_tool(tool)
+        operation_id = _nonempty_str(body, "operation_id")
+        found = app.store.find_resources(tool, operation_id)
+        if not found:
+            raise HttpError(
+                404, f"the tool holds no resource for {operation_id!r}: no callback", "not_found"
+            )
+        job = CallbackJob(
+            tool,
+            operation_id,
+            found[0]["run_id"],
+            int(found[0]["epoch"]),
+            found[0]["resource_id"],
+            RELAY_URL,
+            0,
+        )
+        callback_id = app.callbacks.relay(job)
         self._send_json(
-            200, {"ack": True, "seq": seq, "duplicate": first is not None, "duplicate_of": first}
+            200, {"callback_id": callback_id, "payload": {**job.payload(), "attempt": 1}}
         )
 
     def _messages(self, query: str) -> None:
@@ -907,7 +878,8 @@ class Handler(BaseHTTPRequestHandler):
 
         after = number("after", 0) or 0
         limit = number("limit", None)
-        self._send_json(200, {"messages": self.server.app.store.messages(after, limit)})
+        app = self.server.app
+        self._send_json(200, {"messages": broker.deliver(app.store, app.faults, after, limit)})
 
 
 # -- command line -------------------------------------------------------

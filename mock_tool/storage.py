@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from mock_tool.canonical import request_digest
 from mock_tool.constants import deterministic_resource_id, iso
 
 DB_FILE = "mock_tool.sqlite3"
@@ -107,6 +108,26 @@ CREATE TABLE IF NOT EXISTS messages (
     duplicate_of INTEGER
 );
 CREATE INDEX IF NOT EXISTS messages_by_event ON messages (event_id);
+CREATE TABLE IF NOT EXISTS refused_publishes (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    boot INTEGER NOT NULL,
+    received_at REAL NOT NULL,
+    event_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    http_status INTEGER NOT NULL,
+    fault_id TEXT,
+    fault_mode TEXT
+);
+CREATE TABLE IF NOT EXISTS deliveries (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    boot INTEGER NOT NULL,
+    delivered_at REAL NOT NULL,
+    after_seq INTEGER NOT NULL,
+    seqs_json TEXT NOT NULL,
+    event_ids_json TEXT NOT NULL,
+    fault_id TEXT,
+    fault_mode TEXT
+);
 CREATE TABLE IF NOT EXISTS callbacks (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     boot INTEGER NOT NULL,
@@ -126,10 +147,19 @@ CREATE TABLE IF NOT EXISTS callbacks (
 );
 """
 
+# Columns added after the first release of the log: a storage directory written
+# by an older server gains them (NULL in its old rows) when it is opened.
+_ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("requests", "answered_at", "REAL"),
+    ("messages", "arrived_at", "REAL"),
+    ("messages", "fault_id", "TEXT"),
+    ("messages", "fault_mode", "TEXT"),
+)
+
 # Columns that hold unix times; export adds an ``<name>_iso`` twin for each.
 _TIME_COLUMNS = frozenset(
     {"received_at", "completed_at", "created_at", "started_at", "stored_at", "expires_at"}
-    | {"scheduled_at", "attempted_at"}
+    | {"scheduled_at", "attempted_at", "answered_at", "arrived_at", "delivered_at"}
 )
 
 # HTTP status answered for each base outcome when no fault changes the answer.
@@ -137,10 +167,23 @@ _STATUS_OF: dict[str, int] = {
     "created": 201,
     "replayed": 200,
     "conflict": 409,
+    "conflict_other_body": 409,
     "key_reuse_rejected": 422,
 }
 
-After = Literal["answer", "drop", "5xx"]
+# How the caller will be answered once the tool acted: normally, not at all
+# (drop), with an ambiguous 500, with a 202 that carries no result, or
+# normally but late (after the caller may have given up).
+After = Literal["answer", "drop", "5xx", "accepted", "late"]
+_SUFFIX_OF: dict[str, tuple[str, int | None]] = {
+    "drop": ("_then_dropped", None),
+    "5xx": ("_then_5xx", 500),
+    "accepted": ("_then_accepted", 202),
+}
+
+#: What a resource planted by ``conflict_other_body`` was made from: the
+#: caller's request with this field added, so its digest differs.
+OTHER_BODY_FIELD = "made_by_another_request"
 
 
 class StoreClosed(RuntimeError):
@@ -155,7 +198,7 @@ class ActResult:
     base: str  # ``created``, ``replayed``, ``conflict`` or ``key_reuse_rejected``
     resource_id: str | None
     http_status: int | None  # status to answer with; None = close without answering
-    created: bool  # a new resource row was committed
+    created: bool  # a new resource row was committed for this request's body
     resource: dict[str, Any] | None  # the resource the request created or hit
 
 
@@ -171,6 +214,23 @@ def _row_dict(row: sqlite3.Row) -> dict[str, Any]:
         if key in _TIME_COLUMNS:
             out[f"{key}_iso"] = iso(value)
     return out
+
+
+def _remember_key(
+    db: sqlite3.Connection,
+    tool: str,
+    operation_id: str,
+    resource_id: str,
+    body_digest: str,
+    retention_s: float,
+) -> None:
+    """An idempotent tool's key for ``operation_id``, kept for ``retention_s``."""
+    now = time.time()
+    db.execute(
+        "INSERT OR REPLACE INTO idempotency_keys (tool, operation_id, resource_id,"
+        " body_digest, stored_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
+        (tool, operation_id, resource_id, body_digest, now, now + retention_s),
+    )
 
 
 class Store:
@@ -193,6 +253,10 @@ class Store:
             raise RuntimeError(f"SQLite refused WAL mode for {self.path} (got {mode!r})")
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(_SCHEMA)
+        for table, column, kind in _ADDED_COLUMNS:
+            have = {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
         self.boot = 0
 
     # -- plumbing -------------------------------------------------------
@@ -336,86 +400,154 @@ class Store:
         request: dict[str, Any],
         retention_s: float,
         after: After,
+        other_body: bool = False,
     ) -> ActResult:
         """Perform the create per the tool's capability and log its outcome.
 
         One transaction: the resource (if any) and the request's final outcome
         commit together, before the caller answers. ``after`` says how the
-        caller will answer ("drop": not at all, "5xx": an ambiguous 500), and
-        is folded into the logged outcome so the log says what the caller saw.
+        caller will answer (see :data:`After`), and is folded into the logged
+        outcome so the log says what the caller saw. ``other_body`` (fault
+        ``conflict_other_body``): instead of acting, the tool finds under this
+        operation_id a resource made from another request body (planted now,
+        by this request's row, when the tool holds none yet) and answers 409.
         """
-        now = time.time()
-        request_text = json.dumps(request, sort_keys=True, ensure_ascii=False)
         with self._tx() as db:
-            base: str
-            resource_id: str
-            created = False
-            if capability == "idempotent":
-                key = db.execute(
-                    "SELECT * FROM idempotency_keys WHERE tool = ? AND operation_id = ?",
-                    (tool, operation_id),
-                ).fetchone()
-                if key is not None and key["expires_at"] > now:
-                    resource_id = key["resource_id"]
-                    # Same key, different request: a real API refuses to guess.
-                    same = key["body_digest"] == body_digest
-                    base = "replayed" if same else "key_reuse_rejected"
-                else:
-                    # No key, or the retention window is over: the tool forgot
-                    # the key, so the repeat creates a second resource.
-                    resource_id = f"res-{uuid.uuid4().hex}"
-                    base, created = "created", True
-                    db.execute(
-                        "INSERT OR REPLACE INTO idempotency_keys (tool, operation_id, resource_id,"
-                        " body_digest, stored_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)",
-                        (tool, operation_id, resource_id, body_digest, now, now + retention_s),
-                    )
-            elif capability == "deterministic_id":
-                resource_id = deterministic_resource_id(tool, operation_id)
-                exists = db.execute(
-                    "SELECT 1 FROM resources WHERE resource_id = ?", (resource_id,)
-                ).fetchone()
-                base, created = ("conflict", False) if exists else ("created", True)
-            else:
-                # "query" and "none": create is not idempotent; every create is new.
-                resource_id = f"res-{uuid.uuid4().hex}"
-                base, created = "created", True
-
-            if created:
-                db.execute(
-                    "INSERT INTO resources (resource_id, tool, capability, operation_id, run_id,"
-                    " epoch, body_digest, request_json, created_at, request_seq)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        resource_id,
-                        tool,
-                        capability,
-                        operation_id,
-                        run_id,
-                        epoch,
-                        body_digest,
-                        request_text,
-                        now,
-                        seq,
+            if other_body:
+                base, resource_id = (
+                    "conflict_other_body",
+                    self._plant_other_body(
+                        db, seq, tool, capability, operation_id, run_id, epoch, request, retention_s
                     ),
+                )
+                created = False
+            else:
+                base, resource_id, created = self._apply(
+                    db, tool, capability, operation_id, body_digest, retention_s
+                )
+            if created:
+                self._insert_resource(
+                    db, resource_id, tool, capability, operation_id, run_id, epoch, request, seq
                 )
             row = db.execute(
                 "SELECT * FROM resources WHERE resource_id = ?", (resource_id,)
             ).fetchone()
             resource = _row_dict(row) if row is not None else None
-
-            if after == "drop":
-                outcome, status = f"{base}_then_dropped", None
-            elif after == "5xx":
-                outcome, status = f"{base}_then_5xx", 500
-            else:
-                outcome, status = base, _STATUS_OF[base]
+            suffix, status = _SUFFIX_OF.get(after, ("", _STATUS_OF[base]))
+            if after == "late":
+                suffix = "_then_late"
+            outcome = base + suffix
             db.execute(
                 "UPDATE requests SET outcome = ?, resource_id = ?, http_status = ?,"
                 " completed_at = ? WHERE seq = ?",
                 (outcome, resource_id, status, time.time(), seq),
             )
         return ActResult(outcome, base, resource_id, status, created, resource)
+
+    @staticmethod
+    def _apply(
+        db: sqlite3.Connection,
+        tool: str,
+        capability: str,
+        operation_id: str,
+        body_digest: str,
+        retention_s: float,
+    ) -> tuple[str, str, bool]:
+        """What the tool's capability makes of a create: (base outcome,
+        resource id, whether a new resource is to be inserted)."""
+        now = time.time()
+        if capability == "idempotent":
+            key = db.execute(
+                "SELECT * FROM idempotency_keys WHERE tool = ? AND operation_id = ?",
+                (tool, operation_id),
+            ).fetchone()
+            if key is not None and key["expires_at"] > now:
+                # Same key, different request: a real API refuses to guess.
+                same = key["body_digest"] == body_digest
+                return ("replayed" if same else "key_reuse_rejected"), key["resource_id"], False
+            # No key, or the retention window is over: the tool forgot the key,
+            # so the repeat creates a second resource.
+            resource_id = f"res-{uuid.uuid4().hex}"
+            _remember_key(db, tool, operation_id, resource_id, body_digest, retention_s)
+            return "created", resource_id, True
+        if capability == "deterministic_id":
+            resource_id = deterministic_resource_id(tool, operation_id)
+            exists = db.execute(
+                "SELECT 1 FROM resources WHERE resource_id = ?", (resource_id,)
+            ).fetchone()
+            return ("conflict", resource_id, False) if exists else ("created", resource_id, True)
+        # "query" and "none": create is not idempotent; every create is new.
+        return "created", f"res-{uuid.uuid4().hex}", True
+
+    def _plant_other_body(
+        self,
+        db: sqlite3.Connection,
+        seq: int,
+        tool: str,
+        capability: str,
+        operation_id: str,
+        run_id: str,
+        epoch: int,
+        request: dict[str, Any],
+        retention_s: float,
+    ) -> str:
+        """The resource another request body made under ``operation_id``: the one
+        the tool already holds, else one planted now (an idempotent tool also
+        keeps the key with that body's digest, so a resend is a key reuse)."""
+        existing = db.execute(
+            "SELECT resource_id FROM resources WHERE tool = ? AND operation_id = ?"
+            " ORDER BY created_at, rowid LIMIT 1",
+            (tool, operation_id),
+        ).fetchone()
+        if existing is not None:
+            return str(existing["resource_id"])
+        other = {**request, OTHER_BODY_FIELD: True}
+        resource_id = (
+            deterministic_resource_id(tool, operation_id)
+            if capability == "deterministic_id"
+            else f"res-{uuid.uuid4().hex}"
+        )
+        self._insert_resource(
+            db, resource_id, tool, capability, operation_id, run_id, epoch, other, seq
+        )
+        if capability == "idempotent":
+            _remember_key(db, tool, operation_id, resource_id, request_digest(other), retention_s)
+        return resource_id
+
+    @staticmethod
+    def _insert_resource(
+        db: sqlite3.Connection,
+        resource_id: str,
+        tool: str,
+        capability: str,
+        operation_id: str,
+        run_id: str,
+        epoch: int,
+        request: dict[str, Any],
+        seq: int,
+    ) -> None:
+        db.execute(
+            "INSERT INTO resources (resource_id, tool, capability, operation_id, run_id,"
+            " epoch, body_digest, request_json, created_at, request_seq)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                resource_id,
+                tool,
+                capability,
+                operation_id,
+                run_id,
+                epoch,
+                request_digest(request),
+                json.dumps(request, sort_keys=True, ensure_ascii=False),
+                time.time(),
+                seq,
+            ),
+        )
+
+    def mark_answered(self, seq: int) -> None:
+        """Record when a late answer (fault ``answer_late``) was sent."""
+        with self._tx() as db:
+            db.execute("UPDATE requests SET answered_at = ? WHERE seq = ?", (time.time(), seq))
 
     # -- queries --------------------------------------------------------
 
@@ -475,25 +607,78 @@ class Store:
 
     # -- broker ---------------------------------------------------------
 
-    def publish(self, event_id: str, topic: str, payload: Any) -> tuple[int, int | None]:
-        """Append a message (duplicates kept); returns (seq, seq of first copy or None)."""
+    def publish(
+        self,
+        event_id: str,
+        topic: str,
+        payload: Any,
+        *,
+        arrived_at: float | None = None,
+        fault_id: str | None = None,
+        fault_mode: str | None = None,
+    ) -> tuple[int, int | None]:
+        """Append a message (duplicates kept); returns (seq, seq of first copy or None).
+        ``received_at`` is when the broker took it (this commit); ``arrived_at``
+        when the publish arrived, earlier under ``publish_ack_late``."""
         with self._tx() as db:
             first = db.execute(
                 "SELECT MIN(seq) FROM messages WHERE event_id = ?", (event_id,)
             ).fetchone()[0]
+            now = time.time()
             cur = db.execute(
                 "INSERT INTO messages (boot, received_at, event_id, topic, payload_json,"
-                " duplicate_of) VALUES (?, ?, ?, ?, ?, ?)",
+                " duplicate_of, arrived_at, fault_id, fault_mode)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     self.boot,
-                    time.time(),
+                    now,
                     event_id,
                     topic,
                     json.dumps(payload, ensure_ascii=False),
                     first,
+                    now if arrived_at is None else arrived_at,
+                    fault_id,
+                    fault_mode,
                 ),
             )
             return int(cur.lastrowid or 0), first
+
+    def refuse_publish(
+        self, event_id: str, topic: str, http_status: int, fault_id: str, fault_mode: str
+    ) -> int:
+        """Log a publish the broker refused without taking the message (``publish_fail``)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO refused_publishes (boot, received_at, event_id, topic, http_status,"
+                " fault_id, fault_mode) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (self.boot, time.time(), event_id, topic, http_status, fault_id, fault_mode),
+            )
+            return int(cur.lastrowid or 0)
+
+    def log_delivery(
+        self,
+        after: int,
+        delivered: list[dict[str, Any]],
+        fault_id: str | None,
+        fault_mode: str | None,
+    ) -> int:
+        """Log one read that handed out messages, in the order handed out
+        (duplicates and reordering by a delivery fault included)."""
+        with self._tx() as db:
+            cur = db.execute(
+                "INSERT INTO deliveries (boot, delivered_at, after_seq, seqs_json,"
+                " event_ids_json, fault_id, fault_mode) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    self.boot,
+                    time.time(),
+                    after,
+                    json.dumps([m["seq"] for m in delivered]),
+                    json.dumps([m["event_id"] for m in delivered]),
+                    fault_id,
+                    fault_mode,
+                ),
+            )
+            return int(cur.lastrowid or 0)
 
     def messages(self, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:
         """Messages with ``seq > after`` in seq order."""
@@ -565,6 +750,8 @@ class Store:
             "messages": "SELECT * FROM messages ORDER BY seq",
             "callbacks": "SELECT * FROM callbacks ORDER BY id",
             "queries": "SELECT * FROM queries ORDER BY seq",
+            "refused_publishes": "SELECT * FROM refused_publishes ORDER BY seq",
+            "deliveries": "SELECT * FROM deliveries ORDER BY id",
             "boots": "SELECT * FROM boots ORDER BY boot",
         }
         with self._lock:

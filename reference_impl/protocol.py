@@ -12,7 +12,7 @@ FENCECHECK_MUTANT.
 | 1 lease grant/renew/release | fencecheck._grant / renew / release (SQL), ``Leases`` |
 | 2 lock + validate in the write's transaction | fencecheck.lock_lease, fencecheck.protected_write (stepped path, the one the harness runs); fencecheck.protected_write_fast (fast path: the same checks inline; a checkpoint locks the row by its UPDATE and judges expiry after the lock, 007) |
 | 3 revision CAS | fencecheck.protected_write, fencecheck.protected_write_fast (``WHERE revision = expected``) |
-| 4 ledger | fencecheck.dispatch_claim / record_tool_result / reconcile_expire_claims, ``Reconciler`` |
+| 4 ledger | fencecheck.dispatch_claim / record_tool_result / reconcile_expire_claims, ``Reconciler``; retry backoff ``Protocol.backoff_ms`` |
 | 5 stable operation_id, timeout never failure | ``Protocol.operation_id``, ``Dispatcher.on_unknown`` |
 | 6 cancel | fencecheck.cancel_run |
 | 7 retry isolation, callbacks | fencecheck.retry_run, fencecheck.deliver_callback |
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from reference_impl import checkpoint_schema, ids
+from reference_impl import backoff, checkpoint_schema, ids
 from reference_impl.errors import UnknownMutant
 from reference_impl.heartbeat import Heartbeat
 from reference_impl.leases import Leases
@@ -71,6 +71,11 @@ class Protocol:
     def operation_id(self, tenant: str, run_id: str, step_id: str, effect_version: int) -> str:
         """Rule 5: the intent's identity, never worker, epoch, attempt or time."""
         return ids.operation_id(tenant, run_id, step_id, effect_version)
+
+    def backoff_ms(self, run_id: str, attempt: int) -> int:
+        """Rule 4 (retries): the delay before a requeued run's next attempt grows
+        with ``attempt`` and is jittered per run (``backoff.delay_ms``)."""
+        return backoff.delay_ms(run_id, attempt)
 
     def decode_checkpoint(
         self, revision: int, schema_version: int | None, state: Any, stored_hash: bytes | None

@@ -29,8 +29,8 @@ import threading
 from typing import Any
 
 from harness import injection
-from reference_impl import backoff, history, metrics
 from reference_impl import errors as e
+from reference_impl import history, metrics
 from reference_impl.cancellation import Cancellation
 from reference_impl.checkpoint_schema import CURRENT_VERSION, DEFAULT_PLAN, validate_v2
 from reference_impl.ids import request_digest
@@ -272,6 +272,12 @@ class RefundWorkflow:
                 with contextlib.suppress(e.LedgerConflict):
                     rt.ledger.record_result(conn, op, rt.owner, answer)
                 raise
+            except e.LedgerConflict:
+                # Our claim no longer matches: the operation moved while we held
+                # the answer (a callback converged it, or the claim expired and
+                # turned unknown). The whole write rolled back; the loop goes on
+                # from what the ledger says now, never from our copy.
+                return None
             return out if out is not None else ""
         rt.dispatcher.settle_without_result(conn, op, answer)
         if answer.kind == "rejected_retryable":
@@ -280,7 +286,7 @@ class RefundWorkflow:
 
     def requeue(self, state: dict[str, Any], step: str, reason: str) -> str:
         """Back to the queue after a transient error, with exponential backoff and
-        jitter (``backoff.delay_ms``); a spent attempt budget is a permanent error:
+        jitter (``Protocol.backoff_ms``); a spent attempt budget is a permanent error:
         paused for a human instead."""
         attempt, budget = self.attempts
         if attempt >= budget:
@@ -292,7 +298,7 @@ class RefundWorkflow:
                 payload={"reason": "attempts_exhausted", "after": reason},
             )
             return out.status
-        delay = backoff.delay_ms(str(self.lease.run_id), max(1, attempt))
+        delay = self.rt.protocol.backoff_ms(str(self.lease.run_id), max(1, attempt))
         out = self.write(
             "requeue",
             state,

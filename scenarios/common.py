@@ -97,3 +97,23 @@ def finish(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float = 20.
     code = worker.wait(timeout_s)
     ctx.command(f"{worker.worker_id} exited with code {code}")
     return code
+
+
+def intent_registered(
+    ctx: ExperimentContext, worker: WorkerProcess, run_id: str, *, tool: str, step_id: str
+) -> str:
+    """Claim the run with ``worker`` (an ``ops`` process) and register one tool
+    intent (effect_version 1) under that lease; the operation_id."""
+    lease = ctx.ok(worker, "claim", run_id=run_id)
+    intent = ctx.ok(
+        worker,
+        "register_intent",
+        run_id=run_id,
+        epoch=lease["epoch"],
+        expected_revision=lease["revision"],
+        step_id=step_id,
+        effect_version=1,
+        tool=tool,
+        request={"kind": "return_label"},
+    )
+    return str(intent["operation_id"])

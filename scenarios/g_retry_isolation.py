@@ -1,45 +1,159 @@
-"""G: a late callback from an old run cannot advance the new run of the same task.
+"""G: a tool's callback converges only an operation in flight of the task's
+active, live run; in every other state it changes nothing, and it never
+advances a newer run.
 
-Run 1 calls the tool and is then cancelled; the task is retried as run 2 (a
-new run_id) and run 2 makes progress of its own. The tool's callback for
-run 1's operation arrives only now. It must not touch run 2.
+The callback is the tool's own (``POST /admin/callbacks``: built from its
+record of the resource, logged) and is relayed by the harness to the control
+plane's ``deliver_callback`` (the contract has no HTTP callback endpoint) at a
+moment the variant chose:
 
-The callback reaches the worker through its ``deliver_callback`` op (the
-contract has no HTTP callback endpoint), so the worker's answer is used only
-as proof that the delivery was received (the fault); whether it was accepted
-or refused is not judged: what is judged is the database (the new run, its
-ledger, the task's active run) and the global invariants.
+* ``superseded``: run 1 called the tool and was cancelled; the task was
+  retried as run 2, which made progress. Run 1's callback must not touch run 2.
+* ``terminal``: the run was cancelled while its operation was ``unknown``; the
+  callback must not move the cancelled run's ledger.
+* ``live_prepared``: the run is live, its operation registered and never sent:
+  the tool holds no resource, so no genuine callback exists; a forged one
+  (a resource id the tool never made) must change nothing.
+* ``live_dispatching``: the tool acted, the dispatcher holds its answer before
+  recording it; the callback may converge the operation, only to the tool's
+  resource; the dispatcher then finishes.
+* ``live_unknown``: the dispatcher died after the tool acted and the claim
+  became ``unknown``; the callback may converge it, only to the tool's
+  resource; a successor finishes without resending.
+* ``live_succeeded``: the result is recorded, the run still live: a repeated
+  callback changes nothing.
+
+The worker's answer to the delivery only proves it arrived; what is judged is
+the database (the operation, the run, any newer run) and the tool's log.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Hold
-from scenarios.common import control_plane, finish, new_run
+from harness.parts.control import Crash, Hold
+from harness.parts.processes import WorkerProcess
+from mock_tool.errors import ToolRejected
+from scenarios.common import control_plane, finish, intent_registered, new_run, wait_claimable
+
+TOOL = "plain"  # no query, no idempotency: the callback is the only news of the effect
+LIVE = ("queued", "running", "waiting_tool")  # the run statuses a callback may converge under
 
 SPEC = ExperimentSpec(
     id="G",
     title="retry isolation",
     seed_section="English seed §2 (run_id), §9.3 (late responses), §11 G",
-    invariant="a retry gets a new run_id; a late callback from the old run changes nothing of "
-    "the new run",
-    fault="the old run's tool callback is delivered after the retry made progress",
+    invariant="a retry gets a new run_id; a callback converges only an operation in flight "
+    "(dispatching, unknown) of the task's active, live run, and only to the tool's resource; "
+    "in any other state, and for an old run, it changes nothing",
+    fault="the tool's callback is delivered while the run is superseded / terminal / live, "
+    "its operation prepared / dispatching / unknown / succeeded",
     rules=(5, 7),
     injection_point="after_tool_response_before_tx2_commit",
+    variants=(
+        "superseded",
+        "terminal",
+        "live_prepared",
+        "live_dispatching",
+        "live_unknown",
+        "live_succeeded",
+    ),
+    variant_points=(
+        ("terminal", "after_tool_response_before_tx2_commit (crash)"),
+        ("live_prepared", "after_outbound_intent_commit"),
+        ("live_unknown", "after_tool_response_before_tx2_commit (crash)"),
+        ("live_succeeded", "none (ops: the result recorded)"),
+    ),
+    variant_waits=(("terminal", 0.8), ("live_unknown", 0.8)),
 )
 
 
+@dataclass
+class Moment:
+    """The state a variant set up for the callback, and what must follow it."""
+
+    run_id: str
+    op_id: str
+    payload: dict[str, Any]
+    may_converge: bool  # an operation in flight of the active, live run
+    # What the variant does after the delivery (release the held dispatcher, a
+    # successor...), then judges; it gets the ledger row after the callback.
+    then: Callable[[dict[str, Any]], None]
+
+
 def run(ctx: ExperimentContext) -> None:
-    old_run = new_run(ctx, tool="plain")
+    moment = SETUPS[ctx.variant or "superseded"](ctx)
     ctl = control_plane(ctx)
-    ctx.arm("A", "after_tool_response_before_tx2_commit", Hold())
-    a = ctx.env.start_worker("A", "run", ["--run-id", old_run, "--once"])
-    ctx.reached("A", "after_tool_response_before_tx2_commit")
+    op_before = _operation(ctx, moment.op_id)
+    run_before = checkers.run_row(ctx, moment.run_id, "the callback's run before it")
+    mark = checkers.audit_mark(ctx)
+    reply = ctx.op(
+        ctl,
+        "deliver_callback",
+        run_id=moment.run_id,
+        operation_id=moment.op_id,
+        payload=moment.payload,
+    )
+    ctx.fault(
+        "the callback reached the control plane",
+        reply.ok or reply.error not in (None, "Unsupported"),
+        expected="the control plane answered the delivery (accepted or refused)",
+        observed=f"reply ok={reply.ok} {reply.result or reply.error}",
+    )
+    op_after = _operation(ctx, moment.op_id)
+    resource = _resource(ctx, moment.op_id)
+    moved = _key(op_after) != _key(op_before)
+    if moment.may_converge:
+        ctx.invariant(
+            "the callback converged only to the tool's resource",
+            not moved or (op_after["status"], op_after["remote_id"]) == ("succeeded", resource),
+            expected=f"the operation unchanged, or succeeded with the tool's resource {resource}",
+            observed=f"{_key(op_before)} -> {_key(op_after)}",
+        )
+    else:
+        ctx.equal(
+            "the callback changed nothing of the operation",
+            _key(op_after),
+            _key(op_before),
+            what="(status, remote_id, revision) of the operation",
+        )
+    run_after = checkers.run_row(ctx, moment.run_id, "the callback's run after it")
+    ctx.equal(
+        "the callback did not move the run",
+        _run_key(run_after),
+        _run_key(run_before),
+        what="(status, revision, epoch, owner)",
+    )
+    touched = ctx.sql(
+        "what the control plane's delivery changed (audit trail)",
+        "SELECT seq, tbl, op, coalesce(new, old)->>'operation_id' AS operation_id "
+        "FROM fencecheck_audit.changes WHERE app = 'ctl' AND seq > %s ORDER BY seq",
+        [mark],
+    )
+    ctx.invariant(
+        "the callback wrote nothing but its operation's ledger row",
+        all(r["tbl"] == "tool_operations" and r["operation_id"] == moment.op_id for r in touched),
+        expected=f"audited changes by the delivery only on tool_operations row {moment.op_id}",
+        observed=f"{[(r['seq'], r['tbl'], r['op'], r['operation_id']) for r in touched]}",
+    )
+    moment.then(op_after)
+    checkers.recorded_results_are_the_tools(ctx, moment.run_id)
+    checkers.lease_history_is_sound(ctx)
+
+
+# -------------------------------------------------------------- the moments
+
+
+def _superseded(ctx: ExperimentContext) -> Moment:
+    old_run, a = _held(ctx, "after_tool_response_before_tx2_commit")
+    ctl = control_plane(ctx)
     ctx.ok(ctl, "cancel", run_id=old_run)
     ctx.release("A", "after_tool_response_before_tx2_commit")
     finish(ctx, a)
-    old_request = next(iter(checkers.tool_requests(ctx, run_id=old_run)), None)
     task_id = checkers.run_row(ctx, old_run)["task_id"]
     retry = ctx.ok(ctl, "retry_run", task_id=task_id)
     new_run_id = ctx.note_run(str(retry["run_id"]))
@@ -59,54 +173,245 @@ def run(ctx: ExperimentContext) -> None:
         expected_revision=lease["revision"],
         state={"step": "new run"},
     )["revision"]
+    op_id = _only_operation(ctx, old_run)
     before = checkers.run_row(ctx, new_run_id, "new run before the late callback")
     ledger_before = checkers.ledger(ctx, new_run_id)
-    ctx.fault(
-        "the old run really called the tool",
-        old_request is not None,
-        expected="the tool's log holds the old run's request",
-        observed=f"old run request: {old_request and old_request['operation_id']}",
-    )
-    if old_request is None:
-        return
-    callback = ctx.op(
-        ctl,
-        "deliver_callback",
-        run_id=old_run,
-        operation_id=old_request["operation_id"],
-        payload={
-            "operation_id": old_request["operation_id"],
-            "run_id": old_run,
-            "epoch": old_request["epoch"],
-            "resource_id": old_request["resource_id"],
-            "tool": old_request["tool"],
-        },
-    )
-    ctx.fault(
-        "the late callback reached the control plane",
-        callback.ok or callback.error not in (None, "Unsupported"),
-        expected="the control plane answered the delivery (accepted or refused)",
-        observed=f"reply ok={callback.ok} {callback.result or callback.error}",
-    )
-    after = checkers.run_row(ctx, new_run_id, "new run after the late callback")
-    ctx.equal(
-        "new run untouched",
-        (after["status"], after["revision"], after["epoch"], after["owner"]),
-        (before["status"], rev, before["epoch"], before["owner"]),
-        what="new run (status, revision, epoch, owner)",
-    )
-    ctx.equal(
-        "new run's ledger untouched",
-        checkers.ledger(ctx, new_run_id),
-        ledger_before,
-        what="tool_operations of the new run",
-    )
-    ctx.equal(
-        "task points at the new run",
-        ctx.sql("task", "SELECT active_run_id FROM agent_tasks WHERE task_id = %s", [task_id])[0][
-            "active_run_id"
-        ].__str__(),
+    _in_state(
+        ctx,
+        old_run,
+        op_id,
+        "the old run cancelled and superseded",
+        (None, ("cancelled",)),
         new_run_id,
-        what="agent_tasks.active_run_id",
     )
-    checkers.lease_history_is_sound(ctx, [old_run, new_run_id])
+
+    def then(op_after: dict[str, Any]) -> None:
+        del op_after
+        after = checkers.run_row(ctx, new_run_id, "new run after the late callback")
+        ctx.equal(
+            "new run untouched",
+            _run_key(after),
+            (before["status"], rev, before["epoch"], before["owner"]),
+            what="new run (status, revision, epoch, owner)",
+        )
+        ctx.equal(
+            "new run's ledger untouched",
+            checkers.ledger(ctx, new_run_id),
+            ledger_before,
+            what="tool_operations of the new run",
+        )
+        ctx.equal("task points at the new run", _active_run(ctx, task_id), new_run_id)
+
+    return Moment(old_run, op_id, _genuine(ctx, op_id), False, then)
+
+
+def _unknown_after_crash(ctx: ExperimentContext) -> tuple[str, str]:
+    """A run whose dispatcher died after the tool acted, the claim turned
+    unknown by the reconciler; the run still live with an expired lease."""
+    run_id = new_run(ctx, tool=TOOL)
+    ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
+    finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
+    wait_claimable(ctx, run_id)
+    ctx.ok(control_plane(ctx), "reconcile")
+    return run_id, _only_operation(ctx, run_id)
+
+
+def _terminal(ctx: ExperimentContext) -> Moment:
+    run_id, op_id = _unknown_after_crash(ctx)
+    ctx.ok(control_plane(ctx), "cancel", run_id=run_id)
+    _in_state(
+        ctx, run_id, op_id, "the run cancelled, its operation unknown", ("unknown", ("cancelled",))
+    )
+    return Moment(run_id, op_id, _genuine(ctx, op_id), False, _nothing_more)
+
+
+def _live_unknown(ctx: ExperimentContext) -> Moment:
+    run_id, op_id = _unknown_after_crash(ctx)
+    _in_state(ctx, run_id, op_id, "the run live, its operation unknown", ("unknown", LIVE))
+
+    def then(op_after: dict[str, Any]) -> None:
+        code = finish(ctx, ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"]))
+        _not_resent(ctx, op_id)
+        if op_after["status"] == "succeeded":
+            ctx.equal(
+                "the successor finished from the callback's result",
+                checkers.run_row(ctx, run_id)["status"],
+                "succeeded",
+                what=f"run status (B exit {code})",
+            )
+
+    return Moment(run_id, op_id, _genuine(ctx, op_id), True, then)
+
+
+def _held(ctx: ExperimentContext, point: str) -> tuple[str, WorkerProcess]:
+    """A new run whose ``run``-mode worker A is held at ``point``."""
+    run_id = new_run(ctx, tool=TOOL)
+    ctx.arm("A", point, Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    ctx.reached("A", point)
+    return run_id, a
+
+
+def _live_dispatching(ctx: ExperimentContext) -> Moment:
+    point = "after_tool_response_before_tx2_commit"
+    run_id, a = _held(ctx, point)
+    op_id = _only_operation(ctx, run_id)
+    _in_state(ctx, run_id, op_id, "the run live, the answer not recorded", ("dispatching", LIVE))
+    return Moment(
+        run_id, op_id, _genuine(ctx, op_id), True, _release_and_finish(ctx, a, point, run_id)
+    )
+
+
+def _live_prepared(ctx: ExperimentContext) -> Moment:
+    point = "after_outbound_intent_commit"
+    run_id, a = _held(ctx, point)
+    op_id = _only_operation(ctx, run_id)
+    _in_state(ctx, run_id, op_id, "the run live, its operation never sent", ("prepared", LIVE))
+    try:
+        ctx.env.tool.client().callback_now(TOOL, op_id)
+        genuine = True
+    except ToolRejected:
+        genuine = False
+    ctx.fault(
+        "the tool has no callback to give",
+        not genuine,
+        expected="the tool holds no resource of the operation (POST /admin/callbacks: 404)",
+        observed="it issued one" if genuine else "404: no resource, no genuine callback",
+    )
+    epoch = checkers.run_row(ctx, run_id)["epoch"]
+    forged = {
+        "operation_id": op_id,
+        "run_id": run_id,
+        "epoch": epoch,
+        "resource_id": f"res-forged-{ctx.uuid()[:12]}",
+        "tool": TOOL,
+        "attempt": 1,
+    }
+    return Moment(run_id, op_id, forged, False, _release_and_finish(ctx, a, point, run_id))
+
+
+def _live_succeeded(ctx: ExperimentContext) -> Moment:
+    run_id = new_run(ctx, tool=TOOL)
+    w = ctx.env.start_worker("W", "ops")
+    op_id = intent_registered(ctx, w, run_id, tool=TOOL, step_id="g.label")
+    ctx.ok(w, "dispatch", operation_id=op_id)
+    _in_state(ctx, run_id, op_id, "the run live, its result recorded", ("succeeded", LIVE))
+    return Moment(run_id, op_id, _genuine(ctx, op_id), False, _nothing_more)
+
+
+SETUPS: dict[str, Callable[[ExperimentContext], Moment]] = {
+    "superseded": _superseded,
+    "terminal": _terminal,
+    "live_prepared": _live_prepared,
+    "live_dispatching": _live_dispatching,
+    "live_unknown": _live_unknown,
+    "live_succeeded": _live_succeeded,
+}
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _genuine(ctx: ExperimentContext, op_id: str) -> dict[str, Any]:
+    """The tool's own callback of the operation's resource, issued now (logged)."""
+    payload = ctx.env.tool.client().callback_now(TOOL, op_id)
+    ctx.command(f"tool: issued the callback of {op_id} for the harness to relay: {payload}")
+    return payload
+
+
+def _in_state(
+    ctx: ExperimentContext,
+    run_id: str,
+    op_id: str,
+    what: str,
+    statuses: tuple[str | None, tuple[str, ...]],
+    active: str | None = None,
+) -> None:
+    """Fault check: the operation and the run have the ``statuses`` (the
+    operation's, None for any; the run's, one of) the variant set up, and the
+    task's active run is ``active`` (the run itself by default), as the
+    database shows them before the callback."""
+    op = _operation(ctx, op_id)
+    row = checkers.run_row(ctx, run_id, f"the run when the callback comes: {what}")
+    task_run = _active_run(ctx, str(row["task_id"]))
+    want_op, want_run = statuses
+    ctx.fault(
+        what,
+        (want_op is None or op["status"] == want_op)
+        and row["status"] in want_run
+        and task_run == (active or run_id),
+        expected=f"operation {want_op or 'in any status'}, run {'/'.join(want_run)}, the task's "
+        "active "
+        f"run {(active or run_id)[:8]}",
+        observed=f"operation {op['status']}, run {row['status']}, active run {task_run[:8]}",
+    )
+
+
+def _release_and_finish(
+    ctx: ExperimentContext, worker: WorkerProcess, point: str, run_id: str
+) -> Callable[[dict[str, Any]], None]:
+    """Let the worker held at ``point`` go on after the callback: it sends (or
+    records, or adopts what the callback recorded) what it has, nothing twice,
+    and finishes the run (progress: the state the callback left is one the
+    workflow continues from)."""
+
+    def then(op_after: dict[str, Any]) -> None:
+        del op_after
+        ctx.release(worker.worker_id, point)
+        code = finish(ctx, worker)
+        _not_resent(ctx, _only_operation(ctx, run_id))
+        ctx.equal(
+            "the held worker finished the run",
+            checkers.run_row(ctx, run_id)["status"],
+            "succeeded",
+            what=f"run status ({worker.worker_id} exit {code})",
+        )
+
+    return then
+
+
+def _nothing_more(op_after: dict[str, Any]) -> None:
+    del op_after  # judged above: the callback changed nothing
+
+
+def _not_resent(ctx: ExperimentContext, op_id: str) -> None:
+    requests = checkers.tool_requests(ctx, operation_id=op_id)
+    ctx.invariant(
+        "the tool heard of the operation at most once",
+        len(requests) <= 1,
+        expected="at most one create for the operation (a tool without query or idempotency)",
+        observed=f"{[(r['seq'], r['outcome']) for r in requests]}",
+    )
+
+
+def _only_operation(ctx: ExperimentContext, run_id: str) -> str:
+    ops = checkers.ledger(ctx, run_id)
+    return str(ops[0]["operation_id"]) if ops else ""
+
+
+def _operation(ctx: ExperimentContext, op_id: str) -> dict[str, Any]:
+    rows = ctx.sql(
+        f"operation {op_id}",
+        "SELECT operation_id, status, remote_id, revision FROM tool_operations "
+        "WHERE operation_id = %s",
+        [op_id],
+    )
+    return rows[0] if rows else {"status": None, "remote_id": None, "revision": None}
+
+
+def _resource(ctx: ExperimentContext, op_id: str) -> str | None:
+    made = [r for r in checkers.tool_resources(ctx) if r["operation_id"] == op_id]
+    return str(made[0]["resource_id"]) if made else None
+
+
+def _active_run(ctx: ExperimentContext, task_id: str) -> str:
+    rows = ctx.sql("task", "SELECT active_run_id FROM agent_tasks WHERE task_id = %s", [task_id])
+    return str(rows[0]["active_run_id"]) if rows else ""
+
+
+def _key(op: dict[str, Any]) -> tuple[Any, ...]:
+    return (op["status"], op["remote_id"], op["revision"])
+
+
+def _run_key(row: dict[str, Any]) -> tuple[Any, ...]:
+    return (row["status"], row["revision"], row["epoch"], row["owner"])

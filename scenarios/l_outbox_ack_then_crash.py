@@ -1,76 +1,283 @@
-"""L: the relay dies after the broker acknowledged a message but before marking
-it published: the message is published again, and the consumer's business
-effect still happens once.
+"""L: the outbox is delivered at least once and each event's business effect
+happens once, whatever the relay and the broker do in between.
+
+Three checkpoints leave three outbox events. A relay publishes them and a
+consumer applies them; one variant per thing that goes wrong on the way:
+
+* ``ack_then_crash``: the relay dies (SIGKILL at
+  after_broker_ack_before_outbox_mark) after the broker acknowledged the first
+  message, before marking it: the next relay publishes it again.
+* ``publish_fails``: the broker refuses the second publish of the relay's
+  locked batch (503, nothing taken): that row is not marked, a later relay
+  publishes it.
+* ``late_ack``: the broker takes the first publish only after the relay's own
+  timeout: no ack, so no mark; the next relay publishes it again.
+* ``duplicate_delivery``: the broker hands one message out twice in one read.
+* ``reordered_delivery``: the broker hands one read out in reverse order.
+
+In every variant the consumer is judged on every event the broker holds
+(its own delivery log, not only the repeated one): each handed out and
+applied exactly once; and no outbox row is marked published before the
+broker had its message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash
-from scenarios.common import new_run
+from scenarios.common import new_run, seen_within
+
+EVENTS = 3
+CONSUMER = "billing"
+# The relay's own call timeout in late_ack (FENCECHECK_TOOL_TIMEOUT_MS), and
+# how long the broker holds that publish before it takes it: well past it.
+RELAY_TIMEOUT_MS = 300
+LATE_ACK_MS = 900
 
 SPEC = ExperimentSpec(
     id="L",
     title="outbox ack then crash",
     seed_section="Chinese seed §11, §13.2 (Outbox ACK 后崩溃); English seed §12",
-    invariant="at-least-once: the message may repeat at the broker; the consumer's business "
-    "effect happens once per event_id",
-    fault="SIGKILL at after_broker_ack_before_outbox_mark",
+    invariant="at-least-once: a row is marked published only after the broker has its message, "
+    "a refused or unanswered publish is published again; every event the broker holds is "
+    "handed to the consumer and its business effect happens exactly once",
+    fault="one per variant: the relay SIGKILLed between the broker's ack and the mark; the "
+    "broker refuses one publish of a batch, acks after the relay's timeout, hands a message "
+    "out twice, hands a read out of order",
     rules=(10,),
     injection_point="after_broker_ack_before_outbox_mark",
+    variants=(
+        "ack_then_crash",
+        "publish_fails",
+        "late_ack",
+        "duplicate_delivery",
+        "reordered_delivery",
+    ),
+    variant_points=(
+        ("publish_fails", "none (broker fault)"),
+        ("late_ack", "none (broker fault)"),
+        ("duplicate_delivery", "none (broker fault)"),
+        ("reordered_delivery", "none (broker fault)"),
+    ),
+    variant_faults=(
+        ("ack_then_crash", "SIGKILL at after_broker_ack_before_outbox_mark"),
+        ("publish_fails", "the broker refuses the second publish of the relay's locked batch"),
+        (
+            "late_ack",
+            f"the broker takes the first publish {LATE_ACK_MS} ms late, after the "
+            f"relay's {RELAY_TIMEOUT_MS} ms timeout",
+        ),
+        ("duplicate_delivery", "the broker hands the first message of a read out twice"),
+        ("reordered_delivery", "the broker hands a read out in reverse order"),
+    ),
+    variant_waits=(("late_ack", LATE_ACK_MS / 1000),),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
+    variant = VARIANTS[ctx.variant or "ack_then_crash"]
+    run_id, events = _outbox_events(ctx)
+    variant.publish(ctx, run_id, events)
+    consumer = ctx.env.start_worker("K", "ops")
+    ctx.ok(consumer, "consume", consumer=CONSUMER)
+    ctx.ok(consumer, "consume", consumer=CONSUMER)  # a second pass sees nothing new
+    variant.confirm(ctx, events)
+    checkers.every_event_applied_once(ctx, CONSUMER)
+    outbox = checkers.outbox(ctx, run_id)
+    ctx.invariant(
+        "every outbox row finally marked",
+        len(outbox) == EVENTS and all(r["published_at"] is not None for r in outbox),
+        expected=f"{EVENTS} rows, each published_at set by a relay",
+        observed=f"{[(str(r['event_id'])[:8], r['published_at']) for r in outbox]}",
+    )
+    _nothing_marked_before_the_broker(ctx, run_id, "in the end")
+
+
+def _outbox_events(ctx: ExperimentContext) -> tuple[str, list[str]]:
+    """A run with ``EVENTS`` checkpoints, hence as many outbox events, unpublished."""
     run_id = new_run(ctx)
     w = ctx.env.start_worker("W", "ops")
     lease = ctx.ok(w, "claim", run_id=run_id)
-    saved = ctx.ok(
-        w,
-        "save_checkpoint",
-        run_id=run_id,
-        epoch=lease["epoch"],
-        expected_revision=lease["revision"],
-        state={"step": "notify"},
+    rev, events = lease["revision"], []
+    for i in range(EVENTS):
+        saved = ctx.ok(
+            w,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=rev,
+            state={"step": f"notify {i + 1}"},
+        )
+        rev = saved["revision"]
+        events.append(str(saved["event_id"]))
+    return run_id, events
+
+
+def _nothing_marked_before_the_broker(ctx: ExperimentContext, run_id: str, when: str) -> None:
+    """No outbox row of the run is marked published before the broker took a
+    message with its event_id (the broker's own log, its ``received_at``)."""
+    first: dict[str, float] = {}
+    for m in checkers.tool_log(ctx)["messages"]:
+        first.setdefault(str(m["event_id"]), float(m["received_at"]))
+    early = [
+        f"{str(r['event_id'])[:8]} marked at {r['published_at'].isoformat()}, broker "
+        + (
+            f"took it at {first[str(r['event_id'])]:.3f}"
+            if str(r["event_id"]) in first
+            else "never"
+        )
+        for r in checkers.outbox(ctx, run_id)
+        if r["published_at"] is not None
+        and r["published_at"].timestamp() < first.get(str(r["event_id"]), float("inf"))
+    ]
+    ctx.invariant(
+        f"nothing marked before the broker had it ({when})",
+        not early,
+        expected="each row marked published only after the broker took its message",
+        observed="; ".join(early) or "every mark follows the broker's copy",
     )
-    event_id = str(saved["event_id"])
+
+
+# ------------------------------------------------------------------ variants
+
+
+def _ack_then_crash(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
     ctx.arm("R1", "after_broker_ack_before_outbox_mark", Crash())
     r1 = ctx.env.start_worker("R1", "ops")
     r1.request_async("relay", {})
     code = r1.wait(15)
     ctx.command(f"R1 exited with code {code}")
-    acked = [m for m in checkers.tool_log(ctx)["messages"] if m["event_id"] == event_id]
-    pending = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == event_id]
+    acked = _copies(ctx, events[0])
+    pending = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == events[0]]
     ctx.fault(
         "the broker acknowledged, then the relay died before marking",
         code == -9 and len(acked) == 1 and bool(pending) and pending[0]["published_at"] is None,
-        expected="R1 killed; broker holds the message once; outbox row still unpublished",
+        expected="R1 killed; broker holds the first message once; its outbox row unpublished",
         observed=f"R1 exit {code}; broker copies {len(acked)}; outbox published_at "
         f"{pending[0]['published_at'] if pending else 'no row'}",
     )
-    r2 = ctx.env.start_worker("R2", "ops")
-    ctx.ok(r2, "relay")
-    consumer = ctx.env.start_worker("K", "ops")
-    ctx.ok(consumer, "consume", consumer="billing")
-    ctx.ok(consumer, "consume", consumer="billing")  # a second pass sees nothing new
-    copies = [m for m in checkers.tool_log(ctx)["messages"] if m["event_id"] == event_id]
+    ctx.ok(ctx.env.start_worker("R2", "ops"), "relay")
+
+
+def _publish_fails(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
+    ctx.env.tool.client().set_fault("broker", "publish_fail", skip=1)
+    ctx.command("broker: the second publish from now on is refused (publish_fail, skip 1)")
+    before = [r for r in checkers.outbox(ctx, run_id) if r["published_at"] is None]
+    ctx.ok(ctx.env.start_worker("R1", "ops"), "relay")
+    refused = [str(r["event_id"]) for r in checkers.tool_log(ctx)["refused_publishes"]]
+    ctx.fault(
+        "the broker refused one publish of a locked batch",
+        len(before) == EVENTS and len(refused) == 1 and refused[0] in events,
+        expected=f"R1's batch held {EVENTS} unpublished rows; the broker refused its second "
+        "publish, an event of the run, and nothing else",
+        observed=f"{len(before)} unpublished before R1; refused {[e[:8] for e in refused]}",
+    )
+    rows = [r for r in checkers.outbox(ctx, run_id) if str(r["event_id"]) in refused[:1]]
+    ctx.invariant(
+        "the refused event stays pending",
+        bool(rows) and rows[0]["published_at"] is None,
+        expected="the refused event not marked published by the cycle the broker refused it in",
+        observed=f"{refused[0][:8] if refused else 'no refusal'}: published_at "
+        f"{rows[0]['published_at'] if rows else 'no row'}",
+    )
+    _nothing_marked_before_the_broker(ctx, run_id, "after the refused publish")
+    ctx.ok(ctx.env.start_worker("R2", "ops"), "relay")
+
+
+def _late_ack(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
+    ctx.env.tool.client().set_fault("broker", "publish_ack_late", ms=LATE_ACK_MS)
+    ctx.command(f"broker: the next publish is taken and acknowledged {LATE_ACK_MS} ms late")
+    r1 = ctx.env.start_worker(
+        "R1", "ops", env={"FENCECHECK_TOOL_TIMEOUT_MS": str(RELAY_TIMEOUT_MS)}
+    )
+    ctx.op(r1, "relay")
+    late = seen_within(
+        lambda: [m for m in _copies(ctx, events[0]) if m.get("fault_mode") == "publish_ack_late"],
+        what="the broker to take the late publish",
+        timeout_s=LATE_ACK_MS / 1000 + 5,
+    )
+    held_ms = (late[0]["received_at"] - late[0]["arrived_at"]) * 1000 if late else 0.0
+    ctx.fault(
+        "the broker took the publish only after the relay's timeout",
+        bool(late) and held_ms >= LATE_ACK_MS > RELAY_TIMEOUT_MS,
+        expected=f"the first message taken {LATE_ACK_MS} ms after its publish arrived, R1's "
+        f"timeout {RELAY_TIMEOUT_MS} ms",
+        observed=f"taken {held_ms:.0f} ms after arrival" if late else "never taken",
+    )
+    _nothing_marked_before_the_broker(ctx, run_id, "after the late ack")
+    ctx.ok(ctx.env.start_worker("R2", "ops"), "relay")
+
+
+def _relay_then_arm(mode: str) -> Callable[[ExperimentContext, str, list[str]], None]:
+    """Publish everything normally, then arm a delivery fault for the consumer's first read."""
+
+    def publish(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
+        del run_id, events
+        ctx.ok(ctx.env.start_worker("R1", "ops"), "relay")
+        ctx.env.tool.client().set_fault("broker", mode)
+        ctx.command(f"broker: the next read that hands out messages: {mode}")
+
+    return publish
+
+
+def _repeated(ctx: ExperimentContext, events: list[str]) -> None:
+    copies = _copies(ctx, events[0])
     ctx.fault(
         "the message really repeated at the broker",
         len(copies) >= 2,
-        expected="at least two broker copies of the event",
+        expected="at least two broker copies of the first event",
         observed=f"{len(copies)} copies",
     )
-    effects = ctx.sql(
-        "consumer's business effects for the event",
-        "SELECT consumer_name, event_id, effect FROM consumer_effects WHERE event_id = %s",
-        [event_id],
-    )
-    ctx.equal("business effect once", len(effects), 1, what="consumer_effects rows")
-    marked = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == event_id]
-    ctx.invariant(
-        "outbox row finally marked",
-        bool(marked) and marked[0]["published_at"] is not None,
-        expected="published_at set by the second relay",
-        observed=f"{marked[0]['published_at'] if marked else 'no row'}",
-    )
+
+
+def _delivered(mode: str, shape: str, seen: Callable[[list[int]], bool]) -> Any:
+    def confirm(ctx: ExperimentContext, events: list[str]) -> None:
+        del events
+        reads = [d for d in checkers.tool_log(ctx)["deliveries"] if d["fault_mode"] == mode]
+        ctx.fault(
+            f"the broker handed a read out {shape}",
+            bool(reads) and seen(reads[0]["seqs"]),
+            expected=f"a delivery logged by the broker with fault {mode}, {shape}",
+            observed=f"seqs handed out: {[d['seqs'] for d in reads] or 'no such read'}",
+        )
+
+    return confirm
+
+
+def _copies(ctx: ExperimentContext, event_id: str) -> list[dict[str, Any]]:
+    return [m for m in checkers.tool_log(ctx)["messages"] if m["event_id"] == event_id]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """How the events get to the broker (with the variant's fault), and how the
+    harness confirms the fault from the broker's log once the consumer read."""
+
+    publish: Callable[[ExperimentContext, str, list[str]], None]
+    confirm: Callable[[ExperimentContext, list[str]], None]
+
+
+def _none(ctx: ExperimentContext, events: list[str]) -> None:
+    del ctx, events  # the variant confirmed its fault while publishing
+
+
+VARIANTS = {
+    "ack_then_crash": Variant(_ack_then_crash, _repeated),
+    "publish_fails": Variant(_publish_fails, _none),
+    # Not _repeated: whether the relay sends the unanswered publish again is its
+    # response, not the fault; the fault is the broker's late take.
+    "late_ack": Variant(_late_ack, _none),
+    "duplicate_delivery": Variant(
+        _relay_then_arm("deliver_duplicate"),
+        _delivered("deliver_duplicate", "with a message twice", lambda s: len(set(s)) < len(s)),
+    ),
+    "reordered_delivery": Variant(
+        _relay_then_arm("deliver_reorder"),
+        _delivered("deliver_reorder", "out of order", lambda s: s != sorted(s)),
+    ),
+}

@@ -7,7 +7,9 @@ The harness reads every requeue of both rows from its audit trail (as
 superuser): each requeue stores ``next_attempt_at``; nothing may claim
 the run before it; the delay grows from attempt to attempt; the two runs'
 delays differ (jitter); after ``max_attempts`` attempts the run is paused
-for a human and the tool hears no more of it.
+for a human and the tool hears no more of it. Delays are measured values,
+compared with a stated tolerance (``DELAY_TOLERANCE_MS``), never by their
+last digit.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ SPEC = ExperimentSpec(
     title="retry backoff and budget",
     seed_section="Chinese seed §3.1, §10 (retries, attempt budget); English seed §7",
     invariant="a requeued run is not claimed before its next_attempt_at; the delay grows "
-    "with every attempt and differs between runs (jitter); after max_attempts the run is "
+    "with every attempt and differs between runs (jitter), measured delays compared with a "
+    "stated 1 ms tolerance; after max_attempts the run is "
     "paused for a human and no further request reaches the tool",
     fault="the tool refuses every create with 429 (retry later)",
     rules=(4, 5),
@@ -34,6 +37,14 @@ SPEC = ExperimentSpec(
 )
 
 ATTEMPTS = 3
+# A delay is measured from the database: the requeue's next_attempt_at minus
+# the updated_at the same transaction wrote (the audit trail's new row). Two
+# clock readings of one transaction lie microseconds apart, so a delay carries
+# that much noise: a worker whose jitter is the same for every run showed
+# 170.999 ms and 170.998 ms. Delays count as different (or as grown) only
+# beyond this stated tolerance, which is far below any jitter or growth the
+# contract asks for.
+DELAY_TOLERANCE_MS = 1.0
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -68,11 +79,14 @@ def run(ctx: ExperimentContext) -> None:
     for r in runs:
         _judge(ctx, r, seen[r], trail, requests)
     delays = [[d for d, _ in seen[r]] for r in runs]
+    apart = [abs(x - y) for x, y in zip(delays[0], delays[1], strict=False)]
     ctx.invariant(
         "jitter spreads the runs",
-        len(delays[0]) >= 1 and len(delays[1]) >= 1 and delays[0][0] != delays[1][0],
-        expected="the two runs' first delays differ",
-        observed=f"delays (ms): {delays}",
+        bool(apart) and max(apart) > DELAY_TOLERANCE_MS,
+        expected=f"measured delays (next_attempt_at - updated_at, audit trail) of the two runs "
+        f"differ by more than {DELAY_TOLERANCE_MS:g} ms at one attempt at least",
+        observed=f"delays (ms): {[[round(d, 3) for d in ds] for ds in delays]}; apart by "
+        f"{[round(a, 3) for a in apart]} ms",
     )
     checkers.lease_history_is_sound(ctx, runs)
 
@@ -140,9 +154,11 @@ def _judge(
     delays = [d for d, _ in seen]
     ctx.invariant(
         f"{short}: the delay grows with every attempt",
-        len(delays) == ATTEMPTS - 1 and all(b > a for a, b in itertools.pairwise(delays)),
-        expected=f"{ATTEMPTS - 1} requeues, each delay longer than the one before",
-        observed=f"delays (ms): {[round(d) for d in delays]}",
+        len(delays) == ATTEMPTS - 1
+        and all(b > a + DELAY_TOLERANCE_MS for a, b in itertools.pairwise(delays)),
+        expected=f"{ATTEMPTS - 1} requeues, each measured delay more than "
+        f"{DELAY_TOLERANCE_MS:g} ms longer than the one before",
+        observed=f"delays (ms): {[round(d, 3) for d in delays]}",
     )
     grants = [
         r["at"]

@@ -14,7 +14,7 @@ exactly ONE place, in one of four ways:
   role cannot bypass the database, which is where rules 1-4, 6, 7 and 12 live.
 
 Invariants (checked when a Mutant is made): the rule is one of docs/protocol.md's
-1-13; at least one catcher, each an experiment id (A-V); a component subclass
+1-13; at least one catcher, each an experiment id (A-W); a component subclass
 derives from the class it replaces.
 """
 
@@ -31,7 +31,7 @@ from reference_impl.queries import Queries
 
 SQL_DIR = Path(__file__).parent / "sql"
 RULES = range(1, 14)
-EXPERIMENTS = frozenset("ABCDEFGHIJKLMNOPQRSTUV")
+EXPERIMENTS = frozenset("ABCDEFGHIJKLMNOPQRSTUVW")
 #: Protocol attributes a Component may swap, with the class each must extend.
 SLOTS: dict[str, type] = {
     slot: getattr(Protocol, slot)
@@ -47,7 +47,7 @@ SLOTS: dict[str, type] = {
         "runs_cls",
     )
 }
-METHODS = ("operation_id", "decode_checkpoint")
+METHODS = ("operation_id", "decode_checkpoint", "backoff_ms")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class Statement:
 class Method:
     """Replace one of the Protocol's own rule methods."""
 
-    name: Literal["operation_id", "decode_checkpoint"]
+    name: Literal["operation_id", "decode_checkpoint", "backoff_ms"]
     fn: Callable[..., Any]
 
     kind: ClassVar[str] = "method"

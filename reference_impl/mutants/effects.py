@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from mock_tool.errors import ToolError
-from reference_impl import ids
+from reference_impl import backoff, ids
 from reference_impl.cancellation import Cancellation
 from reference_impl.db import Conn
 from reference_impl.ledger import Answer, Dispatcher, Ledger, Operation, Reconciler
@@ -19,6 +19,12 @@ def operation_id_per_attempt(
 ) -> str:
     """MUTANT: the id carries a per-attempt nonce (like a worker, epoch or time)."""
     return f"{ids.operation_id(tenant, run_id, step_id, effect_version)}/{uuid.uuid4().hex[:8]}"
+
+
+def backoff_same_for_every_run(self: Protocol, run_id: str, attempt: int) -> int:
+    """MUTANT: the jitter is drawn from the attempt alone, not from the run."""
+    del run_id
+    return backoff.delay_ms("the-same-for-every-run", attempt)
 
 
 class ResendingReconciler(Reconciler):
@@ -69,6 +75,47 @@ class DeadlineBlindLedger(Ledger):
         # frozen between its claim and its call (SIGSTOP, a VM pause) sends on
         # resume, under a claim that expired while a successor holds a newer one.
         return Operation.from_row(row) if row else None
+
+
+class ConflictAsSuccessDispatcher(Dispatcher):
+    """Takes any 409 under our key for our success."""
+
+    def send(self, op: Operation, epoch: int, cancel: Cancellation | None = None) -> Answer:
+        answer = super().send(op, epoch, cancel)
+        # MUTANT: a conflict is read as "the resource exists, so it is ours",
+        # without comparing the body it was made from (same_request false: it
+        # was made from another request under our operation_id).
+        body = (answer.error or {}).get("body") or {}
+        if answer.kind == "conflict" and isinstance(body.get("resource_id"), str):
+            rid = body["resource_id"]
+            return Answer("succeeded", rid, {"resource_id": rid, "conflict": True})
+        return answer
+
+
+class AcceptedAsSuccessDispatcher(Dispatcher):
+    """Takes a 202 (accepted, no result in it) for a recorded success."""
+
+    def send(self, op: Operation, epoch: int, cancel: Cancellation | None = None) -> Answer:
+        answer = super().send(op, epoch, cancel)
+        # MUTANT: any 2xx is a success, even one that carries no resource id:
+        # the ledger records succeeded without the remote fact.
+        if answer.kind == "unknown" and (answer.error or {}).get("http_status") == 202:
+            return Answer("succeeded", None, {"accepted": True})
+        return answer
+
+
+class ServerErrorAsRefusalDispatcher(Dispatcher):
+    """Takes a 5xx for the tool's definite refusal."""
+
+    def send(self, op: Operation, epoch: int, cancel: Cancellation | None = None) -> Answer:
+        answer = super().send(op, epoch, cancel)
+        # MUTANT: a 500 is read as "the tool failed, nothing happened"
+        # (failed_final), although a tool may act and then answer 5xx.
+        status = (answer.error or {}).get("http_status")
+        if answer.kind == "unknown" and isinstance(status, int) and status >= 500:
+            error = answer.error or {}
+            return Answer("failed_final", error=error, result={"error": error, "executed": False})
+        return answer
 
 
 class EpochlessLedger(Ledger):
@@ -134,11 +181,36 @@ MUTANTS = (
     Mutant(
         "no_answer_taken_as_refusal",
         5,
-        ("S",),
+        ("S", "W"),
         "a tool call that got no answer (timeout, connection reset or closed after the "
         "request was sent) is taken for the tool's refusal to act: the claim goes back to "
         "prepared and the request is sent again, although the tool may have acted",
         Component("dispatcher_cls", SilenceAsRefusalDispatcher),
+    ),
+    Mutant(
+        "conflict_taken_as_success",
+        4,
+        ("W",),
+        "a 409 under our operation_id is recorded as our success whatever body the existing "
+        "resource was made from: a resource another request made under our key becomes the "
+        "result of ours",
+        Component("dispatcher_cls", ConflictAsSuccessDispatcher),
+    ),
+    Mutant(
+        "accepted_taken_as_success",
+        4,
+        ("W",),
+        "a 202 (accepted, no result in it) is recorded as succeeded without a remote id, "
+        "instead of unknown until a query learns the remote fact",
+        Component("dispatcher_cls", AcceptedAsSuccessDispatcher),
+    ),
+    Mutant(
+        "server_error_taken_as_refusal",
+        5,
+        ("W",),
+        "a 5xx is taken for the tool's definite refusal (failed_final) although the tool may "
+        "have acted before answering it: an unknown outcome is not left unknown",
+        Component("dispatcher_cls", ServerErrorAsRefusalDispatcher),
     ),
     Mutant(
         "cancel_marks_inflight_cancelled",
@@ -182,6 +254,14 @@ MUTANTS = (
             "requeue_without_backoff.sql",
             "fencecheck.protected_write and fencecheck._protected_write_lock_first",
         ),
+    ),
+    Mutant(
+        "jitter_same_for_every_run",
+        4,
+        ("U",),
+        "the retry backoff grows with the attempt but its jitter is the same for every run: "
+        "runs that failed together are all due again at the same moment",
+        Method("backoff_ms", backoff_same_for_every_run),
     ),
     Mutant(
         "grant_without_attempt_count",

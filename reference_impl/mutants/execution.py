@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 
 from harness import injection
+from mock_tool.errors import ToolOutcomeUnknown
 from reference_impl import checkpoint_schema
 from reference_impl.db import Conn
 from reference_impl.heartbeat import Heartbeat
@@ -132,6 +133,83 @@ class MarkFirstRelay(Relay):
         return [str(r["event_id"]) for r in rows]
 
 
+class MarkWholeBatchRelay(Relay):
+    """Marks the whole locked batch published once it tried to publish it."""
+
+    def cycle(self, conn: Conn, limit: int = 20) -> list[str]:
+        # MUTANT: a failed publish ends the loop as it should, but the mark
+        # covers every row of the batch, the refused and the untried ones too:
+        # events the broker never took are never published again.
+        with conn.transaction():
+            rows = conn.execute(self.q.sql("outbox_lock_batch"), {"limit": limit}).fetchall()
+            try:
+                for row in rows:
+                    self.tools.broker.publish(
+                        str(row["event_id"]), str(row["event_type"]), _payload(row)
+                    )
+                    injection.point("after_broker_ack_before_outbox_mark", run_id=row["run_id"])
+            except Exception as exc:
+                log(_log, logging.WARNING, "publish failed", error=repr(exc))
+            if rows:
+                conn.execute(
+                    self.q.sql("outbox_mark_published"), {"ids": [int(r["id"]) for r in rows]}
+                )
+        return [str(r["event_id"]) for r in rows]
+
+
+class UnansweredAsAckRelay(Relay):
+    """Counts a publish that got no answer in time as acknowledged."""
+
+    def cycle(self, conn: Conn, limit: int = 20) -> list[str]:
+        # MUTANT: a publish whose answer did not come (a timeout: no HTTP
+        # status) is taken for "the broker has it" and marked, although the
+        # broker may take it later or never.
+        acked: list[dict[str, Any]] = []
+        with conn.transaction():
+            rows = conn.execute(self.q.sql("outbox_lock_batch"), {"limit": limit}).fetchall()
+            for row in rows:
+                try:
+                    self.tools.broker.publish(
+                        str(row["event_id"]), str(row["event_type"]), _payload(row)
+                    )
+                except ToolOutcomeUnknown as exc:
+                    if exc.http_status is not None:
+                        break
+                injection.point("after_broker_ack_before_outbox_mark", run_id=row["run_id"])
+                acked.append(row)
+            if acked:
+                conn.execute(
+                    self.q.sql("outbox_mark_published"), {"ids": [int(r["id"]) for r in acked]}
+                )
+        return [str(r["event_id"]) for r in acked]
+
+
+class CursorSkippingConsumer(Consumer):
+    """Skips a message whose seq is not above the highest one already handled."""
+
+    def cycle(self, conn: Conn, consumer: str) -> dict[str, int]:
+        # MUTANT: "a seq at or below the highest seen is a redelivery" is used
+        # as a cheap dedup instead of the event_id: a read handed out out of
+        # order loses every message behind the first (distinct events dropped).
+        consumed = duplicates = 0
+        after = self._after.get(consumer, 0)
+        for msg in self.tools.broker.broker_messages(after):
+            seq = int(msg.get("seq", after))
+            if seq <= after:
+                duplicates += 1
+                continue
+            after = seq
+            payload = msg.get("payload")
+            if isinstance(payload, dict) and payload.get("tenant_id") not in (None, self.tenant):
+                continue
+            if self.process(conn, consumer, msg):
+                consumed += 1
+            else:
+                duplicates += 1
+        self._after[consumer] = after
+        return {"consumed": consumed, "duplicates": duplicates}
+
+
 def decode_one_step_back(
     self: Protocol, revision: int, schema_version: int | None, state: Any, stored_hash: bytes | None
 ) -> checkpoint_schema.Checkpoint:
@@ -214,6 +292,31 @@ MUTANTS = (
         "the outbox relay marks a batch published and commits before it publishes it: "
         "a crash between the two loses the events (at most once, not at least once)",
         Component("relay_cls", MarkFirstRelay),
+    ),
+    Mutant(
+        "relay_marks_failed_batch",
+        10,
+        ("L",),
+        "when one publish of a locked batch fails, the outbox relay marks the whole batch "
+        "published: the refused event and those after it never reach the broker",
+        Component("relay_cls", MarkWholeBatchRelay),
+    ),
+    Mutant(
+        "relay_marks_unanswered_publish",
+        10,
+        ("L",),
+        "a publish that got no answer within the relay's timeout is taken as acknowledged "
+        "and marked published, although the broker has not taken it (yet)",
+        Component("relay_cls", UnansweredAsAckRelay),
+    ),
+    Mutant(
+        "consumer_skips_behind_cursor",
+        10,
+        ("L",),
+        "the outbox consumer takes a message whose broker seq is not above the highest one "
+        "it handled for a redelivery and skips it: a read handed out of order loses distinct "
+        "events for good",
+        Component("consumer_cls", CursorSkippingConsumer),
     ),
     Mutant(
         "resume_redoes_last_step",

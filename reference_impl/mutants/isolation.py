@@ -14,6 +14,22 @@ MUTANTS = (
         SqlOverlay("retry_reuses_run_id.sql", "fencecheck.retry_run"),
     ),
     Mutant(
+        "callback_accepted_in_any_state",
+        7,
+        ("G",),
+        "a tool callback converges its operation whatever the ledger says: a prepared "
+        "operation never sent, or one whose result is recorded, takes the callback's resource",
+        SqlOverlay("callback_accepted_in_any_state.sql", "fencecheck.deliver_callback"),
+    ),
+    Mutant(
+        "callback_accepted_for_dead_run",
+        7,
+        ("G",),
+        "a tool callback converges an operation in flight of a run that is terminal or no "
+        "longer its task's active run: a late answer moves a cancelled or superseded run's ledger",
+        SqlOverlay("callback_accepted_for_dead_run.sql", "fencecheck.deliver_callback"),
+    ),
+    Mutant(
         "rls_missing",
         12,
         ("N",),

@@ -74,7 +74,7 @@ def test_cli_list_names_every_experiment() -> None:
     proc = _cli("list")
     assert proc.returncode == 0
     ids = [line.split()[0] for line in proc.stdout.splitlines() if line and not line[0].isspace()]
-    assert ids == list("ABCDEFGHIJKLMNOPQRSTUV")
+    assert ids == list("ABCDEFGHIJKLMNOPQRSTUVW")
 
 
 def test_cli_missing_pg_binaries_named(tmp_path: Path) -> None:

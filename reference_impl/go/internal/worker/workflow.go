@@ -323,6 +323,13 @@ func (x *Execution) dispatchOwn(state map[string]any, step, opID string) (string
 				_ = rt.P.RecordResult(context.Background(), c, op, rt.S.Owner(), a)
 			}
 		}
+		if errors.Is(err, protocol.ErrLedgerConflict) {
+			// Our claim no longer matches: the operation moved while we held
+			// the answer (a callback converged it, or the claim expired and
+			// turned unknown). The whole write rolled back; the loop goes on
+			// from what the ledger says now, never from our copy.
+			return "", false, nil
+		}
 		return status, true, err
 	}
 	to, err := rt.P.SettleWithoutResult(x.ctx, c, op, rt.S.Owner(), a)

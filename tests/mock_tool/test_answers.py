@@ -1,0 +1,127 @@
+"""The answers a worker must handle beyond success: a conflict under its key
+from another body, a 202 without a result, an answer after the caller's
+timeout, a callback issued at a chosen moment. Each is seen from the caller
+(which exception) and from the tool's own log (export)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mock_tool.canonical import request_digest
+from mock_tool.client import ToolClient
+from mock_tool.constants import deterministic_resource_id
+from mock_tool.errors import ToolConflict, ToolOutcomeUnknown, ToolRejected
+from mock_tool.storage import OTHER_BODY_FIELD
+from tests.mock_tool.helpers import raw_request, rows_for
+
+REQ = {"kind": "return_label", "amount": 5}
+
+
+@pytest.mark.parametrize("name", ["detid", "idem", "plain"])
+def test_conflict_other_body_finds_a_resource_made_from_another_body(
+    client: ToolClient, name: str
+) -> None:
+    client.set_fault(name, "conflict_other_body")
+    with pytest.raises(ToolConflict) as info:
+        client.create(name, "op-other", "r", 1, REQ)
+    assert info.value.body["same_request"] is False
+    export = client.export()
+    [resource] = rows_for(export, "resources", "op-other")
+    [row] = rows_for(export, "requests", "op-other")
+    assert info.value.resource_id == resource["resource_id"] == row["resource_id"]
+    assert (row["outcome"], row["http_status"]) == ("conflict_other_body", 409)
+    # The resource is real and was made from another body than the caller's.
+    assert resource["body_digest"] == request_digest({**REQ, OTHER_BODY_FIELD: True})
+    assert row["body_digest"] == request_digest(REQ) != resource["body_digest"]
+    if name == "detid":
+        assert resource["resource_id"] == deterministic_resource_id("detid", "op-other")
+    # What a query shows is that other body's resource: never ours.
+    found = client.query(name, "op-other") if name != "plain" else None
+    assert found is None or found.body_digest == resource["body_digest"]
+
+
+def test_conflict_other_body_keeps_the_key_of_an_idempotent_tool(client: ToolClient) -> None:
+    client.set_fault("idem", "conflict_other_body")
+    with pytest.raises(ToolConflict):
+        client.create("idem", "op-key", "r", 1, REQ)
+    # A same-key resend of our body is a key reuse, not a second resource.
+    with pytest.raises(ToolRejected) as info:
+        client.create("idem", "op-key", "r", 2, REQ)
+    assert info.value.http_status == 422
+    assert len(rows_for(client.export(), "resources", "op-key")) == 1
+
+
+def test_accept_without_result_acts_and_answers_202_without_the_resource(
+    client: ToolClient,
+) -> None:
+    client.set_fault("queryable", "accept_without_result")
+    status, body = raw_request(
+        client.base_url,
+        "POST",
+        "/tools/queryable/operations",
+        b'{"operation_id": "op-202", "run_id": "r", "epoch": 1, "request": {}}',
+        {"Content-Type": "application/json"},
+    )
+    assert (status, body["status"]) == (202, "accepted")
+    assert "resource_id" not in body
+    [row] = rows_for(client.export(), "requests", "op-202")
+    assert (row["outcome"], row["http_status"]) == ("created_then_accepted", 202)
+    found = client.query("queryable", "op-202")
+    assert found is not None and found.resource_id == row["resource_id"]
+
+
+def test_the_client_takes_a_202_for_an_unknown_outcome(client: ToolClient) -> None:
+    client.set_fault("queryable", "accept_without_result")
+    with pytest.raises(ToolOutcomeUnknown) as info:
+        client.create("queryable", "op-202c", "r", 1, REQ)
+    assert info.value.http_status == 202
+
+
+def test_answer_late_acts_at_once_and_answers_after_the_callers_timeout(
+    client: ToolClient,
+) -> None:
+    client.set_fault("queryable", "answer_late", ms=600)
+    impatient = ToolClient(client.base_url, timeout_s=0.2)
+    start = time.monotonic()
+    with pytest.raises(ToolOutcomeUnknown):
+        impatient.create("queryable", "op-late", "r", 1, REQ)
+    assert time.monotonic() - start < 0.5
+    # The tool acted before the caller gave up.
+    assert client.query("queryable", "op-late") is not None
+    time.sleep(0.6)
+    [row] = rows_for(client.export(), "requests", "op-late")
+    assert (row["outcome"], row["http_status"]) == ("created_then_late", 201)
+    assert row["answered_at"] - row["completed_at"] >= 0.6
+
+
+def test_answer_late_needs_ms(client: ToolClient) -> None:
+    with pytest.raises(ToolRejected):
+        client.set_fault("idem", "answer_late")
+
+
+def test_skip_lets_the_first_matching_requests_pass(client: ToolClient) -> None:
+    client.set_fault("plain", "reject_429", skip=1)
+    client.create("plain", "op-s1", "r", 1, REQ)
+    with pytest.raises(ToolRejected):
+        client.create("plain", "op-s2", "r", 1, REQ)
+    client.create("plain", "op-s3", "r", 1, REQ)
+
+
+def test_callback_now_is_the_tools_own_record_and_is_logged(client: ToolClient) -> None:
+    created = client.create("plain", "op-cbnow", "run-7", 3, REQ)
+    payload = client.callback_now("plain", "op-cbnow")
+    assert payload == {
+        "operation_id": "op-cbnow",
+        "run_id": "run-7",
+        "epoch": 3,
+        "resource_id": created.resource_id,
+        "tool": "plain",
+        "attempt": 1,
+    }
+    [logged] = rows_for(client.export(), "callbacks", "op-cbnow")
+    assert (logged["url"], logged["resource_id"]) == ("relay", created.resource_id)
+    with pytest.raises(ToolRejected) as info:
+        client.callback_now("plain", "op-never-made")
+    assert info.value.http_status == 404
