@@ -233,7 +233,7 @@ def _live_unknown(ctx: ExperimentContext) -> Moment:
         code = finish(ctx, ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"]))
         _not_resent(ctx, op_id)
         if op_after["status"] == "succeeded":
-            ctx.equal(
+            ctx.progress_equal(
                 "the successor finished from the callback's result",
                 checkers.run_row(ctx, run_id)["status"],
                 "succeeded",
@@ -360,7 +360,7 @@ def _release_and_finish(
         ctx.release(worker.worker_id, point)
         code = finish(ctx, worker)
         _not_resent(ctx, _only_operation(ctx, run_id))
-        ctx.equal(
+        ctx.progress_equal(
             "the held worker finished the run",
             checkers.run_row(ctx, run_id)["status"],
             "succeeded",

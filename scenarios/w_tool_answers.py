@@ -129,13 +129,30 @@ def run(ctx: ExperimentContext) -> None:
     ledger = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
     op = ledger.get(str(op_id), {})
     row = checkers.run_row(ctx, run_id)
+    # Safety: the ledger never claims more than the answer proves, and the run
+    # never ends anywhere else. Progress: A got there (a worker whose own timer
+    # fired first leaves the operation unjudged and the run to a successor).
+    unjudged = ("dispatching", "unknown")
     ctx.invariant(
+        "the ledger claims nothing the answer does not prove",
+        op.get("status") in (*answer.ledger, *unjudged),
+        expected=f"ledger status of {op_id} in {list(answer.ledger)}, or not judged yet "
+        f"{list(unjudged)}",
+        observed=f"{op.get('status')!r} (remote_id {op.get('remote_id')!r})",
+    )
+    ctx.progress(
         "the ledger holds what the answer proves",
         op.get("status") in answer.ledger,
         expected=f"ledger status of {op_id} in {list(answer.ledger)}",
         observed=f"{op.get('status')!r} (remote_id {op.get('remote_id')!r})",
     )
     ctx.invariant(
+        "the run ends nowhere else",
+        row["status"] in (*answer.run, "running", "waiting_tool", "queued"),
+        expected=f"run status in {list(answer.run)}, or still live for a successor",
+        observed=f"{row['status']!r} (A exit {code})",
+    )
+    ctx.progress(
         "the run ends where the answer leads",
         row["status"] in answer.run,
         expected=f"run status in {list(answer.run)}",

@@ -82,9 +82,26 @@ class Settings:
     work_dir: Path | None = None
     keep: bool = False
     backend: str = "local"
+    # Start workers from the worker command's fork server (contract §1):
+    # None decides by the command (see wants_fork_server).
+    fork_server: bool | None = None
 
     def worker_command_text(self) -> str:
         return shlex.join(self.worker_cmd)
+
+    def wants_fork_server(self) -> bool:
+        """Whether to ask the worker command for its fork server. A command the
+        harness knows (the reference worker, a generated mutant's launcher) is
+        asked; any other only on FENCECHECK_FORK_SERVER=1, since a wrapper that
+        does something per start (sets a variable, prints, changes directory)
+        would pass ``fork-server`` to what it wraps and lose that for every
+        worker. FENCECHECK_FORK_SERVER=0 asks none."""
+        forced = os.environ.get("FENCECHECK_FORK_SERVER")
+        if forced in ("0", "1"):
+            return forced == "1"
+        if self.fork_server is not None:
+            return self.fork_server
+        return tuple(self.worker_cmd) == tuple(DEFAULT_WORKER_CMD) or bool(self.generated_mutant)
 
 
 # The tables every checker reads (docs/worker-contract.md, section 6): a
@@ -244,18 +261,18 @@ def migrate(
 
 
 def start_fork_server(
-    worker_cmd: Sequence[str], log_dir: Path, stack: contextlib.ExitStack
+    settings: Settings, log_dir: Path, stack: contextlib.ExitStack
 ) -> tuple[ForkServer | None, str]:
     """The worker command's fork server (worker contract §1, optional), closed
     with ``stack``, and how workers are started, for the archives; no server
-    when the command does not offer one or FENCECHECK_FORK_SERVER=0 asks for
-    exec'd workers. Start it from a long-lived thread: it dies with the
-    thread that started it."""
-    if os.environ.get("FENCECHECK_FORK_SERVER", "1") == "0":
-        return None, "exec (FENCECHECK_FORK_SERVER=0)"
+    when it is not asked for (Settings.wants_fork_server) or the command does
+    not offer one. Start it from a long-lived thread: it dies with the thread
+    that started it."""
+    if not settings.wants_fork_server():
+        return None, "exec (no fork server asked for; FENCECHECK_FORK_SERVER=1 asks any command)"
     env = {k: v for k, v in os.environ.items() if not k.startswith("FENCECHECK_")}
     env["PYTHONUNBUFFERED"] = "1"
-    server = ForkServer(worker_cmd, log_path=log_dir / "fork-server.log", env=env)
+    server = ForkServer(settings.worker_cmd, log_path=log_dir / "fork-server.log", env=env)
     stopping.check("the worker's fork server")
     if not server.start():
         return None, f"exec ({server.why_not})"
@@ -357,7 +374,7 @@ class SharedServices:
             self._stack.callback(self.janitor.close)
             self.template = self.primary.create_template(TEMPLATE_NAME, self.migrate_database)
             self.fork_server, self.worker_launch = start_fork_server(
-                self.settings.worker_cmd, self.log_dir, self._stack
+                self.settings, self.log_dir, self._stack
             )
         except BaseException:
             self._stack.close()
@@ -434,9 +451,7 @@ class SharedServices:
             view.template = primary.create_template(
                 template, lambda dsn: view.migrate_database(dsn, log_dir)
             )
-            view.fork_server, view.worker_launch = start_fork_server(
-                settings.worker_cmd, log_dir, view._stack
-            )
+            view.fork_server, view.worker_launch = start_fork_server(settings, log_dir, view._stack)
             yield view
         finally:
             view._stack.close()
