@@ -15,17 +15,20 @@ Invariants:
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import os
 import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import IO
+from typing import IO, Any
 
 from mock_tool.client import ToolClient
 from mock_tool.constants import LISTENING_PREFIX
@@ -294,3 +297,228 @@ class MockToolProcess:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+class MockToolHost:
+    """One ``python -m mock_tool.host`` process, serving a tool per experiment
+    (:class:`HostedTool`), each on its own port with its own storage and log.
+
+    Requests are answered in order per kind; every wait is bounded and says
+    what it waited for. The host dies with this process (``--exit-with-parent``
+    and the ``atexit`` hook).
+    """
+
+    def __init__(
+        self, log_path: Path, *, python: str | None = None, timeout_s: float = 15.0
+    ) -> None:
+        self.log_path = log_path
+        self.python = python or sys.executable
+        self.timeout_s = timeout_s
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._replies: dict[tuple[str, str], threading.Event] = {}
+        self._answers: dict[tuple[str, str], dict[str, Any]] = {}
+        self._reader: threading.Thread | None = None
+        self.pid: int | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> MockToolHost:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                [self.python, "-m", "mock_tool.host", "--exit-with-parent"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                start_new_session=True,
+            )
+        _LIVE_HOSTS.add(self)
+        assert self._proc.stdout is not None
+        ready = self._read_line(self._proc.stdout, time.monotonic() + self.timeout_s)
+        if not ready or ready.get("ready") is not True:
+            self.kill()
+            raise MockToolStartError(
+                f"mock tool host did not get ready within {self.timeout_s:.0f}s; its log "
+                f"{self.log_path}:\n{_tail(self.log_path)}"
+            )
+        self.pid = int(ready["pid"])
+        self._reader = threading.Thread(target=self._read, name="mock-tool-host", daemon=True)
+        self._reader.start()
+        return self
+
+    def _read_line(self, stream: IO[bytes], deadline: float) -> dict[str, Any] | None:
+        with selectors.DefaultSelector() as sel:
+            sel.register(stream.fileno(), selectors.EVENT_READ)
+            while time.monotonic() < deadline:
+                if sel.select(timeout=min(0.2, max(0.0, deadline - time.monotonic()))):
+                    line = stream.readline()
+                    return json.loads(line) if line else None
+        return None
+
+    def _read(self) -> None:
+        assert self._proc is not None and self._proc.stdout is not None
+        for raw in self._proc.stdout:
+            with contextlib.suppress(ValueError):
+                msg = json.loads(raw)
+                key = (
+                    ("open", str(msg["opened"]))
+                    if "opened" in msg
+                    else ("close", str(msg.get("closed")))
+                )
+                with self._lock:
+                    self._answers[key] = msg
+                    event = self._replies.get(key)
+                if event is not None:
+                    event.set()
+        with self._lock:  # the host is gone: nobody will answer
+            events = list(self._replies.values())
+        for event in events:
+            event.set()
+
+    def _ask(self, kind: str, name: str, request: dict[str, Any]) -> dict[str, Any]:
+        key = (kind, name)
+        event = threading.Event()
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                raise MockToolStartError(f"the mock tool host is not running (log {self.log_path})")
+            self._replies[key] = event
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write((json.dumps(request) + "\n").encode())
+                self._proc.stdin.flush()
+            except OSError as exc:
+                raise MockToolStartError(f"cannot reach the mock tool host: {exc}") from exc
+        if not event.wait(self.timeout_s):
+            raise MockToolStartError(
+                f"the mock tool host did not answer {kind} {name!r} within {self.timeout_s:.0f}s"
+            )
+        with self._lock:
+            self._replies.pop(key, None)
+            answer = self._answers.pop(key, None)
+        if answer is None:
+            raise MockToolStartError(
+                f"the mock tool host ended before answering {kind} {name!r}:\n{_tail(self.log_path)}"
+            )
+        return answer
+
+    def open(
+        self,
+        name: str,
+        storage: Path,
+        *,
+        log_path: Path,
+        tools: Mapping[str, str] | None = None,
+        idempotency_retention_s: float | None = None,
+        callback_attempts: int | None = None,
+    ) -> HostedTool:
+        """A tool of its own for ``name``, serving once this returns."""
+        answer = self._ask(
+            "open",
+            name,
+            {
+                "open": name,
+                "storage": str(storage),
+                "log": str(log_path),
+                "tools": dict(tools or {}),
+                "retention_s": idempotency_retention_s,
+                "callback_attempts": callback_attempts,
+            },
+        )
+        if "port" not in answer:
+            raise MockToolStartError(
+                f"the mock tool host could not open {name!r}: {answer.get('error')}"
+            )
+        return HostedTool(self, name, int(answer["port"]), storage, log_path)
+
+    def close_tool(self, name: str) -> None:
+        self._ask("close", name, {"close": name})
+
+    def kill(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+        _LIVE_HOSTS.discard(self)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """Close every tool (EOF on its input), then wait; SIGKILL past ``grace_s``."""
+        proc = self._proc
+        if proc is None:
+            return
+        with contextlib.suppress(OSError):
+            if proc.stdin is not None:
+                proc.stdin.close()
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        _LIVE_HOSTS.discard(self)
+
+
+class HostedTool:
+    """One experiment's tool in a :class:`MockToolHost`: what the harness uses of
+    a :class:`MockToolProcess` (port, base_url, pid, client, stop, kill)."""
+
+    def __init__(
+        self, host: MockToolHost, name: str, port: int, storage: Path, log_path: Path
+    ) -> None:
+        self.host = host
+        self.name = name
+        self._port = port
+        self.storage = storage
+        self.log_path = log_path
+        self._open = True
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.host.pid
+
+    @property
+    def running(self) -> bool:
+        return self._open and self.host.running
+
+    def client(self, timeout_s: float = 5.0) -> ToolClient:
+        return ToolClient(self.base_url, timeout_s=timeout_s)
+
+    def stop(self) -> int | None:
+        """Stop serving and release the storage (answers in flight finish first)."""
+        if self._open and self.host.running:
+            self.host.close_tool(self.name)
+        self._open = False
+        return 0
+
+    def kill(self) -> int | None:
+        """A stopping run's way: the host goes with the run; only forget it here."""
+        self._open = False
+        return None
+
+
+def _tail(path: Path, limit: int = 2000) -> str:
+    try:
+        return path.read_bytes()[-limit:].decode("utf-8", "replace")
+    except OSError:
+        return "(no log)"
+
+
+_LIVE_HOSTS: weakref.WeakSet[MockToolHost] = weakref.WeakSet()
+
+
+@atexit.register
+def _kill_hosts() -> None:
+    for host in list(_LIVE_HOSTS):
+        host.kill()

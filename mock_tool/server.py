@@ -330,8 +330,12 @@ class App:
         storage: Path,
         callback_attempts: int = 3,
         callback_timeout_s: float = 5.0,
+        log: IO[str] | None = None,
     ) -> None:
         self.store = store
+        # Where the access log goes: stderr for a process of its own, the
+        # tool's own file when one host process serves several (mock_tool.host).
+        self.log = log if log is not None else sys.stderr
         self.tools = dict(tools)
         self.retention_s = retention_s
         self.storage = storage
@@ -389,7 +393,9 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 120
 
     def log_message(self, format: str, *args: Any) -> None:
-        sys.stderr.write(f"mock_tool: {self.address_string()} {format % args}\n")
+        log = self.server.app.log
+        log.write(f"mock_tool: {self.address_string()} {format % args}\n")
+        log.flush()
 
     # -- plumbing -------------------------------------------------------
 
@@ -972,6 +978,87 @@ def _lock_storage(storage: Path) -> IO[str]:
     return handle
 
 
+class ServeError(RuntimeError):
+    """A tool could not be opened; the message says what to fix."""
+
+
+@dataclass
+class Served:
+    """One tool serving: its app, its HTTP server, the lock on its storage."""
+
+    app: App
+    httpd: MockToolServer
+    lock: IO[str]
+
+    @property
+    def port(self) -> int:
+        return int(self.httpd.server_port)
+
+    def serve(self) -> None:
+        """Serve until :meth:`close` (or a signal handler's shutdown)."""
+        self.httpd.serve_forever(poll_interval=0.02)
+
+    def stop(self) -> None:
+        """Refuse new work, let held faults go, and stop serving (from any
+        thread but the serving one)."""
+        self.app.stopping.set()
+        self.app.faults.release()
+        self.httpd.shutdown()
+
+    def close(self) -> None:
+        """After serving ended: finish what is being answered, then release
+        the socket, the log and the storage lock."""
+        self.app.stopping.set()
+        self.app.faults.release()
+        self.app.drain(timeout_s=3.0)
+        self.httpd.server_close()
+        self.app.store.close()
+        self.lock.close()
+
+
+def open_tool(
+    storage: Path,
+    tools: dict[str, str],
+    retention_s: float,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    callback_attempts: int = 3,
+    log: IO[str] | None = None,
+) -> Served:
+    """Lock ``storage``, open its log and bind the HTTP server (not serving
+    yet); ServeError says what to fix."""
+    storage = storage.resolve()
+    try:
+        storage.mkdir(parents=True, exist_ok=True)
+        lock = _lock_storage(storage)
+    except RuntimeError as exc:
+        raise ServeError(str(exc)) from exc
+    except OSError as exc:
+        raise ServeError(
+            f"cannot use storage directory {storage}: {exc}; pass a writable --storage"
+        ) from exc
+    try:
+        store = Store(storage)
+    except (OSError, sqlite3.Error, RuntimeError) as exc:
+        lock.close()
+        raise ServeError(f"cannot open the log in {storage}: {exc}") from exc
+    app = App(store, tools, retention_s, storage, callback_attempts, log=log)
+    try:
+        httpd = MockToolServer((host, port), app)
+    except OSError as exc:
+        store.close()
+        lock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ServeError(
+                f"port {port} on {host} is already in use; stop whatever holds it,"
+                " pick another --port, or use --port 0 for a free one"
+            ) from exc
+        raise ServeError(f"cannot listen on {host}:{port}: {exc}") from exc
+    store.start_boot(os.getpid(), tools, retention_s)
+    return Served(app, httpd, lock)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server until SIGTERM/SIGINT; exit 0 clean, 2 on bad options."""
     parser = build_parser()
@@ -987,31 +1074,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= args.port <= 65535:
         parser.error("--port must be between 0 and 65535")
 
-    storage = Path(args.storage).resolve()
     try:
-        storage.mkdir(parents=True, exist_ok=True)
-        lock = _lock_storage(storage)
-    except RuntimeError as exc:
+        served = open_tool(
+            Path(args.storage),
+            tools,
+            args.idempotency_retention_s,
+            host=args.host,
+            port=args.port,
+            callback_attempts=args.callback_attempts,
+        )
+    except ServeError as exc:
         return _fail(str(exc))
-    except OSError as exc:
-        return _fail(f"cannot use storage directory {storage}: {exc}; pass a writable --storage")
-    try:
-        store = Store(storage)
-    except (OSError, sqlite3.Error, RuntimeError) as exc:
-        return _fail(f"cannot open the log in {storage}: {exc}")
-
-    app = App(store, tools, args.idempotency_retention_s, storage, args.callback_attempts)
-    try:
-        httpd = MockToolServer((args.host, args.port), app)
-    except OSError as exc:
-        store.close()
-        if exc.errno == errno.EADDRINUSE:
-            return _fail(
-                f"port {args.port} on {args.host} is already in use; stop whatever holds it,"
-                " pick another --port, or use --port 0 for a free one"
-            )
-        return _fail(f"cannot listen on {args.host}:{args.port}: {exc}")
-    store.start_boot(os.getpid(), tools, args.idempotency_retention_s)
+    app, httpd = served.app, served.httpd
 
     def stop(signum: int, frame: FrameType | None) -> None:
         del frame
@@ -1038,14 +1112,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"{LISTENING_PREFIX}http://{args.host}:{httpd.server_port}", flush=True)
     try:
-        httpd.serve_forever(poll_interval=0.02)
+        served.serve()
     finally:
-        app.stopping.set()
-        app.faults.release()
-        app.drain(timeout_s=3.0)
-        httpd.server_close()
-        store.close()
-        lock.close()
+        served.close()
     print("mock_tool: stopped", file=sys.stderr, flush=True)
     return 0
 

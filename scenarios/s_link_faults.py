@@ -375,6 +375,12 @@ def _heal(ctx: ExperimentContext, key: str, fault: LinkFault) -> None:
 def _tool_call(ctx: ExperimentContext, fault: LinkFault) -> None:
     env = ctx.env
     run_id = new_run(ctx, tool=fault.tool)
+    # The fault is on, and confirmed by the harness's own probe, before A
+    # claims its call: a probe through a slow link takes its whole latency,
+    # and A holding its dispatch claim meanwhile would see the claim expire
+    # and rightly send nothing (contract §2, a claim's deadline binds the call).
+    record = _start_fault(ctx, "worker_tool", fault)
+    seen = _probe(ctx, env.links["worker_tool"], fault)
     ctx.arm("A", HOLD_POINT, Hold())
     if fault.kind == "latency":
         ctx.arm("A", OUTCOME_POINT, Hold())
@@ -386,8 +392,6 @@ def _tool_call(ctx: ExperimentContext, fault: LinkFault) -> None:
     )
     hit = ctx.reached("A", HOLD_POINT)
     op_id = hit.operation_id
-    record = _start_fault(ctx, "worker_tool", fault)
-    seen = _probe(ctx, env.links["worker_tool"], fault)
     ctx.release("A", HOLD_POINT)
     if fault.kind == "latency":
         # A gave up on the slow answer and recorded unknown; heal before it

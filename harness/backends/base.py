@@ -10,15 +10,17 @@ from __future__ import annotations
 
 import importlib
 import os
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from harness import stopping
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.postgres import PostgresCluster
 from harness.parts.processes import ProcessRegistry
 from harness.parts.toxiproxy import ToxiproxyServer
-from mock_tool.process import MockToolProcess
+from mock_tool.process import HostedTool, MockToolHost, MockToolProcess
 
 BACKENDS = ("local", "containers")
 IMAGE_ENV = "FENCECHECK_IMAGE"
@@ -62,7 +64,7 @@ class Backend(Protocol):
         log_path: Path,
         tools: dict[str, str] | None,
         retention_s: float | None = None,
-    ) -> MockToolProcess: ...
+    ) -> MockToolProcess | HostedTool: ...
 
     def inner_address(self, host: str, port: int) -> str:
         """How toxiproxy (and the backend's other servers) reach what the harness
@@ -93,6 +95,10 @@ class LocalBackend:
     def __init__(self, binaries: PgBinaries, toxiproxy_bin: str | None) -> None:
         self.binaries = binaries
         self.toxiproxy_bin = toxiproxy_bin
+        # One host process serves every experiment's tool (mock_tool/host.py),
+        # each on its own port with its own storage: started on first use.
+        self._tool_host: MockToolHost | None = None
+        self._tool_host_lock = threading.Lock()
 
     def start_primary(self, base_dir: Path, name: str) -> PostgresCluster:
         return PostgresCluster.init_primary(self.binaries, base_dir, name=name)
@@ -126,10 +132,28 @@ class LocalBackend:
         log_path: Path,
         tools: dict[str, str] | None,
         retention_s: float | None = None,
-    ) -> MockToolProcess:
-        return MockToolProcess(
-            storage, tools=tools, log_path=log_path, idempotency_retention_s=retention_s
-        ).start()
+    ) -> MockToolProcess | HostedTool:
+        with self._tool_host_lock:
+            if self._tool_host is None or not self._tool_host.running:
+                # Its log sits beside the run's other servers' (the experiment
+                # tool's own log is log_path).
+                self._tool_host = MockToolHost(
+                    log_path.parent.parent / "run" / "mock_tool_host.log"
+                )
+                self._tool_host.start()
+            host = self._tool_host
+        return host.open(
+            str(storage),
+            storage,
+            log_path=log_path,
+            tools=tools,
+            idempotency_retention_s=retention_s,
+        )
+
+    @property
+    def tool_host_pid(self) -> int | None:
+        host = self._tool_host
+        return host.pid if host is not None and host.running else None
 
     def inner_address(self, host: str, port: int) -> str:
         return f"{host}:{port}"  # every server shares the harness's loopback
@@ -145,10 +169,14 @@ class LocalBackend:
         return {}  # everything lives in the run's temp root
 
     def abort(self) -> None:
-        return None  # each local server is stopped (in milliseconds) by its owner
+        # Each local server is stopped (in milliseconds) by its owner; the tool
+        # host serves every experiment's tool, so it goes here at once.
+        if self._tool_host is not None:
+            self._tool_host.kill()
 
     def close(self) -> None:
-        return None
+        if self._tool_host is not None:
+            self._tool_host.stop(grace_s=1.0 if stopping.requested() else 5.0)
 
 
 def make_backend(name: str, binaries: PgBinaries, toxiproxy_bin: str | None) -> Backend:

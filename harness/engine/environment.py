@@ -53,7 +53,7 @@ from harness.parts.processes import (
     run_bounded,
 )
 from harness.parts.toxiproxy import Link, ToxiproxyServer, free_port
-from mock_tool.process import MockToolProcess
+from mock_tool.process import HostedTool, MockToolProcess
 
 DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")
 TEMPLATE_NAME = "fencecheck_template"
@@ -594,7 +594,7 @@ class Environment:
     db: Database
     primary: PostgresCluster
     links: dict[str, Link]
-    tool: MockToolProcess
+    tool: MockToolProcess | HostedTool
     control: ControlServer
     tenant_id: str
     other_tenant_id: str
@@ -852,7 +852,10 @@ def experiment_environment(
             )
         stack.callback(_stop_tool, tool)
         if tool.pid is not None:  # a local process (a container's is the engine's)
-            starvation.monitor().watch(tool.pid, f"{name}/mock tool")
+            hosted = isinstance(tool, HostedTool)  # one host serves every experiment's tool
+            starvation.monitor().watch(
+                tool.pid, "run/mock tool host" if hosted else f"{name}/mock tool"
+            )
         add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
         control = stack.enter_context(
             ControlServer(work_dir, on_gap=_control_gap(f"control server of {name}"))
@@ -911,7 +914,7 @@ def _drop_database(primary: PostgresCluster, name: str) -> None:
         primary.drop_database(name)
 
 
-def _stop_tool(tool: MockToolProcess) -> None:
+def _stop_tool(tool: MockToolProcess | HostedTool) -> None:
     if stopping.requested():
         tool.kill()  # its log is on disk already; no time for a drain
     else:

@@ -95,6 +95,9 @@ class StarvationMonitor:
         """Start measuring process ``pid`` (until it exits)."""
         if not self.available:
             return
+        with self._lock:
+            if pid in self._watched:  # a shared process (the tool host): watched once
+                return
         first = _thread_delays(pid)
         if first is None:
             return
