@@ -8,6 +8,7 @@ the first injection point).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -20,6 +21,7 @@ from harness.explore.schedule import (
     STALE_OPS,
     STEPPED_ONLY_POINTS,
     TOOL_MODES,
+    TOOL_MODES_WITH_MS,
     TOOLS,
     ControlAction,
     Fault,
@@ -60,9 +62,14 @@ def _pause_duration(lease_ms: int) -> st.SearchStrategy[int]:
 
 @st.composite
 def faults(
-    draw: st.DrawFn, workers: int, runs: int, write_path: str, lease_ms: int, tools: tuple[str, ...]
+    draw: st.DrawFn,
+    workers: int,
+    runs: int,
+    write_path: str,
+    lease_ms: int,
+    tools: dict[str, int],
 ) -> Fault:
-    """One nemesis step of any kind."""
+    """One nemesis step of any kind; ``tools``: how many runs call each tool."""
     worker = st.integers(0, workers - 1)
     points = [p for p in POINTS if write_path == "stepped" or p not in STEPPED_ONLY_POINTS]
     kind = draw(st.sampled_from(("pause", "crash_at", "kill", "stale", "link", "hold", "tool")))
@@ -75,12 +82,15 @@ def faults(
             point="after_lease_acquired" if on_takeover else None,
             at_ms=0 if on_takeover else draw(_moment()),
         )
+    # A fault at a point goes to the first worker that reaches it: a named
+    # worker may never get there (another one took the runs), and a schedule
+    # whose fault never takes effect proves nothing.
     if kind == "pause":
         at_point = draw(st.sampled_from([None, *points[:6]]))
         if at_point is not None:  # frozen right where a stale holder does harm
             return Fault(
                 kind="pause",
-                worker=draw(st.one_of(st.just(ANY), worker)),
+                worker=ANY,
                 point=at_point,
                 duration_ms=draw(_pause_duration(lease_ms)),
             )
@@ -94,7 +104,7 @@ def faults(
         return Fault(kind="kill", worker=draw(worker), at_ms=draw(_moment()))
     if kind == "crash_at":
         point = draw(st.sampled_from(points))
-        who = draw(st.one_of(st.just(ANY), worker))
+        who: int | str = ANY
         if point == "after_broker_ack_before_outbox_mark":
             who = RELAY
         return Fault(kind="crash_at", worker=who, point=point)
@@ -104,7 +114,7 @@ def faults(
         )
         return Fault(
             kind="hold",
-            worker=draw(st.one_of(st.just(ANY), worker)),
+            worker=ANY,
             point=point,
             duration_ms=draw(_pause_duration(lease_ms)),
             then=draw(st.sampled_from(("release", "crash"))),
@@ -122,14 +132,19 @@ def faults(
             latency_ms=draw(st.integers(1, 20).map(lambda n: n * 50)) if fault == "latency" else 0,
         )
     mode = draw(st.sampled_from(TOOL_MODES))
+    # Armed before any create, on the k-th create of a tool some run calls (k
+    # at most the number of runs calling it): a fault armed at a moment after
+    # the last create, or past the creates that come, never fires.
+    tool = draw(st.sampled_from(("*", *tools)))
     return Fault(
         kind="tool",
         mode=mode,
-        tool=draw(st.sampled_from(("*", *tools))),  # a tool some run calls
+        tool=tool,
         count=draw(st.integers(1, 3)),
-        at_ms=draw(st.one_of(st.just(0), _moment())),
+        skip=draw(st.integers(0, max(0, (runs if tool == "*" else tools[tool]) - 1))),
+        at_ms=0,
         duration_ms=draw(st.integers(1, 40).map(lambda n: n * 50))
-        if mode in ("hang", "delay")
+        if mode in TOOL_MODES_WITH_MS
         else 0,
     )
 
@@ -171,12 +186,16 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
                 len(runs),
                 write_path,
                 shape.lease_ttl_ms,
-                tuple(t for t in TOOLS if any(r.tool == t for r in runs)),
+                {t: n for t in TOOLS if (n := sum(r.tool == t for r in runs))},
             ),
             min_size=1,
             max_size=shape.max_faults,
+            # One fault per injection point: a second one armed at the same
+            # point replaced the first, which then never took effect.
+            unique_by=_point_key,
         )
     )
+    drawn = _takeover_or_timed(drawn)
     return Schedule(
         workers=workers,
         tenants=tenants,
@@ -186,3 +205,29 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
         write_path=write_path,
         lease_ttl_ms=shape.lease_ttl_ms,
     )
+
+
+def _point_key(f: Fault) -> object:
+    """What makes two faults collide: the same injection point of a fault the
+    control socket answers there (a pause, a hold, a crash); nothing else."""
+    if f.point is not None and f.kind in ("pause", "hold", "crash_at"):
+        return ("point", f.point)
+    return object()
+
+
+# Faults after which a run's lease can be taken over (its holder stopped,
+# killed, held, cut off, or crashing at a point).
+_LEASE_LOSERS = frozenset({"pause", "kill", "crash_at", "hold", "link"})
+
+
+def _takeover_or_timed(drawn: list[Fault]) -> list[Fault]:
+    """A stale holder waiting for a takeover in a schedule where nothing can
+    make one happen would never speak: it speaks at its moment instead."""
+    if any(f.kind in _LEASE_LOSERS for f in drawn):
+        return drawn
+    return [
+        dataclasses.replace(f, point=None, at_ms=f.at_ms or 200)
+        if f.kind == "stale" and f.point is not None
+        else f
+        for f in drawn
+    ]

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from harness.engine.experiment import ExperimentContext
-from harness.explore.schedule import ANY, Fault, Schedule
+from harness.explore.schedule import ANY, TOOL_MODES_WITH_MS, Fault, Schedule
 from harness.explore.workload import Workload
 from harness.parts.control import ANY_WORKER, Continue, ControlError, Crash, Hit, Hold
 from harness.parts.processes import ProcessError, WorkerProcess
@@ -70,6 +70,7 @@ class Nemesis:
     _holds: list[threading.Thread] = field(default_factory=list)
     _tool_fault_ids: dict[int, str] = field(default_factory=dict)
     _paused: list[WorkerProcess] = field(default_factory=list)
+    _paused_by: dict[int, WorkerProcess] = field(default_factory=dict)
     #: Set once the timed steps are over: a hold whose point was not reached by
     #: then gives up waiting.
     horizon_passed: threading.Event = field(default_factory=threading.Event)
@@ -236,13 +237,22 @@ class Nemesis:
         return started
 
     def _worker(self, f: Fault) -> WorkerProcess | None:
+        """The fault's worker if it runs now, else the first worker that does
+        (a worker done with its runs has exited: a fault aimed at it would
+        take no effect and prove nothing); None when none runs."""
         assert isinstance(f.worker, int)
-        return self.workload.slots[f.worker].current
+        named = self.workload.slots[f.worker].current
+        if named is not None and named.is_alive():
+            return named
+        alive = [
+            s.current for s in self.workload.slots if s.current is not None and s.current.is_alive()
+        ]
+        return alive[0] if alive else None
 
     def _pause(self, i: int, f: Fault) -> None:
         proc = self._worker(f)
-        if proc is None or not proc.is_alive():
-            self.effects[i].evidence = "the worker was not running at that moment"
+        if proc is None:
+            self.effects[i].evidence = "no worker was running at that moment"
             return
         try:
             rec = self.ctx.pause(proc)
@@ -250,6 +260,7 @@ class Nemesis:
             self.effects[i].evidence = f"SIGSTOP not confirmed: {exc}"
             return
         self._paused.append(proc)
+        self._paused_by[i] = proc
         self._note_point(i, proc.worker_id)
         self.effects[i].took_effect = rec.state == "stopped"
         self.effects[
@@ -257,17 +268,17 @@ class Nemesis:
         ].evidence = f"SIGSTOP {proc.worker_id} pid {rec.pid}: kernel state {rec.state}"
 
     def _resume(self, i: int, f: Fault) -> None:
-        for proc in list(self._paused):
-            if proc.worker_id == f"w{f.worker}":
-                with contextlib.suppress(ProcessError):
-                    self.ctx.resume(proc)
-                self._paused.remove(proc)
-                self.effects[i].evidence += f"; SIGCONT after {f.duration_ms}ms"
+        proc = self._paused_by.pop(i, None)
+        if proc is not None and proc in self._paused:
+            with contextlib.suppress(ProcessError):
+                self.ctx.resume(proc)
+            self._paused.remove(proc)
+            self.effects[i].evidence += f"; SIGCONT after {f.duration_ms}ms"
 
     def _kill(self, i: int, f: Fault) -> None:
         proc = self._worker(f)
-        if proc is None or not proc.is_alive():
-            self.effects[i].evidence = "the worker was not running at that moment"
+        if proc is None:
+            self.effects[i].evidence = "no worker was running at that moment"
             return
         self._note_point(i, proc.worker_id)
         rec = self.ctx.kill(proc)
@@ -309,11 +320,13 @@ class Nemesis:
 
     def _tool_on(self, i: int, f: Fault) -> None:
         assert f.mode is not None
-        ms = f.duration_ms if f.mode in ("hang", "delay") else None
-        fid = self.ctx.env.tool.client().set_fault(f.tool, f.mode, count=f.count, ms=ms)
+        ms = f.duration_ms if f.mode in TOOL_MODES_WITH_MS else None
+        fid = self.ctx.env.tool.client().set_fault(
+            f.tool, f.mode, count=f.count, ms=ms, skip=f.skip
+        )
         self._tool_fault_ids[i] = fid
         self._note_point(i, None)
-        self.ctx.command(f"mock tool: fault {f.mode} x{f.count} on {f.tool} ({fid})")
+        self.ctx.command(f"mock tool: fault {f.mode} x{f.count} on {f.tool} after {f.skip} ({fid})")
         self.effects[i].evidence = f"armed {fid}; never fired (no create of {f.tool} came)"
 
     def _target_runs(self, f: Fault) -> list[str]:

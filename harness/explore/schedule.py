@@ -42,7 +42,18 @@ POINTS = (
 STEPPED_ONLY_POINTS = ("after_lease_row_locked", "before_commit")
 LINKS = ("pg", "tool")  # a worker's own link to PostgreSQL; the shared link to the tool
 LINK_FAULTS = ("cut", "blackhole", "reset", "latency", "drop_responses")
-TOOL_MODES = ("drop_after_act", "error_5xx_after_act", "reject_429", "hang", "delay")
+TOOL_MODES = (
+    "drop_after_act",
+    "error_5xx_after_act",
+    "reject_429",
+    "hang",
+    "delay",
+    "conflict_other_body",
+    "accept_without_result",
+    "answer_late",
+)
+# Tool modes that take their duration (duration_ms) as the mock tool's ``ms``.
+TOOL_MODES_WITH_MS = ("hang", "delay", "answer_late")
 FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool", "stale")
 STALE_OPS = ("save_checkpoint", "renew", "release")
 ANY = "any"  # a point fault for whichever worker reaches the point first
@@ -89,9 +100,9 @@ class Fault:
     * ``link``: ``fault`` (cut/blackhole/reset/latency of ``latency_ms``) on
       ``link`` (``pg`` of ``worker``, or the shared ``tool`` link) from
       ``at_ms`` for ``duration_ms``.
-    * ``tool``: the mock tool answers the next ``count`` creates of ``tool``
-      with ``mode`` (``delay``/``hang`` for ``duration_ms``), armed at ``at_ms``
-      (at 0: before the workers start).
+    * ``tool``: the mock tool answers ``count`` creates of ``tool`` with
+      ``mode`` (``delay``/``hang`` for ``duration_ms``) once ``skip`` of them
+      passed, armed at ``at_ms`` (at 0: before the workers start).
     * ``stale``: at ``at_ms`` a stale holder of run ``run`` (a session of the
       worker role that kept an old lease: an earlier owner and epoch after a
       takeover, or the current ones once the lease expired by database time)
@@ -114,6 +125,7 @@ class Fault:
     count: int = 1
     run: int | str = 0  # a run index, or "any" (stale faults)
     op: str = "save_checkpoint"
+    skip: int = 0  # tool faults: matching creates that pass first
 
     def label(self) -> str:
         """A short name for progress lines and the coverage table."""
@@ -124,7 +136,7 @@ class Fault:
         if self.kind == "link":
             return f"{self.fault} {self.link}" + (f" w{self.worker}" if self.link == "pg" else "")
         if self.kind == "tool":
-            return f"tool {self.mode}"
+            return f"tool {self.mode}" + (f" after {self.skip}" if self.skip else "")
         return f"{self.kind} w{self.worker}"
 
 
@@ -403,5 +415,6 @@ def _fault(f: Mapping[str, Any], where: str, workers: int, write_path: str, runs
         mode=mode,
         tool=tool,
         count=_int(f, "count", where, 1, 10, 1),
+        skip=_int(f, "skip", where, 0, 100, 0),
         duration_ms=duration,
     )
