@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from harness import stopping
+from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.postgres import PostgresCluster
 from harness.parts.processes import ProcessRegistry
@@ -36,6 +37,8 @@ class Backend(Protocol):
     kind: str  # the evidence's deployment kind
     # Whether clone_primary can make a primary from a stopped data directory.
     clones_data_directories: bool
+    # The run's PostgreSQL secret, set once the run's temp root exists.
+    auth: PgAuth | None
 
     def start_primary(self, base_dir: Path, name: str) -> PostgresCluster: ...
 
@@ -99,15 +102,16 @@ class LocalBackend:
         # each on its own port with its own storage: started on first use.
         self._tool_host: MockToolHost | None = None
         self._tool_host_lock = threading.Lock()
+        self.auth: PgAuth | None = None
 
     def start_primary(self, base_dir: Path, name: str) -> PostgresCluster:
-        return PostgresCluster.init_primary(self.binaries, base_dir, name=name)
+        return PostgresCluster.init_primary(self.binaries, base_dir, name=name, auth=self.auth)
 
     def clone_primary(
         self, seed: Path, base_dir: Path, name: str, templates: Sequence[str]
     ) -> PostgresCluster:
         return PostgresCluster.from_seed(
-            self.binaries, seed, base_dir, name=name, templates=templates
+            self.binaries, seed, base_dir, name=name, templates=templates, auth=self.auth
         )
 
     def start_standby(

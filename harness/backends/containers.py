@@ -336,6 +336,9 @@ class ContainerBackend:
 
     kind = "containers"
     clones_data_directories = False
+    # The image's entrypoint sets up trust authentication (docs/running.md:
+    # what a run's parts expose): no run secret here.
+    auth = None
 
     def __init__(self, client: Any, base_url: str, binaries: PgBinaries) -> None:
         self.client = client

@@ -43,6 +43,7 @@ from harness.evidence import metrics as worker_metrics
 from harness.failures import PartFailed
 from harness.parts.control import ControlServer
 from harness.parts.fork_server import ForkServer
+from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
 from harness.parts.processes import (
@@ -317,6 +318,8 @@ class SharedServices:
                 prefer_memory=settings.backend == "local",
             )
             self.record.set_backend(self.backend.footprint())
+            if self.backend.clones_data_directories:  # a local backend: its servers ask
+                self.backend.auth = PgAuth.create(self.record.temp_root)
         except BaseException:
             # Interrupted or failed half-way: nothing of this run may stay.
             with contextlib.suppress(Exception):
@@ -694,7 +697,7 @@ class Environment:
             raise EnvironmentError_(f"cannot make a role name of {name!r}")
         group = GROUP_ROLES[kind]
         try:
-            self.primary.query(f"CREATE ROLE {name} LOGIN IN ROLE {group}")
+            self.primary.create_login_role(name, group)
         except psycopg.Error as exc:
             raise EnvironmentError_(
                 f"cannot create login role {name} in group {group} ({exc}): the worker's "
@@ -719,9 +722,11 @@ class Environment:
     ) -> str:
         link = self.links[pg_link]
         user = self.login_role(tenant_id or self.tenant_id, role)
+        auth = self.primary.auth
+        secret = f" passfile={auth.passfile}" if auth is not None else ""
         return (
             f"host={link.listen_host} port={link.listen_port} dbname={self.db.name} "
-            f"user={user} connect_timeout=3"
+            f"user={user}{secret} connect_timeout=3"
         )
 
     def worker_env(
@@ -743,6 +748,8 @@ class Environment:
             "FENCECHECK_MUTANT": self.shared.settings.mutant,
             "FENCECHECK_DATA_KEY": self.data_key,
             "FENCECHECK_WRITE_PATH": self.write_path,
+            # The run's secret, by where it is (also in the DSN's passfile=).
+            "PGPASSFILE": str(self.primary.auth.passfile) if self.primary.auth else None,
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -883,6 +890,8 @@ def experiment_environment(
         )
         stack.callback(_remove_links, toxi, env.extra_links)
         env.secrets.add(env.data_key)
+        if primary.auth is not None:  # never in a DSN; masked should it show anywhere
+            env.secrets.add(primary.auth.password)
         stack.callback(_drop_roles, primary, env.roles)
         # Every role the experiment's tenants need, made before any fault (a
         # role made after the replication link is cut would not reach the standby).

@@ -32,6 +32,8 @@ EXCLUDED: dict[str, str] = {
     "reference_impl/logs.py": "log formatting only",
     "reference_impl/metrics.py": "Prometheus metric definitions only",
     "reference_impl/__init__.py": "empty",
+    "reference_impl/fork_server.py": "how workers are started (worker contract §1, fork-server): "
+    "not the protocol; a forked worker is the process an exec'd one would be",
     "reference_impl/sql/migrations/001_roles.sql": (
         "creates the cluster-global roles idempotently: on the harness's cluster they exist "
         "before any mutant's migrate runs, so a change there cannot act "

@@ -31,6 +31,7 @@ from psycopg import sql
 from harness import stopping
 from harness.parts.files import remove_tree
 from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
+from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.pg_sessions import SessionPool
 from harness.parts.processes import pdeathsig_preexec, run_bounded
@@ -116,8 +117,12 @@ class PostmasterPid:
         return cls(path, pid, datadir, started, shm_key, shm_id)
 
 
-def _dsn(port: int, dbname: str, user: str, **extra: str | int) -> str:
-    parts = {"host": "127.0.0.1", "port": port, "dbname": dbname, "user": user, **extra}
+def _dsn(port: int, dbname: str, user: str, auth: PgAuth | None = None, **extra: str | int) -> str:
+    parts: dict[str, str | int] = {"host": "127.0.0.1", "port": port, "dbname": dbname}
+    parts["user"] = user
+    if auth is not None:  # names where the secret is, never the secret
+        parts["passfile"] = str(auth.passfile)
+    parts.update(extra)
     return " ".join(f"{k}={v}" for k, v in parts.items())
 
 
@@ -133,7 +138,7 @@ class Database:
         return self.cluster.admin_dsn(self.name)
 
     def dsn(self, user: str, **extra: str | int) -> str:
-        return _dsn(self.cluster.port, self.name, user, **extra)
+        return _dsn(self.cluster.port, self.name, user, self.cluster.auth, **extra)
 
     def query(self, statement: str, params: Any = None) -> list[dict[str, Any]]:
         """Run one statement as superuser and return its rows as dicts."""
@@ -155,6 +160,9 @@ class PostgresCluster:
     _db_counter: Iterator[int] = field(default_factory=lambda: itertools.count(1))
     _templates: dict[str, str] = field(default_factory=dict)
     _last_probe_error: str = ""
+    # The run's secret (pg_auth.py): password authentication for every role;
+    # None: trust (a cluster of the harness's own tests).
+    auth: PgAuth | None = None
     # The harness's own idle sessions, reused between queries (pg_sessions.py);
     # emptied whenever this server stops or one of its databases is dropped.
     _sessions: SessionPool = field(init=False, repr=False)
@@ -173,32 +181,19 @@ class PostgresCluster:
         run_as: OsUser | None = None,
         settings: dict[str, str] | None = None,
         start_timeout_s: float = 30.0,
+        auth: PgAuth | None = None,
     ) -> PostgresCluster:
-        """initdb a new cluster under ``base_dir`` and start it on a free port."""
+        """initdb a new cluster under ``base_dir`` and start it on a free port;
+        with ``auth`` every connection over TCP must give the run's secret."""
         stopping.check(f"PostgreSQL cluster {name}")
         user = run_as or unprivileged_user()
         datadir = _make_owned_dir(base_dir / name, user)
-        _run_as(
-            user,
-            [
-                binaries.path("initdb"),
-                "-D",
-                str(datadir),
-                "-U",
-                "postgres",
-                "-A",
-                "trust",
-                "-E",
-                "UTF8",
-                "--locale=C",
-                "-N",
-                "--no-instructions",
-                # initdb's own bootstrap servers, too, keep their dynamic shared
-                # memory out of /dev/shm (initdb -c exists from PostgreSQL 16).
-                *(["-c", "dynamic_shared_memory_type=mmap"] if binaries.major >= 16 else []),
-            ],
-            what=f"initdb of {name}",
-        )
+        pwfile = auth.pwfile_for(user, base_dir) if auth is not None else None
+        try:
+            _initdb(binaries, datadir, user, name, pwfile)
+        finally:
+            if pwfile is not None:
+                pwfile.unlink(missing_ok=True)
         cluster = cls(
             binaries=binaries,
             datadir=datadir,
@@ -206,12 +201,13 @@ class PostgresCluster:
             name=name,
             run_as=user,
             log_path=base_dir / f"{name}.log",
+            auth=auth,
         )
         _append_conf(datadir / "postgresql.conf", {**BASE_SETTINGS, **(settings or {})})
+        method = "scram-sha-256" if auth is not None else "trust"
         (datadir / "pg_hba.conf").write_text(
-            "local all all trust\n"
-            "host all all 127.0.0.1/32 trust\n"
-            "host replication all 127.0.0.1/32 trust\n"
+            # No Unix socket is opened (-k ''): every connection is TCP.
+            f"host all all 127.0.0.1/32 {method}\nhost replication all 127.0.0.1/32 {method}\n"
         )
         cluster.start(timeout_s=start_timeout_s)
         return cluster
@@ -227,8 +223,10 @@ class PostgresCluster:
         templates: Sequence[str] = (),
         run_as: OsUser | None = None,
         start_timeout_s: float = 30.0,
+        auth: PgAuth | None = None,
     ) -> PostgresCluster:
-        """A new cluster whose data directory is a copy of ``seed``, the data
+        """A new cluster whose data directory is a copy of ``seed`` (made with the
+        same ``auth``), the data
         directory of a cluster made by :meth:`init_primary` and stopped cleanly
         (its databases ``templates`` already migrated): no initdb, no migrate,
         the same settings. A copy of a cleanly stopped cluster is a cluster."""
@@ -248,6 +246,7 @@ class PostgresCluster:
             name=name,
             run_as=user,
             log_path=base_dir / f"{name}.log",
+            auth=auth,
         )
         cluster._templates.update({t: t for t in templates})
         cluster.start(timeout_s=start_timeout_s)
@@ -387,7 +386,7 @@ class PostgresCluster:
 
     # ------------------------------------------------------------- queries
     def admin_dsn(self, dbname: str = "postgres", **extra: str | int) -> str:
-        return _dsn(self.port, dbname, self.superuser, **extra)
+        return _dsn(self.port, dbname, self.superuser, self.auth, **extra)
 
     def connect(self, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection[Any]:
         kwargs.setdefault("autocommit", True)
@@ -409,6 +408,24 @@ class PostgresCluster:
         """Run one statement that returns nothing (DDL) on a harness session."""
         with self._sessions.session(dbname) as conn:
             conn.execute(statement if isinstance(statement, sql.Composed) else statement.encode())
+
+    def create_login_role(self, name: str, group: str) -> None:
+        """``CREATE ROLE name LOGIN IN ROLE group``, with the run's secret as its
+        password when the cluster has one: sent as the SCRAM verifier libpq
+        computes, so the secret itself is in no statement (nor in the server's
+        log of a failing one)."""
+        with self._sessions.session("postgres") as conn:
+            stmt = sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                sql.Identifier(name), sql.Identifier(group)
+            )
+            if self.auth is not None:
+                verifier = conn.pgconn.encrypt_password(
+                    self.auth.password.encode(), name.encode(), b"scram-sha-256"
+                )
+                stmt = sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
+                    sql.Identifier(name), sql.Literal(verifier.decode()), sql.Identifier(group)
+                )
+            conn.execute(stmt)
 
     def server_facts(self) -> dict[str, str]:
         """The server version and the settings that decide what a commit means."""
@@ -487,6 +504,7 @@ class PostgresCluster:
                 [slot, slot],
             )
         datadir = _make_owned_dir(base_dir / name, self.run_as)
+        secret = {"PGPASSWORD": self.auth.password} if self.auth is not None else {}
         _run_as(
             self.run_as,
             [
@@ -508,10 +526,14 @@ class PostgresCluster:
             ],
             what=f"pg_basebackup for {name}",
             timeout_s=timeout_s,
+            env=secret,
         )
+        # The WAL receiver's secret sits in the standby's own data directory
+        # (0700, the server's user): no other local user reads it.
+        password = f" password={self.auth.password}" if self.auth is not None else ""
         conninfo = (
             f"host={upstream_host} port={upstream_port} user={self.superuser} "
-            f"application_name={name} connect_timeout=2"
+            f"application_name={name} connect_timeout=2{password}"
         )
         _append_conf(
             datadir / "postgresql.auto.conf",
@@ -526,6 +548,7 @@ class PostgresCluster:
             name=name,
             run_as=self.run_as,
             log_path=base_dir / f"{name}.log",
+            auth=self.auth,
         )
         standby.start(timeout_s=timeout_s)
         return standby
@@ -638,6 +661,33 @@ def failover(primary: PostgresCluster, standby: PostgresCluster) -> FailoverReco
 
 
 # ----------------------------------------------------------------- helpers
+def _initdb(
+    binaries: PgBinaries, datadir: Path, user: OsUser, name: str, pwfile: Path | None
+) -> None:
+    """initdb as ``user``: the superuser ``postgres``, with the run's secret as
+    its password when ``pwfile`` is given."""
+    _run_as(
+        user,
+        [
+            binaries.path("initdb"),
+            "-D",
+            str(datadir),
+            "-U",
+            "postgres",
+            *(["--pwfile", str(pwfile), "-A", "scram-sha-256"] if pwfile else ["-A", "trust"]),
+            "-E",
+            "UTF8",
+            "--locale=C",
+            "-N",
+            "--no-instructions",
+            # initdb's own bootstrap servers, too, keep their dynamic shared
+            # memory out of /dev/shm (initdb -c exists from PostgreSQL 16).
+            *(["-c", "dynamic_shared_memory_type=mmap"] if binaries.major >= 16 else []),
+        ],
+        what=f"initdb of {name}",
+    )
+
+
 def _make_owned_dir(path: Path, user: OsUser) -> Path:
     """A new 0700 directory owned by ``user``, reachable by that user.
 
@@ -678,8 +728,17 @@ def _append_conf(path: Path, settings: dict[str, str]) -> None:
             f.write(f"{key} = {value}\n")
 
 
-def _run_as(user: OsUser, argv: list[str], *, what: str, timeout_s: float = 60.0) -> None:
-    done = run_bounded(argv, timeout_s=timeout_s, env=_server_env(user), **_user_kwargs(user))
+def _run_as(
+    user: OsUser,
+    argv: list[str],
+    *,
+    what: str,
+    timeout_s: float = 60.0,
+    env: dict[str, str] | None = None,
+) -> None:
+    done = run_bounded(
+        argv, timeout_s=timeout_s, env={**_server_env(user), **(env or {})}, **_user_kwargs(user)
+    )
     if done.how == "interrupted":
         raise stopping.Interrupted(f"{stopping.reason()}: {what} was killed")
     if done.how == "timeout":
