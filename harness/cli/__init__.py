@@ -53,6 +53,7 @@ from harness.cli import (
     verify,
 )
 from harness.cli.common import UsageError
+from harness.evidence.bounded_read import FileRefused
 from harness.failures import PartFailed
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = by_name[args.command].main(args)
         return code
-    except UsageError as exc:
+    except (UsageError, FileRefused) as exc:
         print(f"fencecheck: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (stopping.Interrupted, KeyboardInterrupt):

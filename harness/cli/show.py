@@ -25,7 +25,7 @@ def main(args: argparse.Namespace) -> int:
     from harness.evidence.archive import ArchiveInvalid, load_archive
 
     archive_path = Path(path)
-    if not archive_path.is_file():
+    if not archive_path.exists():
         raise UsageError(f"no archive at {path}; archives are in reports/<run>/archives/")
     try:
         archive = load_archive(archive_path)

@@ -26,6 +26,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.evidence import bounded_read
 from harness.evidence.archive import atomic_write_text
 
 MANIFEST_NAME = "MANIFEST.sha256"
@@ -37,7 +38,6 @@ VIEW_NAMES = frozenset({SUMMARY_NAME, MANIFEST_NAME})
 DIGEST_LINE = "- **evidence digest**: "
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 INDEX_DIGEST_RE = re.compile(r'data-evidence-digest="(sha256:[0-9a-f]{64})"')
-_CHUNK = 1 << 20
 READABLE = 0o644  # views and the manifest, like the summary and JUnit files
 
 
@@ -46,11 +46,8 @@ class ManifestError(ValueError):
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a regular file; bounded_read.FileRefused for a FIFO, a device, ..."""
+    return bounded_read.sha256_hex(path)
 
 
 def _relative_files(root: Path) -> Iterable[str]:
@@ -119,7 +116,7 @@ def stamp_summary(report_dir: Path, digest: str) -> Path | None:
     path = report_dir / SUMMARY_NAME
     if not path.is_file():
         return None
-    lines = path.read_text().splitlines()
+    lines = bounded_read.read_text(path).splitlines()
     stamp = f"{DIGEST_LINE}{digest} (sha256 over {MANIFEST_NAME}'s lines of every file but "
     stamp += "this summary and the HTML pages; `fencecheck verify` checks it)"
     kept = [line for line in lines if not line.startswith(DIGEST_LINE)]
@@ -144,10 +141,11 @@ def write_manifest(report_dir: Path) -> Path:
 def read_manifest(path: Path) -> dict[str, str]:
     """The manifest's entries; ManifestError names the first line that is not one."""
     entries: dict[str, str] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    # A line that is not an entry is named, never quoted: the file may be anything.
+    for number, line in enumerate(bounded_read.read_text(path).splitlines(), start=1):
         digest, sep, rel = line.partition("  ")
         if not sep or not re.fullmatch(r"[0-9a-f]{64}", digest) or not rel:
-            raise ManifestError(f"{path}:{number} is not a '<sha256>  <path>' line: {line[:80]!r}")
+            raise ManifestError(f"{path}:{number} is not a '<sha256>  <path>' line")
         entries[rel] = digest
     return entries
 
@@ -177,16 +175,20 @@ class Verification:
         return out
 
 
+def _text(path: Path) -> str:
+    return bounded_read.read_bytes(path).decode("utf-8", errors="replace")
+
+
 def recorded_digests(report_dir: Path) -> dict[str, str]:
     """The evidence digest as summary.md and index.html record it, by file name."""
     found: dict[str, str] = {}
     summary = report_dir / SUMMARY_NAME
     if summary.is_file():
-        for line in summary.read_text(errors="replace").splitlines():
+        for line in _text(summary).splitlines():
             if line.startswith(DIGEST_LINE) and (m := DIGEST_RE.search(line)):
                 found[SUMMARY_NAME] = m.group(0)
     index = report_dir / "index.html"
-    if index.is_file() and (m := INDEX_DIGEST_RE.search(index.read_text(errors="replace"))):
+    if index.is_file() and (m := INDEX_DIGEST_RE.search(_text(index))):
         found["index.html"] = m.group(1)
     return found
 
@@ -204,7 +206,7 @@ def verify_report(report_dir: Path, *, expected_digest: str | None = None) -> Ve
     manifest = root / MANIFEST_NAME
     now = hash_tree(root)
     result.digest = evidence_digest(now)
-    if not manifest.is_file():
+    if not manifest.exists():
         result.problems.append(f"no {MANIFEST_NAME}: this directory was never sealed")
     else:
         listed = read_manifest(manifest)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.evidence import bounded_read
 from harness.evidence.archive import ArchiveInvalid, atomic_write_text, read_archive, validate
 from harness.evidence.shard_record import (
     RECORD_NAME,
@@ -170,6 +171,17 @@ def _prepare_into(into: Path) -> None:
     into.mkdir(parents=True, exist_ok=True)
 
 
+def _copy_tree(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` (symlinks as links); a FIFO or device in it
+    is refused (bounded_read.FileRefused), never read."""
+    shutil.copytree(
+        source,
+        target,
+        symlinks=True,
+        copy_function=lambda src, dst: bounded_read.copy_file(Path(src), Path(dst)),
+    )
+
+
 def _result_of(
     item: ShardItem,
     verdict: Verdict,
@@ -202,7 +214,7 @@ def _take_item(item: ShardItem, part: Part | None, into: Path, count: int) -> Ex
             item, Verdict.UNKNOWN, f"not run: {where} was not given to merge", None, None
         )
     source = part.path / "archives" / f"{item.label}.yaml"
-    if not source.is_file():
+    if not source.exists():
         return _result_of(
             item,
             Verdict.UNKNOWN,
@@ -220,10 +232,10 @@ def _take_item(item: ShardItem, part: Part | None, into: Path, count: int) -> Ex
         )
     target = into / "archives" / source.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(source, target)
+    bounded_read.copy_file(source, target)
     logs = part.path / "logs" / item.label
     if logs.is_dir():
-        shutil.copytree(logs, into / "logs" / item.label, symlinks=True)
+        _copy_tree(logs, into / "logs" / item.label)
     record = part.record
     stated: list[tuple[str, Any, Any]] = [
         ("git_commit", archive.get("git_commit"), record.git_commit)
@@ -271,13 +283,13 @@ def _take_mutant(
             "not_run": True,
         }
     if (part.path / item.label).is_dir():
-        shutil.copytree(part.path / item.label, into / item.label, symlinks=True)
+        _copy_tree(part.path / item.label, into / item.label)
     return {**entry, "not_run": False}
 
 
 def _mutant_entries(part: Part) -> dict[str, dict[str, Any]]:
     try:
-        raw = json.loads((part.path / "mutants.json").read_text())
+        raw = bounded_read.load_json(part.path / "mutants.json")
     except (OSError, ValueError):
         return {}  # an interrupted part: every mutant of it is "not run"
     return {str(e["mutant"]): e for e in raw if isinstance(e, dict) and "mutant" in e}
@@ -321,8 +333,8 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
         keep = into / "shards" / f"{part.record.shard_index}-of-{first.shard_count}"
         keep.mkdir(parents=True, exist_ok=True)
         for name in PART_REPORTS:
-            if (part.path / name).is_file():
-                shutil.copy2(part.path / name, keep / name)
+            if (part.path / name).exists():
+                bounded_read.copy_file(part.path / name, keep / name)
     missing = sorted(set(range(1, first.shard_count + 1)) - set(by_index))
     walls = [p.record.wall_s for p in parts if p.record.wall_s is not None]
     run_id = "merged-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)

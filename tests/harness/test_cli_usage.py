@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.helpers import assert_usage_error
 from tests.harness.outside import REPO, private_tmpdir
 
 
@@ -36,16 +37,6 @@ def _script(path: Path, body: str, mode: int = 0o755) -> Path:
     path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
     path.chmod(mode)
     return path
-
-
-def _usage(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
-    assert proc.returncode == 64, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert proc.stdout == "", f"a usage error starts and prints nothing else: {proc.stdout}"
-    for text in expected:
-        assert text in lines[0], lines[0]
 
 
 @pytest.mark.parametrize(
@@ -103,18 +94,20 @@ def _usage(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
     ],
 )
 def test_bad_usage_exits_64_with_one_line(args: list[str], expected: list[str]) -> None:
-    _usage(_cli(*args), *expected)
+    assert_usage_error(_cli(*args), *expected)
 
 
 def test_worker_command_that_is_not_executable(tmp_path: Path) -> None:
     worker = _script(tmp_path / "worker", "exit 0\n", mode=0o644)
-    _usage(_cli("run", "--worker-cmd", str(worker)), f"{worker} is not executable", "chmod +x")
+    assert_usage_error(
+        _cli("run", "--worker-cmd", str(worker)), f"{worker} is not executable", "chmod +x"
+    )
 
 
 def test_report_dir_on_a_file(tmp_path: Path) -> None:
     file = tmp_path / "a-file"
     file.write_text("x")
-    _usage(_cli("run", "A", "--report-dir", str(file)), "is a file, not a directory")
+    assert_usage_error(_cli("run", "A", "--report-dir", str(file)), "is a file, not a directory")
 
 
 @contextlib.contextmanager
@@ -138,7 +131,9 @@ def _read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 def test_report_dir_on_a_read_only_mount(tmp_path: Path) -> None:
     with _read_only_dir(tmp_path) as ro:
-        _usage(_cli("run", "A", "--report-dir", str(ro / "reports")), "cannot be written")
+        assert_usage_error(
+            _cli("run", "A", "--report-dir", str(ro / "reports")), "cannot be written"
+        )
         assert not any(ro.iterdir())
 
 

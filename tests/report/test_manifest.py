@@ -139,9 +139,12 @@ def test_report_rebuilds_in_place_only_over_sealed_evidence(
     (run_pass / "archives" / "B.yaml").write_text("experiment_id: B\n")
     assert main(["report", str(run_pass)]) == 1
     assert "evidence changed" in capsys.readouterr().out
+    # Built elsewhere, the pages show the changed archive as what it now is:
+    # unreadable (it fails the schema), and the command says so with exit 1.
     out_dir = run_pass.parent / "elsewhere"
-    assert main(["report", str(run_pass), "--out", str(out_dir)]) == 0
-    assert (out_dir / "experiments" / "B.html").is_file()
+    assert main(["report", str(run_pass), "--out", str(out_dir)]) == 1
+    assert "1 archive(s) UNREADABLE" in capsys.readouterr().out
+    assert "does not match its schema" in (out_dir / "experiments" / "B.html").read_text()
 
 
 def test_report_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
