@@ -29,6 +29,7 @@ Exit codes (README, "Exit codes"), exactly:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -74,6 +75,13 @@ COMMANDS: tuple[ModuleType, ...] = (
 )
 
 
+# Commands that only read, build or verify: a signal ends them where they
+# stand (stopping.interruptible: a blocked read gets EINTR and raises), not
+# after the 3 s escalation a run's orderly stop falls back on. `replay` and
+# `mutants --rebuild-report` do the same for the part of theirs that reads.
+READ_ONLY = frozenset({"show", "report", "verify", "merge"})
+
+
 class Parser(argparse.ArgumentParser):
     """argparse whose errors are usage errors (exit 64 with one line), not exit 2."""
 
@@ -109,8 +117,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopping.install()
     stopping.on_escalate(_release_records)
     by_name = {command.NAME: command for command in COMMANDS}
+    section = stopping.interruptible() if args.command in READ_ONLY else contextlib.nullcontext()
     try:
-        code: int = by_name[args.command].main(args)
+        with section:
+            code: int = by_name[args.command].main(args)
         return code
     except (UsageError, FileRefused) as exc:
         print(f"fencecheck: {exc}", file=sys.stderr)

@@ -1,6 +1,7 @@
 """Hostile files: what a reading command does with a FIFO, a symlink to
 /dev/zero, a file over the size cap, YAML nested too deep, a file that is not
-what it should be (never echoed) and an archive that fails the schema.
+what it should be (never echoed), an archive that fails the schema, and a
+signal while it is blocked on a read.
 
 Every command runs as a user runs it (a subprocess, with a timeout and a
 memory limit, so a regression fails here instead of hanging or filling the
@@ -12,6 +13,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -241,3 +243,79 @@ def test_report_never_builds_a_verdict_from_an_archive_that_fails_the_schema(
     assert 'data-experiment="B" data-verdict="unknown" data-unreadable="true"' in index
     page = (pages / "experiments" / "B.html").read_text()
     assert "PASS" not in page and "This archive is unreadable" in page
+
+
+# -------------------------------------------------- a signal while blocked
+BLOCKED = """
+import contextlib, os, sys
+from harness.evidence import bounded_read
+
+never, _keep = os.pipe()
+real = bounded_read.regular_file
+
+@contextlib.contextmanager
+def hung(path):
+    # Where every reader reads: a read that never returns (a hung disk, a
+    # FUSE file, a FIFO a reader got past the checks).
+    with real(path) as opened:
+        print("blocked on a read", file=sys.stderr, flush=True)
+        os.read(never, 1)
+        yield opened
+
+bounded_read.regular_file = hung
+from harness.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _compare(run: Path, hostile: Path) -> list[str]:
+    return ["report", "--compare", str(run), str(run)]
+
+
+SIGNALLED = [
+    (_verify, signal.SIGINT),
+    (_show, signal.SIGTERM),
+    (_report_out, signal.SIGINT),
+    (_compare, signal.SIGTERM),
+    (_merge, signal.SIGINT),
+    (_replay, signal.SIGTERM),
+    (_triage, signal.SIGINT),
+]
+
+
+@pytest.mark.parametrize(
+    ("command", "signum"),
+    SIGNALLED,
+    ids=[f"{c.__name__[1:]}-{s.name}" for c, s in SIGNALLED],
+)
+def test_a_signal_ends_a_command_blocked_on_a_read_at_once(
+    tmp_path: Path, command: Callable[[Path, Path], list[str]], signum: signal.Signals
+) -> None:
+    """Exit 128+N well within the 5 s promised: the signal itself ends the read
+    (not the 3 s escalation a run's orderly stop falls back on)."""
+    run = sealed_run(tmp_path)
+    hostile = run / "archives" / "B.yaml"
+    argv = command(run, hostile)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", BLOCKED, *argv],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        line = proc.stderr.readline()
+        assert "blocked on a read" in line, line + proc.stderr.read()
+        sent = time.monotonic()
+        proc.send_signal(signum)
+        code = proc.wait(timeout=10)
+        took = time.monotonic() - sent
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert code == 128 + signum, err
+    assert took < 2.5, f"exit {took:.2f}s after {signum.name}:\n{err}"
+    assert f"interrupted by {signum.name}" in err and "did not finish" not in err, err
+    assert "Traceback" not in err
