@@ -74,9 +74,9 @@ def _rebuild(report_dir: Path, out: Path | None) -> int:
         evidence = [
             p for p in check.changed + check.removed + check.added if not manifest.is_view(p)
         ]
-        if evidence:
+        if evidence or check.manifest_changed:
             print(f"fencecheck report: {report_dir} was sealed, and its evidence changed since:")
-            for p in evidence:
+            for p in [*check.manifest_changed, *evidence]:
                 print(f"  {p}")
             print(
                 "not rebuilding in place (it would seal the changed evidence); run "

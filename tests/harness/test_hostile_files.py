@@ -195,8 +195,8 @@ def test_yaml_aliases_that_expand_are_refused(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------- never echoed
-def _not_echoed(proc: subprocess.CompletedProcess[str]) -> None:
-    assert proc.returncode == 64, proc.stdout + proc.stderr
+def _not_echoed(proc: subprocess.CompletedProcess[str], code: int = 64) -> None:
+    assert proc.returncode == code, proc.stdout + proc.stderr
     out = proc.stdout + proc.stderr
     assert "Traceback" not in out
     for piece in ("Xk3sEcReT9hash", "AnotherSecretHash", "99999", "daemon", "operator"):
@@ -219,7 +219,9 @@ def test_a_file_that_is_not_what_it_should_be_is_not_echoed(tmp_path: Path, body
     for args in (_replay(run, path), _show(run, path), _triage(run, path)):
         _not_echoed(fencecheck(*args))
     (run / "MANIFEST.sha256").write_text(body)
-    _not_echoed(fencecheck("verify", str(run)))
+    proc = fencecheck("verify", str(run))
+    _not_echoed(proc, code=1)
+    assert "MANIFEST.sha256 line(s) 1" in proc.stdout, proc.stdout
 
 
 # ------------------------------------------------- fails the schema: report
