@@ -16,7 +16,10 @@ Each part (``fencecheck run --shard K/N``) is a complete run directory with a
   ``shard.json`` and reports to ``shards/<K>-of-<N>/``;
 * builds the results from the archives alone and writes the run-level
   reports through one call (:func:`write_reports`), so the verdict and the
-  exit code are those of one run of the whole list.
+  exit code are those of one run of the whole list;
+* seals the merged folder (MANIFEST.sha256) only after its last page: a
+  merge that is stopped or fails removes what it wrote, so no folder says
+  complete and verifies INTACT without its index and pages.
 
 Parts of ``fencecheck mutants --shard K/N`` merge the same way: one
 ``mutants.json`` for the whole mutant list, each mutant's archives copied,
@@ -35,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import stopping
 from harness.evidence import bounded_read
 from harness.evidence.archive import ArchiveInvalid, atomic_write_text, read_archive, validate
 from harness.evidence.shard_record import (
@@ -165,10 +169,27 @@ def check_one_run(parts: Sequence[Part]) -> None:
         )
 
 
-def _prepare_into(into: Path) -> None:
+def _prepare_into(into: Path) -> bool:
+    """Make ``into`` ready (new, or an empty directory); True when it was made here."""
     if into.exists() and (not into.is_dir() or any(into.iterdir())):
         raise MergeRefused(f"--into {into} exists and is not empty; name a new directory")
+    made = not into.exists()
     into.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _remove_written(into: Path, made: bool) -> None:
+    """What an unfinished merge wrote into ``into`` (the folder too, if it made it)."""
+    from harness.parts.files import remove_tree
+
+    if made:
+        remove_tree(into)
+        return
+    for child in into.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            remove_tree(child)
+        else:
+            child.unlink(missing_ok=True)
 
 
 def _copy_tree(source: Path, target: Path) -> None:
@@ -306,13 +327,24 @@ def write_reports(
 
 
 def merge(paths: Sequence[Path], into: Path) -> Merged:
-    """Merge the parts found under ``paths`` into the new run directory ``into``."""
+    """Merge the parts found under ``paths`` into the new run directory ``into``,
+    sealed last. A merge that does not finish (a stop, an error) removes what
+    it wrote into ``into``; the parts are never touched."""
     parts, passed_over = find_parts(paths)
     check_one_run(parts)
     first = parts[0].record
     if first.kind not in ("run", "mutants"):
         raise MergeRefused(f"{parts[0].path} holds a {first.kind!r} run, which merge cannot take")
-    _prepare_into(into)
+    made = _prepare_into(into)
+    try:
+        return _merge_into(parts, passed_over, into)
+    except BaseException:
+        _remove_written(into, made)
+        raise
+
+
+def _merge_into(parts: list[Part], passed_over: list[str], into: Path) -> Merged:
+    first = parts[0].record
     by_index = {p.record.shard_index: p for p in parts}
     results: list[ExperimentResult] = []
     mutants: list[dict[str, Any]] = []
@@ -392,13 +424,16 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
         )
         + "\n"
     )
-    # Sealed like a run: pages from the merged archives, then the MANIFEST
-    # over every file (fencecheck verify checks the merged folder as a whole).
+    # Sealed like a run, but only after the last page: pages from the merged
+    # archives, then the MANIFEST over every file (fencecheck verify checks
+    # the merged folder as a whole). A page that cannot be built, or a stop,
+    # raises before the seal.
+    from harness.evidence.html import write_run_pages
     from harness.evidence.manifest import run_digest, write_manifest
-    from harness.evidence.run_report import write_pages
 
     if first.kind == "run":
-        merged.pages = write_pages(into)
+        merged.pages = str(write_run_pages(into, sealed=True))
+    stopping.check("sealing the merged folder")
     write_manifest(into)
     merged.digest = run_digest(into)
     return merged
