@@ -186,6 +186,24 @@ def test_worker_whose_migrate_fails(tmp_path: Path) -> None:
 
 
 @pytestmark_slow
+def test_a_flooding_migrate_is_stored_once(tmp_path: Path) -> None:
+    """20 MB on migrate's stdout: one log holds it (logs/run/migrate.log, with
+    the command and both streams), no copy of it anywhere else in the run."""
+    worker = _script(
+        tmp_path / "worker",
+        "head -c 20000000 /dev/zero | tr '\\0' x | fold -w 100\necho 'boom' >&2\nexit 3\n",
+    )
+    proc, run_dir = _failed_start(tmp_path, "--worker-cmd", str(worker))
+    log = run_dir / "logs" / "run" / "migrate.log"
+    big = [p for p in run_dir.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000]
+    assert big == [log], big
+    text = log.read_text()
+    assert text.startswith(f"$ {worker} migrate\n--- stdout\nxxxx") and "--- stderr\nboom" in text
+    assert f"Its whole output: {log}." in proc.stdout, proc.stdout
+    assert sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file()) < 20_300_000
+
+
+@pytestmark_slow
 def test_worker_whose_migrate_hangs(tmp_path: Path) -> None:
     worker = _script(tmp_path / "worker", 'echo "migrating..." >&2\nexec sleep 600\n')
     proc, _ = _failed_start(
