@@ -63,6 +63,9 @@ class _State:
         self.escalate_callbacks: list[Callable[[str], None]] = []
         self.main_depth = 0  # how deep the main thread is in interruptible()
         self.main_raised = False
+        # The signal the handler raised Interrupted for: the watcher thread may
+        # not have recorded it yet when the command reports how it ended.
+        self.main_signum: int | None = None
         self.expected: str | None = None  # what to say when a stop is the way out
         # The expected message as it stood when the signal arrived: the handler
         # may end the expected section before the watcher announces the stop.
@@ -81,6 +84,8 @@ def requested() -> bool:
 
 def reason() -> str:
     """``interrupted by SIGTERM`` (or the reason given to :func:`request`)."""
+    if _state.reason is None and _state.main_signum is not None:
+        return f"interrupted by {signal.Signals(_state.main_signum).name}"
     return _state.reason or "not interrupted"
 
 
@@ -97,7 +102,7 @@ def since_s() -> float | None:
 def exit_status() -> int:
     """The exit code of an interrupted command: 128 + the signal's number
     (130 for SIGINT when no signal but :func:`request` stopped it)."""
-    return SIGNAL_EXIT_BASE + (_state.signum or int(signal.SIGINT))
+    return SIGNAL_EXIT_BASE + (_state.signum or _state.main_signum or int(signal.SIGINT))
 
 
 def check(what: str) -> None:
@@ -238,6 +243,7 @@ def _handler(signum: int, frame: object) -> None:
         _state.expected_at_signal = _state.expected
     if _state.main_depth > 0 and not _state.main_raised:
         _state.main_raised = True
+        _state.main_signum = signum
         raise Interrupted(f"interrupted by {signal.Signals(signum).name}")
 
 

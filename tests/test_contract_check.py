@@ -84,7 +84,7 @@ def test_a_failing_migrate_ends_the_run_with_exit_2_and_one_paragraph(tmp_path: 
     assert "tests.hostile.failing_migrate migrate" in paragraph
     assert 'relation "agent_runs" already exists (simulated) | migrate: giving up' in paragraph
     (run_dir,) = tmp_path.iterdir()
-    kept = (run_dir / "logs" / "migrate.log").read_text()
+    kept = (run_dir / "logs" / "run" / "migrate.log").read_text()  # its one copy
     assert "applying 001_roles.sql" in kept and "giving up" in kept
     assert "failed with exit code 3" in (run_dir / "summary.md").read_text()
 

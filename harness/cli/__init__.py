@@ -29,6 +29,7 @@ Exit codes (README, "Exit codes"), exactly:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import traceback
@@ -53,6 +54,7 @@ from harness.cli import (
     verify,
 )
 from harness.cli.common import UsageError
+from harness.evidence.bounded_read import FileRefused
 from harness.failures import PartFailed
 from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
 
@@ -71,6 +73,13 @@ COMMANDS: tuple[ModuleType, ...] = (
     explore,
     replay,
 )
+
+
+# Commands that only read, build or verify: a signal ends them where they
+# stand (stopping.interruptible: a blocked read gets EINTR and raises), not
+# after the 3 s escalation a run's orderly stop falls back on. `replay` and
+# `mutants --rebuild-report` do the same for the part of theirs that reads.
+READ_ONLY = frozenset({"show", "report", "verify", "merge"})
 
 
 class Parser(argparse.ArgumentParser):
@@ -108,10 +117,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     stopping.install()
     stopping.on_escalate(_release_records)
     by_name = {command.NAME: command for command in COMMANDS}
+    section = stopping.interruptible() if args.command in READ_ONLY else contextlib.nullcontext()
     try:
-        code: int = by_name[args.command].main(args)
+        with section:
+            code: int = by_name[args.command].main(args)
         return code
-    except UsageError as exc:
+    except (UsageError, FileRefused) as exc:
         print(f"fencecheck: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except (stopping.Interrupted, KeyboardInterrupt):

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from harness import stopping
 from harness.cli.common import (
     REPO_ROOT,
     UsageError,
@@ -147,7 +148,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     if args.rebuild_report:
-        return _rebuild(args)
+        with stopping.interruptible():  # it only reads and builds: a signal ends it at once
+            return _rebuild(args)
     if args.auto:
         if args.seed is None:
             args.seed = 0

@@ -35,11 +35,14 @@ def main(args: argparse.Namespace) -> int:
     from harness.explore import schedule as sched
     from harness.explore.replay import replay
 
-    try:
-        schedule = sched.load(Path(args.schedule))
-    except sched.ScheduleError as exc:
-        raise UsageError(str(exc)) from exc
-    settings = settings_from_args(args, mutant=args.mutant)
+    # Up to the run's start a signal ends the command where it stands; the
+    # run itself then stops the way every run does.
+    with stopping.interruptible():
+        try:
+            schedule = sched.load(Path(args.schedule))
+        except sched.ScheduleError as exc:
+            raise UsageError(str(exc)) from exc
+        settings = settings_from_args(args, mutant=args.mutant)
     run_id, report_dir = new_report_dir(args.report_dir)
     print(
         f"fencecheck replay {run_id}: {args.schedule} x{args.repeat}, worker "

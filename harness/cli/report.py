@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from harness.cli.common import UsageError
+from harness.evidence import bounded_read
+
+if TYPE_CHECKING:
+    from harness.evidence.run_dir import Entry
 
 NAME = "report"
 HELP = "rebuild a run's HTML pages from its archives alone, or --compare two runs"
@@ -29,6 +33,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "that always passed in RUN_A did not in RUN_B",
     )
     parser.add_argument("--html", help="with --compare: also write the comparison as a page here")
+    parser.epilog = (
+        "exit 0 when built, 1 when an archive is unreadable (it fails the published schema "
+        "or cannot be parsed: shown and counted apart, no verdict or page built from it) or "
+        "the sealed evidence changed, 64 for a bad path or a refused file (docs/running.md)"
+    )
 
 
 def main(args: argparse.Namespace) -> int:
@@ -54,19 +63,20 @@ def main(args: argparse.Namespace) -> int:
 
 def _rebuild(report_dir: Path, out: Path | None) -> int:
     from harness.evidence import manifest
-    from harness.evidence.html import write_run_pages
+    from harness.evidence.html import build_run_pages
 
     started = time.perf_counter()
-    sealed = (report_dir / manifest.MANIFEST_NAME).is_file()
+    unreadable: list[Entry] = []
+    sealed = (report_dir / manifest.MANIFEST_NAME).exists()
     if out is None and sealed:
         # Rebuilding in place reseals the folder: only over the evidence it was sealed with.
         check = manifest.verify_report(report_dir)
         evidence = [
             p for p in check.changed + check.removed + check.added if not manifest.is_view(p)
         ]
-        if evidence:
+        if evidence or check.manifest_changed:
             print(f"fencecheck report: {report_dir} was sealed, and its evidence changed since:")
-            for p in evidence:
+            for p in [*check.manifest_changed, *evidence]:
                 print(f"  {p}")
             print(
                 "not rebuilding in place (it would seal the changed evidence); run "
@@ -86,7 +96,8 @@ def _rebuild(report_dir: Path, out: Path | None) -> int:
 
         index = write_mutants_pages(report_dir)
     else:
-        index = write_run_pages(report_dir, out, sealed=out is None)
+        index, entries = build_run_pages(report_dir, out, sealed=out is None)
+        unreadable = [e for e in entries if e.problem is not None]
     if out is None:
         manifest.write_manifest(report_dir)
         note = "resealed" if sealed else "sealed now (it had no MANIFEST.sha256: the seal covers "
@@ -94,13 +105,24 @@ def _rebuild(report_dir: Path, out: Path | None) -> int:
         print(f"MANIFEST.sha256 {note}")
     pages = len(list(index.parent.glob("**/experiments/*.html")))
     print(f"{index} and {pages} experiment page(s) built in {time.perf_counter() - started:.2f}s")
+    if unreadable:
+        print(
+            f"{len(unreadable)} archive(s) UNREADABLE, counted apart as unknown (no verdict "
+            "or page is built from an archive that fails the published schema):"
+        )
+        for entry in unreadable:
+            print("\n".join(f"  {line}" for line in (entry.problem or "").splitlines()))
+        return 1
     return 0
 
 
 def _is_automutants(report_dir: Path) -> bool:
     """A folder ``fencecheck mutants --auto`` wrote (its results.json says so)."""
+    results = report_dir / "results.json"
+    if not results.exists():
+        return False
     try:
-        data = json.loads((report_dir / "results.json").read_text())
+        data = bounded_read.load_json(results)
     except (OSError, ValueError):
         return False
     return isinstance(data, dict) and data.get("kind") == "automutants"

@@ -357,13 +357,11 @@ def _contract_first(
 
 
 def _migrate_failed(exc: MigrateFailed, report_dir: Path) -> int:
-    """A worker whose migrate fails: exit 2 with one paragraph; its output kept."""
+    """A worker whose migrate fails: exit 2 with one paragraph naming its output,
+    which migrate() kept once, in ``logs/run/migrate.log``."""
     from harness.verdict import EXIT_UNKNOWN
 
-    log = report_dir / "logs" / "migrate.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(exc.output(), encoding="utf-8")
-    paragraph = exc.paragraph(str(log))
+    paragraph = exc.paragraph(str(exc.log) if exc.log else None)
     # Like every start that failed: error.txt says the run did not start, and
     # stderr carries the part's account (what, exit status, stderr, full log).
     (report_dir / "error.txt").write_text(

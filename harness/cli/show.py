@@ -8,6 +8,7 @@ error (exit 64) that says what is wrong with it.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from harness.cli.common import UsageError
@@ -25,7 +26,7 @@ def main(args: argparse.Namespace) -> int:
     from harness.evidence.archive import ArchiveInvalid, load_archive
 
     archive_path = Path(path)
-    if not archive_path.is_file():
+    if not archive_path.exists():
         raise UsageError(f"no archive at {path}; archives are in reports/<run>/archives/")
     try:
         archive = load_archive(archive_path)
@@ -66,7 +67,10 @@ def main(args: argparse.Namespace) -> int:
         f"broker messages: {len(archive['broker_messages'])}"
     )
     for worker, lines in (archive.get("worker_channel_errors") or {}).items():
-        print(f"worker {worker} printed {len(lines)} non-reply line(s) on its ops channel")
+        # The archive keeps the first lines and counts the rest in a last one.
+        more = re.match(r"\(and (\d+) more", lines[-1]) if lines else None
+        count = len(lines) - 1 + int(more.group(1)) if more else len(lines)
+        print(f"worker {worker} printed {count} non-reply line(s) on its ops channel")
     print(f"worker logs: {archive['worker_logs_path']}")
     if archive.get("harness_error"):
         print(f"\nharness error:\n{archive['harness_error']}")

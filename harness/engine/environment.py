@@ -196,7 +196,12 @@ class MigrateFailed(PartFailed):
         )
 
     def output(self) -> str:
-        return f"$ {self.command}\n--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+        return migrate_transcript(self.command, self.stdout, self.stderr)
+
+
+def migrate_transcript(command: str, stdout: str, stderr: str) -> str:
+    """What ``migrate.log`` holds: the command, its stdout, then its stderr."""
+    return f"$ {command}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
 
 
 def migrate(
@@ -231,7 +236,7 @@ def migrate(
             command, 127, "", f"cannot start it: {exc.strerror or exc}", timeout_s, log=None
         ) from exc
     out, err, status = done.stdout, done.stderr, done.how
-    log.write_text(out + err)
+    log.write_text(migrate_transcript(command, out, err))
     if status == "interrupted":
         raise stopping.Interrupted(f"{stopping.reason()}: `{command}` was killed")
     if status == "timeout":

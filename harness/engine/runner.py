@@ -419,7 +419,7 @@ def _archive(
         "failover": ctx.extra.get("failover"),
         "explore": ctx.extra.get("explore"),
         "worker_channel_errors": {
-            w.worker_id: list(w.protocol_errors) for w in env.workers.values() if w.protocol_errors
+            w.worker_id: w.noise_lines() for w in env.workers.values() if w.protocol_errors
         },
         "metrics": env.metrics,
         "global_invariants": ctx.extra.get("global_invariants"),

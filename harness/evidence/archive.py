@@ -24,6 +24,8 @@ from typing import Any
 import jsonschema
 import yaml
 
+from harness.evidence import bounded_read
+
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "evidence-archive.schema.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where a copy without git (the fencecheck container image) keeps its commit.
@@ -63,18 +65,14 @@ class ArchiveInvalid(ValueError):
 
 
 @cache
-def yaml_problem(exc: yaml.YAMLError) -> str:
-    """`` at line L, column C: <problem>``: a YAML error in one line (PyYAML's own
-    message spans several and names "<unicode string>" instead of the file)."""
-    mark = getattr(exc, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-    return f"{where}: {problem}"
-
-
 def schema() -> dict[str, Any]:
     loaded: dict[str, Any] = json.loads(SCHEMA_PATH.read_text())
     return loaded
+
+
+@cache
+def _validator() -> jsonschema.Draft202012Validator:
+    return jsonschema.Draft202012Validator(schema())
 
 
 def mask(value: Any, secrets: Iterable[str] = ()) -> Any:
@@ -121,9 +119,7 @@ def to_plain(value: Any) -> Any:
 def validate(archive: dict[str, Any]) -> None:
     """ArchiveInvalid listing what does not match the schema: the missing fields
     in one line, then up to ten other mismatches with their paths."""
-    errors = sorted(
-        jsonschema.Draft202012Validator(schema()).iter_errors(archive), key=lambda e: e.path
-    )
+    errors = sorted(_validator().iter_errors(archive), key=lambda e: e.path)
     if not errors:
         return
     missing = [
@@ -133,8 +129,26 @@ def validate(archive: dict[str, Any]) -> None:
     ]
     others = [e for e in errors if not (e.validator == "required" and not e.path)]
     lines = [f"  missing field(s): {', '.join(missing)}"] if missing else []
-    lines += [f"  {'/'.join(map(str, e.path)) or '(top)'}: {e.message}" for e in others[:10]]
+    lines += [_mismatch(e) for e in others[:10]]
     raise ArchiveInvalid("evidence archive does not match its schema:\n" + "\n".join(lines))
+
+
+def _mismatch(error: jsonschema.ValidationError) -> str:
+    """One schema mismatch as a line that quotes no more of the archive than a
+    short offending value or field name (the file may be anything)."""
+    where = "/".join(
+        str(p) if isinstance(p, int) or bounded_read.is_word(p) else "?" for p in error.path
+    )
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+        extra = [k for k in error.instance if k not in known]
+        return f"  {where or '(top)'}: unexpected field(s) {bounded_read.field_names(extra)}"
+    message = error.message
+    quoted = repr(error.instance)
+    if message.startswith(quoted):
+        message = bounded_read.token(error.instance) + message[len(quoted) :]
+    line = message.splitlines()[0] if message else ""
+    return f"  {where or '(top)'}: {line[:160]}"
 
 
 def write_archive(path: Path, archive: dict[str, Any], secrets: Iterable[str] = ()) -> Path:
@@ -167,47 +181,49 @@ def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> Path
     return path
 
 
-# libyaml's loader when PyYAML has it: Q's archive (about 1 MB) loads in
-# 0.7 s instead of 3.7 s, which merging a run of many archives feels.
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def read_archive(path: Path) -> dict[str, Any]:
-    """The YAML mapping in ``path``; ArchiveInvalid (saying what is wrong) when the
-    file is not text, not YAML, or not a mapping."""
+def read_archive(path: Path, name: str | None = None) -> dict[str, Any]:
+    """The YAML mapping in ``path``; ArchiveInvalid (saying what is wrong, about
+    ``name``, default the path) when the file is not text, not YAML, or not a
+    mapping. FileRefused (harness.evidence.bounded_read) when it is not a
+    regular file, too large or too deep."""
+    shown = name or str(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        data = bounded_read.read_bytes(path)
+    except OSError as exc:
+        raise ArchiveInvalid(f"{shown} cannot be read: {exc.strerror or exc}") from None
+    try:
+        text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ArchiveInvalid(
-            f"{path} is not an evidence archive: it is not UTF-8 text (byte {exc.start} "
+            f"{shown} is not an evidence archive: it is not UTF-8 text (byte {exc.start} "
             "cannot be decoded); archives are YAML files in reports/<run>/archives/"
         ) from None
-    except OSError as exc:
-        raise ArchiveInvalid(f"{path} cannot be read: {exc.strerror or exc}") from None
     if "\x00" in text:
-        raise ArchiveInvalid(f"{path} is not an evidence archive: it is a binary file")
+        raise ArchiveInvalid(f"{shown} is not an evidence archive: it is a binary file")
     try:
-        loaded = yaml.load(text, Loader=_SAFE_LOADER)
-    except yaml.YAMLError as exc:
+        loaded = bounded_read.parse_yaml(text, path)
+    except bounded_read.NotParsed as exc:
         raise ArchiveInvalid(
-            f"{path} is not valid YAML{yaml_problem(exc)} (a truncated or edited archive?)"
+            f"{shown} is not valid YAML{exc.detail} (a truncated or edited archive?)"
         ) from None
     if not isinstance(loaded, dict):
         kind = "empty" if loaded is None else f"a {type(loaded).__name__}"
         raise ArchiveInvalid(
-            f"{path} is not an evidence archive: its top level is {kind}, not a mapping"
+            f"{shown} is not an evidence archive: its top level is {kind}, not a mapping"
         )
     return loaded
 
 
-def load_archive(path: Path) -> dict[str, Any]:
+def load_archive(path: Path, name: str | None = None) -> dict[str, Any]:
     """:func:`read_archive`, then checked against the published schema: what
-    ``fencecheck show`` reads. ArchiveInvalid lists what does not match."""
-    archive = read_archive(path)
+    ``fencecheck show``, the pages and a comparison read. ArchiveInvalid lists
+    what does not match."""
+    archive = read_archive(path, name)
     try:
         validate(archive)
     except ArchiveInvalid as exc:
-        raise ArchiveInvalid(f"{path}: {exc} (schema: {SCHEMA_PATH})") from None
+        published = SCHEMA_PATH.relative_to(REPO_ROOT)
+        raise ArchiveInvalid(f"{name or path}: {exc} (schema: {published})") from None
     return archive
 
 

@@ -2,7 +2,9 @@
 
 ``MANIFEST.sha256`` lists the sha256 of every file in the run directory (one
 ``<hex>  <path>`` line per file, sorted by path, the format ``sha256sum -c``
-reads), so a changed, removed or added file is found by re-hashing.
+reads), so a changed, removed or added file is found by re-hashing. Its last
+line, a comment ``sha256sum`` skips, is the sha256 of the lines above it: a
+changed byte in the manifest itself is told from a changed file.
 
 The *evidence digest* is one value for the whole run: the sha256 over the
 manifest lines of the evidence files (archives, logs, results, JUnit, ...),
@@ -26,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.evidence import bounded_read
 from harness.evidence.archive import atomic_write_text
 
 MANIFEST_NAME = "MANIFEST.sha256"
@@ -37,7 +40,10 @@ VIEW_NAMES = frozenset({SUMMARY_NAME, MANIFEST_NAME})
 DIGEST_LINE = "- **evidence digest**: "
 DIGEST_RE = re.compile(r"sha256:[0-9a-f]{64}")
 INDEX_DIGEST_RE = re.compile(r'data-evidence-digest="(sha256:[0-9a-f]{64})"')
-_CHUNK = 1 << 20
+SEAL_LINE = (
+    "# sha256 of the lines above: {} (sha256sum skips this line; fencecheck verify checks it)\n"
+)
+SEAL_RE = re.compile(r"# sha256 of the lines above: ([0-9a-f]{64})\b")
 READABLE = 0o644  # views and the manifest, like the summary and JUnit files
 
 
@@ -46,11 +52,8 @@ class ManifestError(ValueError):
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
-    return h.hexdigest()
+    """sha256 of a regular file; bounded_read.FileRefused for a FIFO, a device, ..."""
+    return bounded_read.sha256_hex(path)
 
 
 def _relative_files(root: Path) -> Iterable[str]:
@@ -119,7 +122,7 @@ def stamp_summary(report_dir: Path, digest: str) -> Path | None:
     path = report_dir / SUMMARY_NAME
     if not path.is_file():
         return None
-    lines = path.read_text().splitlines()
+    lines = bounded_read.read_text(path).splitlines()
     stamp = f"{DIGEST_LINE}{digest} (sha256 over {MANIFEST_NAME}'s lines of every file but "
     stamp += "this summary and the HTML pages; `fencecheck verify` checks it)"
     kept = [line for line in lines if not line.startswith(DIGEST_LINE)]
@@ -137,19 +140,42 @@ def write_manifest(report_dir: Path) -> Path:
     root = _directory(report_dir)
     stamp_summary(root, run_digest(root))
     path = root / MANIFEST_NAME
-    atomic_write_text(path, "".join(manifest_lines(hash_tree(root))), mode=READABLE)
+    body = "".join(manifest_lines(hash_tree(root)))
+    seal = SEAL_LINE.format(hashlib.sha256(body.encode()).hexdigest())
+    atomic_write_text(path, body + seal, mode=READABLE)
     return path
 
 
-def read_manifest(path: Path) -> dict[str, str]:
-    """The manifest's entries; ManifestError names the first line that is not one."""
-    entries: dict[str, str] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        digest, sep, rel = line.partition("  ")
+@dataclass
+class Listing:
+    """A manifest as read: its entries, the numbers of its lines that are not
+    entries, and whether its seal line matches the lines above it (None: it
+    has none, as manifests before seal lines did not)."""
+
+    entries: dict[str, str] = field(default_factory=dict)
+    bad_lines: list[int] = field(default_factory=list)
+    sealed: bool | None = None
+
+
+def read_manifest(path: Path) -> Listing:
+    """The manifest at ``path``. A line that is not an entry is counted, never
+    quoted (the file may be anything)."""
+    data = bounded_read.read_bytes(path)
+    # Split on "\n" only, as the manifest is written (str.splitlines would also
+    # split a file name at "\r").
+    lines = re.findall(r"[^\n]*\n|[^\n]+\Z", data.decode("utf-8", errors="replace"))
+    listing = Listing()
+    if lines and (seal := SEAL_RE.match(lines[-1])):
+        body = data[: len(data) - len(lines[-1].encode())]
+        listing.sealed = hashlib.sha256(body).hexdigest() == seal.group(1)
+        lines = lines[:-1]
+    for number, line in enumerate(lines, start=1):
+        digest, sep, rel = line.rstrip("\n").partition("  ")
         if not sep or not re.fullmatch(r"[0-9a-f]{64}", digest) or not rel:
-            raise ManifestError(f"{path}:{number} is not a '<sha256>  <path>' line: {line[:80]!r}")
-        entries[rel] = digest
-    return entries
+            listing.bad_lines.append(number)
+        else:
+            listing.entries[rel] = digest
+    return listing
 
 
 @dataclass
@@ -164,17 +190,27 @@ class Verification:
     problems: list[str] = field(default_factory=list)
     digest: str | None = None
     recorded: dict[str, str] = field(default_factory=dict)
+    # The manifest itself was changed after the seal: what shows it, then
+    # each of its lines that disagrees with the folder.
+    manifest_changed: list[str] = field(default_factory=list)
 
     @property
     def intact(self) -> bool:
-        return not (self.changed or self.removed or self.added or self.problems)
+        return not (
+            self.changed or self.removed or self.added or self.problems or self.manifest_changed
+        )
 
     def lines(self) -> list[str]:
-        out = [f"  changed: {p}" for p in self.changed]
+        out = [f"  {p}" for p in self.manifest_changed]
+        out += [f"  changed: {p}" for p in self.changed]
         out += [f"  removed: {p}" for p in self.removed]
         out += [f"  added:   {p}" for p in self.added]
         out += [f"  {p}" for p in self.problems]
         return out
+
+
+def _text(path: Path) -> str:
+    return bounded_read.read_bytes(path).decode("utf-8", errors="replace")
 
 
 def recorded_digests(report_dir: Path) -> dict[str, str]:
@@ -182,11 +218,11 @@ def recorded_digests(report_dir: Path) -> dict[str, str]:
     found: dict[str, str] = {}
     summary = report_dir / SUMMARY_NAME
     if summary.is_file():
-        for line in summary.read_text(errors="replace").splitlines():
+        for line in _text(summary).splitlines():
             if line.startswith(DIGEST_LINE) and (m := DIGEST_RE.search(line)):
                 found[SUMMARY_NAME] = m.group(0)
     index = report_dir / "index.html"
-    if index.is_file() and (m := INDEX_DIGEST_RE.search(index.read_text(errors="replace"))):
+    if index.is_file() and (m := INDEX_DIGEST_RE.search(_text(index))):
         found["index.html"] = m.group(1)
     return found
 
@@ -204,15 +240,17 @@ def verify_report(report_dir: Path, *, expected_digest: str | None = None) -> Ve
     manifest = root / MANIFEST_NAME
     now = hash_tree(root)
     result.digest = evidence_digest(now)
-    if not manifest.is_file():
+    result.recorded = recorded_digests(root)
+    if not manifest.exists():
         result.problems.append(f"no {MANIFEST_NAME}: this directory was never sealed")
     else:
-        listed = read_manifest(manifest)
+        listing = read_manifest(manifest)
+        listed = listing.entries
         result.files = len(listed)
         result.changed = [p for p in listed if p in now and now[p] != listed[p]]
         result.removed = [p for p in listed if p not in now]
         result.added = [p for p in now if p not in listed]
-    result.recorded = recorded_digests(root)
+        result.manifest_changed = _manifest_changes(listing, result)
     for name, recorded in result.recorded.items():
         if recorded != result.digest:
             result.problems.append(
@@ -223,3 +261,40 @@ def verify_report(report_dir: Path, *, expected_digest: str | None = None) -> Ve
             f"expected evidence digest {expected_digest}, the evidence hashes to {result.digest}"
         )
     return result
+
+
+def _manifest_changes(listing: Listing, result: Verification) -> list[str]:
+    """What shows that the manifest itself changed after the seal: its seal
+    line, lines that are not entries, or evidence lines that no longer give
+    the evidence digest summary.md and index.html record while the files do.
+    When the files still give that digest, the mismatches are the manifest's
+    lines, not changed files: they move from ``result.changed`` (and removed,
+    added) to the returned lines."""
+    signs: list[str] = []
+    if listing.sealed is False:
+        signs.append(
+            f"{MANIFEST_NAME} itself was changed after the seal: its lines no longer hash to "
+            "the sha256 on its last line"
+        )
+    if listing.bad_lines:
+        shown = ", ".join(map(str, listing.bad_lines[:10]))
+        more = f" and {len(listing.bad_lines) - 10} more" if len(listing.bad_lines) > 10 else ""
+        signs.append(f"{MANIFEST_NAME} line(s) {shown}{more} are not '<sha256>  <path>' lines")
+    recorded = set(result.recorded.values())
+    files_as_recorded = recorded == {result.digest}
+    if files_as_recorded and evidence_digest(listing.entries) != result.digest:
+        signs.append(
+            f"{MANIFEST_NAME} no longer gives the evidence digest "
+            f"{' and '.join(result.recorded)} record, while the files still do"
+        )
+    if not signs or not files_as_recorded:
+        return signs  # both changed, or only files: each mismatch is listed as it is
+    signs.append(
+        f"the evidence still hashes to the digest {' and '.join(result.recorded)} record: "
+        f"the files are as sealed, {MANIFEST_NAME} is what changed"
+    )
+    signs += [f"{MANIFEST_NAME}'s line for {p} does not match the file" for p in result.changed]
+    signs += [f"{MANIFEST_NAME} lists {p}, which is not in the folder" for p in result.removed]
+    signs += [f"{MANIFEST_NAME} does not list {p}" for p in result.added]
+    result.changed, result.removed, result.added = [], [], []
+    return signs

@@ -16,7 +16,10 @@ Each part (``fencecheck run --shard K/N``) is a complete run directory with a
   ``shard.json`` and reports to ``shards/<K>-of-<N>/``;
 * builds the results from the archives alone and writes the run-level
   reports through one call (:func:`write_reports`), so the verdict and the
-  exit code are those of one run of the whole list.
+  exit code are those of one run of the whole list;
+* seals the merged folder (MANIFEST.sha256) only after its last page: a
+  merge that is stopped or fails removes what it wrote, so no folder says
+  complete and verifies INTACT without its index and pages.
 
 Parts of ``fencecheck mutants --shard K/N`` merge the same way: one
 ``mutants.json`` for the whole mutant list, each mutant's archives copied,
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness import stopping
+from harness.evidence import bounded_read
 from harness.evidence.archive import ArchiveInvalid, atomic_write_text, read_archive, validate
 from harness.evidence.shard_record import (
     RECORD_NAME,
@@ -164,10 +169,38 @@ def check_one_run(parts: Sequence[Part]) -> None:
         )
 
 
-def _prepare_into(into: Path) -> None:
+def _prepare_into(into: Path) -> bool:
+    """Make ``into`` ready (new, or an empty directory); True when it was made here."""
     if into.exists() and (not into.is_dir() or any(into.iterdir())):
         raise MergeRefused(f"--into {into} exists and is not empty; name a new directory")
+    made = not into.exists()
     into.mkdir(parents=True, exist_ok=True)
+    return made
+
+
+def _remove_written(into: Path, made: bool) -> None:
+    """What an unfinished merge wrote into ``into`` (the folder too, if it made it)."""
+    from harness.parts.files import remove_tree
+
+    if made:
+        remove_tree(into)
+        return
+    for child in into.iterdir():
+        if child.is_dir() and not child.is_symlink():
+            remove_tree(child)
+        else:
+            child.unlink(missing_ok=True)
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    """``source`` copied to ``target`` (symlinks as links); a FIFO or device in it
+    is refused (bounded_read.FileRefused), never read."""
+    shutil.copytree(
+        source,
+        target,
+        symlinks=True,
+        copy_function=lambda src, dst: bounded_read.copy_file(Path(src), Path(dst)),
+    )
 
 
 def _result_of(
@@ -202,7 +235,7 @@ def _take_item(item: ShardItem, part: Part | None, into: Path, count: int) -> Ex
             item, Verdict.UNKNOWN, f"not run: {where} was not given to merge", None, None
         )
     source = part.path / "archives" / f"{item.label}.yaml"
-    if not source.is_file():
+    if not source.exists():
         return _result_of(
             item,
             Verdict.UNKNOWN,
@@ -220,10 +253,10 @@ def _take_item(item: ShardItem, part: Part | None, into: Path, count: int) -> Ex
         )
     target = into / "archives" / source.name
     target.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(source, target)
+    bounded_read.copy_file(source, target)
     logs = part.path / "logs" / item.label
     if logs.is_dir():
-        shutil.copytree(logs, into / "logs" / item.label, symlinks=True)
+        _copy_tree(logs, into / "logs" / item.label)
     record = part.record
     stated: list[tuple[str, Any, Any]] = [
         ("git_commit", archive.get("git_commit"), record.git_commit)
@@ -271,13 +304,13 @@ def _take_mutant(
             "not_run": True,
         }
     if (part.path / item.label).is_dir():
-        shutil.copytree(part.path / item.label, into / item.label, symlinks=True)
+        _copy_tree(part.path / item.label, into / item.label)
     return {**entry, "not_run": False}
 
 
 def _mutant_entries(part: Part) -> dict[str, dict[str, Any]]:
     try:
-        raw = json.loads((part.path / "mutants.json").read_text())
+        raw = bounded_read.load_json(part.path / "mutants.json")
     except (OSError, ValueError):
         return {}  # an interrupted part: every mutant of it is "not run"
     return {str(e["mutant"]): e for e in raw if isinstance(e, dict) and "mutant" in e}
@@ -294,13 +327,24 @@ def write_reports(
 
 
 def merge(paths: Sequence[Path], into: Path) -> Merged:
-    """Merge the parts found under ``paths`` into the new run directory ``into``."""
+    """Merge the parts found under ``paths`` into the new run directory ``into``,
+    sealed last. A merge that does not finish (a stop, an error) removes what
+    it wrote into ``into``; the parts are never touched."""
     parts, passed_over = find_parts(paths)
     check_one_run(parts)
     first = parts[0].record
     if first.kind not in ("run", "mutants"):
         raise MergeRefused(f"{parts[0].path} holds a {first.kind!r} run, which merge cannot take")
-    _prepare_into(into)
+    made = _prepare_into(into)
+    try:
+        return _merge_into(parts, passed_over, into)
+    except BaseException:
+        _remove_written(into, made)
+        raise
+
+
+def _merge_into(parts: list[Part], passed_over: list[str], into: Path) -> Merged:
+    first = parts[0].record
     by_index = {p.record.shard_index: p for p in parts}
     results: list[ExperimentResult] = []
     mutants: list[dict[str, Any]] = []
@@ -321,8 +365,8 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
         keep = into / "shards" / f"{part.record.shard_index}-of-{first.shard_count}"
         keep.mkdir(parents=True, exist_ok=True)
         for name in PART_REPORTS:
-            if (part.path / name).is_file():
-                shutil.copy2(part.path / name, keep / name)
+            if (part.path / name).exists():
+                bounded_read.copy_file(part.path / name, keep / name)
     missing = sorted(set(range(1, first.shard_count + 1)) - set(by_index))
     walls = [p.record.wall_s for p in parts if p.record.wall_s is not None]
     run_id = "merged-" + time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + secrets.token_hex(3)
@@ -380,13 +424,16 @@ def merge(paths: Sequence[Path], into: Path) -> Merged:
         )
         + "\n"
     )
-    # Sealed like a run: pages from the merged archives, then the MANIFEST
-    # over every file (fencecheck verify checks the merged folder as a whole).
+    # Sealed like a run, but only after the last page: pages from the merged
+    # archives, then the MANIFEST over every file (fencecheck verify checks
+    # the merged folder as a whole). A page that cannot be built, or a stop,
+    # raises before the seal.
+    from harness.evidence.html import write_run_pages
     from harness.evidence.manifest import run_digest, write_manifest
-    from harness.evidence.run_report import write_pages
 
     if first.kind == "run":
-        merged.pages = write_pages(into)
+        merged.pages = str(write_run_pages(into, sealed=True))
+    stopping.check("sealing the merged folder")
     write_manifest(into)
     merged.digest = run_digest(into)
     return merged

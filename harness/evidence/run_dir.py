@@ -6,21 +6,23 @@ its ``pass_or_fail``), ``results.json`` (only for the order the runner ran
 the experiments in), ``summary.md``, ``junit.xml`` and ``logs/<label>/``.
 Nothing is asked of live state.
 
-Invariant: an archive that cannot be read is listed with its problem and
-counts as *unknown*; it never disappears from a page or a comparison.
+Invariant: an archive that cannot be read, or does not match the published
+schema, is listed as *unreadable* with its problem and counts as *unknown*;
+nothing is built from its content, and it never disappears from a page or a
+comparison. A file that is not a regular one, or is over the size or depth
+cap, stops the reader (bounded_read.FileRefused: a usage error).
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from harness.evidence import bounded_read
+from harness.evidence.archive import ArchiveInvalid, load_archive
 from harness.verdict import Verdict
 
 ARCHIVES = "archives"
@@ -42,25 +44,18 @@ FACTS: tuple[tuple[str, str], ...] = (
     ("seed", "seed"),
 )
 
-try:  # libyaml when present: several times faster on Q's large archives
-    _Loader: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - PyYAML built without libyaml
-    _Loader = yaml.SafeLoader
-
 
 class NotARunDirectory(ValueError):
     """The directory holds no archives to build pages from."""
 
 
 def load_yaml(path: Path) -> dict[str, Any]:
-    """One archive; ValueError (with the reason) if it is not a YAML mapping."""
+    """One archive, checked against the published schema; ValueError (the
+    reason, naming the archive by its place in the run) when it is not one."""
     try:
-        loaded = yaml.load(path.read_bytes(), Loader=_Loader)
-    except (OSError, yaml.YAMLError) as exc:
-        raise ValueError(f"cannot read {path.name}: {exc}") from exc
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{path.name} is not an evidence archive (its top level is not a mapping)")
-    return loaded
+        return load_archive(path, f"{ARCHIVES}/{path.name}")
+    except ArchiveInvalid as exc:
+        raise ValueError(f"unreadable: {exc}") from None
 
 
 def lookup(archive: Mapping[str, Any], dotted: str) -> Any:
@@ -196,11 +191,11 @@ def archive_paths(report_dir: Path) -> list[Path]:
     found = sorted(p for p in folder.glob("*.yaml") if not p.name.startswith("."))
     order: list[str] = []
     results = report_dir / "results.json"
-    if results.is_file():
+    if results.exists():
         try:
-            listed = json.loads(results.read_text())
+            listed = bounded_read.load_json(results)
             order = [Path(str(r["archive"])).name for r in listed if r.get("archive")]
-        except (ValueError, TypeError, KeyError, AttributeError):
+        except (OSError, ValueError, TypeError, KeyError, AttributeError):
             order = []  # a broken results.json only loses the order
     rank = {name: i for i, name in enumerate(order)}
     return sorted(found, key=lambda p: (rank.get(p.name, len(rank)), p.name))

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from harness.engine.shards import MUTANT_SERVICES_S, Shard, assign, job_cost, job_key
+from harness.evidence import bounded_read
 
 if TYPE_CHECKING:
     from harness.engine.runner import Job
@@ -184,18 +185,20 @@ def read_record(run_dir: Path) -> ShardRecord:
     """The shard.json of ``run_dir``; RecordInvalid says what is wrong with it."""
     path = run_dir / RECORD_NAME
     try:
-        raw = json.loads(path.read_text())
+        raw = bounded_read.load_json(path)
     except FileNotFoundError:
         raise RecordInvalid(
             f"{run_dir} has no {RECORD_NAME}: it is not a run directory of `fencecheck run` "
             "(or was written by a version without shards)"
         ) from None
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise RecordInvalid(f"{path} cannot be read as JSON: {exc}") from exc
+    except OSError as exc:
+        raise RecordInvalid(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except bounded_read.NotParsed as exc:
+        raise RecordInvalid(str(exc)) from None
     if not isinstance(raw, dict) or raw.get("record_version") != RECORD_VERSION:
         raise RecordInvalid(f"{path} is not a shard record of version {RECORD_VERSION}")
     try:
         items = tuple(ShardItem(**item) for item in raw.pop("items"))
         return ShardRecord(items=items, **raw)
     except (KeyError, TypeError) as exc:
-        raise RecordInvalid(f"{path} lacks or has unexpected fields: {exc}") from exc
+        raise RecordInvalid(f"{path} lacks or has unexpected fields: {str(exc)[:100]}") from exc

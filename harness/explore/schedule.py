@@ -20,7 +20,8 @@ from typing import Any, cast
 
 import yaml
 
-from harness.evidence.archive import yaml_problem
+from harness.evidence import bounded_read
+from harness.evidence.bounded_read import token
 
 FORMAT_VERSION = 1
 TOOLS = ("idem", "detid", "queryable", "plain")  # one tool per capability level
@@ -214,15 +215,15 @@ def write(path: Path, schedule: Schedule) -> Path:
 
 
 def load(path: Path) -> Schedule:
-    """Read and validate a schedule file; ScheduleError says what to fix."""
+    """Read and validate a schedule file; ScheduleError says what to fix (and
+    quotes no more of the file than the offending value, cut short).
+    bounded_read.FileRefused when it is not a regular file, too large or too deep."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScheduleError(f"cannot read schedule {path}: {exc}") from exc
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ScheduleError(f"{path} is not valid YAML{yaml_problem(exc)}") from None
+        data = bounded_read.load_yaml(path)
+    except OSError as exc:
+        raise ScheduleError(f"cannot read schedule {path}: {exc.strerror or exc}") from None
+    except bounded_read.NotParsed as exc:
+        raise ScheduleError(str(exc)) from None
     try:
         return from_dict(data)
     except ScheduleError as exc:
@@ -233,7 +234,7 @@ def _int(data: Mapping[str, Any], key: str, where: str, lo: int, hi: int, defaul
     value = data.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         raise ScheduleError(
-            f"{where}.{key} must be a whole number from {lo} to {hi}, not {value!r}"
+            f"{where}.{key} must be a whole number from {lo} to {hi}, not {token(value)}"
         )
     return value
 
@@ -243,7 +244,9 @@ def _choice(
 ) -> str:
     value = data.get(key, default)
     if value not in options:
-        raise ScheduleError(f"{where}.{key} must be one of {', '.join(options)}, not {value!r}")
+        raise ScheduleError(
+            f"{where}.{key} must be one of {', '.join(options)}, not {token(value)}"
+        )
     return cast(str, value)
 
 
@@ -254,10 +257,11 @@ def _mapping(value: Any, where: str) -> Mapping[str, Any]:
 
 
 def _known(data: Mapping[str, Any], where: str, allowed: set[str]) -> None:
-    unknown = sorted(set(data) - allowed)
+    unknown = set(data) - allowed
     if unknown:
         raise ScheduleError(
-            f"{where}: unknown field(s) {', '.join(map(str, unknown))}; allowed: {', '.join(sorted(allowed))}"
+            f"{where}: unknown field(s) {bounded_read.field_names(unknown)}; "
+            f"allowed: {', '.join(sorted(allowed))}"
         )
 
 
@@ -283,7 +287,7 @@ def from_dict(data: Any) -> Schedule:
     )
     if top.get("version", FORMAT_VERSION) != FORMAT_VERSION:
         raise ScheduleError(
-            f"schedule.version must be {FORMAT_VERSION}, not {top.get('version')!r}"
+            f"schedule.version must be {FORMAT_VERSION}, not {token(top.get('version'))}"
         )
     workers = _int(top, "workers", "schedule", 1, 8, 3)
     tenants = _int(top, "tenants", "schedule", 1, 2, 1)
@@ -293,10 +297,10 @@ def from_dict(data: Any) -> Schedule:
         )
     seed = top.get("seed")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ScheduleError(f"schedule.seed must be a whole number or absent, not {seed!r}")
+        raise ScheduleError(f"schedule.seed must be a whole number or absent, not {token(seed)}")
     relay = top.get("relay", True)
     if not isinstance(relay, bool):
-        raise ScheduleError(f"schedule.relay must be true or false, not {relay!r}")
+        raise ScheduleError(f"schedule.relay must be true or false, not {token(relay)}")
     raw_runs = top.get("runs") or []
     if not isinstance(raw_runs, list) or not raw_runs:
         raise ScheduleError("schedule.runs must be a non-empty list of runs")
@@ -353,7 +357,7 @@ def _worker(
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < workers:
         extra = f" or {', '.join(special)}" if special else ""
         raise ScheduleError(
-            f"{where}.worker must be a worker index from 0 to {workers - 1}{extra}, not {value!r}"
+            f"{where}.worker must be a worker index from 0 to {workers - 1}{extra}, not {token(value)}"
         )
     return value
 

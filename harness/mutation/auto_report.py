@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.evidence import bounded_read
 from harness.mutation.auto import JOURNAL, RUN_FILE
 from harness.mutation.triage import Triage
 
@@ -149,9 +150,10 @@ def apply_triage(entries: Sequence[dict[str, Any]], judged: Triage) -> None:
 
 def read_journal(report_dir: Path) -> list[dict[str, Any]]:
     path = report_dir / JOURNAL
-    if not path.is_file():
+    if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    text = bounded_read.read_text(path)
+    return [bounded_read.parse_json(line, path) for line in text.splitlines() if line.strip()]
 
 
 def by_group(entries: Sequence[Mapping[str, Any]], key: str) -> dict[str, dict[str, int]]:
@@ -307,7 +309,7 @@ def rebuild(
     """The report again from ``run.json`` and the journal, with the triage file
     as it is now; ``diffs`` fills in the diff of an entry that has none (an id
     of the current code). Returns the results."""
-    run = json.loads((report_dir / RUN_FILE).read_text())
+    run = bounded_read.load_json(report_dir / RUN_FILE)
     entries = read_journal(report_dir)
     for e in entries:
         if not e.get("diff") and diffs and e["id"] in diffs:

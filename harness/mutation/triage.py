@@ -22,9 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from harness.evidence.archive import yaml_problem
+from harness.evidence import bounded_read
 
 
 class TriageError(ValueError):
@@ -57,13 +55,16 @@ def _text(entry: dict[str, Any], key: str, where: str) -> str:
 
 
 def load(path: Path) -> Triage:
-    """The triage file at ``path`` (an empty triage when it does not exist)."""
-    if not path.exists():
+    """The triage file at ``path`` (an empty triage when it does not exist);
+    bounded_read.FileRefused when it is not a regular file, too large or too deep."""
+    if not path.exists() and not path.is_symlink():
         return Triage(source=path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise TriageError(f"{path}: not valid YAML{yaml_problem(exc)}") from None
+        raw = bounded_read.load_yaml(path) or {}
+    except OSError as exc:
+        raise TriageError(f"{path} cannot be read: {exc.strerror or exc}") from None
+    except bounded_read.NotParsed as exc:
+        raise TriageError(str(exc)) from None
     if not isinstance(raw, dict) or set(raw) - {"equivalent", "survivors"}:
         raise TriageError(f"{path}: expected the keys `equivalent` and `survivors` only")
     triage = Triage(source=path)
@@ -77,7 +78,7 @@ def load(path: Path) -> Triage:
                 raise TriageError(f"{where}: must be a mapping with `id`")
             mutant_id = _text(entry, "id", where)
             if mutant_id in triage.equivalent or mutant_id in triage.survivors:
-                raise TriageError(f"{where}: {mutant_id} is listed twice")
+                raise TriageError(f"{where}: {bounded_read.token(mutant_id)} is listed twice")
             if kind == "equivalent":
                 triage.equivalent[mutant_id] = _text(entry, "reason", where)
             else:

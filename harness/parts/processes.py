@@ -56,6 +56,9 @@ DEFAULT_SIGNAL_TIMEOUT_S = 5.0
 DEFAULT_GRACE_S = 3.0
 # How long an ops worker gets to exit by itself once its stdin is closed.
 CLEAN_EXIT_WAIT_S = 0.5
+# Non-reply lines of a worker's ops channel kept in memory (and so in its
+# archive): the stdout log holds them all, a flood must not be stored twice.
+KEPT_NOISE_LINES = 20
 
 _PR_SET_PDEATHSIG = 1
 
@@ -858,7 +861,8 @@ class WorkerProcess(ManagedProcess):
         self._pending_lock = threading.Lock()
         self._reader: threading.Thread | None = None
         self._channel_closed = False
-        self.protocol_errors: list[str] = []
+        self.protocol_errors: list[str] = []  # the first KEPT_NOISE_LINES
+        self.protocol_error_count = 0
 
     def start(self) -> Self:
         self._prepare_files()
@@ -933,26 +937,36 @@ class WorkerProcess(ManagedProcess):
         if not self.protocol_errors:
             return ""
         shown = "; ".join(self.protocol_errors[:3])
-        more = (
-            f" (and {len(self.protocol_errors) - 3} more)" if len(self.protocol_errors) > 3 else ""
-        )
+        count = self.protocol_error_count
+        more = f" (and {count - 3} more)" if count > 3 else ""
         return (
-            f"; it printed {len(self.protocol_errors)} line(s) on its ops channel (stdout) "
+            f"; it printed {count} line(s) on its ops channel (stdout) "
             f"that are not JSON replies: {shown}{more} (logs go to stderr, see "
             f"docs/worker-contract.md section 5)"
         )
+
+    def _noise(self, line: str) -> None:
+        self.protocol_error_count += 1
+        if len(self.protocol_errors) < KEPT_NOISE_LINES:
+            self.protocol_errors.append(line)
+
+    def noise_lines(self) -> list[str]:
+        """The non-reply lines kept, and one line counting those that were not."""
+        left = self.protocol_error_count - len(self.protocol_errors)
+        tail = [f"(and {left} more line(s), all in {self.stdout_log.name})"] if left else []
+        return [*self.protocol_errors, *tail]
 
     def _dispatch_reply(self, raw: bytes, received_at: float) -> None:
         try:
             obj = json.loads(raw)
             request_id = obj["id"]
         except (ValueError, KeyError, TypeError):
-            self.protocol_errors.append(f"not a reply: {raw[:200]!r}")
+            self._noise(f"not a reply: {raw[:200]!r}")
             return
         with self._pending_lock:
             pending = self._pending.pop(request_id, None)
         if pending is None:
-            self.protocol_errors.append(f"reply to unknown id {request_id!r}: {raw[:200]!r}")
+            self._noise(f"reply to unknown id {request_id!r}: {raw[:200]!r}")
             return
         result = obj.get("result")
         pending._resolve(

@@ -130,3 +130,16 @@ def fencecheck_cli(*args: str, timeout_s: float = 240) -> subprocess.CompletedPr
         timeout=timeout_s,
         check=False,
     )
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess[str], *expected: str) -> str:
+    """A usage error as docs/running.md promises it: exit 64, one line on stderr
+    holding each of ``expected``, no traceback, nothing on stdout; the line."""
+    assert proc.returncode == 64, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert proc.stdout == "", f"a usage error starts and prints nothing else: {proc.stdout}"
+    for text in expected:
+        assert text in lines[0], lines[0]
+    return lines[0]

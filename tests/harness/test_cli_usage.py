@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.helpers import assert_usage_error
 from tests.harness.outside import REPO, private_tmpdir
 
 
@@ -36,16 +37,6 @@ def _script(path: Path, body: str, mode: int = 0o755) -> Path:
     path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
     path.chmod(mode)
     return path
-
-
-def _usage(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
-    assert proc.returncode == 64, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert proc.stdout == "", f"a usage error starts and prints nothing else: {proc.stdout}"
-    for text in expected:
-        assert text in lines[0], lines[0]
 
 
 @pytest.mark.parametrize(
@@ -103,18 +94,20 @@ def _usage(proc: subprocess.CompletedProcess[str], *expected: str) -> None:
     ],
 )
 def test_bad_usage_exits_64_with_one_line(args: list[str], expected: list[str]) -> None:
-    _usage(_cli(*args), *expected)
+    assert_usage_error(_cli(*args), *expected)
 
 
 def test_worker_command_that_is_not_executable(tmp_path: Path) -> None:
     worker = _script(tmp_path / "worker", "exit 0\n", mode=0o644)
-    _usage(_cli("run", "--worker-cmd", str(worker)), f"{worker} is not executable", "chmod +x")
+    assert_usage_error(
+        _cli("run", "--worker-cmd", str(worker)), f"{worker} is not executable", "chmod +x"
+    )
 
 
 def test_report_dir_on_a_file(tmp_path: Path) -> None:
     file = tmp_path / "a-file"
     file.write_text("x")
-    _usage(_cli("run", "A", "--report-dir", str(file)), "is a file, not a directory")
+    assert_usage_error(_cli("run", "A", "--report-dir", str(file)), "is a file, not a directory")
 
 
 @contextlib.contextmanager
@@ -138,7 +131,9 @@ def _read_only_dir(tmp_path: Path) -> Iterator[Path]:
 
 def test_report_dir_on_a_read_only_mount(tmp_path: Path) -> None:
     with _read_only_dir(tmp_path) as ro:
-        _usage(_cli("run", "A", "--report-dir", str(ro / "reports")), "cannot be written")
+        assert_usage_error(
+            _cli("run", "A", "--report-dir", str(ro / "reports")), "cannot be written"
+        )
         assert not any(ro.iterdir())
 
 
@@ -188,6 +183,24 @@ def test_worker_whose_migrate_fails(tmp_path: Path) -> None:
     assert "boom: no schema" in proc.stderr
     log = run_dir / "logs" / "run" / "migrate.log"
     assert f"full log: {log}" in proc.stderr and "boom" in log.read_text()
+
+
+@pytestmark_slow
+def test_a_flooding_migrate_is_stored_once(tmp_path: Path) -> None:
+    """20 MB on migrate's stdout: one log holds it (logs/run/migrate.log, with
+    the command and both streams), no copy of it anywhere else in the run."""
+    worker = _script(
+        tmp_path / "worker",
+        "head -c 20000000 /dev/zero | tr '\\0' x | fold -w 100\necho 'boom' >&2\nexit 3\n",
+    )
+    proc, run_dir = _failed_start(tmp_path, "--worker-cmd", str(worker))
+    log = run_dir / "logs" / "run" / "migrate.log"
+    big = [p for p in run_dir.rglob("*") if p.is_file() and p.stat().st_size > 1_000_000]
+    assert big == [log], big
+    text = log.read_text()
+    assert text.startswith(f"$ {worker} migrate\n--- stdout\nxxxx") and "--- stderr\nboom" in text
+    assert f"Its whole output: {log}." in proc.stdout, proc.stdout
+    assert sum(p.stat().st_size for p in run_dir.rglob("*") if p.is_file()) < 20_300_000
 
 
 @pytestmark_slow

@@ -387,3 +387,51 @@ def test_an_interrupted_part_is_named_unfinished_and_its_cut_jobs_unknown(
     assert dropped
     for path in dropped:
         assert verdicts[path.stem] == "unknown", (path.stem, verdicts)
+
+
+@pytest.mark.parametrize("how", ["raised", "requested"])
+def test_an_interrupted_merge_leaves_no_folder_that_says_complete(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A stop while the pages are built: a signal raising where the main thread
+    stands, or a stop the watcher thread recorded. Either way nothing is
+    sealed, and what the merge wrote is removed (the parts are untouched)."""
+    import harness.evidence.html as html
+    from harness import stopping
+    from harness.evidence.html import pages
+
+    parts = _parts(tmp_path / "in", 1)
+    before = sorted(p.relative_to(parts[0]) for p in parts[0].rglob("*"))
+    real = pages.experiment_page
+    calls: list[str] = []
+
+    def page_then_stop(*args: object, **kwargs: object) -> object:
+        calls.append(str(args[1]))
+        if len(calls) == 5:
+            if how == "raised":
+                raise stopping.Interrupted("interrupted by SIGINT")
+            stopping.request(why="interrupted by SIGINT")
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    # In-process, a request must not arm the forced exit of a real stop (an
+    # earlier in-process `cli_main` installed the signal handlers).
+    monkeypatch.setattr(stopping, "_wakeup", None)
+    monkeypatch.setattr(html, "experiment_page", page_then_stop)
+    monkeypatch.setattr(html, "PARALLEL_FROM", 10_000)  # pages in this process
+    into = tmp_path / "out"
+    try:
+        with pytest.raises(stopping.Interrupted):
+            merge(parts, into)
+    finally:
+        stopping.reset()
+    assert not into.exists(), sorted(into.rglob("*"))
+    assert sorted(p.relative_to(parts[0]) for p in parts[0].rglob("*")) == before
+    # Given an empty folder of the user's, the merge empties it again.
+    into.mkdir()
+    calls.clear()
+    try:
+        with pytest.raises(stopping.Interrupted):
+            merge(parts, into)
+    finally:
+        stopping.reset()
+    assert into.is_dir() and not any(into.iterdir())

@@ -12,6 +12,7 @@ import pytest
 
 from harness.parts.os_user import OsUser, is_root, unprivileged_user
 from harness.parts.processes import (
+    KEPT_NOISE_LINES,
     ManagedProcess,
     OpTimeout,
     ProcessRegistry,
@@ -336,6 +337,20 @@ def test_non_json_lines_on_the_ops_channel_are_kept_and_named(tmp_path: Path) ->
     assert "INFO connecting to the database..." in message and "logs go to stderr" in message
     assert [e for e in worker.protocol_errors if "DEBUG still working" in e]
     assert "INFO connecting" in worker.stdout_log.read_text()  # kept in its log too
+
+
+def test_a_flood_on_the_ops_channel_is_kept_once(tmp_path: Path) -> None:
+    """Every line is in the stdout log; the archive's copy is the first lines
+    and a count, so a 100 MB flood is not stored twice."""
+    worker = WorkerProcess("A", [PYTHON, "-c", "pass"], "ops", log_dir=tmp_path)
+    for n in range(50_000):
+        worker._dispatch_reply(f"noise {n}\n".encode(), 0.0)
+    lines = worker.noise_lines()
+    assert len(lines) == KEPT_NOISE_LINES + 1 and lines[0] == "not a reply: b'noise 0\\n'"
+    assert (
+        lines[-1] == f"(and {50_000 - KEPT_NOISE_LINES} more line(s), all in worker-A.stdout.log)"
+    )
+    assert "it printed 50000 line(s) on its ops channel" in worker.channel_noise()
 
 
 def test_a_worker_that_exits_at_once_is_reported_as_such(tmp_path: Path) -> None:

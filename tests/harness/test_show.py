@@ -97,4 +97,6 @@ def test_a_bad_file_is_a_usage_error_saying_what_is_wrong(
 
 def test_a_directory_is_not_an_archive(tmp_path: Path) -> None:
     proc = _show(tmp_path)
+    assert proc.returncode == 64 and "is a directory, not a regular file" in proc.stderr
+    proc = _show(tmp_path / "missing.yaml")
     assert proc.returncode == 64 and "no archive at" in proc.stderr

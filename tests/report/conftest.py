@@ -38,7 +38,8 @@ def as_unknown(archive: dict[str, Any]) -> dict[str, Any]:
 
 
 def as_newer(archive: dict[str, Any]) -> dict[str, Any]:
-    """The archive with fields this version does not know, without optional ones."""
+    """The archive as a newer version might write it: without optional fields,
+    with fields (and a shape) this version's published schema does not know."""
     changed = {
         k: v
         for k, v in archive.items()
@@ -71,7 +72,8 @@ def run_fail(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def run_mixed(tmp_path: Path) -> Path:
-    """pass (B), fail (B from the mutant run), unknown, newer format, unreadable."""
+    """pass (B), fail (B from the mutant run), unknown, and two unreadable: a newer
+    format (fails the schema) and one that is not YAML."""
     root = tmp_path / "run-mixed"
     archives = root / "archives"
     archives.mkdir(parents=True)

@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -139,9 +140,12 @@ def test_report_rebuilds_in_place_only_over_sealed_evidence(
     (run_pass / "archives" / "B.yaml").write_text("experiment_id: B\n")
     assert main(["report", str(run_pass)]) == 1
     assert "evidence changed" in capsys.readouterr().out
+    # Built elsewhere, the pages show the changed archive as what it now is:
+    # unreadable (it fails the schema), and the command says so with exit 1.
     out_dir = run_pass.parent / "elsewhere"
-    assert main(["report", str(run_pass), "--out", str(out_dir)]) == 0
-    assert (out_dir / "experiments" / "B.html").is_file()
+    assert main(["report", str(run_pass), "--out", str(out_dir)]) == 1
+    assert "1 archive(s) UNREADABLE" in capsys.readouterr().out
+    assert "does not match its schema" in (out_dir / "experiments" / "B.html").read_text()
 
 
 def test_report_usage_errors(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -159,3 +163,72 @@ def test_pages_built_elsewhere_link_to_the_run(run_pass: Path, tmp_path: Path) -
         for href in re.findall(r'href="([^"#]+)"', html):
             assert (base / href).exists(), f"{href} from {base} leads nowhere"
     assert not (run_pass / "index.html").exists(), "the run folder is left untouched"
+
+
+def _flip(text: str, at: int) -> str:
+    """``text`` with the character at ``at`` changed (a hex digit stays one)."""
+    char = text[at]
+    return text[:at] + ("0" if char != "0" else "1") + text[at + 1 :]
+
+
+def _in_line(ending: str) -> Callable[[str], int]:
+    return lambda text: next(
+        i
+        for i, line in enumerate(text.splitlines(keepends=True))
+        if line.rstrip("\n").endswith(ending)
+    )
+
+
+def _offset(text: str, line: int, column: int) -> int:
+    return sum(len(x) for x in text.splitlines(keepends=True)[:line]) + column
+
+
+MANIFEST_BYTES = {
+    "evidence-digest": lambda t: _offset(t, _in_line("  archives/B.yaml")(t), 10),
+    "view-digest": lambda t: _offset(t, _in_line("  experiments/B.html")(t), 10),
+    "path": lambda t: _offset(t, _in_line("  archives/B.yaml")(t), 64 + 2 + 9),
+    "seal-line": lambda t: len(t) - 90,
+}
+
+
+@pytest.mark.parametrize("where", list(MANIFEST_BYTES))
+def test_a_changed_byte_in_the_manifest_is_manifest_tampering(
+    run_pass: Path, capsys: pytest.CaptureFixture[str], where: str
+) -> None:
+    seal(run_pass)
+    path = run_pass / "MANIFEST.sha256"
+    text = path.read_text()
+    path.write_text(_flip(text, MANIFEST_BYTES[where](text)))
+    code, out = verify(run_pass, capsys=capsys)
+    assert code == 1, out
+    assert "MANIFEST.sha256 itself was changed after the seal" in out, out
+    assert "the files are as sealed, MANIFEST.sha256 is what changed" in out, out
+    assert not re.search(r"^  (changed|removed|added): ", out, re.M), out
+    # Rebuilding in place would seal over it: refused like changed evidence.
+    assert main(["report", str(run_pass)]) == 1
+
+
+def test_a_manifest_without_its_seal_line_is_still_told_from_the_evidence(
+    run_pass: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A manifest written before seal lines: its evidence lines are checked
+    against the evidence digest summary.md and index.html record."""
+    seal(run_pass)
+    path = run_pass / "MANIFEST.sha256"
+    lines = path.read_text().splitlines(keepends=True)[:-1]
+    text = "".join(lines)
+    path.write_text(_flip(text, MANIFEST_BYTES["evidence-digest"](text)))
+    code, out = verify(run_pass, capsys=capsys)
+    assert code == 1 and "no longer gives the evidence digest" in out, out
+    assert "line for archives/B.yaml does not match the file" in out
+    assert "changed: archives/B.yaml" not in out
+
+
+def test_a_changed_file_is_still_a_changed_file(
+    run_pass: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    seal(run_pass)
+    (run_pass / "logs" / "B" / "B.events.jsonl").write_text("{}\n")
+    code, out = verify(run_pass, capsys=capsys)
+    assert code == 1 and "changed: logs/B/B.events.jsonl" in out
+    assert "MANIFEST.sha256 itself" not in out and "is what changed" not in out

@@ -34,7 +34,7 @@ def test_index_has_a_row_per_archive_failing_first(run_mixed: Path) -> None:
     rows = by_attr(parse(index), "data-experiment")
     assert [r.attrib["data-verdict"] for r in rows] == [
         "fail",
-        "fail",
+        "unknown",
         "unknown",
         "unknown",
         "pass",
@@ -42,9 +42,16 @@ def test_index_has_a_row_per_archive_failing_first(run_mixed: Path) -> None:
     assert {r.attrib["data-experiment"] for r in rows} == {"B", "B-r1", "B-r2", "C", "D"}
     for label in ("B", "B-r1", "B-r2", "C", "D"):
         assert (run_mixed / "experiments" / f"{label}.html").is_file()
-    # The unreadable archive is an unknown with its reason, never dropped.
+    # The unreadable archives are unknowns with their reason, never dropped,
+    # and counted apart.
     d_row = by_attr(parse(index), "data-experiment", "D")[0]
-    assert "cannot read D.yaml" in text_of(d_row)
+    assert "unreadable: archives/D.yaml" in text_of(d_row)
+    assert {r.attrib["data-experiment"] for r in by_attr(parse(index), "data-unreadable")} == {
+        "C",
+        "D",
+    }
+    counts = by_attr(parse(index), "class", "counts")[0]
+    assert "1 pass, 1 fail, 1 unknown, 2 unreadable of 5" in text_of(counts)
 
 
 def test_pages_are_self_contained(run_mixed: Path) -> None:
@@ -126,15 +133,28 @@ def test_an_unknown_page_leads_with_the_fault_that_did_not_happen(run_mixed: Pat
     assert "fault not confirmed" in text_of(why)
 
 
-def test_newer_fields_are_shown_and_their_failures_lead(run_mixed: Path) -> None:
+def test_an_archive_with_fields_the_schema_does_not_know_is_unreadable(run_mixed: Path) -> None:
+    """A newer format (fields this version's published schema does not know, a
+    failing check among them) is not read as this version's archive: its page
+    names what does not match and shows nothing of its content, no verdict."""
     write_run_pages(run_mixed)
     page = parse(run_mixed / "experiments" / "C.html")
+    assert by_attr(page, "data-verdict")[0].attrib["data-verdict"] == "unknown"
     why = by_attr(page, "id", "why")[0]
-    assert "one owner per epoch" in text_of(why) and "A/1, B/2" in text_of(why)
+    assert "unexpected field(s) worker_metrics" in text_of(why)
+    assert "global_invariants" in text_of(why)
+    assert "A/1, B/2" not in "".join(page.itertext())
+    assert not by_attr(page, "class", "timeline")
+
+
+def test_fields_without_a_view_of_their_own_are_shown_raw(run_pass: Path) -> None:
+    archive = load(run_pass / "archives" / "B.yaml")
+    archive["phases_s"] = {"scenario": 1.5, "teardown": 0.25}
+    dump(run_pass / "archives" / "B.yaml", archive)
+    write_run_pages(run_pass)
+    page = parse(run_pass / "experiments" / "B.html")
     raw = {e.attrib["data-field"] for e in by_attr(page, "class", "raw")}
-    assert raw == {"global_invariants", "worker_metrics"}
-    # Without audit trail, signals or failover there is still a picture, lanes and all.
-    assert by_attr(page, "class", "timeline")
+    assert "phases_s" in raw and "teardown" in text_of(by_attr(page, "data-field", "phases_s")[0])
 
 
 def test_h_shows_the_failover_and_the_replication_mode(run_pass: Path) -> None:

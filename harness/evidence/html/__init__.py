@@ -1,8 +1,10 @@
 """The auditor's pages of a run: ``index.html`` and one page per experiment run.
 
 Entry point: :func:`write_run_pages` (then ``manifest.write_manifest`` to seal
-the directory). Both read only the run directory, so ``fencecheck report``
-can rebuild the pages from the evidence at any later time.
+the directory); :func:`build_run_pages` also returns every archive's index
+line (``fencecheck report`` counts the unreadable ones). Both read only the
+run directory, so ``fencecheck report`` can rebuild the pages from the
+evidence at any later time.
 """
 
 from __future__ import annotations
@@ -44,9 +46,25 @@ def write_run_pages(
     deadline: float | None = None,
     sealed: bool = False,
 ) -> Path:
+    """:func:`build_run_pages`; returns the index's path."""
+    index, _entries = build_run_pages(
+        report_dir, out_dir, title=title, deadline=deadline, sealed=sealed
+    )
+    return index
+
+
+def build_run_pages(
+    report_dir: Path,
+    out_dir: Path | None = None,
+    *,
+    title: str | None = None,
+    deadline: float | None = None,
+    sealed: bool = False,
+) -> tuple[Path, list[Entry]]:
     """Write ``index.html`` and ``experiments/<label>.html`` for the run in
     ``report_dir`` (into ``out_dir``, default the run directory itself) from
-    its archives; returns the index's path. NotARunDirectory if it has none.
+    its archives; returns the index's path and the archives' index lines.
+    NotARunDirectory if it has none.
 
     Large runs (``--repeat``) are parsed and drawn by a few processes at once;
     the pages do not depend on which process wrote them. With ``deadline``
@@ -79,6 +97,12 @@ def write_run_pages(
             initargs=(os.getpid(),),
         ) as pool:
             jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
-            entries = [job.result() for job in jobs]
+            try:
+                entries = [job.result() for job in jobs]
+            except BaseException:
+                # A stop, or a file refused: the pages still queued are not built.
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
     digest = manifest.run_digest(report_dir)
-    return index_page(report_dir, entries, digest, out, title=title, sealed=sealed)
+    index = index_page(report_dir, entries, digest, out, title=title, sealed=sealed)
+    return index, entries

@@ -10,11 +10,10 @@ catch was rerun against the unmutated implementation), whose pages
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from harness.evidence import manifest
+from harness.evidence import bounded_read, manifest
 from harness.evidence.html import write_run_pages
 from harness.evidence.html.markup import Markup, el, thead
 from harness.evidence.html.pages import verdict_badge, write_index
@@ -62,7 +61,7 @@ def _pages(folder: Path, mutant_id: str, run_pages: bool) -> Markup:
 def write_automutants_pages(folder: Path, *, run_pages: bool = True) -> Path:
     """``folder/index.html`` from ``results.json`` (and, with ``run_pages``, the
     pages of every mutant's runs); returns the index's path."""
-    data: dict[str, Any] = json.loads((folder / "results.json").read_text())
+    data: dict[str, Any] = bounded_read.load_json(folder / "results.json")
     entries: list[dict[str, Any]] = data.get("mutants", [])
     rows = []
     for e in entries:

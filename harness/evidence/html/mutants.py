@@ -7,11 +7,10 @@ run folder (``<mutant>/archives``), whose pages :func:`write_run_pages` writes.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from harness.evidence import manifest
+from harness.evidence import bounded_read, manifest
 from harness.evidence.html import write_run_pages
 from harness.evidence.html.markup import el, thead
 from harness.evidence.html.pages import verdict_badge, write_index
@@ -29,8 +28,8 @@ def write_mutants_pages(folder: Path) -> Path:
     """Pages for every mutant's run folder, then ``folder/index.html``; returns it."""
     outcomes: list[dict[str, Any]] = []
     listing = folder / "mutants.json"
-    if listing.is_file():
-        loaded = json.loads(listing.read_text())
+    if listing.exists():
+        loaded = bounded_read.load_json(listing)
         outcomes = [o for o in loaded if isinstance(o, dict)] if isinstance(loaded, list) else []
     rows = []
     for o in outcomes:

@@ -5,7 +5,9 @@ Invariants:
 - Built from the run directory's files alone (see ``harness.evidence.run_dir``); the same files
   give the same bytes (no build time in a page), so a rebuild can be compared.
 - Every archive gets a row on the index and a page, readable or not; a page
-  leads with what broke when its verdict is not pass.
+  leads with what broke when its verdict is not pass. An archive that cannot
+  be read or fails the published schema is *unreadable*: its page and row
+  say why, nothing of its content is shown, and the index counts it apart.
 - Links are relative, so the directory can be moved or copied as a whole.
 - Archive fields this module does not know are shown, never dropped: each in
   a collapsible raw section; missing optional fields are simply not shown.
@@ -13,13 +15,13 @@ Invariants:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from harness.evidence import bounded_read
 from harness.evidence.archive import atomic_write_text, dump_yaml, fencecheck_version
 from harness.evidence.html.facts import FAULT_KINDS, SOURCE_TEXT, build_picture, counts, mapping
 from harness.evidence.html.markup import (
@@ -504,8 +506,16 @@ def experiment_page(
             head,
             el(
                 "section",
-                el("h2", "This archive could not be read"),
-                el("p", problem or "unknown problem"),
+                el("h2", "This archive is unreadable"),
+                el("pre", problem or "unknown problem"),
+                el(
+                    "p",
+                    "It cannot be read, or it does not match the published schema "
+                    "(harness/evidence/schemas/evidence-archive.schema.json): no verdict and "
+                    "nothing on this page is built from its content. Its verdict counts as "
+                    "unknown.",
+                    class_="note",
+                ),
                 class_="broken unknown",
                 id="why",
             ),
@@ -601,6 +611,7 @@ def _row(e: Entry, links: IndexLinks) -> Markup:
         class_=f"row-{e.verdict.value}",
         data_experiment=e.label,
         data_verdict=e.verdict.value,
+        data_unreadable="true" if e.problem is not None else None,
     )
 
 
@@ -784,18 +795,21 @@ def index_page(
     evidence = "" if report_dir.resolve() == out_dir.resolve() else rel(report_dir, out_dir) + "/"
     links = IndexLinks(pages, evidence, (report_dir / "junit.xml").is_file())
     verdict = Verdict.merge(e.verdict for e in entries)
-    n = {v: sum(e.verdict is v for e in entries) for v in Verdict}
+    unreadable = [e for e in entries if e.problem is not None]
+    n = {v: sum(e.verdict is v and e.problem is None for e in entries) for v in Verdict}
     name = title or f"fencecheck run {report_dir.resolve().name}"
     mutants = [m for m in run_facts(list(entries)).get("mutant", []) if m != "none"]
     body = [
         el("h1", verdict_badge(verdict), name),
         el(
             "p",
-            f"{n[Verdict.PASS]} pass, {n[Verdict.FAIL]} fail, {n[Verdict.UNKNOWN]} unknown "
-            f"of {len(entries)} experiment run(s). ",
+            f"{n[Verdict.PASS]} pass, {n[Verdict.FAIL]} fail, {n[Verdict.UNKNOWN]} unknown",
+            f", {len(unreadable)} unreadable" if unreadable else "",
+            f" of {len(entries)} experiment run(s). ",
             "A pass needs every invariant to hold and every fault to be confirmed; an unknown proved nothing.",
             class_="counts",
         ),
+        _unreadable_note(unreadable),
         el(
             "p",
             el("strong", f"Mutant run ({', '.join(mutants)}): "),
@@ -820,11 +834,29 @@ def index_page(
     )
 
 
+def _unreadable_note(unreadable: Sequence[Entry]) -> Node | None:
+    """Archives that cannot be read or fail the published schema, named first:
+    each is an unknown whose verdict and page say nothing of its content."""
+    if not unreadable:
+        return None
+    return el(
+        "p",
+        el("strong", f"{len(unreadable)} archive(s) unreadable: "),
+        "they cannot be read or do not match the published schema, so no verdict or page "
+        "is built from their content (each row says why): ",
+        ", ".join(f"{ARCHIVES}/{e.label}.yaml" for e in unreadable),
+        class_="broken unreadable",
+    )
+
+
 def _interrupted_note(report_dir: Path) -> Node | None:
     """A run a stop cut says so first (results.json's run status): its cut
     experiments are unknown, and those it never started have no page."""
+    results = report_dir / "results.json"
+    if not results.exists():
+        return None
     try:
-        run = json.loads((report_dir / "results.json").read_text()).get("run", {})
+        run = bounded_read.load_json(results).get("run", {})
     except (OSError, ValueError, AttributeError):
         return None
     if not isinstance(run, dict) or run.get("status") != "interrupted":
