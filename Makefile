@@ -21,9 +21,9 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup browser run test test-fast lint bench bench-harness bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
+.PHONY: setup browser firewall run test test-fast lint bench bench-harness bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
 
-setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT)
+setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT) firewall
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -48,6 +48,18 @@ $(TOXIPROXY):
 $(GO_WORKER): $(GO_SOURCES)
 	@command -v go >/dev/null 2>&1 || { echo "error: the Go worker needs Go 1.23+ (apt-get install golang)"; exit 1; }
 	cd $(GO_DIR) && go build -o bin/fencecheck-go-worker ./cmd/fencecheck-go-worker
+
+# nftables, for the rule that keeps a run's ports (toxiproxy's API, its proxies,
+# the mock tool) out of other local users' reach (harness/parts/port_guard.py):
+# installed with apt-get when missing and running as root. Without it (or as
+# another user) runs say in their deployment facts that those ports are exposed.
+firewall:
+	@if command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then :; \
+	else \
+	  echo "installing Debian's nftables (a run's ports reachable by the run alone)"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null; }; \
+	fi
 
 # Headless Chromium for the report's rendering tests (tests/report/test_browser.py):
 # Debian's `chromium`, installed with apt-get when missing and running as root.

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from harness import stopping
 from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries
+from harness.parts.port_guard import guard_port
 from harness.parts.postgres import PostgresCluster
 from harness.parts.processes import ProcessRegistry
 from harness.parts.toxiproxy import ToxiproxyServer
@@ -146,13 +147,15 @@ class LocalBackend:
                 )
                 self._tool_host.start()
             host = self._tool_host
-        return host.open(
+        tool = host.open(
             str(storage),
             storage,
             log_path=log_path,
             tools=tools,
             idempotency_retention_s=retention_s,
         )
+        guard_port(tool.port)  # its /admin endpoints set faults: the run's users only
+        return tool
 
     @property
     def tool_host_pid(self) -> int | None:

@@ -254,6 +254,7 @@ def _run(
             "  environment: "
             + ", ".join(f"{k} {v}" for k, v in shared.backend.deployment().items())
             + f"; toxiproxy {shared.toxiproxy_version()}"
+            + f"\n  access: {shared.access}"
         )
         if args.worker_cmd and not args.skip_contract:
             report = _contract_first(shared, report_dir, progress.say)

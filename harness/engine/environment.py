@@ -41,8 +41,10 @@ from harness.engine.janitor import Janitor
 from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
 from harness.failures import PartFailed
+from harness.parts import port_guard
 from harness.parts.control import ControlServer
 from harness.parts.fork_server import ForkServer
+from harness.parts.os_user import unprivileged_user
 from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
@@ -325,6 +327,14 @@ class SharedServices:
             self.record.set_backend(self.backend.footprint())
             if self.backend.clones_data_directories:  # a local backend: its servers ask
                 self.backend.auth = PgAuth.create(self.record.temp_root)
+                self.port_guard, self.access = port_guard.start(
+                    self.record.temp_root.name.rsplit("-", 1)[-1],
+                    [os.geteuid(), unprivileged_user().uid],
+                )
+                if self.port_guard is not None:
+                    self.record.add_firewall_table(self.port_guard.table)
+            else:
+                self.port_guard, self.access = None, self.backend_access()
         except BaseException:
             # Interrupted or failed half-way: nothing of this run may stay.
             with contextlib.suppress(Exception):
@@ -332,7 +342,8 @@ class SharedServices:
             self.backend.close()
             raise
         # From here until __enter__ registers its teardown, a stop leaves the
-        # record to run_records.release_unreleased() (the command's last step).
+        # record to run_records.release_unreleased() (the command's last step),
+        # the firewall table with it.
         self.root = self.record.temp_root
         self.log_dir = log_dir or self.root / "logs"
         self.registry = ProcessRegistry()
@@ -362,6 +373,8 @@ class SharedServices:
             # kill-all: its hook leaves last.
             self._stack.callback(stopping.on_escalate(self.hard_stop))
             self._stack.callback(self._release_record)
+            # The run's ports stay guarded until every part is gone.
+            self._stack.callback(self._remove_port_guard)
             self._stack.callback(self.backend.close)
             self._stack.callback(self._join_aborter)
             self._stack.callback(self._release_local_if_stopping)
@@ -371,6 +384,8 @@ class SharedServices:
             self._stack.callback(stopping.on_stop(self.interrupt))
             self.toxiproxy = self.backend.start_toxiproxy(self.log_dir, self.registry)
             toxiproxy = self.toxiproxy
+            if toxiproxy.port is not None:
+                port_guard.guard_port(toxiproxy.port)
             self._stack.callback(lambda: toxiproxy.stop(grace_s=_grace(3.0)))
             if isinstance(toxiproxy.process, ManagedProcess) and toxiproxy.process.is_alive():
                 starvation.monitor().watch(toxiproxy.process.pid, "run/toxiproxy")
@@ -435,6 +450,18 @@ class SharedServices:
                     raise
             self._seeds[key] = seed.datadir
             return seed.datadir
+
+    def backend_access(self) -> str:
+        """What the run's parts expose when the harness cannot guard them."""
+        return (
+            f"the {self.backend.kind} backend publishes its servers on 127.0.0.1 with trust "
+            "authentication and unguarded ports: every local user reaches them"
+        )
+
+    def _remove_port_guard(self) -> None:
+        problem = port_guard.stop(self.port_guard)
+        if problem is not None:
+            stopping.trace(f"firewall table not removed: {problem}")
 
     def _reap_processes(self) -> None:
         stopping.trace("stopping the registered processes")

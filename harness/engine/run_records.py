@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.parts import shared_memory
+from harness.parts import port_guard, shared_memory
 from harness.parts.files import remove_tree
 from harness.parts.postgres import PostmasterPid
 from harness.parts.processes import process_running, process_started
@@ -179,6 +179,7 @@ class RunRecord:
             "temp_dirs": [str(root)],
             "scratch": why,
             "clusters": [],
+            "firewall_tables": [],
             "backend": {},
         }
         record = cls(directory / f"run-{me}-{token}.json", data)
@@ -234,6 +235,10 @@ class RunRecord:
             }
         )
 
+    def add_firewall_table(self, table: str) -> None:
+        """Note the run's nftables table (harness/parts/port_guard.py)."""
+        self._update({"firewall_tables": table})
+
     def set_backend(self, footprint: dict[str, Any]) -> None:
         """What the backend keeps outside the temp root (containers, a network,
         its own temp directories)."""
@@ -275,6 +280,7 @@ class Reaped:
     servers_killed: list[int] = field(default_factory=list)
     segments_removed: list[int] = field(default_factory=list)
     containers_removed: list[str] = field(default_factory=list)
+    firewall_tables_removed: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -284,6 +290,7 @@ class Reaped:
             or self.servers_killed
             or self.segments_removed
             or self.containers_removed
+            or self.firewall_tables_removed
         )
 
     def describe(self) -> str:
@@ -293,6 +300,8 @@ class Reaped:
             parts.append(f"{len(self.servers_killed)} orphaned server(s) killed")
         if self.containers_removed:
             parts.append(f"{len(self.containers_removed)} container(s)/network(s)")
+        if self.firewall_tables_removed:
+            parts.append(f"firewall table(s) {', '.join(self.firewall_tables_removed)}")
         text = f"run of pid {self.owner_pid}: " + ", ".join(parts)
         if self.problems:
             text += "; NOT removed: " + "; ".join(self.problems)
@@ -410,6 +419,12 @@ def reap_record(
         else:
             reaped.temp_dirs.append(str(directory))
             reaped.bytes_removed += size
+    for table in data.get("firewall_tables") or []:
+        problem = port_guard.delete_table(str(table))
+        if problem is None:
+            reaped.firewall_tables_removed.append(str(table))
+        else:
+            reaped.problems.append(problem)
     # Containers last: an engine can take seconds per container, and a stop
     # cut short here must still have removed what is on this machine's disk.
     if containers:

@@ -377,6 +377,8 @@ def _archive(
             "replication": env.replication,
             "scratch": env.shared.record.scratch,
             "worker_launch": env.shared.worker_launch,
+            # Who else on this host could reach the run's parts (port_guard.py).
+            "access": env.shared.access,
         },
         "worker": {
             "command": settings.worker_command_text(),

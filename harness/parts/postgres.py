@@ -6,8 +6,10 @@ killed with SIGKILL leaves no server behind. When the harness runs as root
 the servers run as the unprivileged ``postgres`` OS user; nothing outside the
 harness's own temp directory is changed for that.
 
-Authentication is ``trust`` on 127.0.0.1 only: these are throw-away test
-clusters and the evidence archives must hold no secrets.
+Authentication: a run's servers ask every TCP connection on 127.0.0.1 for
+the run's secret (``scram-sha-256``; harness/parts/pg_auth.py), since every
+local user reaches loopback; a cluster made without one (the harness's own
+tests) trusts loopback.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivil
 from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.pg_sessions import SessionPool
+from harness.parts.port_guard import guard_port
 from harness.parts.processes import pdeathsig_preexec, run_bounded
 from harness.parts.toxiproxy import free_port
 from harness.waiting import wait_for
@@ -294,6 +297,7 @@ class PostgresCluster:
                     timeout_s=timeout_s,
                     fatal=(ClusterError,),  # the server exited: no use waiting on
                 )
+                guard_port(self.port)  # besides the secret: the run's users only
                 return
             except (TimeoutError, ClusterError) as exc:
                 last = str(exc)

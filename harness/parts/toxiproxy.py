@@ -33,6 +33,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from harness.failures import PartFailed
+from harness.parts.port_guard import guard_port
 from harness.parts.processes import ManagedProcess, ProcessRegistry
 
 ENV_VAR = "FENCECHECK_TOXIPROXY"
@@ -552,6 +553,7 @@ class ToxiproxyServer:
         """Create a proxy `name` to `upstream` and return its Link."""
         info = self.client.create_proxy(name, upstream, listen=listen or f"{self.host}:0")
         link = Link(self, info)
+        guard_port(link.listen_port)  # the run's users only (harness/parts/port_guard.py)
         self._links[name] = link
         return link
 
