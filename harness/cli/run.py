@@ -268,6 +268,7 @@ def _run(
                 progress.say(f"fencecheck: exit {EXIT_UNKNOWN}: not conformant, no experiment ran")
                 return EXIT_UNKNOWN
         header["postgres"] = shared.binaries.describe()
+        header["access"] = shared.access  # who else on this host reaches the run's parts
         header["postgres server"] = record.postgres_version
         results = run_jobs(
             shared,
