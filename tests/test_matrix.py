@@ -1,9 +1,11 @@
 """The acceptance matrix as a pytest suite: one test per experiment (and variant).
 
-Each test runs the experiment against real processes exactly as
-`fencecheck run` does and passes only on verdict *pass*; its evidence archive
-is written under reports/pytest-<time>/ (kept as a CI artifact). Set
-FENCECHECK_WORKER_CMD to put another worker under test.
+The experiments selected in this session run against real processes exactly
+as `fencecheck run` runs them: all at once, ``FENCECHECK_MATRIX_JOBS`` (4) at
+a time, on the first test that needs a result (they mostly wait on leases, as
+`fencecheck run --jobs` does); each test then passes only on its own verdict
+*pass*. Evidence archives are written under reports/pytest-<time>/ (kept as a
+CI artifact). Set FENCECHECK_WORKER_CMD to put another worker under test.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import pytest
 
 import scenarios
 from harness.engine.environment import DEFAULT_WORKER_CMD, Settings, SharedServices
-from harness.engine.runner import Job, jobs_for, run_job
+from harness.engine.runner import Job, jobs_for, run_jobs
+from harness.evidence.summary import ExperimentResult
 from harness.verdict import Verdict
 
 pytestmark = pytest.mark.matrix
@@ -46,9 +49,27 @@ def matrix_report_dir() -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def matrix_results(
+    request: pytest.FixtureRequest, matrix_services: SharedServices, matrix_report_dir: Path
+) -> dict[str, ExperimentResult]:
+    """The verdict of every experiment this session selected, run side by side."""
+    selected: set[str] = set()
+    for item in request.session.items:
+        job = getattr(getattr(item, "callspec", None), "params", {}).get("job")
+        if isinstance(job, Job):
+            selected.add(job.label)
+    jobs = [j for j in JOBS if j.label in selected]
+    parallel = int(os.environ.get("FENCECHECK_MATRIX_JOBS", "4"))
+    results = run_jobs(
+        matrix_services, jobs, report_dir=matrix_report_dir, seed=20261129, parallel=parallel
+    )
+    return {job.label: result for job, result in zip(jobs, results, strict=True)}
+
+
 @pytest.mark.parametrize("job", JOBS, ids=[j.label for j in JOBS])
-def test_experiment(job: Job, matrix_services: SharedServices, matrix_report_dir: Path) -> None:
-    result = run_job(matrix_services, job, report_dir=matrix_report_dir, seed=20261129)
+def test_experiment(job: Job, matrix_results: dict[str, ExperimentResult]) -> None:
+    result = matrix_results[job.label]
     detail = "\n".join(result.failed_checks) or result.reason
     assert result.verdict is Verdict.PASS, (
         f"{job.label} {result.verdict.value}: {result.reason}\n{detail}\n"
