@@ -75,7 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     shard_option(parser, "mutants")
     add_gate_option(parser)
     common_env_options(parser)
-    parser.set_defaults(jobs=None)  # named: 3; --auto: 2 (per mutant)
+    parser.set_defaults(jobs=None)  # named: 3; --auto: 4 (per mutant)
     auto = parser.add_argument_group("generated mutants (--auto)")
     auto.add_argument(
         "--auto",
@@ -231,7 +231,7 @@ def _auto(args: argparse.Namespace) -> int:
     options = AutoOptions(
         repo_root=REPO_ROOT,
         report_dir=report_dir,
-        parallel=args.jobs or 2,
+        parallel=args.jobs or 4,
         concurrent=args.mutants_at_once,
         budget_s=args.budget,
         baseline=not args.no_baseline,
