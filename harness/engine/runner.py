@@ -33,6 +33,7 @@ from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
 from harness.parts.processes import ExitTimeout, OpTimeout
 from harness.verdict import Verdict
+from harness.waiting import wait_for
 
 # After a stop request, how long the running experiments get to unwind (their
 # workers are killed at once) before the run reports them and tears down.
@@ -104,6 +105,7 @@ def run_job(
     rng = job_rng(seed, job)
     secrets: set[str] = set()
     stalls_judged = False
+    called: dict[str, int] | None = None
     clock = phases.PhaseClock()
     try:
         with (
@@ -161,6 +163,7 @@ def run_job(
                     ctx, env, job, started, verdict, reason, harness_error, logs_dir,
                     gather=interrupted is None and not stopping.requested(),
                 )  # fmt: skip
+                called = _functions_called(env) if interrupted is None else None
             secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
@@ -214,6 +217,7 @@ def run_job(
     failed = failed_check_lines(archive.get("checks", []))
     result = _result(job, verdict, reason, finished - started, written, failed)
     result.phases_s = clock.figures()
+    result.functions_called = called
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
         progress.job_finished(
@@ -230,6 +234,37 @@ def _note_stalls(
     seen = stalls.monitor().stalls(started, time.time())
     limit = stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms)
     return stalls.judge(verdict, reason, seen, limit)
+
+
+def _functions_called(env: Environment) -> dict[str, int] | None:
+    """The database functions this experiment ran, with their calls, from the
+    server's own count (``track_functions``); None when the count is not the
+    whole story (a replicated experiment may have failed over to a server that
+    counted only what came after)."""
+    if env.replication is not None:
+        return None
+    try:
+        # A backend counts its calls into the server's statistics as it exits:
+        # wait (bounded) until every session but the harness's own has gone.
+        wait_for(
+            lambda: (
+                not env.query(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND pid <> pg_backend_pid() AND application_name <> 'fencecheck-harness' "
+                    "AND backend_type = 'client backend'"
+                )
+            ),
+            what="the workers' database sessions to end (their function counts)",
+            timeout_s=2.0,
+            interval_s=0.01,
+        )
+        rows = env.query(
+            "SELECT schemaname || '.' || funcname AS f, sum(calls)::bigint AS calls "
+            "FROM pg_stat_user_functions GROUP BY 1"
+        )
+    except Exception:  # a server gone at the end: the reach is simply not known
+        return None
+    return {str(r["f"]): int(r["calls"]) for r in rows}
 
 
 def _ours(episode: starvation.Starvation, label: str) -> bool:

@@ -36,6 +36,9 @@ class ExperimentResult:
     failed_checks: list[str] = field(default_factory=list)
     #: Where the run's wall time went (harness/engine/phases.py), in seconds.
     phases_s: dict[str, float] = field(default_factory=dict)
+    #: Calls of each database function the experiment's workers ran (None: not
+    #: known, e.g. a database that failed over), for generated mutants' reach.
+    functions_called: dict[str, int] | None = None
 
     @property
     def name(self) -> str:

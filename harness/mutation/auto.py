@@ -5,7 +5,9 @@ For every mutant: a copy of the reference implementation with its one edit
 a template database migrated by that copy's ``migrate`` (so a SQL mutant's
 migration is what the experiments run on), then the matrix, most likely
 catcher first (:mod:`.ordering`), at most ``parallel`` experiments at a
-time, stopping at the first fail. One :class:`SharedServices` (toxiproxy,
+time, stopping at the first fail. A SQL mutant runs only the experiments
+whose databases ran its function in the baseline (:mod:`.reach`); one no
+experiment reaches survives at once, and says so. One :class:`SharedServices` (toxiproxy,
 the primary, the binaries) serves every mutant; each gets only its own
 template and its own worker command.
 
@@ -48,6 +50,7 @@ from harness.engine.environment import Settings, SharedServices
 from harness.engine.runner import Job, jobs_for, run_job, run_jobs
 from harness.evidence.summary import ExperimentResult
 from harness.mutation.ordering import CatcherOrder, result_label
+from harness.mutation.reach import FUNCTIONS_SQL, Reach
 from harness.mutation.sites import AutoMutant
 from harness.mutation.triage import Triage
 from harness.mutation.workspace import MutantWorkspace, PreflightFailed, slug
@@ -154,6 +157,8 @@ class _Runner:
         # Experiments that failed against the unmutated implementation in this run
         # (a confirmation): under this load their fail proves nothing.
         self.unreliable: set[str] = set()
+        # What the baseline ran (reach.py); None without a baseline: run all.
+        self.reach: Reach | None = None
 
     def out_of_time(self) -> bool:
         budget = self.options.budget_s
@@ -207,6 +212,10 @@ class _Runner:
 
     def check(self, mutant: AutoMutant, number: int) -> AutoOutcome:
         """Run one mutant (see the module docstring); never raises for the mutant's sake."""
+        if self.reach is not None and not self.reach.jobs_for(mutant, self.jobs):
+            outcome = AutoOutcome(mutant, "survived", self.reach.unreached_reason(mutant))
+            outcome.suggested = self.order.suggest(mutant, self.jobs)
+            return self._with_triage(outcome)
         started = time.monotonic()
         report_dir = self.options.report_dir / "mutants" / slug(mutant.id)
         workspace = MutantWorkspace(
@@ -249,6 +258,8 @@ class _Runner:
                 return AutoOutcome(mutant, "error", f"migrate: {type(exc).__name__}: {exc}")
             with self._lock:
                 ordered = last(self.order.order(mutant, self.jobs), self.unreliable)
+            if self.reach is not None:  # the experiments that run the mutated code
+                ordered = self.reach.jobs_for(mutant, ordered)
             results = run_until_fail(
                 view,
                 ordered,
@@ -259,6 +270,11 @@ class _Runner:
             )
         with self._lock:
             outcome = distrust(classify(mutant, results), self.unreliable)
+        if outcome.status == "survived" and len(ordered) < len(self.jobs):
+            outcome.detail += (
+                f" (ran the {len(ordered)} of {len(self.jobs)} experiments whose databases run "
+                f"{mutant.scope}; the others cannot reach it)"
+            )
         if outcome.status != "caught" and self.cut_short() and len(results) < len(ordered):
             # Not judged: a survivor is one that ran the whole matrix without a fail.
             why = "interrupted" if self.stop.is_set() else "the time budget ran out"
@@ -409,6 +425,11 @@ def run_generated(
             )
             baseline_s = time.monotonic() - started
             order.learn_durations(results)
+            assert shared.primary is not None and shared.template is not None
+            functions = [
+                str(r["f"]) for r in shared.primary.query(FUNCTIONS_SQL, dbname=shared.template)
+            ]
+            runner.reach = Reach.of(results, functions)
             failed = [r for r in results if r.verdict is Verdict.FAIL]
             if failed:
                 raise BaselineFailed(

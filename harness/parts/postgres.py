@@ -69,6 +69,9 @@ BASE_SETTINGS: dict[str, str] = {
     # COMMIT; what another session could see at a moment is decided by the
     # commit time, which PostgreSQL records only with this on.
     "track_commit_timestamp": "on",
+    # Which functions an experiment's database ran (pg_stat_user_functions):
+    # the reach of a generated mutant of one of them (harness/mutation/reach.py).
+    "track_functions": "all",
     # Dynamic shared memory as files in the data directory, not /dev/shm:
     # a server killed with SIGKILL then leaves nothing outside the directory
     # the harness removes (its one System V segment is in postmaster.pid).
