@@ -41,6 +41,7 @@ from harness.engine.janitor import Janitor
 from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
 from harness.failures import PartFailed
+from harness.mutation.traced_worker import CALLS_FILE_ENV
 from harness.parts import port_guard
 from harness.parts.control import ControlServer
 from harness.parts.fork_server import ForkServer
@@ -60,6 +61,8 @@ from mock_tool.process import HostedTool, MockToolProcess
 
 DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")
 TEMPLATE_NAME = "fencecheck_template"
+# Where a traced worker lists the functions it ran (Settings.trace_calls).
+CALLS_FILE = "python-calls.txt"
 # The group roles a worker's `migrate` creates (worker contract v2): a login
 # role of the harness is made a member of one and bound to one tenant.
 GROUP_ROLES = {"worker": "fencecheck_worker", "operator": "fencecheck_operator"}
@@ -88,6 +91,9 @@ class Settings:
     # Start workers from the worker command's fork server (contract §1):
     # None decides by the command (see wants_fork_server).
     fork_server: bool | None = None
+    # Ask the worker command to list the functions it ran in each experiment's
+    # logs (harness.mutation.traced_worker: the baseline of `mutants --auto`).
+    trace_calls: bool = False
 
     def worker_command_text(self) -> str:
         return shlex.join(self.worker_cmd)
@@ -212,6 +218,7 @@ def migrate(
     log_dir: Path,
     timeout_s: float | None = None,
     mutant: str | None = None,
+    trace_calls: bool = False,
 ) -> None:
     """Run ``<worker-cmd> migrate`` against ``admin_dsn``, check it made the
     contract's tables, then add the audit trigger.
@@ -228,6 +235,8 @@ def migrate(
         env.pop(key, None)
     if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
         env["FENCECHECK_MUTANT"] = mutant
+    if trace_calls:
+        env[CALLS_FILE_ENV] = str(log_dir / CALLS_FILE)
     command = shlex.join([*worker_cmd, "migrate"])
     timeout_s = timeout_s if timeout_s is not None else migrate_timeout_s()
     stopping.check(f"`{command}`")
@@ -421,6 +430,7 @@ class SharedServices:
             admin_dsn,
             log_dir or self.log_dir,
             mutant=self.settings.mutant,
+            trace_calls=self.settings.trace_calls,
         )
 
     def pair_seed(self, log_dir: Path) -> Path | None:
@@ -807,6 +817,8 @@ class Environment:
             "FENCECHECK_METRICS_PORT": str(self.metrics_ports[worker_id]),
             "FENCECHECK_METRICS_FILE": str(self.metrics_file(worker_id)),
         }
+        if self.shared.settings.trace_calls:
+            metrics_env[CALLS_FILE_ENV] = str(self.log_dir / CALLS_FILE)
         proc = WorkerProcess(
             worker_id,
             list(self.shared.settings.worker_cmd),

@@ -26,7 +26,12 @@ from harness.checking import checkers
 from harness.checking.history import Shorten, id_shortener, read_history, timeline, timeline_ids
 from harness.checking.invariants import experiment as invariants
 from harness.engine import phases, stalls, starvation
-from harness.engine.environment import Environment, SharedServices, experiment_environment
+from harness.engine.environment import (
+    CALLS_FILE,
+    Environment,
+    SharedServices,
+    experiment_environment,
+)
 from harness.engine.experiment import Excuse, ExperimentContext, ExperimentSpec, Inconclusive
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
@@ -218,6 +223,8 @@ def run_job(
     result = _result(job, verdict, reason, finished - started, written, failed)
     result.phases_s = clock.figures()
     result.functions_called = called
+    if shared.settings.trace_calls and interrupted is None:
+        result.python_calls = _python_calls(logs_dir / CALLS_FILE)
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
         progress.job_finished(
@@ -265,6 +272,16 @@ def _functions_called(env: Environment) -> dict[str, int] | None:
     except Exception:  # a server gone at the end: the reach is simply not known
         return None
     return {str(r["f"]): int(r["calls"]) for r in rows}
+
+
+def _python_calls(path: Path) -> list[str] | None:
+    """The functions of the reference implementation a traced experiment's
+    processes ran (harness.mutation.traced_worker); None when none wrote."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return None
+    return sorted({line for line in text.splitlines() if line})
 
 
 def _ours(episode: starvation.Starvation, label: str) -> bool:

@@ -39,6 +39,9 @@ class ExperimentResult:
     #: Calls of each database function the experiment's workers ran (None: not
     #: known, e.g. a database that failed over), for generated mutants' reach.
     functions_called: dict[str, int] | None = None
+    #: ``<file>:<function>`` of each reference implementation function its
+    #: processes ran, when the worker was traced (Settings.trace_calls).
+    python_calls: list[str] | None = None
 
     @property
     def name(self) -> str:

@@ -46,12 +46,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import scenarios
-from harness.engine.environment import Settings, SharedServices
+from harness.engine.environment import CALLS_FILE, Settings, SharedServices
 from harness.engine.runner import Job, jobs_for, run_job, run_jobs
 from harness.evidence.summary import ExperimentResult
+from harness.mutation.catalog import source_files
 from harness.mutation.ordering import CatcherOrder, result_label
-from harness.mutation.reach import FUNCTIONS_SQL, Reach
+from harness.mutation.reach import FUNCTIONS_SQL, Reach, python_functions
 from harness.mutation.sites import AutoMutant
+from harness.mutation.traced_worker import TRACED_WORKER_CMD
 from harness.mutation.triage import Triage
 from harness.mutation.workspace import MutantWorkspace, PreflightFailed, slug
 from harness.verdict import Verdict
@@ -399,6 +401,36 @@ def classify(mutant: AutoMutant, results: Sequence[ExperimentResult]) -> AutoOut
     return AutoOutcome(mutant, "survived", detail, verdicts=verdicts)
 
 
+def _baseline(
+    shared: SharedServices, jobs: Sequence[Job], options: AutoOptions
+) -> tuple[list[ExperimentResult], Reach]:
+    """The matrix against the unmutated implementation, with what each
+    experiment ran (:mod:`.reach`): the worker command is the traced one, on a
+    template of its own whose ``migrate`` is traced too."""
+    report_dir = options.report_dir / "baseline"
+    traced = dataclasses.replace(
+        shared.settings, worker_cmd=TRACED_WORKER_CMD, trace_calls=True, keep=False
+    )
+    with shared.worker_view(traced, "fc_auto_baseline", report_dir / "template") as view:
+        results = run_jobs(
+            view,
+            jobs,
+            report_dir=report_dir,
+            seed=options.seed,
+            parallel=options.parallel,
+            progress=None,
+        )
+        assert view.primary is not None and view.template is not None
+        sql = [str(r["f"]) for r in view.primary.query(FUNCTIONS_SQL, dbname=view.template)]
+    python_paths = [
+        path for language, path in source_files(options.repo_root) if language == "python"
+    ]
+    migrate_calls = report_dir / "template" / CALLS_FILE
+    everywhere = migrate_calls.read_text().split() if migrate_calls.exists() else []
+    functions = [*sql, *python_functions(options.repo_root, python_paths)]
+    return results, Reach.of(results, functions, everywhere)
+
+
 def run_generated(
     settings: Settings,
     mutants: Sequence[AutoMutant],
@@ -415,21 +447,9 @@ def run_generated(
         runner = _Runner(shared, triage, order, options, progress, len(mutants))
         if options.baseline:
             progress(f"baseline: the unmutated implementation, {len(runner.jobs)} experiment runs")
-            results = run_jobs(
-                shared,
-                runner.jobs,
-                report_dir=options.report_dir / "baseline",
-                seed=options.seed,
-                parallel=options.parallel,
-                progress=None,
-            )
+            results, runner.reach = _baseline(shared, runner.jobs, options)
             baseline_s = time.monotonic() - started
             order.learn_durations(results)
-            assert shared.primary is not None and shared.template is not None
-            functions = [
-                str(r["f"]) for r in shared.primary.query(FUNCTIONS_SQL, dbname=shared.template)
-            ]
-            runner.reach = Reach.of(results, functions)
             failed = [r for r in results if r.verdict is Verdict.FAIL]
             if failed:
                 raise BaselineFailed(

@@ -1,25 +1,35 @@
-"""Which experiments can reach a generated mutant: the baseline's own count.
+"""Which experiments can reach a generated mutant: what the baseline ran.
 
-A generated SQL mutant changes the body of one database function and nothing
-else, so an experiment whose workers never ran that function behaves the same
-with the mutant as without it: running it proves nothing about the mutant and
-costs its whole wall time. The baseline run of ``mutants --auto`` (the whole
-matrix, unmutated) records per experiment which functions its database ran,
-from the server's own count (``track_functions``, ``pg_stat_user_functions``,
-read once every session but the harness's has ended); a SQL mutant of a
-function then runs only the experiments that ran it. Conservative wherever the
-count is not the whole story: an experiment without a count (a replicated one
-that may have failed over) always runs, and a mutant whose scope is not a
-function of the template (top-level DDL: a grant, a policy, a constraint) or a
-Python mutant runs them all. A mutant of a function no experiment runs is a
-survivor at once: no experiment of the matrix can catch it until one reaches
-it (issue 24's subject), and its reason says so.
+A generated mutant changes one function and nothing else, so an experiment
+whose processes never ran that function behaves the same with the mutant as
+without it: running it proves nothing about the mutant and costs its whole
+wall time. The baseline run of ``mutants --auto`` (the whole matrix,
+unmutated) records per experiment which functions ran:
+
+- SQL: the database server's own count (``track_functions``,
+  ``pg_stat_user_functions``, read once every session but the harness's has
+  ended);
+- Python: the worker command is :mod:`.traced_worker`, which appends each
+  function of the reference implementation to the experiment's logs the first
+  time it runs, in every process (``migrate`` too).
+
+A mutant of a function then runs only the experiments that ran it.
+Conservative wherever the record is not the whole story: an experiment
+without one (a replicated experiment's count may sit on a promoted standby;
+an interrupted one) always runs; a mutant whose scope is not a function (SQL
+top-level DDL: a grant, a policy, a constraint; Python module or class-body
+code) runs them all, as does a Python function the template's own
+``migrate`` ran (every experiment's database comes from it). A mutant of a
+function no experiment ran survives at once: no experiment of the matrix can
+catch it until one reaches it, and its reason says so.
 """
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from harness.engine.runner import Job
 from harness.evidence.summary import ExperimentResult
@@ -34,38 +44,84 @@ FUNCTIONS_SQL = (
 )
 
 
+def python_functions(repo_root: Path, paths: Iterable[str]) -> frozenset[str]:
+    """``<path>:<scope>`` of every function and method defined in ``paths``
+    (relative to ``repo_root``), named as mutant scopes are (classes and
+    enclosing functions joined by dots)."""
+    found: set[str] = set()
+
+    def visit(node: ast.AST, scope: tuple[str, ...], path: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                found.add(f"{path}:{'.'.join((*scope, child.name))}")
+                visit(child, (*scope, child.name), path)
+            elif isinstance(child, ast.ClassDef):
+                visit(child, (*scope, child.name), path)
+            else:
+                visit(child, scope, path)
+
+    for path in paths:
+        visit(ast.parse((repo_root / path).read_text()), (), path)
+    return frozenset(found)
+
+
 @dataclass(frozen=True)
 class Reach:
-    """Per experiment label, the functions it ran (None: not known), and every
-    function of the template the counts refer to."""
+    """Per language and experiment label, the functions it ran (None: not
+    known), and the functions the records can speak of: every SQL function of
+    the template (``schema.function``) and every Python function of the
+    sources (``path:scope``); ``everywhere``, what the template's ``migrate``
+    ran."""
 
-    ran: Mapping[str, frozenset[str] | None]
+    ran: Mapping[str, Mapping[str, frozenset[str] | None]]  # language -> label -> ran
     functions: frozenset[str]
+    everywhere: frozenset[str] = frozenset()
 
     @classmethod
-    def of(cls, baseline: Iterable[ExperimentResult], functions: Iterable[str]) -> Reach:
-        ran = {
+    def of(
+        cls,
+        baseline: Iterable[ExperimentResult],
+        functions: Iterable[str],
+        everywhere: Iterable[str] = (),
+    ) -> Reach:
+        results = list(baseline)
+        sql = {
             result_label(r): (
                 frozenset(f for f, n in r.functions_called.items() if n > 0)
                 if r.functions_called is not None
                 else None
             )
-            for r in baseline
+            for r in results
         }
-        return cls(ran, frozenset(functions))
+        python = {
+            result_label(r): frozenset(r.python_calls) if r.python_calls is not None else None
+            for r in results
+        }
+        return cls({"sql": sql, "python": python}, frozenset(functions), frozenset(everywhere))
+
+    @staticmethod
+    def key(mutant: AutoMutant) -> str:
+        return mutant.scope if mutant.language == "sql" else f"{mutant.path}:{mutant.scope}"
 
     def jobs_for(self, mutant: AutoMutant, ordered: Sequence[Job]) -> list[Job]:
         """``ordered`` without the experiments that cannot reach ``mutant``'s code."""
-        if mutant.language != "sql" or mutant.scope not in self.functions:
+        key = self.key(mutant)
+        if key not in self.functions or key in self.everywhere:
             return list(ordered)
+        ran = self.ran.get(mutant.language, {})
         return [
             j
             for j in ordered
-            if j.label not in self.ran or (ran := self.ran[j.label]) is None or mutant.scope in ran
+            if j.label not in ran or (record := ran[j.label]) is None or key in record
         ]
 
     def unreached_reason(self, mutant: AutoMutant) -> str:
+        record = (
+            "the database's own function counts"
+            if mutant.language == "sql"
+            else "the traced worker's record of the functions it ran"
+        )
         return (
-            f"no experiment of the matrix runs {mutant.scope} (the database's own function "
-            "counts of the baseline run): nothing can catch this mutant until one reaches it"
+            f"no experiment of the matrix runs {mutant.scope} ({record} in the baseline run): "
+            "nothing can catch this mutant until one reaches it"
         )

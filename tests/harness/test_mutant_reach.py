@@ -4,39 +4,53 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+from pathlib import Path
 
 import scenarios
+from harness.cli.common import REPO_ROOT
 from harness.engine.runner import jobs_for
 from harness.evidence.summary import ExperimentResult
-from harness.mutation.reach import Reach
+from harness.mutation.reach import Reach, python_functions
 from harness.mutation.sites import AutoMutant
+from harness.mutation.traced_worker import CALLS_FILE_ENV, TRACED_WORKER_CMD
 from harness.verdict import Verdict
 
 JOBS = jobs_for(scenarios.select(["A", "B", "H"]), 1)
 
 
 def _result(
-    experiment: str, variant: str | None, called: dict[str, int] | None
+    experiment: str,
+    variant: str | None,
+    called: dict[str, int] | None,
+    python: list[str] | None = None,
 ) -> ExperimentResult:
     r = ExperimentResult(experiment, "t", variant, 0, Verdict.PASS, "", 1.0, 0.0, None, "")
-    return dataclasses.replace(r, functions_called=called)
+    return dataclasses.replace(r, functions_called=called, python_calls=python)
 
 
-def _mutant(language: str, scope: str) -> AutoMutant:
+def _mutant(language: str, scope: str, path: str = "x") -> AutoMutant:
     return AutoMutant(
-        id=f"x:{scope}:op:0", language=language, path="x", line=1, scope=scope,  # type: ignore[arg-type]
+        id=f"x:{scope}:op:0", language=language, path=path, line=1, scope=scope,  # type: ignore[arg-type]
         operator="op", original="a", replacement="b", edits=(),
     )  # fmt: skip
 
 
+PY = "reference_impl/ledger.py"
 REACH = Reach.of(
     [
-        _result("A", None, {"fencecheck.save": 3, "fencecheck.renew": 0}),
-        _result("B", None, {"fencecheck.renew": 2}),
-        _result("H", "async", None),  # failed over: not known
+        _result("A", None, {"fencecheck.save": 3, "fencecheck.renew": 0}, [f"{PY}:Ledger.claim"]),
+        _result("B", None, {"fencecheck.renew": 2}, [f"{PY}:Ledger.send", f"{PY}:setup"]),
+        _result("H", "async", None, None),  # failed over, not traced: not known
     ],
-    ["fencecheck.save", "fencecheck.renew", "fencecheck.purge"],
-)
+    [
+        "fencecheck.save", "fencecheck.renew", "fencecheck.purge",
+        f"{PY}:Ledger.claim", f"{PY}:Ledger.send", f"{PY}:Ledger.unused", f"{PY}:setup",
+    ],
+    everywhere=[f"{PY}:setup"],
+)  # fmt: skip
 
 
 def test_a_sql_mutant_runs_what_ran_its_function_and_what_is_not_known() -> None:
@@ -48,11 +62,35 @@ def test_a_sql_mutant_runs_what_ran_its_function_and_what_is_not_known() -> None
 def test_a_function_no_experiment_ran_is_reached_by_the_unknown_ones_only() -> None:
     labels = [j.label for j in REACH.jobs_for(_mutant("sql", "fencecheck.purge"), JOBS)]
     assert labels and all(label.startswith("H") for label in labels)
-    without_h = Reach({k: v for k, v in REACH.ran.items() if v is not None}, REACH.functions)
     jobs = [j for j in JOBS if not j.label.startswith("H")]
-    assert without_h.jobs_for(_mutant("sql", "fencecheck.purge"), jobs) == []
+    assert REACH.jobs_for(_mutant("sql", "fencecheck.purge"), jobs) == []
 
 
-def test_python_mutants_and_top_level_ddl_run_everything() -> None:
-    assert REACH.jobs_for(_mutant("python", "Ledger.claim"), JOBS) == JOBS
+def test_a_python_mutant_runs_what_ran_its_function() -> None:
+    labels = [j.label for j in REACH.jobs_for(_mutant("python", "Ledger.claim", PY), JOBS)]
+    assert "A" in labels and "B" not in labels and "H-async" in labels
+    jobs = [j for j in JOBS if not j.label.startswith("H")]
+    assert REACH.jobs_for(_mutant("python", "Ledger.unused", PY), jobs) == []
+
+
+def test_what_migrate_ran_module_code_and_top_level_ddl_run_everything() -> None:
+    assert REACH.jobs_for(_mutant("python", "setup", PY), JOBS) == JOBS  # migrate ran it
+    assert REACH.jobs_for(_mutant("python", "<module>", PY), JOBS) == JOBS
+    assert REACH.jobs_for(_mutant("python", "Ledger.claim", "other.py"), JOBS) == JOBS
     assert REACH.jobs_for(_mutant("sql", "(grants)"), JOBS) == JOBS
+
+
+def test_the_traced_worker_records_what_ran_also_at_import(tmp_path: Path) -> None:
+    calls = tmp_path / "calls.txt"
+    env = {**os.environ, CALLS_FILE_ENV: str(calls)}
+    done = subprocess.run(
+        [*TRACED_WORKER_CMD, "write-paths"], env=env, capture_output=True, timeout=60, check=True
+    )
+    assert json.loads(done.stdout)  # the worker itself ran as usual
+    ran = set(calls.read_text().split())
+    assert "reference_impl/worker.py:main" in ran
+    assert "reference_impl/worker.py:parser" in ran
+    assert not any("harness" in line for line in ran)  # only the implementation's own
+    # Names as the reach looks them up (the rest are module and class bodies).
+    known = python_functions(REPO_ROOT, sorted({line.split(":")[0] for line in ran}))
+    assert {"reference_impl/worker.py:main", "reference_impl/worker.py:parser"} <= known
