@@ -36,6 +36,8 @@ class ExperimentResult:
     failed_checks: list[str] = field(default_factory=list)
     #: Where the run's wall time went (harness/engine/phases.py), in seconds.
     phases_s: dict[str, float] = field(default_factory=dict)
+    #: The state-space cells its evidence shows reached (harness/explore/cells.py).
+    state_cells: dict[str, int] | None = None
 
     @property
     def name(self) -> str:
@@ -136,6 +138,12 @@ def write_summary(
             f"| {cell(r.name)} | {cell(r.title)} | **{r.verdict.value}** | {r.duration_s:.2f} | "
             f"{r.natural_wait_s:.2f} | {cell(r.invariant)} | {cell(r.reason)} | {cell(archive)} |"
         )
+    from harness.explore.cell_coverage import from_results
+
+    coverage = from_results(results)
+    if coverage is not None:
+        lines += ["", "## State-space coverage (cells the evidence shows reached)", ""]
+        lines.append(coverage.table())
     return _write_atomically(path, "\n".join(lines) + "\n")
 
 
