@@ -402,22 +402,10 @@ class ExperimentContext:
     # --------------------------------------------------------------- ops
     def op(self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any) -> OpReply:
         """One ops request; an op the worker does not implement is inconclusive."""
-        seq_before, at = self._audit_seq(), time.time()
+        seq_before, at = self.audit_seq(), time.time()
         with phases.phase("scenario.ops"):
             reply = worker.request(op, args, timeout_s=timeout_s)
-        self.ops_log.append(
-            {
-                "worker": worker.worker_id,
-                "op": op,
-                "args": args,
-                "ok": reply.ok,
-                "error": reply.error,
-                "at": at,
-                "done": time.time(),
-                "seq_before": seq_before,
-                "seq_after": self._audit_seq(),
-            }
-        )
+        self.log_op(worker.worker_id, op, args, reply, at, seq_before)
         outcome = "ok" if reply.ok else f"{reply.error}: {reply.message}"
         self.command(f"{worker.worker_id}: {op} {json.dumps(args, default=str)} -> {outcome}")
         if reply.unsupported:
@@ -426,7 +414,25 @@ class ExperimentContext:
             self.note_run(reply.result["run_id"])
         return reply
 
-    def _audit_seq(self) -> int | None:
+    def log_op(
+        self, worker: str, op: str, args: Any, reply: OpReply, at: float, seq_before: int | None
+    ) -> None:
+        """One entry of :attr:`ops_log`, once the request is answered."""
+        self.ops_log.append(
+            {
+                "worker": worker,
+                "op": op,
+                "args": args,
+                "ok": reply.ok,
+                "error": reply.error,
+                "at": at,
+                "done": time.time(),
+                "seq_before": seq_before,
+                "seq_after": self.audit_seq(),
+            }
+        )
+
+    def audit_seq(self) -> int | None:
         """The audit trail's last seq now (None before it exists or when the
         primary does not answer: that op's start state is then not judged)."""
         try:

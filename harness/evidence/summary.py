@@ -107,6 +107,7 @@ def write_summary(
     interrupted: str | None = None,
     title: str = "fencecheck run",
     verdict_text: str | None = None,
+    cells_table: bool = True,
 ) -> Path:
     """``verdict_text`` replaces the merged verdict of the results where the
     command judges otherwise (explore: unknown schedules do not fail a search)."""
@@ -140,7 +141,7 @@ def write_summary(
         )
     from harness.explore.cell_coverage import from_results
 
-    coverage = from_results(results)
+    coverage = from_results(results) if cells_table else None
     if coverage is not None:
         lines += ["", "## State-space coverage (cells the evidence shows reached)", ""]
         lines.append(coverage.table())

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from harness.contract.state_space import contract_space
 from harness.explore.schedule import (
     ANY,
     LINK_FAULTS,
@@ -43,6 +44,8 @@ class Shape:
     max_runs: int = 8
     max_faults: int = 4
     max_actions: int = 2
+    #: Cells of the state space the contract machine aims at per schedule.
+    max_aims: int = 4
     lease_ttl_ms: int = LEASE_TTL_MS
 
 
@@ -163,6 +166,9 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
                 tenant=st.integers(0, tenants - 1),
                 extra_steps=st.integers(0, 2),
                 step_delay_ms=st.integers(0, 6).map(lambda n: n * 50),
+                # A small budget now and then: a run that spends it is paused
+                # for a human, a state only a running workflow reaches.
+                max_attempts=st.one_of(st.none(), st.integers(1, 3)),
             ),
             min_size=shape.min_runs,
             max_size=shape.max_runs,
@@ -196,6 +202,7 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
         )
     )
     drawn = _takeover_or_timed(drawn)
+    aims = draw(st.lists(st.sampled_from(aimable()), max_size=shape.max_aims, unique=True))
     return Schedule(
         workers=workers,
         tenants=tenants,
@@ -204,7 +211,14 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
         faults=tuple(drawn),
         write_path=write_path,
         lease_ttl_ms=shape.lease_ttl_ms,
+        aims=tuple(aims),
     )
+
+
+def aimable() -> list[str]:
+    """Every cell of the contract's state space not declared unreachable, in
+    the contract's order: derived, so a new operation or state is drawn too."""
+    return [c.id for c in contract_space().reachable()]
 
 
 def _point_key(f: Fault) -> object:

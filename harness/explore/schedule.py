@@ -52,6 +52,7 @@ TOOL_MODES = (
     "conflict_other_body",
     "accept_without_result",
     "answer_late",
+    "reject_final",
 )
 # Tool modes that take their duration (duration_ms) as the mock tool's ``ms``.
 TOOL_MODES_WITH_MS = ("hang", "delay", "answer_late")
@@ -73,6 +74,8 @@ class Run:
     tenant: int = 0
     extra_steps: int = 0
     step_delay_ms: int = 0
+    #: The run's attempt budget (create_run's max_attempts); None: the worker's default.
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,9 @@ class Schedule:
     write_path: str = "fast"
     lease_ttl_ms: int = 800
     relay: bool = True
+    #: Cells of the contract's state space the contract machine aims at, in
+    #: order (harness/explore/machine.py); each a cell id of state_space.py.
+    aims: tuple[str, ...] = ()
     seed: int | None = None
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -161,7 +167,7 @@ class Schedule:
     def size(self) -> int:
         """How big the schedule is, for shrinking and reports: every worker, run,
         action and fault counts one."""
-        return self.workers + len(self.runs) + len(self.actions) + len(self.faults)
+        return self.workers + len(self.runs) + len(self.actions) + len(self.faults) + len(self.aims)
 
     def worker_tenant(self, worker: int) -> int:
         """Workers are spread over the tenants round-robin."""
@@ -199,6 +205,7 @@ def to_dict(schedule: Schedule) -> dict[str, Any]:
         "runs": [dataclasses.asdict(r) for r in schedule.runs],
         "actions": [dataclasses.asdict(a) for a in schedule.actions],
         "faults": faults,
+        **({"aims": list(schedule.aims)} if schedule.aims else {}),
     }
 
 
@@ -283,6 +290,7 @@ def from_dict(data: Any) -> Schedule:
             "runs",
             "actions",
             "faults",
+            "aims",
         },
     )
     if top.get("version", FORMAT_VERSION) != FORMAT_VERSION:
@@ -315,6 +323,9 @@ def from_dict(data: Any) -> Schedule:
                 tenant=_int(r, "tenant", where, 0, tenants - 1, 0),
                 extra_steps=_int(r, "extra_steps", where, 0, 10, 0),
                 step_delay_ms=_int(r, "step_delay_ms", where, 0, 5000, 0),
+                max_attempts=None
+                if r.get("max_attempts") is None
+                else _int(r, "max_attempts", where, 1, 100, 12),
             )
         )
     actions = []
@@ -340,12 +351,30 @@ def from_dict(data: Any) -> Schedule:
         runs=tuple(runs),
         actions=tuple(actions),
         faults=tuple(faults),
+        aims=_aims(top.get("aims")),
         write_path=write_path,
         lease_ttl_ms=_int(top, "lease_ttl_ms", "schedule", 200, 10_000, 800),
         relay=relay,
         seed=seed,
         note=str(top.get("note") or ""),
     )
+
+
+def _aims(raw: Any) -> tuple[str, ...]:
+    from harness.contract.state_space import contract_space
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ScheduleError("schedule.aims must be a list of cell ids")
+    cells = contract_space().by_id()
+    for i, aim in enumerate(raw):
+        if aim not in cells:
+            raise ScheduleError(
+                f"aims[{i}] must be a cell of the contract's state space "
+                f"(harness/contract/state_space.py derives them), not {token(aim)}"
+            )
+    return tuple(str(a) for a in raw)
 
 
 def _worker(
