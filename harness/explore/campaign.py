@@ -29,7 +29,7 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 
 from harness.engine.environment import SharedServices
-from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.experiment import Exemption, ExperimentContext, ExperimentSpec, Inconclusive
 from harness.engine.runner import Job, run_job
 from harness.evidence.summary import ExperimentResult
 from harness.explore import schedule as sched
@@ -108,7 +108,29 @@ def spec_for(schedule: sched.Schedule) -> ExperimentSpec:
         lease_ttl_ms=schedule.lease_ttl_ms,
         timeout_s=schedule.horizon_ms() / 1000 + QUIET_TIMEOUT_S + 60,
         write_path="stepped" if schedule.write_path == "stepped" else "fast",
+        replication=None if schedule.replication == "none" else schedule.replication,  # type: ignore[arg-type]
+        exemptions=ASYNC_LOSS if _async_failover(schedule) else (),
     )
+
+
+#: An async failover loses acknowledged writes by design (the durability
+#: contract, experiment H): the same two exemptions as H's async variant.
+ASYNC_LOSS = (
+    Exemption(
+        "worker.accounts_match_the_evidence",
+        "async failover loses acknowledged writes by design: a worker's ok for a write the "
+        "promoted standby never received is true of the fenced old primary",
+    ),
+    Exemption(
+        "effect.sent_only_under_a_dispatch_claim",
+        "async failover loses acknowledged writes by design: the dispatch claim a request "
+        "was sent under may exist on the fenced old primary only",
+    ),
+)
+
+
+def _async_failover(schedule: sched.Schedule) -> bool:
+    return schedule.replication == "async" and any(f.kind == "failover" for f in schedule.faults)
 
 
 def execute(
@@ -167,6 +189,7 @@ def execute(
         machine.join(MACHINE_TIMEOUT_S)
         lap("faults")
         nemesis.heal()
+        machine.finish()
         lap("heal")
         unsettled = _wait_quiet(workload, local_stop)
         nemesis.disarm_late()

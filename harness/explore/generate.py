@@ -71,11 +71,15 @@ def faults(
     write_path: str,
     lease_ms: int,
     tools: dict[str, int],
+    replication: str = "none",
 ) -> Fault:
     """One nemesis step of any kind; ``tools``: how many runs call each tool."""
     worker = st.integers(0, workers - 1)
     points = [p for p in POINTS if write_path == "stepped" or p not in STEPPED_ONLY_POINTS]
-    kind = draw(st.sampled_from(("pause", "crash_at", "kill", "stale", "link", "hold", "tool")))
+    kinds = ("pause", "crash_at", "kill", "stale", "link", "hold", "tool")
+    kind = draw(st.sampled_from(kinds + (("failover",) if replication != "none" else ())))
+    if kind == "failover":
+        return Fault(kind="failover", at_ms=draw(_moment()))
     if kind == "stale":
         on_takeover = draw(st.booleans())
         return Fault(
@@ -124,7 +128,9 @@ def faults(
         )
     if kind == "link":
         fault = draw(st.sampled_from(LINK_FAULTS))
-        link = draw(st.sampled_from(("pg", "tool")))
+        link = draw(
+            st.sampled_from(("pg", "tool", *(("replication",) if replication != "none" else ())))
+        )
         return Fault(
             kind="link",
             link=link,
@@ -158,6 +164,11 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
     workers = draw(st.integers(shape.min_workers, shape.max_workers))
     tenants = draw(st.integers(1, min(2, workers)))
     write_path = draw(st.sampled_from(("fast", "stepped")))
+    # A standby of the schedule's own now and then (it costs a pair of
+    # servers): failover and faults on the standby-to-primary link.
+    replication = "none"
+    if draw(st.integers(0, 5)) == 5:
+        replication = draw(st.sampled_from(("async", "sync")))
     runs = draw(
         st.lists(
             st.builds(
@@ -193,6 +204,7 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
                 write_path,
                 shape.lease_ttl_ms,
                 {t: n for t in TOOLS if (n := sum(r.tool == t for r in runs))},
+                replication,
             ),
             min_size=1,
             max_size=shape.max_faults,
@@ -212,6 +224,7 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
         write_path=write_path,
         lease_ttl_ms=shape.lease_ttl_ms,
         aims=tuple(aims),
+        replication=replication,
     )
 
 
@@ -226,12 +239,14 @@ def _point_key(f: Fault) -> object:
     control socket answers there (a pause, a hold, a crash); nothing else."""
     if f.point is not None and f.kind in ("pause", "hold", "crash_at"):
         return ("point", f.point)
+    if f.kind == "failover":  # the old primary is gone after the first
+        return ("failover",)
     return object()
 
 
 # Faults after which a run's lease can be taken over (its holder stopped,
 # killed, held, cut off, or crashing at a point).
-_LEASE_LOSERS = frozenset({"pause", "kill", "crash_at", "hold", "link"})
+_LEASE_LOSERS = frozenset({"pause", "kill", "crash_at", "hold", "link", "failover"})
 
 
 def _takeover_or_timed(drawn: list[Fault]) -> list[Fault]:

@@ -93,6 +93,7 @@ class ContractMachine:
     stop: threading.Event
     records: list[AimRecord] = field(default_factory=list)
     _tenant: str = ""
+    _mine: list[str] = field(default_factory=list)  # every run the machine created
     _n: int = 0
     _thread: threading.Thread | None = None
 
@@ -109,20 +110,36 @@ class ContractMachine:
             self._thread.join(timeout=timeout_s)
 
     def _run(self) -> None:
-        try:
-            self._aims()
-        finally:
-            self._drain()
+        self._aims()
 
-    def _drain(self) -> None:
-        """Every event of the machine's tenant reaches the broker and the
-        workload's consumer, as the workload's own do after heal."""
+    def finish(self) -> None:
+        """After heal: every run of the machine's settled, every event of its
+        tenant at the broker and at the workload's consumer, as the
+        workload's own are (a few tries: a failover may have just moved the
+        links, and a session reconnects on its next request)."""
         if not self._tenant:
             return
-        with contextlib.suppress(Exception):
-            proc = self.worker()
-            self.op(proc, "relay", limit=1000)
-            self.op(proc, "consume", consumer="billing")
+        for _ in range(3):
+            try:
+                self._drain()
+                return
+            except Exception:
+                self.stop.wait(0.5)
+
+    def _drain(self) -> None:
+        # An aim cut short (a fault on the way) may have left its run holding
+        # a lease nobody renews: no worker of this tenant would ever finish
+        # it, and quiet would wait for it.
+        left = self.ctx.env.query(
+            "SELECT run_id::text AS run_id FROM agent_runs WHERE run_id::text = ANY(%s) "
+            "AND status IN ('queued', 'running', 'waiting_tool')",
+            [self._mine],
+        )
+        for row in left:
+            self.must(self.control(), "cancel", run_id=str(row["run_id"]), reason="machine")
+        proc = self.worker()
+        self.must(proc, "relay", limit=1000)
+        self.must(proc, "consume", consumer="billing")
 
     def _aims(self) -> None:
         cells = contract_space().by_id()
@@ -205,6 +222,7 @@ class ContractMachine:
         if max_attempts is not None:
             args["max_attempts"] = max_attempts
         result = self.must(self.control(), "create_run", **args)
+        self._mine.append(str(result["run_id"]))
         return str(result["run_id"]), task
 
     def claim(self, run_id: str, owner: str | None = None) -> Lease:
@@ -495,6 +513,7 @@ class ContractMachine:
         got = self.op(self.control(), "retry_run", task_id=task)
         self.settle(run_id)
         if got.ok:
+            self._mine.append(str(got.result["run_id"]))
             self.settle(str(got.result["run_id"]))
 
     def rule_cancel(self, cell: Cell) -> None:
@@ -547,7 +566,8 @@ class ContractMachine:
         if ref == "superseded":
             self.must(self.control(), "cancel", run_id=run_id, reason="machine")
             task = self.ctx.env.query("SELECT task_id FROM agent_runs WHERE run_id = %s", [run_id])
-            self.must(self.control(), "retry_run", task_id=task[0]["task_id"])
+            again = self.must(self.control(), "retry_run", task_id=task[0]["task_id"])
+            self._mine.append(str(again["run_id"]))
         resources = [
             r for r in self.ctx.env.tool.client().export().get("resources", [])
             if r.get("operation_id") == op_id

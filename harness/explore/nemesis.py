@@ -31,6 +31,7 @@ from harness.engine.experiment import ExperimentContext
 from harness.explore.schedule import ANY, TOOL_MODES_WITH_MS, Fault, Schedule
 from harness.explore.workload import Workload
 from harness.parts.control import ANY_WORKER, Continue, ControlError, Crash, Hit, Hold
+from harness.parts.postgres import failover
 from harness.parts.processes import ProcessError, WorkerProcess
 from harness.parts.toxiproxy import Link
 
@@ -203,6 +204,8 @@ class Nemesis:
                         self._bind(self._link_off, i, f),
                     )
                 )
+            elif f.kind == "failover":
+                out.append(Step(f.at_ms, f.label(), self._bind(self._failover, i, f)))
             elif f.kind == "stale" and f.point is None:
                 out.append(Step(f.at_ms, f.label(), self._bind(self._stale_now, i, f)))
             elif f.kind == "tool" and f.at_ms > 0:
@@ -289,8 +292,39 @@ class Nemesis:
             i
         ].evidence = f"SIGKILL {proc.worker_id} pid {rec.pid}: {rec.state} ({rec.detail})"
 
+    def _failover(self, i: int, f: Fault) -> None:
+        """Fence the primary, promote the standby, point every worker link at it
+        (H's failover); took effect when the promoted server left recovery and
+        toxiproxy names it as every worker link's upstream."""
+        env = self.ctx.env
+        if env.standby is None or env.standby is env.primary:
+            self.effects[i].evidence = "no standby to promote"
+            return
+        self._note_point(i, None)
+        record = failover(env.primary, env.standby)
+        env.primary = env.standby  # every later query, the evidence too, goes to it
+        upstream = env.shared.backend.inner_address("127.0.0.1", env.primary.port)
+        moved = []
+        for key, link in env.links.items():
+            if key == "worker_pg" or key.startswith("pg_"):
+                moved.append(link.client.set_upstream(link.name, upstream).upstream == upstream)
+        in_recovery = env.primary.query("SELECT pg_is_in_recovery() AS r")[0]["r"]
+        self.ctx.command(
+            f"failover ({self.schedule.replication}): fenced {record.old_primary} in "
+            f"{record.fence_seconds:.3f}s, promoted {record.new_primary} in "
+            f"{record.promote_seconds:.3f}s; {sum(moved)} worker link(s) now dial {upstream}"
+        )
+        self.effects[i].took_effect = not in_recovery and bool(moved) and all(moved)
+        self.effects[i].evidence = (
+            f"{record.new_primary} promoted (in recovery: {in_recovery}), "
+            f"{sum(moved)}/{len(moved)} worker links moved to it; lag before "
+            f"{[r.get('flush_lag_bytes') for r in record.lag_before]} bytes"
+        )
+
     @staticmethod
     def _link_key(f: Fault) -> str:
+        if f.link == "replication":
+            return "replication"
         return f"pg_w{f.worker}" if f.link == "pg" else "worker_tool"
 
     def _link(self, f: Fault) -> Link:

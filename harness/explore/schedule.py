@@ -41,7 +41,10 @@ POINTS = (
     "after_broker_ack_before_outbox_mark",
 )
 STEPPED_ONLY_POINTS = ("after_lease_row_locked", "before_commit")
-LINKS = ("pg", "tool")  # a worker's own link to PostgreSQL; the shared link to the tool
+# A worker's own link to PostgreSQL; the shared link to the tool; the
+# standby's link to the primary (only with replication).
+LINKS = ("pg", "tool", "replication")
+REPLICATION = ("none", "async", "sync")
 LINK_FAULTS = ("cut", "blackhole", "reset", "latency", "drop_responses")
 TOOL_MODES = (
     "drop_after_act",
@@ -56,7 +59,7 @@ TOOL_MODES = (
 )
 # Tool modes that take their duration (duration_ms) as the mock tool's ``ms``.
 TOOL_MODES_WITH_MS = ("hang", "delay", "answer_late")
-FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool", "stale")
+FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool", "stale", "failover")
 STALE_OPS = ("save_checkpoint", "renew", "release")
 ANY = "any"  # a point fault for whichever worker reaches the point first
 RELAY = "relay"  # the outbox relay process, as a target of a point fault
@@ -113,6 +116,9 @@ class Fault:
       sends ``op`` (save_checkpoint / renew / release) with that identity,
       as a worker whose own lease guard failed would; with ``point:
       after_lease_acquired`` at once when another worker takes the run over.
+    * ``failover``: at ``at_ms`` the primary is fenced (stopped) and the
+      streaming standby promoted; every worker link then dials the new
+      primary (needs the schedule's ``replication``).
     """
 
     kind: str
@@ -139,6 +145,8 @@ class Fault:
             return f"{self.kind} w{self.worker}@{self.point}"
         if self.kind == "link":
             return f"{self.fault} {self.link}" + (f" w{self.worker}" if self.link == "pg" else "")
+        if self.kind == "failover":
+            return "failover"
         if self.kind == "tool":
             return f"tool {self.mode}" + (f" after {self.skip}" if self.skip else "")
         return f"{self.kind} w{self.worker}"
@@ -156,6 +164,9 @@ class Schedule:
     write_path: str = "fast"
     lease_ttl_ms: int = 800
     relay: bool = True
+    #: none, or a primary of the schedule's own with a standby streaming
+    #: asynchronously or synchronously (failover and link faults on it).
+    replication: str = "none"
     #: Cells of the contract's state space the contract machine aims at, in
     #: order (harness/explore/machine.py); each a cell id of state_space.py.
     aims: tuple[str, ...] = ()
@@ -200,6 +211,7 @@ def to_dict(schedule: Schedule) -> dict[str, Any]:
         "write_path": schedule.write_path,
         "lease_ttl_ms": schedule.lease_ttl_ms,
         "relay": schedule.relay,
+        **({"replication": schedule.replication} if schedule.replication != "none" else {}),
         "seed": schedule.seed,
         "note": schedule.note,
         "runs": [dataclasses.asdict(r) for r in schedule.runs],
@@ -291,6 +303,7 @@ def from_dict(data: Any) -> Schedule:
             "actions",
             "faults",
             "aims",
+            "replication",
         },
     )
     if top.get("version", FORMAT_VERSION) != FORMAT_VERSION:
@@ -341,10 +354,16 @@ def from_dict(data: Any) -> Schedule:
             )
         )
     write_path = _choice(top, "write_path", "schedule", WRITE_PATHS, "fast")
+    replication = _choice(top, "replication", "schedule", REPLICATION, "none")
     faults = [
         _fault(_mapping(item, f"faults[{i}]"), f"faults[{i}]", workers, write_path, len(runs))
         for i, item in enumerate(top.get("faults") or [])
     ]
+    for i, f in enumerate(faults):
+        if replication == "none" and (f.kind == "failover" or f.link == "replication"):
+            raise ScheduleError(
+                f"faults[{i}] ({f.label()}) needs a standby: set replication: async or sync"
+            )
     return Schedule(
         workers=workers,
         tenants=tenants,
@@ -352,6 +371,7 @@ def from_dict(data: Any) -> Schedule:
         actions=tuple(actions),
         faults=tuple(faults),
         aims=_aims(top.get("aims")),
+        replication=replication,
         write_path=write_path,
         lease_ttl_ms=_int(top, "lease_ttl_ms", "schedule", 200, 10_000, 800),
         relay=relay,
@@ -407,6 +427,8 @@ def _fault(f: Mapping[str, Any], where: str, workers: int, write_path: str, runs
             run=ANY if f.get("run") == ANY else _int(f, "run", where, 0, runs - 1, 0),
             op=_choice(f, "op", where, STALE_OPS, "save_checkpoint"),
         )
+    if kind == "failover":
+        return Fault(kind=kind, at_ms=at_ms)
     if kind == "kill" or (kind == "pause" and f.get("point") is None):
         return Fault(
             kind=kind, at_ms=at_ms, worker=_worker(f, where, workers), duration_ms=duration
