@@ -376,7 +376,13 @@ class Nemesis:
         schedule), then speak as the holder before it."""
         while not (self.stop.is_set() or self._quiet_over.is_set()):
             hits = self.ctx.env.control.hits(point="after_lease_acquired")
-            for run_id in self._target_runs(f):
+            # Past the horizon, a named run that was never taken over (it
+            # paused for a human, or finished first) yields to any run that
+            # was: the stale holder of that one speaks instead.
+            runs = self._target_runs(f)
+            if self.horizon_passed.is_set():
+                runs += [r for r in self.workload.run_ids if r not in runs]
+            for run_id in runs:
                 if len({h.seq for h in hits if h.run_id == run_id}) >= 2:
                     self._stale(i, f, run_id)
                     return
@@ -384,9 +390,28 @@ class Nemesis:
         self.effects[i].evidence = f"run {f.run} was not taken over"
 
     def _stale_now(self, i: int, f: Fault) -> None:
-        for run_id in self._target_runs(f):
-            if self._stale(i, f, run_id):
+        """Speak at the moment as the stale holder of the named run; when it has
+        no stale lease then, of any run that has one, and failing that keep
+        looking (on a thread of its own, until quiet is over): a stale holder
+        that never spoke proves nothing."""
+        if self._stale_any(i, f):
+            return
+        thread = threading.Thread(
+            target=self._stale_later, args=(i, f), name=f"explore-stale-{i}", daemon=True
+        )
+        self._watchers.append(thread)
+        thread.start()
+
+    def _stale_any(self, i: int, f: Fault) -> bool:
+        runs = self._target_runs(f)
+        runs += [r for r in self.workload.run_ids if r not in runs]
+        return any(self._stale(i, f, run_id) for run_id in runs)
+
+    def _stale_later(self, i: int, f: Fault) -> None:
+        while not (self.stop.is_set() or self._quiet_over.is_set()):
+            if self._stale_any(i, f):
                 return
+            self.stop.wait(0.05)
 
     def _stale(self, i: int, f: Fault, run_id: str) -> bool:
         """A stale holder's request: the identity comes from the harness's audit
