@@ -30,6 +30,7 @@ def new_run(
     tool: str = "idem",
     input: dict[str, Any] | None = None,
     tenant_id: str | None = None,
+    max_attempts: int | None = None,
 ) -> str:
     """Create a task with one run through the worker's control plane; return run_id."""
     ctl = control_plane(ctx, tenant_id)
@@ -45,6 +46,8 @@ def new_run(
     }
     if tenant_id is not None:
         args["tenant_id"] = tenant_id
+    if max_attempts is not None:
+        args["max_attempts"] = max_attempts
     result = ctx.ok(ctl, "create_run", **args)
     return ctx.note_run(str(result["run_id"]))
 

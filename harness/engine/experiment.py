@@ -202,6 +202,10 @@ class ExperimentContext:
     run_ids: list[str] = field(default_factory=list)
     signals: list[SignalRecord] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    # Every ops request sent through :meth:`op`, with the audit trail's last
+    # seq before it and after its answer: what the state-space coverage
+    # (harness/explore/cells.py) reads the state it started from by.
+    ops_log: list[dict[str, Any]] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     # Set by the runner: what it measured about timing in a window.
     excuse: Excuse | None = None
@@ -398,8 +402,10 @@ class ExperimentContext:
     # --------------------------------------------------------------- ops
     def op(self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any) -> OpReply:
         """One ops request; an op the worker does not implement is inconclusive."""
+        seq_before, at = self.audit_seq(), time.time()
         with phases.phase("scenario.ops"):
             reply = worker.request(op, args, timeout_s=timeout_s)
+        self.log_op(worker.worker_id, op, args, reply, at, seq_before)
         outcome = "ok" if reply.ok else f"{reply.error}: {reply.message}"
         self.command(f"{worker.worker_id}: {op} {json.dumps(args, default=str)} -> {outcome}")
         if reply.unsupported:
@@ -407,6 +413,35 @@ class ExperimentContext:
         if reply.ok and isinstance(reply.result.get("run_id"), str):
             self.note_run(reply.result["run_id"])
         return reply
+
+    def log_op(
+        self, worker: str, op: str, args: Any, reply: OpReply, at: float, seq_before: int | None
+    ) -> None:
+        """One entry of :attr:`ops_log`, once the request is answered."""
+        self.ops_log.append(
+            {
+                "worker": worker,
+                "op": op,
+                "args": args,
+                "ok": reply.ok,
+                "error": reply.error,
+                "at": at,
+                "done": time.time(),
+                "seq_before": seq_before,
+                "seq_after": self.audit_seq(),
+            }
+        )
+
+    def audit_seq(self) -> int | None:
+        """The audit trail's last seq now (None before it exists or when the
+        primary does not answer: that op's start state is then not judged)."""
+        try:
+            rows = self.env.query(
+                "SELECT coalesce(max(seq), 0) AS seq FROM fencecheck_audit.changes"
+            )
+        except Exception:
+            return None
+        return int(rows[0]["seq"]) if rows else None
 
     def ok(
         self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any

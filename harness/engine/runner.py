@@ -36,6 +36,7 @@ from harness.engine.experiment import Excuse, ExperimentContext, ExperimentSpec,
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
+from harness.explore import cell_coverage
 from harness.parts.processes import ExitTimeout, OpTimeout
 from harness.verdict import Verdict
 from harness.waiting import wait_for
@@ -163,6 +164,8 @@ def run_job(
             if interrupted is None:  # a stopping run has no time for queries
                 with phases.phase("global invariants"):
                     verdict, reason = invariants.judge(ctx, verdict, reason)
+                with phases.phase("state cells"):
+                    cell_coverage.record(ctx)  # evidence only: never changes the verdict
             with phases.phase("archive gather"):
                 archive = _archive(
                     ctx, env, job, started, verdict, reason, harness_error, logs_dir,
@@ -225,6 +228,7 @@ def run_job(
     result.functions_called = called
     if shared.settings.trace_calls and interrupted is None:
         result.python_calls = _python_calls(logs_dir / CALLS_FILE)
+    result.state_cells = (archive.get("state_cells") or {}).get("cells")
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
         progress.job_finished(
@@ -477,6 +481,7 @@ def _archive(
         },
         "metrics": env.metrics,
         "global_invariants": ctx.extra.get("global_invariants"),
+        "state_cells": ctx.extra.get("state_cells"),
         "seed": ctx.seed,
         "repeat_index": job.repeat_index,
         "started_at": _iso(started),

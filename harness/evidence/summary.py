@@ -42,6 +42,8 @@ class ExperimentResult:
     #: ``<file>:<function>`` of each reference implementation function its
     #: processes ran, when the worker was traced (Settings.trace_calls).
     python_calls: list[str] | None = None
+    #: The state-space cells its evidence shows reached (harness/explore/cells.py).
+    state_cells: dict[str, int] | None = None
 
     @property
     def name(self) -> str:
@@ -111,6 +113,7 @@ def write_summary(
     interrupted: str | None = None,
     title: str = "fencecheck run",
     verdict_text: str | None = None,
+    cells_table: bool = True,
 ) -> Path:
     """``verdict_text`` replaces the merged verdict of the results where the
     command judges otherwise (explore: unknown schedules do not fail a search)."""
@@ -142,6 +145,12 @@ def write_summary(
             f"| {cell(r.name)} | {cell(r.title)} | **{r.verdict.value}** | {r.duration_s:.2f} | "
             f"{r.natural_wait_s:.2f} | {cell(r.invariant)} | {cell(r.reason)} | {cell(archive)} |"
         )
+    from harness.explore.cell_coverage import from_results
+
+    coverage = from_results(results) if cells_table else None
+    if coverage is not None:
+        lines += ["", "## State-space coverage (cells the evidence shows reached)", ""]
+        lines.append(coverage.table())
     return _write_atomically(path, "\n".join(lines) + "\n")
 
 

@@ -29,18 +29,22 @@ from typing import Any
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 
 from harness.engine.environment import SharedServices
-from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.experiment import Exemption, ExperimentContext, ExperimentSpec, Inconclusive
 from harness.engine.runner import Job, run_job
 from harness.evidence.summary import ExperimentResult
 from harness.explore import schedule as sched
+from harness.explore.cell_coverage import CellCoverage
 from harness.explore.coverage import Coverage
 from harness.explore.generate import Shape, schedules
+from harness.explore.machine import AimRecord, ContractMachine
 from harness.explore.nemesis import Effect, Nemesis
 from harness.explore.shrink import SearchOver, Shrinker, Violation
 from harness.explore.workload import STARTUP_TIMEOUT_S, Workload
 from harness.verdict import EXIT_FAIL, EXIT_PASS, EXIT_UNKNOWN, Verdict
 
 QUIET_TIMEOUT_S = 20.0
+MACHINE_TIMEOUT_S = 30.0  # every aim's steps are bounded; this bounds them all
+OP_STOP_S = 12.0  # a stopped machine's request in flight answers within its own bound
 SPEC_ID = "X"
 Progress = Callable[[str], None]
 
@@ -58,6 +62,12 @@ class ScheduleResult:
     duration_s: float
     timing_s: dict[str, float] = field(default_factory=dict)
     experiment: ExperimentResult | None = None
+    aims: list[AimRecord] = field(default_factory=list)
+
+    @property
+    def state_cells(self) -> dict[str, int]:
+        """The cells its evidence shows reached (harness/explore/cells.py)."""
+        return dict((self.experiment.state_cells if self.experiment else None) or {})
 
     @property
     def category(self) -> str:
@@ -98,7 +108,29 @@ def spec_for(schedule: sched.Schedule) -> ExperimentSpec:
         lease_ttl_ms=schedule.lease_ttl_ms,
         timeout_s=schedule.horizon_ms() / 1000 + QUIET_TIMEOUT_S + 60,
         write_path="stepped" if schedule.write_path == "stepped" else "fast",
+        replication=None if schedule.replication == "none" else schedule.replication,  # type: ignore[arg-type]
+        exemptions=ASYNC_LOSS if _async_failover(schedule) else (),
     )
+
+
+#: An async failover loses acknowledged writes by design (the durability
+#: contract, experiment H): the same two exemptions as H's async variant.
+ASYNC_LOSS = (
+    Exemption(
+        "worker.accounts_match_the_evidence",
+        "async failover loses acknowledged writes by design: a worker's ok for a write the "
+        "promoted standby never received is true of the fenced old primary",
+    ),
+    Exemption(
+        "effect.sent_only_under_a_dispatch_claim",
+        "async failover loses acknowledged writes by design: the dispatch claim a request "
+        "was sent under may exist on the fenced old primary only",
+    ),
+)
+
+
+def _async_failover(schedule: sched.Schedule) -> bool:
+    return schedule.replication == "async" and any(f.kind == "failover" for f in schedule.faults)
 
 
 def execute(
@@ -122,6 +154,7 @@ def execute(
     local_stop = threading.Event()
     workload = Workload(ctx, schedule, local_stop)
     nemesis = Nemesis(ctx, schedule, workload, local_stop)
+    machine = ContractMachine(ctx, workload, schedule.aims, local_stop)
     ctx.extra["explore"] = {
         "schedule": sched.to_dict(schedule),
         "effects": [],
@@ -129,6 +162,7 @@ def execute(
         "timing_s": timing,
     }
     out["effects"] = nemesis.effects
+    out["aims"] = machine.records
     out["timing"] = timing
     watcher = threading.Thread(target=_follow, args=(stop, local_stop), daemon=True)
     watcher.start()
@@ -147,10 +181,15 @@ def execute(
                 f"no worker reached an injection point within {STARTUP_TIMEOUT_S:.0f}s of its start"
             )
         lap("start_workers")
+        machine.start()
         clock = nemesis.play()
         nemesis.join_holds(clock)
+        # The machine's aims run beside the nemesis; it ends before heal, so
+        # its runs are settled by quiet (each aim is bounded, so is this).
+        machine.join(MACHINE_TIMEOUT_S)
         lap("faults")
         nemesis.heal()
+        machine.finish()
         lap("heal")
         unsettled = _wait_quiet(workload, local_stop)
         nemesis.disarm_late()
@@ -162,6 +201,7 @@ def execute(
         local_stop.set()
         nemesis.horizon_passed.set()
         workload.stop_relay_loop()
+        machine.join(OP_STOP_S)
     for effect in nemesis.confirm():
         ctx.fault(
             f"fault {effect.index} ({effect.label})",
@@ -188,6 +228,7 @@ def execute(
     out["left"] = time.monotonic()
     ctx.extra["explore"]["effects"] = [vars(e) for e in nemesis.effects]
     ctx.extra["explore"]["actions"] = workload.action_log
+    ctx.extra["explore"]["aims"] = [vars(r) for r in machine.records]
 
 
 def _follow(outer: threading.Event, inner: threading.Event) -> None:
@@ -248,6 +289,7 @@ def run_schedule(
         duration_s=total,
         timing_s=timing,
         experiment=result,
+        aims=list(out.get("aims", [])),
     )
 
 
@@ -274,6 +316,7 @@ class CampaignOutcome:
     shrink_runs: list[ScheduleResult]
     coverage: Coverage
     wall_s: float
+    cells: CellCoverage = field(default_factory=CellCoverage)
     first_violation: ScheduleResult | None = None
     first_violation_after_s: float | None = None
     minimal: ScheduleResult | None = None
@@ -321,6 +364,7 @@ class Campaign:
         self.results: list[ScheduleResult] = []
         self.shrink_runs: list[ScheduleResult] = []
         self.coverage = Coverage()
+        self.cells = CellCoverage()
         self.shrinker = Shrinker(config.shrink_budget_s)
         self.started = time.monotonic()
         self.first_after_s: float | None = None
@@ -365,6 +409,7 @@ class Campaign:
         with self._lock:
             self.results.append(result)
             self.coverage.add(result.effects)
+            self.add_cells(result)
             self._report(result)
             found = result.category == "fail" and self._owner is None
             if found:
@@ -373,6 +418,15 @@ class Campaign:
                 self.shrinker.start(result)
         if found:
             raise Violation(result.reason)
+
+    def add_cells(self, result: ScheduleResult) -> None:
+        """The schedule's reached cells, and what its aims could not do (why a
+        cell aimed at may stay unreached)."""
+        self.cells.add(result.state_cells, result.label, time.monotonic() - self.started)
+        for aim in result.aims:
+            self.cells.aimed[aim.cell] += 1
+            if aim.outcome == "no_recipe":
+                self.cells.no_recipe[aim.cell] = f"the contract machine has no rule: {aim.detail}"
 
     def _shrink_step(self, schedule: sched.Schedule) -> None:
         if self.stop.is_set() or self.shrinker.over():
@@ -405,7 +459,7 @@ class Campaign:
             + (f" {result.reason}" if result.category != "pass" else "")
             + f" | {len(self.results)} done, {counts['fail']} violation(s), "
             f"{counts['no_effect'] + counts['unknown']} unknown, {rate:.1f}/min, "
-            f"{self.coverage.brief()}"
+            f"{self.coverage.brief()}, {self.cells.brief()}"
         )
 
     def _search(self, lane: int) -> None:
@@ -466,6 +520,7 @@ class Campaign:
             results=self.results,
             shrink_runs=self.shrink_runs,
             coverage=self.coverage,
+            cells=self.cells,
             wall_s=time.monotonic() - self.started,
             first_violation=self.shrinker.first,
             first_violation_after_s=self.first_after_s,

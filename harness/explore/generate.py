@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from hypothesis import strategies as st
 
+from harness.contract.state_space import contract_space
 from harness.explore.schedule import (
     ANY,
     LINK_FAULTS,
@@ -43,6 +44,8 @@ class Shape:
     max_runs: int = 8
     max_faults: int = 4
     max_actions: int = 2
+    #: Cells of the state space the contract machine aims at per schedule.
+    max_aims: int = 4
     lease_ttl_ms: int = LEASE_TTL_MS
 
 
@@ -68,11 +71,15 @@ def faults(
     write_path: str,
     lease_ms: int,
     tools: dict[str, int],
+    replication: str = "none",
 ) -> Fault:
     """One nemesis step of any kind; ``tools``: how many runs call each tool."""
     worker = st.integers(0, workers - 1)
     points = [p for p in POINTS if write_path == "stepped" or p not in STEPPED_ONLY_POINTS]
-    kind = draw(st.sampled_from(("pause", "crash_at", "kill", "stale", "link", "hold", "tool")))
+    kinds = ("pause", "crash_at", "kill", "stale", "link", "hold", "tool")
+    kind = draw(st.sampled_from(kinds + (("failover",) if replication != "none" else ())))
+    if kind == "failover":
+        return Fault(kind="failover", at_ms=draw(_moment()))
     if kind == "stale":
         on_takeover = draw(st.booleans())
         return Fault(
@@ -121,7 +128,9 @@ def faults(
         )
     if kind == "link":
         fault = draw(st.sampled_from(LINK_FAULTS))
-        link = draw(st.sampled_from(("pg", "tool")))
+        link = draw(
+            st.sampled_from(("pg", "tool", *(("replication",) if replication != "none" else ())))
+        )
         return Fault(
             kind="link",
             link=link,
@@ -155,6 +164,11 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
     workers = draw(st.integers(shape.min_workers, shape.max_workers))
     tenants = draw(st.integers(1, min(2, workers)))
     write_path = draw(st.sampled_from(("fast", "stepped")))
+    # A standby of the schedule's own now and then (it costs a pair of
+    # servers): failover and faults on the standby-to-primary link.
+    replication = "none"
+    if draw(st.integers(0, 5)) == 5:
+        replication = draw(st.sampled_from(("async", "sync")))
     runs = draw(
         st.lists(
             st.builds(
@@ -163,6 +177,9 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
                 tenant=st.integers(0, tenants - 1),
                 extra_steps=st.integers(0, 2),
                 step_delay_ms=st.integers(0, 6).map(lambda n: n * 50),
+                # A small budget now and then: a run that spends it is paused
+                # for a human, a state only a running workflow reaches.
+                max_attempts=st.one_of(st.none(), st.integers(1, 3)),
             ),
             min_size=shape.min_runs,
             max_size=shape.max_runs,
@@ -187,6 +204,7 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
                 write_path,
                 shape.lease_ttl_ms,
                 {t: n for t in TOOLS if (n := sum(r.tool == t for r in runs))},
+                replication,
             ),
             min_size=1,
             max_size=shape.max_faults,
@@ -196,6 +214,7 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
         )
     )
     drawn = _takeover_or_timed(drawn)
+    aims = draw(st.lists(st.sampled_from(aimable()), max_size=shape.max_aims, unique=True))
     return Schedule(
         workers=workers,
         tenants=tenants,
@@ -204,7 +223,15 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
         faults=tuple(drawn),
         write_path=write_path,
         lease_ttl_ms=shape.lease_ttl_ms,
+        aims=tuple(aims),
+        replication=replication,
     )
+
+
+def aimable() -> list[str]:
+    """Every cell of the contract's state space not declared unreachable, in
+    the contract's order: derived, so a new operation or state is drawn too."""
+    return [c.id for c in contract_space().reachable()]
 
 
 def _point_key(f: Fault) -> object:
@@ -212,12 +239,14 @@ def _point_key(f: Fault) -> object:
     control socket answers there (a pause, a hold, a crash); nothing else."""
     if f.point is not None and f.kind in ("pause", "hold", "crash_at"):
         return ("point", f.point)
+    if f.kind == "failover":  # the old primary is gone after the first
+        return ("failover",)
     return object()
 
 
 # Faults after which a run's lease can be taken over (its holder stopped,
 # killed, held, cut off, or crashing at a point).
-_LEASE_LOSERS = frozenset({"pause", "kill", "crash_at", "hold", "link"})
+_LEASE_LOSERS = frozenset({"pause", "kill", "crash_at", "hold", "link", "failover"})
 
 
 def _takeover_or_timed(drawn: list[Fault]) -> list[Fault]:

@@ -31,6 +31,7 @@ from harness.engine.experiment import ExperimentContext
 from harness.explore.schedule import ANY, TOOL_MODES_WITH_MS, Fault, Schedule
 from harness.explore.workload import Workload
 from harness.parts.control import ANY_WORKER, Continue, ControlError, Crash, Hit, Hold
+from harness.parts.postgres import failover
 from harness.parts.processes import ProcessError, WorkerProcess
 from harness.parts.toxiproxy import Link
 
@@ -203,6 +204,8 @@ class Nemesis:
                         self._bind(self._link_off, i, f),
                     )
                 )
+            elif f.kind == "failover":
+                out.append(Step(f.at_ms, f.label(), self._bind(self._failover, i, f)))
             elif f.kind == "stale" and f.point is None:
                 out.append(Step(f.at_ms, f.label(), self._bind(self._stale_now, i, f)))
             elif f.kind == "tool" and f.at_ms > 0:
@@ -289,8 +292,39 @@ class Nemesis:
             i
         ].evidence = f"SIGKILL {proc.worker_id} pid {rec.pid}: {rec.state} ({rec.detail})"
 
+    def _failover(self, i: int, f: Fault) -> None:
+        """Fence the primary, promote the standby, point every worker link at it
+        (H's failover); took effect when the promoted server left recovery and
+        toxiproxy names it as every worker link's upstream."""
+        env = self.ctx.env
+        if env.standby is None or env.standby is env.primary:
+            self.effects[i].evidence = "no standby to promote"
+            return
+        self._note_point(i, None)
+        record = failover(env.primary, env.standby)
+        env.primary = env.standby  # every later query, the evidence too, goes to it
+        upstream = env.shared.backend.inner_address("127.0.0.1", env.primary.port)
+        moved = []
+        for key, link in env.links.items():
+            if key == "worker_pg" or key.startswith("pg_"):
+                moved.append(link.client.set_upstream(link.name, upstream).upstream == upstream)
+        in_recovery = env.primary.query("SELECT pg_is_in_recovery() AS r")[0]["r"]
+        self.ctx.command(
+            f"failover ({self.schedule.replication}): fenced {record.old_primary} in "
+            f"{record.fence_seconds:.3f}s, promoted {record.new_primary} in "
+            f"{record.promote_seconds:.3f}s; {sum(moved)} worker link(s) now dial {upstream}"
+        )
+        self.effects[i].took_effect = not in_recovery and bool(moved) and all(moved)
+        self.effects[i].evidence = (
+            f"{record.new_primary} promoted (in recovery: {in_recovery}), "
+            f"{sum(moved)}/{len(moved)} worker links moved to it; lag before "
+            f"{[r.get('flush_lag_bytes') for r in record.lag_before]} bytes"
+        )
+
     @staticmethod
     def _link_key(f: Fault) -> str:
+        if f.link == "replication":
+            return "replication"
         return f"pg_w{f.worker}" if f.link == "pg" else "worker_tool"
 
     def _link(self, f: Fault) -> Link:
@@ -342,7 +376,13 @@ class Nemesis:
         schedule), then speak as the holder before it."""
         while not (self.stop.is_set() or self._quiet_over.is_set()):
             hits = self.ctx.env.control.hits(point="after_lease_acquired")
-            for run_id in self._target_runs(f):
+            # Past the horizon, a named run that was never taken over (it
+            # paused for a human, or finished first) yields to any run that
+            # was: the stale holder of that one speaks instead.
+            runs = self._target_runs(f)
+            if self.horizon_passed.is_set():
+                runs += [r for r in self.workload.run_ids if r not in runs]
+            for run_id in runs:
                 if len({h.seq for h in hits if h.run_id == run_id}) >= 2:
                     self._stale(i, f, run_id)
                     return
@@ -350,9 +390,28 @@ class Nemesis:
         self.effects[i].evidence = f"run {f.run} was not taken over"
 
     def _stale_now(self, i: int, f: Fault) -> None:
-        for run_id in self._target_runs(f):
-            if self._stale(i, f, run_id):
+        """Speak at the moment as the stale holder of the named run; when it has
+        no stale lease then, of any run that has one, and failing that keep
+        looking (on a thread of its own, until quiet is over): a stale holder
+        that never spoke proves nothing."""
+        if self._stale_any(i, f):
+            return
+        thread = threading.Thread(
+            target=self._stale_later, args=(i, f), name=f"explore-stale-{i}", daemon=True
+        )
+        self._watchers.append(thread)
+        thread.start()
+
+    def _stale_any(self, i: int, f: Fault) -> bool:
+        runs = self._target_runs(f)
+        runs += [r for r in self.workload.run_ids if r not in runs]
+        return any(self._stale(i, f, run_id) for run_id in runs)
+
+    def _stale_later(self, i: int, f: Fault) -> None:
+        while not (self.stop.is_set() or self._quiet_over.is_set()):
+            if self._stale_any(i, f):
                 return
+            self.stop.wait(0.05)
 
     def _stale(self, i: int, f: Fault, run_id: str) -> bool:
         """A stale holder's request: the identity comes from the harness's audit

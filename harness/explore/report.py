@@ -51,6 +51,7 @@ def facts(outcome: CampaignOutcome) -> dict[str, Any]:
         "median_schedule_s": round(median(r.duration_s for r in results), 2) if results else None,
         "time_per_phase_s": time_split(results),
         "coverage": outcome.coverage.as_dict(),
+        "state_cells": outcome.cells.as_dict(),
         "interrupted": outcome.interrupted,
     }
     if outcome.first_violation is not None:
@@ -94,6 +95,7 @@ def write_report(
         wall_s=outcome.wall_s,
         interrupted=interrupted,
         title="fencecheck explore",
+        cells_table=False,  # the campaign's own below says why a cell was not reached
         verdict_text=CAMPAIGN_VERDICT.get(exit_code, "interrupted") + f" (exit {exit_code})",
     )
     write_junit(
@@ -146,6 +148,8 @@ def write_report(
         lines += [f"- minimal schedule: `{violation[0]}`", f"- replay: `{violation[1]}`"]
     lines += ["", "### Coverage (injection point x fault kind, faults that took effect)", ""]
     lines.append(outcome.coverage.table())
+    lines += ["", "### State-space coverage (cells of the contract reached, by the evidence)", ""]
+    lines.append(outcome.cells.table())
     with summary.open("a") as fh:
         fh.write("\n".join(lines) + "\n")
     from harness.evidence.run_report import seal_run

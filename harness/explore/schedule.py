@@ -41,7 +41,10 @@ POINTS = (
     "after_broker_ack_before_outbox_mark",
 )
 STEPPED_ONLY_POINTS = ("after_lease_row_locked", "before_commit")
-LINKS = ("pg", "tool")  # a worker's own link to PostgreSQL; the shared link to the tool
+# A worker's own link to PostgreSQL; the shared link to the tool; the
+# standby's link to the primary (only with replication).
+LINKS = ("pg", "tool", "replication")
+REPLICATION = ("none", "async", "sync")
 LINK_FAULTS = ("cut", "blackhole", "reset", "latency", "drop_responses")
 TOOL_MODES = (
     "drop_after_act",
@@ -52,10 +55,11 @@ TOOL_MODES = (
     "conflict_other_body",
     "accept_without_result",
     "answer_late",
+    "reject_final",
 )
 # Tool modes that take their duration (duration_ms) as the mock tool's ``ms``.
 TOOL_MODES_WITH_MS = ("hang", "delay", "answer_late")
-FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool", "stale")
+FAULT_KINDS = ("pause", "kill", "crash_at", "hold", "link", "tool", "stale", "failover")
 STALE_OPS = ("save_checkpoint", "renew", "release")
 ANY = "any"  # a point fault for whichever worker reaches the point first
 RELAY = "relay"  # the outbox relay process, as a target of a point fault
@@ -73,6 +77,8 @@ class Run:
     tenant: int = 0
     extra_steps: int = 0
     step_delay_ms: int = 0
+    #: The run's attempt budget (create_run's max_attempts); None: the worker's default.
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,9 @@ class Fault:
       sends ``op`` (save_checkpoint / renew / release) with that identity,
       as a worker whose own lease guard failed would; with ``point:
       after_lease_acquired`` at once when another worker takes the run over.
+    * ``failover``: at ``at_ms`` the primary is fenced (stopped) and the
+      streaming standby promoted; every worker link then dials the new
+      primary (needs the schedule's ``replication``).
     """
 
     kind: str
@@ -136,6 +145,8 @@ class Fault:
             return f"{self.kind} w{self.worker}@{self.point}"
         if self.kind == "link":
             return f"{self.fault} {self.link}" + (f" w{self.worker}" if self.link == "pg" else "")
+        if self.kind == "failover":
+            return "failover"
         if self.kind == "tool":
             return f"tool {self.mode}" + (f" after {self.skip}" if self.skip else "")
         return f"{self.kind} w{self.worker}"
@@ -153,6 +164,12 @@ class Schedule:
     write_path: str = "fast"
     lease_ttl_ms: int = 800
     relay: bool = True
+    #: none, or a primary of the schedule's own with a standby streaming
+    #: asynchronously or synchronously (failover and link faults on it).
+    replication: str = "none"
+    #: Cells of the contract's state space the contract machine aims at, in
+    #: order (harness/explore/machine.py); each a cell id of state_space.py.
+    aims: tuple[str, ...] = ()
     seed: int | None = None
     note: str = ""
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
@@ -161,7 +178,7 @@ class Schedule:
     def size(self) -> int:
         """How big the schedule is, for shrinking and reports: every worker, run,
         action and fault counts one."""
-        return self.workers + len(self.runs) + len(self.actions) + len(self.faults)
+        return self.workers + len(self.runs) + len(self.actions) + len(self.faults) + len(self.aims)
 
     def worker_tenant(self, worker: int) -> int:
         """Workers are spread over the tenants round-robin."""
@@ -194,11 +211,13 @@ def to_dict(schedule: Schedule) -> dict[str, Any]:
         "write_path": schedule.write_path,
         "lease_ttl_ms": schedule.lease_ttl_ms,
         "relay": schedule.relay,
+        **({"replication": schedule.replication} if schedule.replication != "none" else {}),
         "seed": schedule.seed,
         "note": schedule.note,
         "runs": [dataclasses.asdict(r) for r in schedule.runs],
         "actions": [dataclasses.asdict(a) for a in schedule.actions],
         "faults": faults,
+        **({"aims": list(schedule.aims)} if schedule.aims else {}),
     }
 
 
@@ -283,6 +302,8 @@ def from_dict(data: Any) -> Schedule:
             "runs",
             "actions",
             "faults",
+            "aims",
+            "replication",
         },
     )
     if top.get("version", FORMAT_VERSION) != FORMAT_VERSION:
@@ -315,6 +336,9 @@ def from_dict(data: Any) -> Schedule:
                 tenant=_int(r, "tenant", where, 0, tenants - 1, 0),
                 extra_steps=_int(r, "extra_steps", where, 0, 10, 0),
                 step_delay_ms=_int(r, "step_delay_ms", where, 0, 5000, 0),
+                max_attempts=None
+                if r.get("max_attempts") is None
+                else _int(r, "max_attempts", where, 1, 100, 12),
             )
         )
     actions = []
@@ -330,22 +354,47 @@ def from_dict(data: Any) -> Schedule:
             )
         )
     write_path = _choice(top, "write_path", "schedule", WRITE_PATHS, "fast")
+    replication = _choice(top, "replication", "schedule", REPLICATION, "none")
     faults = [
         _fault(_mapping(item, f"faults[{i}]"), f"faults[{i}]", workers, write_path, len(runs))
         for i, item in enumerate(top.get("faults") or [])
     ]
+    for i, f in enumerate(faults):
+        if replication == "none" and (f.kind == "failover" or f.link == "replication"):
+            raise ScheduleError(
+                f"faults[{i}] ({f.label()}) needs a standby: set replication: async or sync"
+            )
     return Schedule(
         workers=workers,
         tenants=tenants,
         runs=tuple(runs),
         actions=tuple(actions),
         faults=tuple(faults),
+        aims=_aims(top.get("aims")),
+        replication=replication,
         write_path=write_path,
         lease_ttl_ms=_int(top, "lease_ttl_ms", "schedule", 200, 10_000, 800),
         relay=relay,
         seed=seed,
         note=str(top.get("note") or ""),
     )
+
+
+def _aims(raw: Any) -> tuple[str, ...]:
+    from harness.contract.state_space import contract_space
+
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise ScheduleError("schedule.aims must be a list of cell ids")
+    cells = contract_space().by_id()
+    for i, aim in enumerate(raw):
+        if aim not in cells:
+            raise ScheduleError(
+                f"aims[{i}] must be a cell of the contract's state space "
+                f"(harness/contract/state_space.py derives them), not {token(aim)}"
+            )
+    return tuple(str(a) for a in raw)
 
 
 def _worker(
@@ -378,6 +427,8 @@ def _fault(f: Mapping[str, Any], where: str, workers: int, write_path: str, runs
             run=ANY if f.get("run") == ANY else _int(f, "run", where, 0, runs - 1, 0),
             op=_choice(f, "op", where, STALE_OPS, "save_checkpoint"),
         )
+    if kind == "failover":
+        return Fault(kind=kind, at_ms=at_ms)
     if kind == "kill" or (kind == "pause" and f.get("point") is None):
         return Fault(
             kind=kind, at_ms=at_ms, worker=_worker(f, where, workers), duration_ms=duration

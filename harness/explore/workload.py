@@ -83,6 +83,7 @@ class Workload:
                 tool=run.tool,
                 input={"extra_steps": run.extra_steps, "step_delay_ms": run.step_delay_ms},
                 tenant_id=None if tenant == self.ctx.env.tenant_id else tenant,
+                max_attempts=run.max_attempts,
             )
             self.run_ids.append(run_id)
             row = self.ctx.env.query("SELECT task_id FROM agent_runs WHERE run_id = %s", [run_id])
