@@ -688,10 +688,24 @@ class Environment:
         # Release held barriers first so no worker sits in a read we then wait on.
         with contextlib.suppress(Exception):
             self.control.release_all()
-        for worker in reversed(list(self.workers.values())):
+        workers = list(self.workers.values())
+
+        def stop(worker: WorkerProcess) -> None:
             with contextlib.suppress(Exception):
                 self._keep_metrics(worker)
                 worker.stop(grace_s=2.0)
+
+        # All at once: each may wait out its clean-exit window and its grace.
+        threads = [
+            threading.Thread(target=stop, args=(w,), name=f"stop {w.worker_id}", daemon=True)
+            for w in workers[1:]
+        ]
+        for thread in threads:
+            thread.start()
+        if workers:
+            stop(workers[0])
+        for thread in threads:
+            thread.join(timeout=10.0)  # bounded by grace + kill timeout inside
         for worker in self.workers.values():  # those that wrote a snapshot at exit
             with contextlib.suppress(Exception):
                 self._keep_metrics(worker)
@@ -727,37 +741,50 @@ class Environment:
 
     def login_role(self, tenant_id: str, kind: RoleKind = "worker") -> str:
         """The experiment's login role for ``tenant_id`` in group ``kind``, made on
-        first use: ``CREATE ROLE ... LOGIN IN ROLE <group>`` on the primary and a
-        row in the experiment database's ``tenant_bindings`` (worker contract
-        v2). Names are unique per experiment (roles are cluster-wide and
-        experiments share a cluster); they are dropped at teardown."""
-        key = (tenant_id, kind)
-        if key in self.roles:
-            return self.roles[key]
-        name = f"fc{kind[0]}_{self.tag}_{tenant_id[:8]}".lower()[:63]
-        if not _ROLE_NAME.match(name):
-            raise EnvironmentError_(f"cannot make a role name of {name!r}")
-        group = GROUP_ROLES[kind]
-        try:
-            self.primary.create_login_role(name, group)
-        except psycopg.Error as exc:
-            raise EnvironmentError_(
-                f"cannot create login role {name} in group {group} ({exc}): the worker's "
-                "`migrate` must create the group roles fencecheck_worker and "
-                "fencecheck_operator (docs/worker-contract.md, roles and tenant binding)"
-            ) from exc
-        self.roles[key] = name
-        try:
-            self.query(
-                "INSERT INTO public.tenant_bindings (role_name, tenant_id) VALUES (%s, %s)",
-                [name, tenant_id],
-            )
-        except psycopg.Error as exc:
-            raise EnvironmentError_(
-                f"cannot bind {name} to tenant {tenant_id} ({exc}): the worker's `migrate` "
-                "must create public.tenant_bindings (docs/worker-contract.md)"
-            ) from exc
-        return name
+        first use (see login_roles)."""
+        return self.login_roles([(tenant_id, kind)])[0]
+
+    def login_roles(self, keys: Sequence[tuple[str, RoleKind]]) -> list[str]:
+        """The experiment's login roles for each ``(tenant_id, kind)``, the missing
+        ones made together: ``CREATE ROLE ... LOGIN IN ROLE <group>`` on the
+        primary and a row each in the experiment database's ``tenant_bindings``
+        (worker contract v2). Names are unique per experiment (roles are
+        cluster-wide and experiments share a cluster); they are dropped at
+        teardown."""
+        missing: dict[tuple[str, RoleKind], str] = {}
+        for tenant_id, kind in keys:
+            if (tenant_id, kind) in self.roles or (tenant_id, kind) in missing:
+                continue
+            name = f"fc{kind[0]}_{self.tag}_{tenant_id[:8]}".lower()[:63]
+            if not _ROLE_NAME.match(name):
+                raise EnvironmentError_(f"cannot make a role name of {name!r}")
+            missing[(tenant_id, kind)] = name
+        if missing:
+            made = [(name, GROUP_ROLES[kind]) for (_, kind), name in missing.items()]
+            try:
+                self.primary.create_login_roles(made)
+            except psycopg.Error as exc:
+                raise EnvironmentError_(
+                    f"cannot create login roles {', '.join(n for n, _ in made)} in groups "
+                    f"{', '.join(sorted({g for _, g in made}))} ({exc}): the worker's `migrate` "
+                    "must create the group roles fencecheck_worker and "
+                    "fencecheck_operator (docs/worker-contract.md, roles and tenant binding)"
+                ) from exc
+            self.roles.update(missing)
+            rows = [(name, tenant_id) for (tenant_id, _), name in missing.items()]
+            try:
+                self.query(
+                    "INSERT INTO public.tenant_bindings (role_name, tenant_id) VALUES "
+                    + ", ".join(["(%s, %s)"] * len(rows)),
+                    [v for row in rows for v in row],
+                )
+            except psycopg.Error as exc:
+                raise EnvironmentError_(
+                    f"cannot bind {', '.join(n for n, _ in rows)} to their tenants ({exc}): the "
+                    "worker's `migrate` must create public.tenant_bindings "
+                    "(docs/worker-contract.md)"
+                ) from exc
+        return [self.roles[key] for key in keys]
 
     def worker_dsn(
         self, pg_link: str = "worker_pg", *, tenant_id: str | None = None, role: RoleKind = "worker"
@@ -940,9 +967,13 @@ def experiment_environment(
         # Every role the experiment's tenants need, made before any fault (a
         # role made after the replication link is cut would not reach the standby).
         with phases.phase("environment.roles"):
-            for tenant in (env.tenant_id, env.other_tenant_id):
-                for kind in GROUP_ROLES:
-                    env.login_role(tenant, kind)  # type: ignore[arg-type]
+            env.login_roles(
+                [
+                    (t, k)
+                    for t in (env.tenant_id, env.other_tenant_id)
+                    for k in ("worker", "operator")
+                ]
+            )
         stack.callback(env.stop_workers)
         if replication_link is not None:
             links["replication"] = replication_link

@@ -175,6 +175,7 @@ class PostgresCluster:
 
     def __post_init__(self) -> None:
         self._sessions = SessionPool(self.connect)
+        self._verifier: str | None = None  # the run secret's SCRAM verifier, once
 
     # ----------------------------------------------------------- lifecycle
     @classmethod
@@ -417,22 +418,34 @@ class PostgresCluster:
             conn.execute(statement if isinstance(statement, sql.Composed) else statement.encode())
 
     def create_login_role(self, name: str, group: str) -> None:
-        """``CREATE ROLE name LOGIN IN ROLE group``, with the run's secret as its
-        password when the cluster has one: sent as the SCRAM verifier libpq
-        computes, so the secret itself is in no statement (nor in the server's
-        log of a failing one)."""
+        """``CREATE ROLE name LOGIN IN ROLE group`` (see create_login_roles)."""
+        self.create_login_roles([(name, group)])
+
+    def create_login_roles(self, roles: Sequence[tuple[str, str]]) -> None:
+        """``CREATE ROLE name LOGIN IN ROLE group`` for each ``(name, group)``, in
+        one round trip, with the run's secret as their password when the cluster
+        has one: sent as the SCRAM verifier libpq computes, so the secret itself
+        is in no statement (nor in the server's log of a failing one). The
+        verifier is computed once per cluster: SCRAM's does not depend on the
+        role's name, and its 4096 PBKDF2 rounds are most of a role's cost."""
+        if not roles:
+            return
         with self._sessions.session("postgres") as conn:
-            stmt = sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
-                sql.Identifier(name), sql.Identifier(group)
-            )
+            password: sql.Composable = sql.SQL("")
             if self.auth is not None:
-                verifier = conn.pgconn.encrypt_password(
-                    self.auth.password.encode(), name.encode(), b"scram-sha-256"
+                if self._verifier is None:
+                    self._verifier = conn.pgconn.encrypt_password(
+                        self.auth.password.encode(), roles[0][0].encode(), b"scram-sha-256"
+                    ).decode()
+                password = sql.SQL(" PASSWORD {}").format(sql.Literal(self._verifier))
+            conn.execute(
+                sql.SQL("; ").join(
+                    sql.SQL("CREATE ROLE {} LOGIN{} IN ROLE {}").format(
+                        sql.Identifier(name), password, sql.Identifier(group)
+                    )
+                    for name, group in roles
                 )
-                stmt = sql.SQL("CREATE ROLE {} LOGIN PASSWORD {} IN ROLE {}").format(
-                    sql.Identifier(name), sql.Literal(verifier.decode()), sql.Identifier(group)
-                )
-            conn.execute(stmt)
+            )
 
     def server_facts(self) -> dict[str, str]:
         """The server version and the settings that decide what a commit means."""
