@@ -57,7 +57,8 @@ class MutantWorkspace:
         shutil.copytree(
             repo_root / PACKAGE,
             self.root / PACKAGE,
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+            # The Go worker (its 17 MB binary) is no part of a Python worker.
+            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "go"),
         )
         target = self.root / mutant.path
         original = (repo_root / mutant.path).read_text(encoding="utf-8")
