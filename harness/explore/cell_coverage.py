@@ -32,6 +32,7 @@ def record(ctx: ExperimentContext) -> None:
     """Place the experiment's operations in cells, for its archive (``state_cells``)."""
     env = ctx.env
     try:
+        ctx.flush_ops()
         trail = audit_changes(lambda q, p: env.query(q, p))
         tool = env.tool.client().export()
         sightings = observe(contract_space(), trail, ctx.ops_log, tool, replication=env.replication)

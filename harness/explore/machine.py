@@ -189,16 +189,13 @@ class ContractMachine:
     def op_later(self, proc: WorkerProcess, op: str, **args: Any) -> Callable[[], Any]:
         """Send now, answer later (a dispatch held by the tool): the log entry is
         the one ``ExperimentContext.op`` writes, completed when answered."""
-        before, at = self.ctx.audit_seq(), time.time()
-        pending = proc.request_async(op, args, worker_async=True)
+        pending = self.ctx.op_async(proc, op, args, worker_async=True)
 
         def answer() -> Any:
             try:
-                reply = pending.result(OP_TIMEOUT_S + 10)
+                return pending.result(OP_TIMEOUT_S + 10)
             except Exception:
                 return None
-            self.ctx.log_op(proc.worker_id, op, args, reply, at, before)
-            return reply
 
         return answer
 
