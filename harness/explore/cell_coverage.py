@@ -35,11 +35,15 @@ def record(ctx: ExperimentContext) -> None:
         ctx.flush_ops()
         trail = audit_changes(lambda q, p: env.query(q, p))
         tool = env.tool.client().export()
-        sightings = observe(contract_space(), trail, ctx.ops_log, tool, replication=env.replication)
+        unplaced: list[str] = []
+        sightings = observe(
+            contract_space(), trail, ctx.ops_log, tool, replication=env.replication,
+            unplaced=unplaced,
+        )  # fmt: skip
     except Exception as exc:
         ctx.extra["state_cells"] = {"error": f"{type(exc).__name__}: {exc}", "cells": {}}
         return
-    ctx.extra["state_cells"] = summarize(sightings)
+    ctx.extra["state_cells"] = summarize(sightings) | {"unplaced": unplaced_summary(unplaced)}
 
 
 def summarize(sightings: Iterable[Sighting]) -> dict[str, Any]:
@@ -51,6 +55,14 @@ def summarize(sightings: Iterable[Sighting]) -> dict[str, Any]:
         if len(mine) < SAMPLES_PER_CELL:
             mine.append(f"{s.source}: {s.evidence}")
     return {"cells": dict(sorted(counted.items())), "evidence": samples}
+
+
+def unplaced_summary(unplaced: list[str], samples: int = 3) -> dict[str, Any]:
+    """The logged requests no cell holds, per operation: how many, and the first few."""
+    by_op: dict[str, list[str]] = {}
+    for line in unplaced:
+        by_op.setdefault(line.split(" ", 1)[0], []).append(line)
+    return {op: {"n": len(lines), "first": lines[:samples]} for op, lines in sorted(by_op.items())}
 
 
 class CellCoverage:

@@ -275,8 +275,16 @@ def _identity(
     return "current" if owner == grant.get("owner") else "other_owner"
 
 
-def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> list[Sighting]:
-    """The cells of one request the harness sent (ExperimentContext.op's log)."""
+def _requested(
+    ctx: _Ctx,
+    entry: Mapping[str, Any],
+    own: list[Change],
+    start: tuple[dict[str, Any], float] | None = None,
+) -> list[Sighting]:
+    """The cells of one request the harness sent (ExperimentContext.op's log).
+
+    ``start``: the run row to judge it from and the moment (see
+    :func:`_while_it_changed`), instead of the one the trail gives."""
     op = str(entry["op"])
     if entry.get("error") in NOT_PERFORMED:
         return []
@@ -293,6 +301,8 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> list[S
     def run_start() -> dict[str, Any] | None:
         if run_id is None:
             return None
+        if start is not None:
+            return start[0]
         mine = next(
             (
                 c
@@ -309,8 +319,11 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> list[S
 
     values: dict[str, str | None] = {}
     row = run_start()
+    if start is not None:
+        start_at = start[1]
     if row is not None and row.get("ambiguous"):
-        return []
+        assert run_id is not None
+        return _while_it_changed(ctx, entry, own, run_id, before, after, at, done)
     if op in ("renew", "heartbeat", "release", "save_checkpoint", "register_intent", "complete"):
         if run_id is None or row is None:
             return []
@@ -437,7 +450,10 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> list[S
             op_id = str((mine.old or mine.new or {}).get("operation_id"))
         orow = mine.old if mine else (trail.ops.at(op_id, before) if op_id else None)
         values["ledger"] = ledger_value(orow, start_at)
-        req = _tool_request(ctx, op_id, at, done) if op_id else None
+        # A dispatcher calls the tool only under its own claim: one that
+        # claimed nothing sent nothing, whatever else reached the tool then.
+        claimed_it = mine is not None and (mine.old or {}).get("status") == "prepared"
+        req = _tool_request(ctx, op_id, at, done) if op_id and claimed_it else None
         values["tool_answer"] = TOOL_ANSWERS.get(req.get("fault_mode")) if req else "ok"
     elif op == "read_checkpoint":
         if run_id is None:
@@ -462,13 +478,76 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> list[S
         if not tenant or trail.unpublished(str(tenant), before) or own:
             return []
         values |= {"outbox": "empty", "broker_answer": "ack"}
-    elif op in ("consume", "reconcile"):
+    elif op == "reconcile":
+        # What it changed is judged from the trail (below); every operation of
+        # its tenant it had to look at (unknown, or a dispatch claim past its
+        # deadline) and left as it was is a cycle in that cell too: a tool
+        # with neither query nor a same-key promise leaves them unknown.
+        tenant = entry.get("tenant")
+        if not tenant:
+            return []
+        touched = {str((c.old or c.new or {}).get("operation_id")) for c in own}
+        out: list[Sighting] = []
+        for op_id in trail.ops.versions:
+            row = trail.ops.at(op_id, before)
+            if not row or str(row.get("tenant_id")) != str(tenant) or op_id in touched:
+                continue
+            state = ledger_value(row, at)
+            if state not in ("unknown", "dispatching_expired"):
+                continue
+            cap = _capability(ctx, str(row.get("tool_name")))
+            for cell in _cells(ctx.space, op, {"ledger": state, "capability": cap}):
+                out.append(
+                    Sighting(cell, "request", f"{entry['worker']}: reconcile left {op_id} {state}")
+                )
+        return out
+    elif op == "consume":
         return []  # judged from the trail and the broker's log (below), like a worker's own
     outcome = "ok" if entry.get("ok") else entry.get("error")
     return [
         Sighting(cell, "request", f"{entry['worker']}: {op} at audit seq {before} ({outcome})")
         for cell in _cells(ctx.space, op, values)
     ]
+
+
+def _while_it_changed(
+    ctx: _Ctx,
+    entry: Mapping[str, Any],
+    own: list[Change],
+    run_id: str,
+    before: int,
+    after: int,
+    at: float,
+    done: float,
+) -> list[Sighting]:
+    """A request that changed nothing while another session changed its run
+    (a successor's renewal, say): placed only when every version of the row
+    between the request and its answer, judged at both ends of the time it
+    stood, gives the same cells (so whichever the request saw, it is that
+    cell); else the start is ambiguous and it is not counted."""
+    row = ctx.trail.runs.at(run_id, before)
+    if row is None:
+        return []
+    stood: list[tuple[dict[str, Any], float, float]] = []
+    since = at
+    for seq, version in ctx.trail.runs.versions.get(run_id, []):
+        if not before < seq <= after:
+            continue
+        moment = ctx.trail.by_seq[seq].at
+        stood.append((row, since, max(since, moment)))
+        if version is None:
+            return []
+        row, since = version, max(since, moment)
+    stood.append((row, since, max(since, done)))
+    placed: list[Sighting] | None = None
+    for version, lo, hi in stood:
+        for moment in (lo, hi):
+            got = _requested(ctx, entry, own, (version, moment))
+            if placed is None:
+                placed = got
+            elif {s.cell for s in got} != {s.cell for s in placed}:
+                return []
+    return placed or []
 
 
 def _own_changes(trail: Trail, entry: Mapping[str, Any]) -> list[Change]:
@@ -637,8 +716,13 @@ def observe(
     tool: Mapping[str, Any],
     *,
     replication: str | None,
+    unplaced: list[str] | None = None,
 ) -> list[Sighting]:
-    """Every operation of one experiment placed in its cell (see the module's invariants)."""
+    """Every operation of one experiment placed in its cell (see the module's
+    invariants); each logged request placed in none is added to ``unplaced``
+    (``op by worker at audit seq N (answer)``), so a reader sees what the
+    evidence could not place (judged from the trail instead, its start
+    ambiguous, or a reader missing)."""
     trail = Trail.of(changes)
     capabilities = {
         str(r.get("tool")): {
@@ -656,8 +740,16 @@ def observe(
     for entry in sorted(ops_log, key=lambda e: float(e.get("at") or 0)):
         own = _own_changes(trail, entry)
         claimed.update(c.seq for c in own)
-        out += _requested(ctx, entry, own)
-        if entry.get("op") in ("reconcile", "relay", "consume"):
+        placed = _requested(ctx, entry, own)
+        out += placed
+        trail_judged = entry.get("op") in ("reconcile", "relay", "consume")
+        if not placed and unplaced is not None and not trail_judged:
+            answer = "ok" if entry.get("ok") else entry.get("error")
+            unplaced.append(
+                f"{entry.get('op')} by {entry.get('worker')} at audit seq "
+                f"{entry.get('seq_before')} ({answer})"
+            )
+        if trail_judged:
             claimed.difference_update(c.seq for c in own)  # judged from the trail below
     out += _unrequested(ctx, claimed)
     return out
