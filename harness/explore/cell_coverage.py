@@ -87,6 +87,10 @@ class CellCoverage:
             if after_s is not None:
                 self.first_after_s.setdefault(cell, after_s)
 
+    def final_after_s(self) -> float | None:
+        """When the last cell reached so far was first reached (None: none was)."""
+        return max(self.first_after_s.values(), default=None)
+
     def full_after_s(self) -> float | None:
         """When the last reachable cell was first reached (None: some never was)."""
         wanted = [c.id for c in self.space.reachable()]
@@ -121,6 +125,11 @@ class CellCoverage:
             "reachable": len(reachable),
             "reached": len(got),
             "full_coverage_after_s": self.full_after_s(),
+            # When the campaign reached the coverage it ended with.
+            "final_coverage_after_s": self.final_after_s(),
+            "first_reached_after_s": {
+                c: round(t, 1) for c, t in sorted(self.first_after_s.items())
+            },
             "reached_cells": {c: self.reached[c] for c in sorted(self.reached)},
             "first_reached_by": dict(sorted(self.first_by.items())),
             "not_reached": self.not_reached(),
@@ -157,7 +166,12 @@ class CellCoverage:
             + (
                 f"; full coverage after {facts['full_coverage_after_s']:.0f} s"
                 if facts["full_coverage_after_s"] is not None
-                else ""
+                else (
+                    f"; the last of them first reached after "
+                    f"{facts['final_coverage_after_s']:.0f} s"
+                    if facts["final_coverage_after_s"] is not None
+                    else ""
+                )
             ),
         ]
         missing_cells = facts["not_reached"]

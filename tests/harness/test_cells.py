@@ -255,3 +255,27 @@ def test_a_refusal_while_a_successor_renews_is_placed_when_every_version_agrees(
     t.add("B", "agent_runs", "UPDATE", None, _run("queued", epoch=2))
     refused = _entry("A", "renew", args, before, t.seq, ok=False, error="LeaseLost")
     assert not {c for c in _cells(t, [refused]) if c.startswith("renew")}
+
+
+def test_a_request_no_cell_holds_is_listed_unplaced() -> None:
+    """An archive says which of the harness's requests it could not place."""
+    t = Trail()
+    t.add("w", "agent_runs", "INSERT", None, _run("paused_indoubt"))
+    refused = _entry("W0", "resolve_indoubt", {"run_id": RUN}, t.seq, t.seq, ok=False)
+    refused["error"] = "InsufficientPrivilege"
+    unplaced: list[str] = []
+    observe(contract_space(), t.changes, [refused], {}, replication="none", unplaced=unplaced)
+    assert unplaced == [f"resolve_indoubt by W0 at audit seq {t.seq} (InsufficientPrivilege)"]
+
+
+def test_a_campaign_says_when_it_reached_its_final_coverage() -> None:
+    from harness.explore.cell_coverage import CellCoverage
+
+    cov = CellCoverage()
+    cov.add({"create_run[key=new]": 1}, "X-s0001", after_s=4.0)
+    cov.add({"create_run[key=new]": 2, "relay[outbox=empty,broker_answer=ack]": 1}, "X-s0002", 9.5)
+    facts = cov.as_dict()
+    assert facts["final_coverage_after_s"] == 9.5
+    assert facts["first_reached_after_s"]["create_run[key=new]"] == 4.0
+    assert facts["full_coverage_after_s"] is None  # most cells were never reached
+    assert "the last of them first reached after 10 s" in cov.table()
