@@ -262,16 +262,25 @@ class ToolClient:
         return self._ok("GET", "/admin/export", what="export")
 
     def set_fault(
-        self, tool: str, mode: str, count: int = 1, ms: int | None = None, skip: int = 0
+        self,
+        tool: str,
+        mode: str,
+        count: int = 1,
+        ms: int | None = None,
+        skip: int = 0,
+        run_id: str | None = None,
     ) -> str:
         """Arm a fault for the next ``count`` matching requests after ``skip`` of them
-        passed: creates of ``tool`` ("*" = any tool), or the broker's publishes or
-        deliveries (``tool="broker"``, a broker mode); returns its id."""
+        passed: creates of ``tool`` ("*" = any tool; ``run_id``: of that run
+        only), or the broker's publishes or deliveries (``tool="broker"``, a
+        broker mode); returns its id."""
         body: dict[str, Any] = {"tool": tool, "mode": mode, "count": count}
         if ms is not None:
             body["ms"] = ms
         if skip:
             body["skip"] = skip
+        if run_id is not None:
+            body["run_id"] = run_id
         decoded = self._ok("POST", "/admin/faults", body, what=f"set fault {mode}")
         return str(decoded["fault_id"])
 

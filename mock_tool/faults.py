@@ -38,6 +38,8 @@ class Fault:
     ms: int | None
     created_at: float
     skip: int = 0
+    #: Only creates of this run match (None: any run's).
+    run_id: str | None = None
     skipped: int = 0
     fired: int = 0
     active: bool = True
@@ -71,21 +73,32 @@ class FaultBoard:
         self._faults: list[Fault] = []
         self._hung: dict[int, Hung] = {}
 
-    def add(self, tool: str, mode: str, count: int, ms: int | None, skip: int = 0) -> Fault:
-        fault = Fault(f"f-{secrets.token_hex(6)}", tool, mode, count, ms, time.time(), skip)
+    def add(
+        self,
+        tool: str,
+        mode: str,
+        count: int,
+        ms: int | None,
+        skip: int = 0,
+        run_id: str | None = None,
+    ) -> Fault:
+        fault = Fault(f"f-{secrets.token_hex(6)}", tool, mode, count, ms, time.time(), skip, run_id)
         with self._lock:
             self._faults.append(fault)
         return fault
 
-    def take(self, target: str, modes: frozenset[str]) -> Fault | None:
+    def take(self, target: str, modes: frozenset[str], run_id: str | None = None) -> Fault | None:
         """Consume one firing of the oldest active fault of one of ``modes`` that
-        matches ``target`` (a tool name, or :data:`BROKER`). A request the
-        oldest matching fault lets pass (its ``skip``) gets no fault at all."""
+        matches ``target`` (a tool name, or :data:`BROKER`) and, for a fault
+        armed for one run, the request's ``run_id``. A request the oldest
+        matching fault lets pass (its ``skip``) gets no fault at all."""
         with self._lock:
             for fault in self._faults:
                 if not fault.active or fault.mode not in modes:
                     continue
                 if fault.tool != target and not (fault.tool == "*" and target != BROKER):
+                    continue
+                if fault.run_id is not None and fault.run_id != run_id:
                     continue
                 if fault.skipped < fault.skip:
                     fault.skipped += 1

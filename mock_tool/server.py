@@ -570,7 +570,7 @@ class Handler(BaseHTTPRequestHandler):
             )
             raise
         capability = app.tools[tool]
-        fault = app.faults.take(tool, _CREATE_MODES)
+        fault = app.faults.take(tool, _CREATE_MODES, req.run_id)
         mode = fault.mode if fault else None
         seq = app.store.begin_request(
             received_at=received_at,
@@ -800,7 +800,13 @@ class Handler(BaseHTTPRequestHandler):
         ms = _opt_ms(body, "ms")
         if mode in MODES_WITH_MS and ms is None:
             raise _bad(f"mode {mode!r} needs field 'ms' (milliseconds)")
-        fault = app.faults.add(tool, str(mode), int(count), ms, int(skip))
+        run_id = body.get("run_id")
+        if run_id is not None and (tool == BROKER or not isinstance(run_id, str) or not run_id):
+            raise _bad(
+                "field 'run_id' (a tool's fault for one run's creates only) must be a non-empty"
+                f" string, and the broker's faults take none; got {json.dumps(run_id)}"
+            )
+        fault = app.faults.add(tool, str(mode), int(count), ms, int(skip), run_id)
         self._send_json(200, fault.describe())
 
     def _clear_faults(self) -> None:

@@ -219,7 +219,12 @@ class RefundWorkflow:
             elif status == "unknown":
                 change = rt.reconciler.reconcile_one(conn, {**row, "run_status": "running"})
                 if change is None or change.get("to") == "unknown":
-                    return self.freeze(state, step, op_id, None, {"reason": "unresolved"})
+                    try:
+                        return self.freeze(state, step, op_id, None, {"reason": "unresolved"})
+                    except e.LedgerConflict:
+                        # It converged since we read it (a callback, say): the
+                        # freeze rolled back; go on from what the ledger says.
+                        continue
             elif status == "succeeded":
                 return self.finish_tool(state, step, op_id, status, {"mode": "adopt"}, row)
             elif status == "failed_final":

@@ -36,7 +36,8 @@ def run(ctx: ExperimentContext) -> None:
     epoch, base = lease["epoch"], lease["revision"]
     ctx.arm("W", "after_lease_row_locked", Hold())
     event_ids = [ctx.uuid(), ctx.uuid()]
-    first = w.request_async(
+    first = ctx.op_async(
+        w,
         "save_checkpoint",
         {
             "run_id": run_id,
@@ -48,7 +49,8 @@ def run(ctx: ExperimentContext) -> None:
         worker_async=True,
     )
     hit = ctx.reached("W", "after_lease_row_locked")
-    second = w.request_async(
+    second = ctx.op_async(
+        w,
         "save_checkpoint",
         {
             "run_id": run_id,

@@ -38,7 +38,8 @@ def run(ctx: ExperimentContext) -> None:
     lease = ctx.ok(a, "claim", run_id=run_id)
     epoch_a, base = lease["epoch"], lease["revision"]
     ctx.arm("A", "after_lease_row_locked", Hold())
-    write = a.request_async(
+    write = ctx.op_async(
+        a,
         "save_checkpoint",
         {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
         worker_async=True,
@@ -47,7 +48,7 @@ def run(ctx: ExperimentContext) -> None:
     checkers.wait_lease_expired(ctx, run_id)
     # An untargeted claim (SKIP LOCKED) must pass A's locked row by at once,
     # never queue behind A's transaction nor grant the run under it.
-    other = c.request_async("claim", {}, worker_async=True)
+    other = ctx.op_async(c, "claim", {}, worker_async=True)
     c_blocked = checkers.backend_waiting_on_lock(ctx, "C", timeout_s=1.0)
     c_reply = other.result(1.0) if other.done() else None
     ctx.invariant(
@@ -57,7 +58,7 @@ def run(ctx: ExperimentContext) -> None:
         observed=f"C blocked on a lock: {c_blocked}; C's answer while A held: "
         + (f"{c_reply.result if c_reply.ok else c_reply.error}" if c_reply else "none"),
     )
-    takeover = b.request_async("claim", {"run_id": run_id}, worker_async=True)
+    takeover = ctx.op_async(b, "claim", {"run_id": run_id}, worker_async=True)
     ctx.fault(
         "A held inside its transaction past expiry while B tried to take over",
         not write.done() and takeover.sent_at > hit.received_at,

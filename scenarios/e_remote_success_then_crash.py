@@ -209,7 +209,7 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     op_id = intent["operation_id"]
     d1 = ctx.env.start_worker("D1", "ops")
     ctx.arm("D1", "after_dispatch_claim_commit", Hold())
-    stale = d1.request_async("dispatch", {"operation_id": op_id}, worker_async=True)
+    stale = ctx.op_async(d1, "dispatch", {"operation_id": op_id}, worker_async=True)
     ctx.reached("D1", "after_dispatch_claim_commit")
     first = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
     wait_for(
@@ -223,7 +223,7 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     )
     ctl = control_plane(ctx)
     ctx.arm("ctl", "after_dispatch_claim_commit", Hold())
-    newer = ctl.request_async("reconcile", {}, worker_async=True)
+    newer = ctx.op_async(ctl, "reconcile", {}, worker_async=True)
     ctx.reached("ctl", "after_dispatch_claim_commit")
     held = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
     ctx.fault(

@@ -161,7 +161,8 @@ def run(ctx: ExperimentContext) -> None:
     else:
         ctx.cut("replication")
         _wait_link_down(primary)
-        pending = w.request_async(
+        pending = ctx.op_async(
+            w,
             "save_checkpoint",
             {
                 "run_id": run_id,

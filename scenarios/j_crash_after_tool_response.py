@@ -110,7 +110,8 @@ def _operator_resolves(
     ctl = control_plane(ctx)
     _invalid_decisions_change_nothing(ctx, ctl, run_id, op_id, remote)
     ctx.arm("ctl", "after_operator_lock", Hold())
-    decision = ctl.request_async(
+    decision = ctx.op_async(
+        ctl,
         "resolve_indoubt",
         {
             "run_id": run_id,
@@ -212,7 +213,7 @@ def _invalid_decisions_change_nothing(
             continue
         args = {**spec.fill(dict(ops[op].example), values), arg: value, "remote_id": remote}
         args["reason"] = f"refusal probe: {arg}={value}"
-        reply = ctl.request(op, args, timeout_s=15)
+        reply = ctx.op_async(ctl, op, args).result(15)
         ctx.command(
             f"ctl: {op} {json.dumps(args, default=str)} -> "
             f"{'ok' if reply.ok else f'{reply.error}: {reply.message}'}"

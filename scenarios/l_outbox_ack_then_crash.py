@@ -149,7 +149,7 @@ def _nothing_marked_before_the_broker(ctx: ExperimentContext, run_id: str, when:
 def _ack_then_crash(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
     ctx.arm("R1", "after_broker_ack_before_outbox_mark", Crash())
     r1 = ctx.env.start_worker("R1", "ops")
-    r1.request_async("relay", {})
+    ctx.op_async(r1, "relay", {})
     code = r1.wait(15)
     ctx.command(f"R1 exited with code {code}")
     acked = _copies(ctx, events[0])

@@ -40,7 +40,8 @@ def run(ctx: ExperimentContext) -> None:
     base = lease["revision"]
     event_id = ctx.uuid()
     ctx.arm("W", "before_commit", Hold())
-    pending = w.request_async(
+    pending = ctx.op_async(
+        w,
         "save_checkpoint",
         {
             "run_id": run_id,

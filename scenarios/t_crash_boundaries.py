@@ -203,7 +203,7 @@ def _crash_ops(
     b = at_stage[0]
     ctx.arm(name, b.point, Crash())
     worker = ctx.env.start_worker(name, "ops")
-    worker.request_async(stage, args)
+    ctx.op_async(worker, stage, args)
     code = worker.wait(15)
     ctx.command(f"{name} ({stage}) exited with code {code}")
     return [(name, b.point, code)]

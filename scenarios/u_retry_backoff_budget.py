@@ -10,6 +10,12 @@ delays differ (jitter); after ``max_attempts`` attempts the run is paused
 for a human and the tool hears no more of it. Delays are measured values,
 compared with a stated tolerance (``DELAY_TOLERANCE_MS``), never by their
 last digit.
+
+Then a person retries the first run's task (its budget spent) once the tool
+accepts again: the retry is a new run with the contract's initial values (a
+fresh attempt budget, never the spent one: a retried run that started with
+the old attempt count would pause for a human at its first requeue, or
+never be worked), which a worker finishes; the old run is left as it was.
 """
 
 from __future__ import annotations
@@ -20,8 +26,9 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
+from harness.parts.processes import WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
-from scenarios.common import control_plane
+from scenarios.common import control_plane, finish
 
 SPEC = ExperimentSpec(
     id="U",
@@ -31,7 +38,8 @@ SPEC = ExperimentSpec(
     "with every attempt and differs between runs (jitter), measured delays compared with a "
     "stated 1 ms tolerance; after max_attempts the run is "
     "paused for a human and no further request reaches the tool",
-    fault="the tool refuses every create with 429 (retry later)",
+    fault="the tool refuses every create with 429 (retry later); then a retry of a run whose "
+    "attempt budget is spent",
     rules=(4, 5),
     natural_wait_s=0.9,
 )
@@ -88,7 +96,57 @@ def run(ctx: ExperimentContext) -> None:
         observed=f"delays (ms): {[[round(d, 3) for d in ds] for ds in delays]}; apart by "
         f"{[round(a, 3) for a in apart]} ms",
     )
-    checkers.lease_history_is_sound(ctx, runs)
+    retried = _retry_after_the_budget(ctx, ctl, runs[0])
+    checkers.lease_history_is_sound(ctx, [*runs, *retried])
+
+
+def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str) -> list[str]:
+    """Retry the task of a run whose attempt budget is spent, with the tool
+    accepting again: a new run, starting as create_run's do (contract §6,
+    initial values), that a worker finishes; the old run untouched."""
+    before = checkers.run_row(ctx, old, "the run to retry")
+    spent = ctx.sql(
+        "its attempt budget",
+        "SELECT attempt_count >= max_attempts AS spent FROM agent_runs WHERE run_id = %s",
+        [old],
+    )
+    ctx.fault(
+        "the retried run had spent its attempt budget",
+        before["status"] == "paused_human" and bool(spent and spent[0]["spent"]),
+        expected="paused for a human with attempt_count at max_attempts",
+        observed=f"{before['status']}, attempt_count {before['attempt_count']}",
+    )
+    ctx.env.tool.client().clear_faults()
+    ctx.command("tool: 429 cleared; creates are accepted again")
+    new = str(ctx.ok(ctl, "retry_run", task_id=before["task_id"])["run_id"])
+    ctx.note_run(new)
+    row = checkers.run_row(ctx, new, "the retry's new run")
+    fresh = (row["status"], row["revision"], row["epoch"], row["attempt_count"], row["owner"])
+    ctx.invariant(
+        "a retry is a new run with a fresh attempt budget",
+        new != old and fresh == ("queued", 0, 0, 0, None),
+        expected="a new run_id; queued, revision 0, epoch 0, attempt_count 0, no owner "
+        "(create_run's initial values), never the spent run's attempt count",
+        observed=f"run {new[:8]} (old {old[:8]}): (status, revision, epoch, attempt_count, "
+        f"owner) = {fresh}",
+    )
+    worker = ctx.env.start_worker("W2", "run", ["--run-id", new, "--once"])
+    code = finish(ctx, worker)
+    after = checkers.run_row(ctx, new, "the retry's run after a worker")
+    ctx.progress_equal(
+        "the retried run finishes once the tool accepts",
+        after["status"],
+        "succeeded",
+        what=f"status of the retry's run (W2 exit {code})",
+    )
+    left = checkers.run_row(ctx, old, "the old run after the retry")
+    ctx.equal(
+        "the old run is left as it was",
+        (left["status"], left["revision"], left["attempt_count"]),
+        (before["status"], before["revision"], before["attempt_count"]),
+        what="(status, revision, attempt_count)",
+    )
+    return [new]
 
 
 def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[tuple[float, Any]]]:

@@ -3,9 +3,12 @@ decision moves it: supplement (the effect is planned again, with the
 supplied fields, under a new effect_version; the refused version is kept)
 or terminate (the run fails, nothing more is sent).
 
-The tool refuses the first create for good (422). Workers that try to take
-the paused run before the decision must be refused; the decision is taken
-through the control plane (operator role) and audited.
+The tool refuses the run's first create for good (422). Workers that try to
+take the paused run before the decision must be refused; the decision is
+taken through the control plane (operator role) and audited. For
+supplement, another task of the tenant has done the same step meanwhile
+(its create_label v1 succeeded): planning the effect again judges only this
+run's earlier versions, never another run's.
 """
 
 from __future__ import annotations
@@ -31,10 +34,25 @@ SPEC = ExperimentSpec(
 def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "supplement"
     run_id = new_run(ctx, tool="plain")
-    ctx.env.tool.client().set_fault("plain", "reject_final", count=1)
-    ctx.command("tool: the next create of 'plain' answers 422 (refused for good)")
+    ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=run_id)
+    ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 422 (for good)")
     first = ctx.env.start_worker("W1", "run", ["--run-id", run_id, "--once"])
+    neighbour = None
+    if variant == "supplement":
+        other = new_run(ctx, tool="plain")
+        neighbour = (other, ctx.env.start_worker("N", "run", ["--run-id", other, "--once"]))
     code_first = finish(ctx, first)
+    if neighbour is not None:
+        code_n = finish(ctx, neighbour[1])
+        done = checkers.ledger(ctx, neighbour[0])
+        ctx.fault(
+            "another run of the tenant did the same step",
+            [(o["step_id"], o["effect_version"], o["status"]) for o in done]
+            == [("create_label", 1, "succeeded")],
+            expected="the neighbour's create_label v1 succeeded",
+            observed=f"{plain([(o['step_id'], o['effect_version'], o['status']) for o in done])}"
+            f" (N exit {code_n})",
+        )
     refused = checkers.tool_requests(ctx, run_id=run_id)
     paused = checkers.run_row(ctx, run_id, "the run after the refusal")
     ctx.fault(

@@ -9,8 +9,12 @@ Invariants:
   to a dimension adds a cell to every group of every operation that varies
   that dimension;
 - a group's cells are every combination of the group's dimensions, the
-  operation's other dimensions at their base value; the same combination
-  reached by two groups is one cell;
+  operation's other dimensions at their base value, except those the group
+  names ``any``: their value is :data:`ANY` (``*``), and an observation
+  with any value of that dimension (or none read) belongs to the cell (a
+  concern of the group's, never guessed: what the group varies is what it
+  is about, the rest is incidental); the same combination reached by two
+  groups is one cell;
 - a cell matching an ``unreachable`` rule of its operation is declared with
   that rule's reason: listed, never counted as missing;
 - the document is checked when loaded: every dimension a cell names is
@@ -30,6 +34,8 @@ from typing import Any
 from harness.contract.spec import OPERATIONS_FILE, ContractFileError
 
 DIMENSION_KINDS = ("start", "relation")
+#: The value of a dimension a group does not care about (its ``any``).
+ANY = "*"
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,11 @@ class Cell:
 
     def get(self, dimension: str) -> str | None:
         return dict(self.values).get(dimension)
+
+    def fits(self, observed: Mapping[str, str | None]) -> bool:
+        """Whether an operation observed with these values belongs here: every
+        dimension the cell fixes has that value; one it leaves ``*`` any."""
+        return all(v == ANY or observed.get(d) == v for d, v in self.values)
 
 
 @dataclass(frozen=True)
@@ -126,17 +137,25 @@ def _op_cells(
     for group in groups:
         vary = [str(d) for d in group.get("vary", ())]
         fix = {d: _check_value(op, dims, d, v) for d, v in dict(group.get("fix", {})).items()}
-        for d in [*vary, *fix]:
+        free = [str(d) for d in group.get("any", ())]
+        for d in [*vary, *fix, *free]:
             if d not in base:
                 raise ContractFileError(f"op {op}: group names {d!r}, which has no base value")
+        if set(free) & {*vary, *fix}:
+            raise ContractFileError(f"op {op}: a group's any names a dimension it varies or fixes")
         for combo in itertools.product(*(dims[d].values for d in vary)):
-            values = {**base, **fix, **dict(zip(vary, combo, strict=True))}
+            values = {
+                **base,
+                **fix,
+                **dict.fromkeys(free, ANY),
+                **dict(zip(vary, combo, strict=True)),
+            }
             key = tuple((d, values[d]) for d in order)
             cells.setdefault(key, Cell(op, key))
     rules = []
     for rule in raw.get("unreachable", ()):
         when = {
-            d: tuple(_check_value(op, dims, d, v) for v in vs)
+            d: tuple(v if v == ANY else _check_value(op, dims, d, v) for v in vs)
             for d, vs in dict(rule["when"]).items()
         }
         rules.append(Unreachable(when, str(rule["why"])))

@@ -18,6 +18,7 @@ commands it executed (signals, proxy changes), and notes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime as dt
 import decimal
@@ -31,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from harness.engine import phases
 from harness.parts.control import Action, Continue, ControlError, Hit
-from harness.parts.processes import OpReply, SignalRecord, WorkerProcess
+from harness.parts.processes import OpReply, PendingOp, SignalRecord, WorkerProcess
 from harness.parts.toxiproxy import FaultRecord
 from harness.verdict import Verdict
 
@@ -206,6 +207,8 @@ class ExperimentContext:
     # seq before it and after its answer: what the state-space coverage
     # (harness/explore/cells.py) reads the state it started from by.
     ops_log: list[dict[str, Any]] = field(default_factory=list)
+    # Requests sent with :meth:`op_async` not logged yet (their answer not read).
+    pending_ops: list[LoggedOp] = field(default_factory=list)
     started: float = field(default_factory=time.time)
     # Set by the runner: what it measured about timing in a window.
     excuse: Excuse | None = None
@@ -405,7 +408,7 @@ class ExperimentContext:
         seq_before, at = self.audit_seq(), time.time()
         with phases.phase("scenario.ops"):
             reply = worker.request(op, args, timeout_s=timeout_s)
-        self.log_op(worker.worker_id, op, args, reply, at, seq_before)
+        self.log_op(worker.worker_id, op, args, reply, at, seq_before, worker.tenant_id)
         outcome = "ok" if reply.ok else f"{reply.error}: {reply.message}"
         self.command(f"{worker.worker_id}: {op} {json.dumps(args, default=str)} -> {outcome}")
         if reply.unsupported:
@@ -414,17 +417,49 @@ class ExperimentContext:
             self.note_run(reply.result["run_id"])
         return reply
 
+    def op_async(
+        self, worker: WorkerProcess, op: str, args: dict[str, Any], *, worker_async: bool = False
+    ) -> LoggedOp:
+        """Send one ops request and return at once (``.result(timeout_s)`` waits):
+        logged in :attr:`ops_log` like :meth:`op` when its answer is read, or
+        by :meth:`flush_ops` (no answer) when the experiment ends first."""
+        seq_before, at = self.audit_seq(), time.time()
+        pending = worker.request_async(op, args, worker_async=worker_async)
+        self.command(f"{worker.worker_id}: {op} {json.dumps(args, default=str)} (sent)")
+        logged = LoggedOp(self, worker, op, args, pending, at, seq_before)
+        self.pending_ops.append(logged)
+        return logged
+
+    def flush_ops(self) -> None:
+        """Log every :meth:`op_async` request whose answer nobody read: with its
+        answer when it came, else as unanswered (its worker died, say)."""
+        for logged in list(self.pending_ops):
+            reply = None
+            if logged.pending.done():
+                with contextlib.suppress(Exception):  # the channel closed: no answer
+                    reply = logged.pending.result(0)
+            logged.log(reply)
+
     def log_op(
-        self, worker: str, op: str, args: Any, reply: OpReply, at: float, seq_before: int | None
+        self,
+        worker: str,
+        op: str,
+        args: Any,
+        reply: OpReply | None,
+        at: float,
+        seq_before: int | None,
+        tenant: str | None = None,
     ) -> None:
-        """One entry of :attr:`ops_log`, once the request is answered."""
+        """One entry of :attr:`ops_log`, once the request is answered (``reply``
+        None: it never was)."""
         self.ops_log.append(
             {
                 "worker": worker,
+                "tenant": tenant,
                 "op": op,
                 "args": args,
-                "ok": reply.ok,
-                "error": reply.error,
+                "ok": reply.ok if reply is not None else False,
+                "error": reply.error if reply is not None else "no answer",
                 "at": at,
                 "done": time.time(),
                 "seq_before": seq_before,
@@ -453,3 +488,46 @@ class ExperimentContext:
                 f"setup op {op!r} on {worker.worker_id} failed: {reply.error}: {reply.message}"
             )
         return reply.result
+
+
+@dataclass
+class LoggedOp:
+    """An ops request sent by :meth:`ExperimentContext.op_async`: the pending
+    reply, logged in the context's ops log once (when read, or flushed)."""
+
+    ctx: ExperimentContext
+    worker: WorkerProcess
+    op: str
+    args: dict[str, Any]
+    pending: PendingOp
+    at: float
+    seq_before: int | None
+    logged: bool = False
+
+    @property
+    def sent_at(self) -> float:
+        return self.pending.sent_at
+
+    def done(self) -> bool:
+        return self.pending.done()
+
+    def result(self, timeout_s: float) -> OpReply:
+        """The reply (as :meth:`PendingOp.result`), logged."""
+        try:
+            reply = self.pending.result(timeout_s)
+        except Exception:
+            self.log(None)
+            raise
+        self.log(reply)
+        return reply
+
+    def log(self, reply: OpReply | None) -> None:
+        if self.logged:
+            return
+        self.logged = True
+        if self in self.ctx.pending_ops:
+            self.ctx.pending_ops.remove(self)
+        self.ctx.log_op(
+            self.worker.worker_id, self.op, self.args, reply, self.at, self.seq_before,
+            self.worker.tenant_id,
+        )  # fmt: skip

@@ -35,7 +35,7 @@ from harness.evidence.summary import ExperimentResult
 from harness.explore import schedule as sched
 from harness.explore.cell_coverage import CellCoverage
 from harness.explore.coverage import Coverage
-from harness.explore.generate import Shape, schedules
+from harness.explore.generate import Shape, aimable, schedules
 from harness.explore.machine import AimRecord, ContractMachine
 from harness.explore.nemesis import Effect, Nemesis
 from harness.explore.shrink import SearchOver, Shrinker, Violation
@@ -308,6 +308,16 @@ class CampaignConfig:
     label_prefix: str = "s"
     #: Searches run side by side, each its own Hypothesis search (seed + lane).
     lanes: int = 1
+    #: Aim each drawn schedule's contract machine at cells the campaign has not
+    #: reached yet (the least aimed first), instead of the drawn ones.
+    steer_aims: bool = True
+
+
+#: A steered schedule aims at least this many unreached cells (at most the
+#: shape's max_aims), and a cell is aimed at this many times before the
+#: campaign gives up on it (its reason is then the last aim's).
+MIN_STEERED_AIMS = 2
+MAX_AIMS_PER_CELL = 3
 
 
 @dataclass
@@ -373,6 +383,8 @@ class Campaign:
         self._owner: int | None = None  # the lane that found the violation
         self.errors: list[str] = []
         self._seen: set[str] = set()
+        self._aimed: Counter[str] = Counter()
+        self._aimable = aimable()
 
     def _claim_slot(self, schedule: sched.Schedule) -> str | None:
         """A label for the next schedule, or None when the budget is spent or the
@@ -403,6 +415,7 @@ class Campaign:
         label = self._claim_slot(schedule)
         if label is None:
             return
+        schedule = self._steer(schedule)
         result = run_schedule(
             self.shared, schedule, label, report_dir=self.report_dir, stop=self.stop
         )
@@ -419,6 +432,27 @@ class Campaign:
         if found:
             raise Violation(result.reason)
 
+    def _steer(self, schedule: sched.Schedule) -> sched.Schedule:
+        """The schedule with its aims replaced by cells this campaign has not
+        reached (nor found without a rule), the least aimed first, so lanes
+        share the work; as drawn when every cell was reached or tried enough.
+        The schedule that runs (and its file) holds the aims it had."""
+        if not self.config.steer_aims:
+            return schedule
+        wanted = min(max(len(schedule.aims), MIN_STEERED_AIMS), max(self.config.shape.max_aims, 1))
+        with self._lock:
+            open_cells = [
+                c
+                for c in self._aimable
+                if not self.cells.reached.get(c)
+                and c not in self.cells.no_recipe
+                and self._aimed[c] < MAX_AIMS_PER_CELL
+            ]
+            open_cells.sort(key=lambda c: self._aimed[c])  # stable: the contract's order
+            picked = open_cells[:wanted]
+            self._aimed.update(picked)
+        return dataclasses.replace(schedule, aims=tuple(picked)) if picked else schedule
+
     def add_cells(self, result: ScheduleResult) -> None:
         """The schedule's reached cells, and what its aims could not do (why a
         cell aimed at may stay unreached)."""
@@ -432,6 +466,8 @@ class Campaign:
         if self.stop.is_set() or self.shrinker.over():
             return
         assert self.shrinker.first is not None
+        if self.config.steer_aims:  # the violation's aims were steered, not drawn
+            schedule = dataclasses.replace(schedule, aims=self.shrinker.first.schedule.aims)
         label = f"{self.shrinker.first.label.removeprefix(SPEC_ID + '-')}k{self.shrinker.attempts + 1:02d}"
         result = run_schedule(
             self.shared, schedule, label, report_dir=self.report_dir, stop=self.stop

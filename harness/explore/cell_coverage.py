@@ -32,13 +32,18 @@ def record(ctx: ExperimentContext) -> None:
     """Place the experiment's operations in cells, for its archive (``state_cells``)."""
     env = ctx.env
     try:
+        ctx.flush_ops()
         trail = audit_changes(lambda q, p: env.query(q, p))
         tool = env.tool.client().export()
-        sightings = observe(contract_space(), trail, ctx.ops_log, tool, replication=env.replication)
+        unplaced: list[str] = []
+        sightings = observe(
+            contract_space(), trail, ctx.ops_log, tool, replication=env.replication,
+            unplaced=unplaced,
+        )  # fmt: skip
     except Exception as exc:
         ctx.extra["state_cells"] = {"error": f"{type(exc).__name__}: {exc}", "cells": {}}
         return
-    ctx.extra["state_cells"] = summarize(sightings)
+    ctx.extra["state_cells"] = summarize(sightings) | {"unplaced": unplaced_summary(unplaced)}
 
 
 def summarize(sightings: Iterable[Sighting]) -> dict[str, Any]:
@@ -50,6 +55,14 @@ def summarize(sightings: Iterable[Sighting]) -> dict[str, Any]:
         if len(mine) < SAMPLES_PER_CELL:
             mine.append(f"{s.source}: {s.evidence}")
     return {"cells": dict(sorted(counted.items())), "evidence": samples}
+
+
+def unplaced_summary(unplaced: list[str], samples: int = 3) -> dict[str, Any]:
+    """The logged requests no cell holds, per operation: how many, and the first few."""
+    by_op: dict[str, list[str]] = {}
+    for line in unplaced:
+        by_op.setdefault(line.split(" ", 1)[0], []).append(line)
+    return {op: {"n": len(lines), "first": lines[:samples]} for op, lines in sorted(by_op.items())}
 
 
 class CellCoverage:
@@ -73,6 +86,10 @@ class CellCoverage:
             self.first_by.setdefault(cell, by)
             if after_s is not None:
                 self.first_after_s.setdefault(cell, after_s)
+
+    def final_after_s(self) -> float | None:
+        """When the last cell reached so far was first reached (None: none was)."""
+        return max(self.first_after_s.values(), default=None)
 
     def full_after_s(self) -> float | None:
         """When the last reachable cell was first reached (None: some never was)."""
@@ -108,6 +125,11 @@ class CellCoverage:
             "reachable": len(reachable),
             "reached": len(got),
             "full_coverage_after_s": self.full_after_s(),
+            # When the campaign reached the coverage it ended with.
+            "final_coverage_after_s": self.final_after_s(),
+            "first_reached_after_s": {
+                c: round(t, 1) for c, t in sorted(self.first_after_s.items())
+            },
             "reached_cells": {c: self.reached[c] for c in sorted(self.reached)},
             "first_reached_by": dict(sorted(self.first_by.items())),
             "not_reached": self.not_reached(),
@@ -144,7 +166,12 @@ class CellCoverage:
             + (
                 f"; full coverage after {facts['full_coverage_after_s']:.0f} s"
                 if facts["full_coverage_after_s"] is not None
-                else ""
+                else (
+                    f"; the last of them first reached after "
+                    f"{facts['final_coverage_after_s']:.0f} s"
+                    if facts["final_coverage_after_s"] is not None
+                    else ""
+                )
             ),
         ]
         missing_cells = facts["not_reached"]

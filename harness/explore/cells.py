@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from harness.checking.invariants.model import Change
-from harness.contract.state_space import Cell, StateSpace
+from harness.contract.state_space import StateSpace
 
 #: The mock tool's create fault modes -> the answer a dispatch got.
 TOOL_ANSWERS = {
@@ -52,6 +52,9 @@ TOOL_ANSWERS = {
     "hang": "no_answer",
 }
 DECISIONS = ("approve", "supplement", "terminate")
+#: Refusals that say the operation never ran against the state (the session
+#: may not call it, or the worker does not implement it): no cell.
+NOT_PERFORMED = ("InsufficientPrivilege", "Unsupported")
 FINDINGS = ("executed", "not_executed")
 OUTCOMES = ("succeeded", "failed_final")
 
@@ -105,6 +108,7 @@ class Trail:
     runs: _Rows = field(default_factory=_Rows)
     ops: _Rows = field(default_factory=_Rows)
     tasks: _Rows = field(default_factory=_Rows)
+    outbox: _Rows = field(default_factory=_Rows)
     by_seq: dict[int, Change] = field(default_factory=dict)
     ops_of_run: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
     checkpoints: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
@@ -126,6 +130,8 @@ class Trail:
                     t.ops_of_run[str(src.get("run_id"))].append((c.seq, op_id))
             elif c.table == "agent_tasks":
                 t.tasks.add(f"{src.get('tenant_id')}/{src.get('task_id')}", c.seq, row)
+            elif c.table == "outbox":
+                t.outbox.add(str(src.get("event_id")), c.seq, row)
             elif c.table == "agent_checkpoints" and c.op == "INSERT":
                 t.checkpoints[str(src.get("run_id"))].append(
                     (c.seq, int(src.get("schema_version") or 0))
@@ -143,6 +149,15 @@ class Trail:
             if r is not None and r.get("owner") is not None:
                 found = r
         return found
+
+    def unpublished(self, tenant: str, seq: int) -> int:
+        """How many outbox rows of the tenant stood unpublished after audit seq ``seq``."""
+        n = 0
+        for key in self.outbox.versions:
+            row = self.outbox.at(key, seq)
+            if row and str(row.get("tenant_id")) == tenant and row.get("published_at") is None:
+                n += 1
+        return n
 
     def latest_op(self, run_id: str, seq: int) -> str | None:
         mine = [o for s, o in self.ops_of_run.get(run_id, []) if s <= seq]
@@ -206,17 +221,11 @@ class _Ctx:
     logged_intents: dict[tuple[str, str, str], Any] = field(default_factory=dict)
 
 
-def _cell(space: StateSpace, op: str, values: Mapping[str, str | None]) -> str | None:
-    """The id of the op's cell with these values, or None when some dimension
-    of the op has no value here (or no such cell is declared)."""
-    cells = space.of(op)
-    if not cells:
-        return None
-    dims = [d for d, _ in cells[0].values]
-    if any(values.get(d) is None for d in dims):
-        return None
-    wanted = Cell(op, tuple((d, str(values[d])) for d in dims))
-    return wanted.id if wanted in set(cells) else None
+def _cells(space: StateSpace, op: str, values: Mapping[str, str | None]) -> list[str]:
+    """The ids of the op's cells these values belong to (:meth:`Cell.fits`: a
+    dimension a cell leaves ``*`` takes any value, or none read); empty when
+    a dimension a cell fixes has no value here, or no declared cell fits."""
+    return [c.id for c in space.of(op) if c.fits(values)]
 
 
 def _capability(ctx: _Ctx, tool: str | None) -> str | None:
@@ -266,9 +275,19 @@ def _identity(
     return "current" if owner == grant.get("owner") else "other_owner"
 
 
-def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighting | None:
-    """The cell of one request the harness sent (ExperimentContext.op's log)."""
+def _requested(
+    ctx: _Ctx,
+    entry: Mapping[str, Any],
+    own: list[Change],
+    start: tuple[dict[str, Any], float] | None = None,
+) -> list[Sighting]:
+    """The cells of one request the harness sent (ExperimentContext.op's log).
+
+    ``start``: the run row to judge it from and the moment (see
+    :func:`_while_it_changed`), instead of the one the trail gives."""
     op = str(entry["op"])
+    if entry.get("error") in NOT_PERFORMED:
+        return []
     args: Mapping[str, Any] = entry.get("args") or {}
     before = int(entry.get("seq_before") or 0)
     after = int(entry.get("seq_after") or before)
@@ -282,6 +301,8 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighti
     def run_start() -> dict[str, Any] | None:
         if run_id is None:
             return None
+        if start is not None:
+            return start[0]
         mine = next(
             (
                 c
@@ -298,11 +319,14 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighti
 
     values: dict[str, str | None] = {}
     row = run_start()
+    if start is not None:
+        start_at = start[1]
     if row is not None and row.get("ambiguous"):
-        return None
+        assert run_id is not None
+        return _while_it_changed(ctx, entry, own, run_id, before, after, at, done)
     if op in ("renew", "heartbeat", "release", "save_checkpoint", "register_intent", "complete"):
         if run_id is None or row is None:
-            return None
+            return []
         values["lease"] = lease_value(row, start_at)
         grant = row if row.get("owner") is not None else trail.last_grant(run_id, before)
         values["identity"] = _identity(args, grant, trail, run_id, after, str(entry["worker"]))
@@ -344,7 +368,7 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighti
         active = str(trow.get("active_run_id")) if trow and trow.get("active_run_id") else None
         arow = trail.runs.at(active, before) if active else None
         if arow is None:
-            return None
+            return []
         values["run_status"] = str(arow.get("status"))
         spent = int(arow.get("attempt_count") or 0) >= int(arow.get("max_attempts") or 1)
         values["budget"] = "spent" if spent else "left"
@@ -366,11 +390,11 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighti
                 None,
             )
             if granted is None:
-                return None
+                return []
             values["run"] = run_value(granted.old, granted.at)
     elif op in ("cancel", "deliver_callback", "resolve_indoubt", "decide"):
         if row is None or run_id is None:
-            return None
+            return []
         values["run_status"] = str(row.get("status"))
         op_id = str(args.get("operation_id") or "") or trail.latest_op(run_id, before)
         orow = None
@@ -410,7 +434,8 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighti
             values["decision"] = d if d in DECISIONS else "outside"
             supplied = dict(args.get("supplement") or {})
             have = dict(row.get("input") or {})
-            values["field"] = "present" if set(supplied) & set(have) else "new"
+            fields = set(have) | set(dict(have.get("supplement") or {}))
+            values["field"] = "present" if set(supplied) & fields else "new"
     elif op == "converge_operation":
         op_id = str(args.get("operation_id"))
         mine = next((c for c in own if c.table == "tool_operations"), None)
@@ -425,11 +450,14 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighti
             op_id = str((mine.old or mine.new or {}).get("operation_id"))
         orow = mine.old if mine else (trail.ops.at(op_id, before) if op_id else None)
         values["ledger"] = ledger_value(orow, start_at)
-        req = _tool_request(ctx, op_id, at, done) if op_id else None
+        # A dispatcher calls the tool only under its own claim: one that
+        # claimed nothing sent nothing, whatever else reached the tool then.
+        claimed_it = mine is not None and (mine.old or {}).get("status") == "prepared"
+        req = _tool_request(ctx, op_id, at, done) if op_id and claimed_it else None
         values["tool_answer"] = TOOL_ANSWERS.get(req.get("fault_mode")) if req else "ok"
     elif op == "read_checkpoint":
         if run_id is None:
-            return None
+            return []
         versions = [v for s, v in trail.checkpoints.get(run_id, []) if s <= before]
         written = [v for vs in trail.checkpoints.values() for _, v in vs]
         current = max(written, default=0)
@@ -442,16 +470,84 @@ def _requested(ctx: _Ctx, entry: Mapping[str, Any], own: list[Change]) -> Sighti
             )
     elif op == "durability":
         values["replication"] = ctx.replication
-    elif op in ("relay", "consume", "reconcile"):
-        return None  # judged from the trail and the broker's log (below), like a worker's own
-    cell = _cell(ctx.space, op, values)
-    if cell is None:
-        return None
-    return Sighting(
-        cell,
-        "request",
-        f"{entry['worker']}: {op} at audit seq {before} ({'ok' if entry.get('ok') else entry.get('error')})",
-    )
+    elif op == "relay":
+        # What it published is judged from the trail and the broker's log
+        # (below), like a worker's own; a cycle that found the tenant's outbox
+        # empty when it started is its own cell.
+        tenant = entry.get("tenant")
+        if not tenant or trail.unpublished(str(tenant), before) or own:
+            return []
+        values |= {"outbox": "empty", "broker_answer": "ack"}
+    elif op == "reconcile":
+        # What it changed is judged from the trail (below); every operation of
+        # its tenant it had to look at (unknown, or a dispatch claim past its
+        # deadline) and left as it was is a cycle in that cell too: a tool
+        # with neither query nor a same-key promise leaves them unknown.
+        tenant = entry.get("tenant")
+        if not tenant:
+            return []
+        touched = {str((c.old or c.new or {}).get("operation_id")) for c in own}
+        out: list[Sighting] = []
+        for op_id in trail.ops.versions:
+            row = trail.ops.at(op_id, before)
+            if not row or str(row.get("tenant_id")) != str(tenant) or op_id in touched:
+                continue
+            state = ledger_value(row, at)
+            if state not in ("unknown", "dispatching_expired"):
+                continue
+            cap = _capability(ctx, str(row.get("tool_name")))
+            for cell in _cells(ctx.space, op, {"ledger": state, "capability": cap}):
+                out.append(
+                    Sighting(cell, "request", f"{entry['worker']}: reconcile left {op_id} {state}")
+                )
+        return out
+    elif op == "consume":
+        return []  # judged from the trail and the broker's log (below), like a worker's own
+    outcome = "ok" if entry.get("ok") else entry.get("error")
+    return [
+        Sighting(cell, "request", f"{entry['worker']}: {op} at audit seq {before} ({outcome})")
+        for cell in _cells(ctx.space, op, values)
+    ]
+
+
+def _while_it_changed(
+    ctx: _Ctx,
+    entry: Mapping[str, Any],
+    own: list[Change],
+    run_id: str,
+    before: int,
+    after: int,
+    at: float,
+    done: float,
+) -> list[Sighting]:
+    """A request that changed nothing while another session changed its run
+    (a successor's renewal, say): placed only when every version of the row
+    between the request and its answer, judged at both ends of the time it
+    stood, gives the same cells (so whichever the request saw, it is that
+    cell); else the start is ambiguous and it is not counted."""
+    row = ctx.trail.runs.at(run_id, before)
+    if row is None:
+        return []
+    stood: list[tuple[dict[str, Any], float, float]] = []
+    since = at
+    for seq, version in ctx.trail.runs.versions.get(run_id, []):
+        if not before < seq <= after:
+            continue
+        moment = ctx.trail.by_seq[seq].at
+        stood.append((row, since, max(since, moment)))
+        if version is None:
+            return []
+        row, since = version, max(since, moment)
+    stood.append((row, since, max(since, done)))
+    placed: list[Sighting] | None = None
+    for version, lo, hi in stood:
+        for moment in (lo, hi):
+            got = _requested(ctx, entry, own, (version, moment))
+            if placed is None:
+                placed = got
+            elif {s.cell for s in got} != {s.cell for s in placed}:
+                return []
+    return placed or []
 
 
 def _own_changes(trail: Trail, entry: Mapping[str, Any]) -> list[Change]:
@@ -469,8 +565,7 @@ def _unrequested(ctx: _Ctx, claimed: set[int]) -> list[Sighting]:
         by_tx[c.txid].append(c)
 
     def add(op: str, values: Mapping[str, str | None], c: Change, why: str) -> None:
-        cell = _cell(space, op, values)
-        if cell is not None:
+        for cell in _cells(space, op, values):
             out.append(Sighting(cell, "trail", f"{c.app}: {why} (audit seq {c.seq})"))
 
     for c in ctx.trail.changes:
@@ -570,8 +665,7 @@ def _unrequested(ctx: _Ctx, claimed: set[int]) -> list[Sighting]:
                 "published",
             )
     for r in ctx.tool.get("refused_publishes", []):
-        cell = _cell(space, "relay", {"outbox": "unpublished", "broker_answer": "fail_one"})
-        if cell is not None:
+        for cell in _cells(space, "relay", {"outbox": "unpublished", "broker_answer": "fail_one"}):
             out.append(
                 Sighting(
                     cell, "trail", f"broker refused {r.get('event_id')} ({r.get('fault_mode')})"
@@ -589,22 +683,30 @@ def _deliveries(ctx: _Ctx) -> list[Sighting]:
     out: list[Sighting] = []
     kinds = {"deliver_duplicate": "duplicate", "deliver_reorder": "reorder"}
     for d in ctx.tool.get("deliveries", []):
-        try:
-            events = [str(e) for e in json.loads(d.get("event_ids_json") or "[]")]
-        except ValueError:
-            continue
+        events = _delivered(d)
         if not events:
             continue
         at = float(d.get("delivered_at") or 0)
         mode = kinds.get(str(d.get("fault_mode")), "in_order")
         seen = any(ctx.trail.consumed.get(e, float("inf")) < at for e in events)
         values = {"consumer": "seen" if seen and mode == "in_order" else "new", "delivery": mode}
-        cell = _cell(ctx.space, "consume", values)
-        if cell is not None:
+        for cell in _cells(ctx.space, "consume", values):
             out.append(
                 Sighting(cell, "trail", f"broker delivery {d.get('id')} of {len(events)} ({mode})")
             )
     return out
+
+
+def _delivered(delivery: Mapping[str, Any]) -> list[str]:
+    """The event ids one broker read handed out, in order: the export's
+    ``event_ids`` (a list), or the stored ``event_ids_json`` text."""
+    ids = delivery.get("event_ids")
+    if ids is None:
+        try:
+            ids = json.loads(delivery.get("event_ids_json") or "[]")
+        except ValueError:
+            return []
+    return [str(e) for e in ids or []]
 
 
 def observe(
@@ -614,8 +716,13 @@ def observe(
     tool: Mapping[str, Any],
     *,
     replication: str | None,
+    unplaced: list[str] | None = None,
 ) -> list[Sighting]:
-    """Every operation of one experiment placed in its cell (see the module's invariants)."""
+    """Every operation of one experiment placed in its cell (see the module's
+    invariants); each logged request placed in none is added to ``unplaced``
+    (``op by worker at audit seq N (answer)``), so a reader sees what the
+    evidence could not place (judged from the trail instead, its start
+    ambiguous, or a reader missing)."""
     trail = Trail.of(changes)
     capabilities = {
         str(r.get("tool")): {
@@ -633,10 +740,16 @@ def observe(
     for entry in sorted(ops_log, key=lambda e: float(e.get("at") or 0)):
         own = _own_changes(trail, entry)
         claimed.update(c.seq for c in own)
-        seen = _requested(ctx, entry, own)
-        if seen is not None:
-            out.append(seen)
-        if entry.get("op") == "reconcile":
+        placed = _requested(ctx, entry, own)
+        out += placed
+        trail_judged = entry.get("op") in ("reconcile", "relay", "consume")
+        if not placed and unplaced is not None and not trail_judged:
+            answer = "ok" if entry.get("ok") else entry.get("error")
+            unplaced.append(
+                f"{entry.get('op')} by {entry.get('worker')} at audit seq "
+                f"{entry.get('seq_before')} ({answer})"
+            )
+        if trail_judged:
             claimed.difference_update(c.seq for c in own)  # judged from the trail below
     out += _unrequested(ctx, claimed)
     return out

@@ -8,7 +8,6 @@ the first injection point).
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from hypothesis import strategies as st
@@ -213,7 +212,7 @@ def schedules(draw: st.DrawFn, shape: Shape = Shape()) -> Schedule:
             unique_by=_point_key,
         )
     )
-    drawn = _takeover_or_timed(drawn)
+    drawn = _stale_needs_a_takeover(drawn, shape.lease_ttl_ms, write_path)
     aims = draw(st.lists(st.sampled_from(aimable()), max_size=shape.max_aims, unique=True))
     return Schedule(
         workers=workers,
@@ -244,19 +243,39 @@ def _point_key(f: Fault) -> object:
     return object()
 
 
-# Faults after which a run's lease can be taken over (its holder stopped,
-# killed, held, cut off, or crashing at a point).
-_LEASE_LOSERS = frozenset({"pause", "kill", "crash_at", "hold", "link", "failover"})
+#: Run-side points: a worker there holds a lease (the relay's point is not one).
+_LEASE_POINTS = tuple(p for p in POINTS if p != "after_broker_ack_before_outbox_mark")
 
 
-def _takeover_or_timed(drawn: list[Fault]) -> list[Fault]:
-    """A stale holder waiting for a takeover in a schedule where nothing can
-    make one happen would never speak: it speaks at its moment instead."""
-    if any(f.kind in _LEASE_LOSERS for f in drawn):
+def _makes_a_takeover(f: Fault, lease_ms: int) -> bool:
+    """A fault that, once it takes effect, lets another worker take a run over:
+    a holder frozen or held at a run-side point past its lease, or crashing
+    there. (A kill, a timed pause or a link fault may land while the worker
+    holds nothing, so they make no takeover for certain.)"""
+    if f.point not in _LEASE_POINTS:
+        return False
+    if f.kind == "crash_at" or (f.kind == "hold" and f.then == "crash"):
+        return True
+    return f.kind in ("pause", "hold") and f.duration_ms > lease_ms
+
+
+def _stale_needs_a_takeover(drawn: list[Fault], lease_ms: int, write_path: str) -> list[Fault]:
+    """A stale holder speaks with a lease a takeover made stale (or one that
+    expired with nobody renewing): in a schedule where no other fault surely
+    makes a takeover, the first worker to reach a free run-side point is
+    frozen past its lease, so a successor takes its run over (the stale
+    holder's own takeover)."""
+    if not any(f.kind == "stale" for f in drawn):
         return drawn
-    return [
-        dataclasses.replace(f, point=None, at_ms=f.at_ms or 200)
-        if f.kind == "stale" and f.point is not None
-        else f
-        for f in drawn
+    if any(_makes_a_takeover(f, lease_ms) for f in drawn):
+        return drawn
+    used = {f.point for f in drawn if f.point is not None and f.kind != "stale"}
+    free = [
+        p
+        for p in _LEASE_POINTS
+        if p not in used and (write_path == "stepped" or p not in STEPPED_ONLY_POINTS)
     ]
+    if not free:
+        return drawn
+    frozen = Fault(kind="pause", worker=ANY, point=free[0], duration_ms=lease_ms * 2)
+    return [*drawn, frozen]

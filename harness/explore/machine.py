@@ -7,10 +7,11 @@ operation or a state added to operations.json is aimed at without a code
 change here, and a value no rule here can bring about is reported as such).
 For each aim the machine runs one rule: it brings a run into the aim's start
 state (a fresh run of the machine's own tenant, built with the contract's
-ops; or, for states only a running workflow reaches — a backoff, a pause for
-a human or in doubt, a run an operator failed — a run of the schedule's own
-workload found in that state), then sends the operation with arguments in
-the aim's relation to what is stored. It runs beside the workload and the
+ops; for states only a running workflow reaches — a backoff, a pause for a
+human or in doubt, a run an operator failed — the built-in workflow run by a
+``--once`` worker on a run of its own, with the tool's answer armed for that
+run only), then sends the operation with arguments in the aim's relation to
+what is stored. A dimension an aim leaves ``*`` takes the simplest value. It runs beside the workload and the
 nemesis, through the same database, tool, broker and links.
 
 Invariants:
@@ -33,14 +34,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.contract.state_space import Cell, contract_space
+from harness.contract.state_space import ANY, Cell, contract_space
 from harness.engine.experiment import ExperimentContext
 from harness.explore.workload import Workload
 from harness.parts.processes import WorkerProcess
 from scenarios.common import control_plane
 
 OP_TIMEOUT_S = 5.0
-FIND_TIMEOUT_S = 4.0  # how long an aim waits for the workload to show a state
+FIND_TIMEOUT_S = 4.0  # how long an aim waits for a state to show
+WORKFLOW_TIMEOUT_S = 8.0  # one run of the built-in workflow by a --once worker
 #: Tools by what they promise (the mock tool's defaults).
 TOOL_OF = {"idempotent": "idem", "deterministic_id": "detid", "query": "queryable", "none": "plain"}
 #: The mock tool's create fault that gives each answer a dispatch must handle.
@@ -53,11 +55,10 @@ FAULT_FOR_ANSWER = {
     "refused_422": ("reject_final", None),
     "no_answer": ("drop_after_act", None),
 }
-#: States only a running workflow brings about: found in the workload.
-WORKLOAD_STATES = {
-    "run": ("queued_backoff", "paused_indoubt", "paused_human", "failed"),
-    "run_status": ("paused_indoubt", "paused_human", "failed"),
-}
+#: States only a running workflow brings about (no contract op makes them):
+#: the machine runs the built-in workflow on a run of its own, with a tool
+#: answer armed for that run alone, and waits for the state.
+WORKFLOW_STATES = ("queued_backoff", "paused_indoubt", "paused_human", "failed")
 
 
 class NoRecipe(Exception):
@@ -169,6 +170,15 @@ class ContractMachine:
             proc = self.ctx.env.start_worker(name, "ops", tenant_id=tenant)
         return proc
 
+    def worker2(self) -> WorkerProcess:
+        """A second session of the machine's tenant, for a request sent while
+        one of the first is still in flight: the audit trail tells sessions
+        apart by their name, so each in-flight request has its own."""
+        proc = self.ctx.env.workers.get("mach-w2")
+        if proc is None or not proc.is_alive():
+            proc = self.ctx.env.start_worker("mach-w2", "ops", tenant_id=self._tenant)
+        return proc
+
     def control(self, tenant: str | None = None) -> WorkerProcess:
         tenant = tenant or self._tenant
         if tenant == self.ctx.env.tenant_id:
@@ -189,16 +199,13 @@ class ContractMachine:
     def op_later(self, proc: WorkerProcess, op: str, **args: Any) -> Callable[[], Any]:
         """Send now, answer later (a dispatch held by the tool): the log entry is
         the one ``ExperimentContext.op`` writes, completed when answered."""
-        before, at = self.ctx.audit_seq(), time.time()
-        pending = proc.request_async(op, args, worker_async=True)
+        pending = self.ctx.op_async(proc, op, args, worker_async=True)
 
         def answer() -> Any:
             try:
-                reply = pending.result(OP_TIMEOUT_S + 10)
+                return pending.result(OP_TIMEOUT_S + 10)
             except Exception:
                 return None
-            self.ctx.log_op(proc.worker_id, op, args, reply, at, before)
-            return reply
 
         return answer
 
@@ -216,9 +223,16 @@ class ContractMachine:
         return self.ctx.env.dispatch_ttl_ms / 1000
 
     # ------------------------------------------------------------ building blocks
-    def new_run(self, *, tool: str = "idem", max_attempts: int | None = None) -> tuple[str, str]:
+    def new_run(
+        self,
+        *,
+        tool: str = "idem",
+        max_attempts: int | None = None,
+        input: dict[str, Any] | None = None,
+    ) -> tuple[str, str]:
         task = f"task-m-{self.ctx.uuid()[:8]}"
-        args: dict[str, Any] = {"task_id": task, "input": {"tool": tool, "machine": True}}
+        body = {"tool": tool, "machine": True, **(input or {})}
+        args: dict[str, Any] = {"task_id": task, "input": body}
         if max_attempts is not None:
             args["max_attempts"] = max_attempts
         result = self.must(self.control(), "create_run", **args)
@@ -247,35 +261,50 @@ class ContractMachine:
             got["operation_id"]
         )
 
+    def complete(self, lease: Lease) -> None:
+        self.must(
+            self.worker(), "complete", run_id=lease.run_id, epoch=lease.epoch, owner=lease.owner,
+            expected_revision=lease.revision, result={"machine": True},
+        )  # fmt: skip
+
+    def release(self, lease: Lease) -> None:
+        self.must(
+            self.worker(), "release", run_id=lease.run_id, epoch=lease.epoch, owner=lease.owner
+        )
+
     def settle(self, run_id: str) -> None:
         """Leave the machine's run settled (quiet after heal must not wait for it)."""
         with contextlib.suppress(Exception):
             self.op(self.control(), "cancel", run_id=run_id, reason="machine: done")
 
-    def tool_fault(self, tool: str, answer: str) -> None:
+    def tool_fault(self, tool: str, answer: str, run_id: str | None = None, count: int = 1) -> None:
+        """The tool's answer for the next create (of ``run_id``'s only, when
+        given: a workload's create never takes the machine's fault)."""
         mode, ms = FAULT_FOR_ANSWER[answer]
-        self.ctx.env.tool.client().set_fault(tool, mode, count=1, ms=ms)
+        self.ctx.env.tool.client().set_fault(tool, mode, count=count, ms=ms, run_id=run_id)
 
     def free_tool(self, capability: str = "idempotent") -> str:
-        """A tool of that capability, or one no workload run calls (a fault armed
-        for the machine's call should not fire on a workload's)."""
         return TOOL_OF[capability]
 
-    def leased(self, lease_state: str, identity: str) -> tuple[Lease, Lease]:
+    def leased(
+        self, lease_state: str, identity: str, *, written: bool = False
+    ) -> tuple[Lease, Lease]:
         """A run of the machine's in ``lease_state`` and the identity to send:
-        (the run's current lease, the lease identity in ``identity`` to it)."""
+        (the run's current lease, the lease identity in ``identity`` to it).
+        ``written``: the current lease wrote a checkpoint first (a revision
+        the run has moved past exists)."""
         run_id, _ = self.new_run()
         first = self.claim(run_id)
         current = first
         if identity != "current":
             self.wait(self.lease_ttl_s() + 0.1)
             current = self.claim(run_id)
+        if written:
+            current = self.save(current)
         if lease_state == "expired":
             self.wait(self.lease_ttl_s() + 0.1)
         elif lease_state == "none":
-            self.must(
-                self.worker(), "release", run_id=run_id, epoch=current.epoch, owner=current.owner
-            )
+            self.release(current)
         sent = {
             "current": current,
             "stale_epoch": first,
@@ -283,11 +312,103 @@ class ContractMachine:
         }[identity]
         return current, sent
 
-    def run_in(self, state: str, *, dim: str) -> tuple[str, str | None, str]:
-        """A run in ``state`` (a value of ``run`` or ``run_status``): (run_id,
-        operation_id or None, tenant)."""
-        if state in WORKLOAD_STATES.get(dim, ()):
-            return self.find(state)
+    def workflow(
+        self,
+        state: str,
+        *,
+        tool: str = "plain",
+        max_attempts: int | None = None,
+        answer: str | None = None,
+        input: dict[str, Any] | None = None,
+        wait: bool = True,
+    ) -> tuple[str, str | None]:
+        """A run of the machine's own taken through the built-in workflow by a
+        ``run --once`` worker, the tool answering ``answer`` to its creates
+        (armed for this run only, every create), until the run is ``state``
+        (a status, or queued_backoff): (run_id, its latest operation_id).
+        ``wait=False``: only started; the caller waits for what it needs."""
+        run_id, _ = self.new_run(tool=tool, max_attempts=max_attempts, input=input)
+        if answer is not None:
+            self.tool_fault(tool, answer, run_id=run_id, count=0)
+        self._n += 1
+        proc = self.ctx.env.start_worker(
+            f"mach-r{self._n}", "run", ["--run-id", run_id, "--once"], tenant_id=self._tenant
+        )
+        if wait:
+            self.await_run(run_id, state, WORKFLOW_TIMEOUT_S, proc)
+        return run_id, self.latest_op(run_id)
+
+    def await_run(
+        self, run_id: str, state: str, timeout_s: float, proc: WorkerProcess | None = None
+    ) -> None:
+        """Until the run is ``state`` by the database (bounded; NotThere names it)."""
+        deadline = time.monotonic() + timeout_s
+        last = None
+        while time.monotonic() < deadline and not self.stop.is_set():
+            rows = self.ctx.env.query(
+                "SELECT status, coalesce((to_jsonb(r) ->> 'next_attempt_at')::timestamptz,"
+                " '-infinity') > clock_timestamp() AS backoff FROM agent_runs r WHERE run_id = %s",
+                [run_id],
+            )
+            if rows:
+                last = rows[0]["status"]
+                if last == state or (
+                    state == "queued_backoff" and last == "queued" and rows[0]["backoff"]
+                ):
+                    return
+            if proc is not None and not proc.is_alive() and last not in (None, state):
+                break  # the workflow's worker is done, and the run is not there
+            self.wait(0.05)
+        raise NotThere(
+            f"the machine's run {run_id[:8]} was {last}, not {state}, within {timeout_s:.0f}s"
+        )
+
+    def latest_op(self, run_id: str) -> str | None:
+        rows = self.ctx.env.query(
+            "SELECT operation_id FROM tool_operations WHERE run_id = %s "
+            "ORDER BY effect_version DESC, updated_at DESC LIMIT 1",
+            [run_id],
+        )
+        return str(rows[0]["operation_id"]) if rows else None
+
+    def paused(self, status: str, ledger: str = ANY) -> tuple[str, str | None]:
+        """A run of the machine's paused (for a human or in doubt) or failed by
+        the workflow, its latest operation in ``ledger``: what the built-in
+        workflow leaves (NoRecipe for any other operation state)."""
+        if status == "paused_indoubt":
+            if ledger not in (ANY, "unknown"):
+                raise NoRecipe(
+                    "the built-in workflow freezes a run in doubt only with its one tool "
+                    f"operation unknown, never {ledger}"
+                )
+            return self.workflow("paused_indoubt", answer="no_answer")
+        if status == "paused_human":
+            if ledger in (ANY, "failed_final"):
+                return self.workflow("paused_human", answer="refused_422")
+            if ledger == "prepared":  # a 429 at the spent budget puts it back to prepared
+                return self.workflow("paused_human", answer="reject_429", max_attempts=1)
+            raise NoRecipe(
+                "the built-in workflow pauses a run for a human only at its tool step: after "
+                "a refusal (its operation failed_final) or a 429 at its spent attempt budget "
+                f"(prepared again), never with it {ledger}"
+            )
+        if status == "failed":
+            run_id, op_id = self.paused("paused_human", ledger)
+            self.must(self.control(), "decide", run_id=run_id, decision="terminate",
+                      reason="machine: a failed run")  # fmt: skip
+            return run_id, op_id
+        if status == "queued_backoff":
+            return self.workflow("queued_backoff", answer="reject_429", max_attempts=3)
+        raise NoRecipe(f"no workflow rule for {status}")
+
+    def run_in(self, state: str, *, dim: str, ledger: str = ANY) -> tuple[str, str | None, str]:
+        """A run in ``state`` (a value of ``run`` or ``run_status``; ``*``: a
+        queued one): (run_id, operation_id or None, tenant)."""
+        if state == ANY:
+            state = "queued"
+        if state in WORKFLOW_STATES:
+            run_id, op = self.paused(state, ledger)
+            return run_id, op, self._tenant
         run_id, _ = self.new_run()
         if state == "queued":
             return run_id, None, self._tenant
@@ -300,65 +421,86 @@ class ContractMachine:
                 self.wait(self.lease_ttl_s() + 0.1)
             return run_id, None, self._tenant
         if state == "succeeded":
-            self.must(
-                self.worker(), "complete", run_id=run_id, epoch=lease.epoch, owner=lease.owner,
-                expected_revision=lease.revision, result={"machine": True},
-            )  # fmt: skip
+            self.complete(lease)
             return run_id, None, self._tenant
         lease, op_id = self.intent(lease)
         if state.endswith("expired"):
             self.wait(self.lease_ttl_s() + 0.1)
         return run_id, op_id, self._tenant
 
-    def find(self, state: str, ledger: str | None = None) -> tuple[str, str | None, str]:
-        """A run of the schedule's workload in ``state`` now, its latest operation
-        in ``ledger`` state when given (bounded wait)."""
-        where = {
-            "queued_backoff": "status = 'queued' AND coalesce((to_jsonb(r) ->> 'next_attempt_at')"
-            "::timestamptz, '-infinity') > clock_timestamp() + interval '200 milliseconds'",
-        }.get(state, "status = %s")
-        params: list[Any] = [] if state == "queued_backoff" else [state]
-        if ledger is not None:
-            where += (
-                " AND coalesce((SELECT o.status FROM tool_operations o WHERE o.run_id = r.run_id"
-                " ORDER BY o.updated_at DESC LIMIT 1), 'none') = %s"
+    def with_resource(self, status: str) -> tuple[str, str]:
+        """A run of the machine's in ``status`` whose latest operation the tool
+        made a resource for: (run_id, operation_id)."""
+        if status == "running":
+            # Only the workflow's tool result moves waiting_tool back to
+            # running: its step after the tool call, slowed down.
+            run_id, _ = self.workflow(
+                "running", tool="idem", input={"extra_steps": 1, "step_delay_ms": 1500},
+                wait=False,
+            )  # fmt: skip
+            deadline = time.monotonic() + WORKFLOW_TIMEOUT_S
+            while time.monotonic() < deadline and not self.stop.is_set():
+                rows = self.ctx.env.query(
+                    "SELECT r.status FROM agent_runs r JOIN tool_operations o USING (run_id) "
+                    "WHERE r.run_id = %s AND o.status = 'succeeded'",
+                    [run_id],
+                )
+                if rows and rows[0]["status"] == "running":
+                    op_id = self.latest_op(run_id)
+                    assert op_id is not None
+                    return run_id, op_id
+                self.wait(0.05)
+            raise NotThere(f"the workflow's run {run_id[:8]} never ran past its tool step")
+        if status in ("paused_indoubt",):
+            run_id, op = self.paused(status)  # drop_after_act: the tool acted
+            assert op is not None
+            return run_id, op
+        if status in WORKFLOW_STATES:
+            raise NoRecipe(
+                f"the built-in workflow leaves a {status} run with no operation the tool acted "
+                "on (a refusal or a 429 makes nothing)"
             )
-            params.append(ledger.removesuffix("_live").removesuffix("_expired"))
-        tenants = list(self.workload.tenants)
-        deadline = time.monotonic() + FIND_TIMEOUT_S
-        while time.monotonic() < deadline and not self.stop.is_set():
-            rows = self.ctx.env.query(
-                "SELECT r.run_id::text AS run_id, r.tenant_id::text AS tenant, "
-                "(SELECT o.operation_id FROM tool_operations o WHERE o.run_id = r.run_id "
-                " ORDER BY o.updated_at DESC LIMIT 1) AS op "
-                f"FROM agent_runs r WHERE {where} AND r.tenant_id::text = ANY(%s) LIMIT 1",
-                [*params, tenants],
-            )
-            if rows:
-                return str(rows[0]["run_id"]), rows[0]["op"], str(rows[0]["tenant"])
-            self.wait(0.1)
-        raise NotThere(
-            f"no run of the workload was {state}"
-            + (f" with its operation {ledger}" if ledger else "")
-            + f" within {FIND_TIMEOUT_S:.0f}s"
-        )
+        run_id, _ = self.new_run()
+        lease = self.claim(run_id)
+        lease, op_id = self.intent(lease)
+        self.op(self.worker(), "dispatch", operation_id=op_id)
+        if status == "queued":
+            self.release(lease)
+        elif status == "succeeded":
+            self.complete(lease)
+        elif status == "cancelled":
+            self.must(self.control(), "cancel", run_id=run_id, reason="machine")
+        return run_id, op_id
 
-    def op_in(self, ledger: str, *, tool: str = "idem") -> tuple[str, str, Callable[[], Any]]:
-        """An operation of a fresh run in ``ledger`` state: (run_id, operation_id,
-        what to call once done with it: answers a held dispatch)."""
+    def op_in(
+        self, ledger: str, *, tool: str = "idem", acted: bool = False
+    ) -> tuple[str, str, Callable[[], Any]]:
+        """An operation of a fresh run in ``ledger`` state (``*``: prepared), its
+        run waiting_tool unless the state needs otherwise: (run_id,
+        operation_id, what to call once done with it: answers a held
+        dispatch). ``none``: an operation id the run never registered;
+        ``acted``: a dispatch in flight whose create the tool already acted on
+        (an answer held back past the call), not one the tool holds unacted."""
         run_id, _ = self.new_run(tool=tool)
         lease = self.claim(run_id)
         if ledger == "none":
+            self.intent(lease, tool=tool)
             return run_id, f"{self._tenant}/{run_id}/m.none/v1", lambda: None
         lease, op_id = self.intent(lease, tool=tool)
         done: Callable[[], Any] = lambda: None  # noqa: E731
         w = self.worker()
-        if ledger == "prepared":
+        if ledger in ("prepared", ANY):
             pass
         elif ledger in ("dispatching_live", "dispatching_expired"):
-            self.ctx.env.tool.client().set_fault(tool, "hang", count=1, ms=8000)
+            client = self.ctx.env.tool.client()
+            if acted:
+                client.set_fault(tool, "answer_late", count=1, ms=2500, run_id=run_id)
+            else:
+                client.set_fault(tool, "hang", count=1, ms=8000, run_id=run_id)
             answer = self.op_later(w, "dispatch", operation_id=op_id)
             self._await_ledger(op_id, "dispatching")
+            if acted:
+                self._await_resource(op_id)
             if ledger == "dispatching_expired":
                 self.wait(self.dispatch_ttl_s() + 0.1)
 
@@ -367,18 +509,27 @@ class ContractMachine:
                     self.ctx.env.tool.client().release()
                 return answer()
         elif ledger == "unknown":
-            self.tool_fault(tool, "no_answer")
+            self.tool_fault(tool, "no_answer", run_id=run_id)
             self.op(w, "dispatch", operation_id=op_id)
         elif ledger == "succeeded":
             self.op(w, "dispatch", operation_id=op_id)
         elif ledger == "failed_final":
-            self.tool_fault(tool, "refused_422")
+            self.tool_fault(tool, "refused_422", run_id=run_id)
             self.op(w, "dispatch", operation_id=op_id)
         elif ledger == "cancelled":
             self.must(self.control(), "cancel", run_id=run_id, reason="machine")
         else:
             raise NoRecipe(f"no rule brings an operation to ledger={ledger}")
         return run_id, op_id, done
+
+    def _await_resource(self, op_id: str) -> None:
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            made = self.ctx.env.tool.client().export().get("resources", [])
+            if any(r.get("operation_id") == op_id for r in made):
+                return
+            self.wait(0.02)
+        raise NotThere(f"the tool made no resource for {op_id[-12:]} within 2s")
 
     def _await_ledger(self, op_id: str, status: str) -> None:
         deadline = time.monotonic() + 3.0
@@ -390,6 +541,10 @@ class ContractMachine:
                 return
             self.wait(0.02)
         raise NotThere(f"operation {op_id[-12:]} never became {status} within 3s")
+
+    def task_of(self, run_id: str) -> str:
+        rows = self.ctx.env.query("SELECT task_id FROM agent_runs WHERE run_id = %s", [run_id])
+        return str(rows[0]["task_id"])
 
     # ------------------------------------------------------------ the rules
     def rule_for(self, cell: Cell) -> Callable[[Cell], None]:
@@ -411,12 +566,12 @@ class ContractMachine:
             self.settle(args["run_id"])
 
     def _lease_op(self, cell: Cell, extra: Callable[[Lease], dict[str, Any]]) -> None:
-        current, sent = self.leased(str(cell.get("lease")), str(cell.get("identity")))
+        stale = cell.get("revision") == "stale"  # a revision the run has moved past
+        current, sent = self.leased(
+            str(cell.get("lease")), str(cell.get("identity")), written=stale
+        )
         args: dict[str, Any] = {"run_id": sent.run_id, "epoch": sent.epoch, "owner": sent.owner}
         if cell.get("revision") is not None:
-            stale = cell.get("revision") == "stale"
-            if stale:  # a revision the run has moved past
-                current = self.save(current)
             args["expected_revision"] = current.revision - 1 if stale else current.revision
         args |= extra(current)
         self.op(self.worker(), cell.op, **args)
@@ -463,20 +618,12 @@ class ContractMachine:
         self.settle(run_id)
 
     def rule_claim(self, cell: Cell) -> None:
-        run_id, _op, tenant = self.run_in(str(cell.get("run")), dim="run")
+        run_id, _op, _tenant = self.run_in(str(cell.get("run")), dim="run")
         if cell.get("target") == "any":
-            if tenant != self._tenant:
-                raise NoRecipe("a claim of any run is aimed only at the machine's own tenant")
             self.op(self.worker(), "claim", owner=self.owner())
         else:
-            reply = self.op(self.worker(tenant), "claim", run_id=run_id, owner=self.owner())
-            if tenant != self._tenant and reply.ok:  # give a workload's run back at once
-                self.op(
-                    self.worker(tenant), "release", run_id=run_id,
-                    epoch=reply.result["epoch"], owner=reply.result["owner"],
-                )  # fmt: skip
-        if tenant == self._tenant:
-            self.settle(run_id)
+            self.op(self.worker(), "claim", run_id=run_id, owner=self.owner())
+        self.settle(run_id)
 
     def rule_create_run(self, cell: Cell) -> None:
         key = cell.get("key")
@@ -487,29 +634,36 @@ class ContractMachine:
             again = body if key == "same_body" else {"tool": "plain", "machine": "other"}
             self.op(self.control(), "create_run", task_id=task, input=again)
         if got.ok:
+            self._mine.append(str(got.result["run_id"]))
             self.settle(str(got.result["run_id"]))
 
     def rule_retry_run(self, cell: Cell) -> None:
         status, budget = str(cell.get("run_status")), cell.get("budget")
-        if status in WORKLOAD_STATES["run_status"]:
-            run_id, _op, tenant = self.find(status)
-            task = self.ctx.env.query("SELECT task_id FROM agent_runs WHERE run_id = %s", [run_id])[
-                0
-            ]["task_id"]
-            self.op(self.control(tenant), "retry_run", task_id=task)
-            return
-        run_id, task = self.new_run(max_attempts=1 if budget == "spent" else None)
-        if status != "queued":
-            lease = self.claim(run_id)  # a claim spends an attempt
-            if status == "waiting_tool":
-                self.intent(lease)
-            elif status == "succeeded":
-                self.must(
-                    self.worker(), "complete", run_id=run_id, epoch=lease.epoch,
-                    owner=lease.owner, expected_revision=lease.revision, result={"m": 1},
+        spent = budget == "spent"
+        if status in WORKFLOW_STATES:
+            if status == "paused_indoubt":
+                run_id, _ = self.workflow(
+                    "paused_indoubt", answer="no_answer", max_attempts=1 if spent else None
+                )
+            else:  # a 429 at the budget, or a refusal with attempts left
+                run_id, _ = self.workflow(
+                    "paused_human", answer="reject_429" if spent else "refused_422",
+                    max_attempts=1 if spent else None,
                 )  # fmt: skip
-            elif status == "cancelled":
-                self.must(self.control(), "cancel", run_id=run_id, reason="machine")
+                if status == "failed":
+                    self.must(self.control(), "decide", run_id=run_id, decision="terminate",
+                              reason="machine: a failed run")  # fmt: skip
+            task = self.task_of(run_id)
+        else:
+            run_id, task = self.new_run(max_attempts=1 if spent else None)
+            if status != "queued":
+                lease = self.claim(run_id)  # a claim spends an attempt
+                if status == "waiting_tool":
+                    self.intent(lease)
+                elif status == "succeeded":
+                    self.complete(lease)
+                elif status == "cancelled":
+                    self.must(self.control(), "cancel", run_id=run_id, reason="machine")
         got = self.op(self.control(), "retry_run", task_id=task)
         self.settle(run_id)
         if got.ok:
@@ -518,22 +672,23 @@ class ContractMachine:
 
     def rule_cancel(self, cell: Cell) -> None:
         status, ledger = str(cell.get("run_status")), str(cell.get("ledger"))
-        if ledger != "none":
+        if ledger not in ("none", ANY):
             run_id, _op, done = self.op_in(ledger)
             self.op(self.control(), "cancel", run_id=run_id, reason="machine aim")
             done()
             return
-        run_id, _found_op, tenant = self.run_in(status, dim="run_status")
-        self.op(self.control(tenant), "cancel", run_id=run_id, reason="machine aim")
+        run_id, _found_op, _tenant = self.run_in(status, dim="run_status")
+        self.op(self.control(), "cancel", run_id=run_id, reason="machine aim")
 
     def rule_dispatch(self, cell: Cell) -> None:
         ledger, answer = str(cell.get("ledger")), str(cell.get("tool_answer"))
         tool = self.free_tool()
         run_id, op_id, done = self.op_in(ledger if answer == "ok" else "prepared", tool=tool)
         if answer != "ok":
-            self.tool_fault(tool, answer)
+            self.tool_fault(tool, answer, run_id=run_id)
         if answer == "answer_late" or ledger.startswith("dispatching"):
-            later = self.op_later(self.worker(), "dispatch", operation_id=op_id)
+            # (A held dispatch of op_in's is in flight on the first session.)
+            later = self.op_later(self.worker2(), "dispatch", operation_id=op_id)
             done()
             later()
         else:
@@ -555,74 +710,78 @@ class ContractMachine:
         ref, payload = cell.get("run_ref"), cell.get("payload")
         tool = "idem"
         op_id: str | None
-        if ledger != "dispatching_live" or status == "waiting_tool":
-            run_id, op_id, done = self.op_in(ledger, tool=tool)
-            tenant = self._tenant
-        else:
-            run_id, op_id, tenant = self.run_in(status, dim="run_status")
-            done = lambda: None  # noqa: E731
-        if op_id is None:
-            raise NotThere(f"the {status} run had no operation to call back for")
+        done: Callable[[], Any] = lambda: None  # noqa: E731
         if ref == "superseded":
+            run_id, op_id, done = self.op_in("dispatching_live", tool=tool)
             self.must(self.control(), "cancel", run_id=run_id, reason="machine")
-            task = self.ctx.env.query("SELECT task_id FROM agent_runs WHERE run_id = %s", [run_id])
-            again = self.must(self.control(), "retry_run", task_id=task[0]["task_id"])
+            again = self.must(self.control(), "retry_run", task_id=self.task_of(run_id))
             self._mine.append(str(again["run_id"]))
+        elif ledger == ANY:  # a callback while the run is in each status
+            try:
+                run_id, op_id = self.with_resource(status)
+            except NoRecipe:  # a run in that state, with whatever operation it has
+                run_id, op_id, _t = self.run_in(status, dim="run_status")
+                op_id = op_id or f"{self._tenant}/{run_id}/m.none/v1"
+        else:  # a live run, its operation in each ledger state
+            acted = payload == "tool_resource" and ledger == "dispatching_live"
+            run_id, op_id, done = self.op_in(ledger, tool=tool, acted=acted)
         resources = [
             r for r in self.ctx.env.tool.client().export().get("resources", [])
             if r.get("operation_id") == op_id
         ]  # fmt: skip
         resource = (
             str(resources[0]["resource_id"])
-            if resources and payload == "tool_resource"
+            if resources and payload != "forged"
             else f"res-forged-{self.ctx.uuid()[:6]}"
         )
         self.op(
-            self.control(tenant), "deliver_callback", run_id=run_id, operation_id=op_id,
+            self.control(), "deliver_callback", run_id=run_id, operation_id=op_id,
             payload={"operation_id": op_id, "resource_id": resource, "tool": tool},
         )  # fmt: skip
         done()
-        if tenant == self._tenant:
-            self.settle(run_id)
-
-    def _operator(
-        self, cell: Cell, op: str, args: Callable[[str, str | None], dict[str, Any]]
-    ) -> None:
-        status, ledger = str(cell.get("run_status")), str(cell.get("ledger"))
-        base_ledger = {"resolve_indoubt": "unknown", "decide": "none"}[op]
-        # The pause itself only a running workflow reaches: a workload's run
-        # paused with its operation in the aimed ledger state.
-        if status in WORKLOAD_STATES["run_status"]:
-            run_id, op_id, tenant = self.find(status, None if ledger == base_ledger else ledger)
-        else:
-            run_id, op_id, tenant = self.run_in(status, dim="run_status")
-        self.op(self.control(tenant), op, **args(run_id, op_id))
-        if tenant == self._tenant:
-            self.settle(run_id)
+        self.settle(run_id)
 
     def rule_resolve_indoubt(self, cell: Cell) -> None:
+        status, ledger = str(cell.get("run_status")), str(cell.get("ledger"))
         finding = str(cell.get("finding"))
         decision = finding if finding != "outside" else "maybe"
-        self._operator(
-            cell, "resolve_indoubt",
-            lambda run_id, op_id: {"run_id": run_id, "operation_id": op_id or "none",
-                                   "decision": decision, "reason": "machine", "ticket": "M-1"},
+        if status == "paused_indoubt" and ledger not in ("unknown", ANY, "none"):
+            if ledger != "failed_final":
+                self.paused("paused_indoubt", ledger)  # NoRecipe, with why
+            # An earlier version definitely without effect: resolved not
+            # executed, the workflow plans v2, which ends in doubt again.
+            run_id, op_v1 = self.workflow("paused_indoubt", answer="no_answer")
+            self.must(self.control(), "resolve_indoubt", run_id=run_id, operation_id=op_v1,
+                      decision="not_executed", reason="machine", ticket="M-1")  # fmt: skip
+            self._n += 1
+            proc = self.ctx.env.start_worker(
+                f"mach-r{self._n}", "run", ["--run-id", run_id, "--once"], tenant_id=self._tenant
+            )
+            self.await_run(run_id, "paused_indoubt", WORKFLOW_TIMEOUT_S, proc)
+            op_id: str | None = op_v1
+        else:
+            found = ANY if ledger == "none" else ledger
+            run_id, op_id, _t = self.run_in(status, dim="run_status", ledger=found)
+            if ledger == "none" or op_id is None:
+                op_id = f"{self._tenant}/{run_id}/m.none/v1"
+        self.op(
+            self.control(), "resolve_indoubt", run_id=run_id, operation_id=op_id,
+            decision=decision, remote_id="res-machine", reason="machine", ticket="M-1",
         )  # fmt: skip
+        self.settle(run_id)
 
     def rule_decide(self, cell: Cell) -> None:
+        status, ledger = str(cell.get("run_status")), str(cell.get("ledger"))
         decision = str(cell.get("decision"))
         sent = decision if decision != "outside" else "postpone"
-        supplement = None
-        if decision == "supplement":
-            supplement = {"tool": "plain"} if cell.get("field") == "present" else {"note": "m"}
-
-        def args(run_id: str, _op: str | None) -> dict[str, Any]:
-            out: dict[str, Any] = {"run_id": run_id, "decision": sent, "reason": "machine"}
-            if supplement is not None:
-                out["supplement"] = supplement
-            return out
-
-        self._operator(cell, "decide", args)
+        run_id, _op, _t = self.run_in(status, dim="run_status", ledger=ledger)
+        args: dict[str, Any] = {"run_id": run_id, "decision": sent, "reason": "machine"}
+        if decision == "supplement":  # the run's input has "tool"; "note" it lacks
+            args["supplement"] = (
+                {"tool": "plain"} if cell.get("field") == "present" else {"note": "m"}
+            )
+        self.op(self.control(), "decide", **args)
+        self.settle(run_id)
 
     def rule_converge_operation(self, cell: Cell) -> None:
         ledger, outcome = str(cell.get("ledger")), str(cell.get("outcome"))
@@ -651,6 +810,7 @@ class ContractMachine:
     def rule_relay(self, cell: Cell) -> None:
         answer = cell.get("broker_answer")
         if cell.get("outbox") == "empty":
+            self.op(self.worker(), "relay", limit=100)  # the first drains it
             self.op(self.worker(), "relay", limit=100)
             return
         run_id, _ = self.new_run()
@@ -668,10 +828,19 @@ class ContractMachine:
         run_id, _ = self.new_run()
         lease = self.save(self.claim(run_id))
         self.save(lease)
+        if cell.get("consumer") == "seen":
+            # At least once: an ack after the relay's timeout leaves its row
+            # unpublished, so the next cycle publishes the event again; the
+            # consumer took the first copy before the second is handed out.
+            self.ctx.env.tool.client().set_fault("broker", "publish_ack_late", count=1, ms=1500)
+            self.op(self.worker(), "relay", limit=100)
+            self.op(self.worker(), "consume", consumer="billing")
+            self.op(self.worker(), "relay", limit=100)
+            self.op(self.worker(), "consume", consumer="billing")
+            self.settle(run_id)
+            return
         self.op(self.worker(), "relay", limit=100)
         if delivery in ("duplicate", "reorder"):
             self.ctx.env.tool.client().set_fault("broker", f"deliver_{delivery}", count=1)
         self.op(self.worker(), "consume", consumer="billing")
-        if cell.get("consumer") == "seen":
-            self.op(self.worker(), "consume", consumer="billing")
         self.settle(run_id)

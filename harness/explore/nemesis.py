@@ -242,15 +242,20 @@ class Nemesis:
     def _worker(self, f: Fault) -> WorkerProcess | None:
         """The fault's worker if it runs now, else the first worker that does
         (a worker done with its runs has exited: a fault aimed at it would
-        take no effect and prove nothing); None when none runs."""
+        take no effect and prove nothing); None when none runs. A worker held
+        at a point by another fault of the schedule is passed over while
+        another runs: a kill or a stop there would cut that fault short (its
+        hold never answered), so neither would prove what it was drawn for."""
         assert isinstance(f.worker, int)
-        named = self.workload.slots[f.worker].current
-        if named is not None and named.is_alive():
-            return named
+        held = {h.worker for h in self.ctx.env.control.held()}
         alive = [
             s.current for s in self.workload.slots if s.current is not None and s.current.is_alive()
         ]
-        return alive[0] if alive else None
+        named = self.workload.slots[f.worker].current
+        free = [p for p in alive if p.worker_id not in held]
+        if named is not None and named.is_alive() and (named in free or not free):
+            return named
+        return free[0] if free else (alive[0] if alive else None)
 
     def _pause(self, i: int, f: Fault) -> None:
         proc = self._worker(f)

@@ -864,6 +864,11 @@ class WorkerProcess(ManagedProcess):
         self.protocol_errors: list[str] = []  # the first KEPT_NOISE_LINES
         self.protocol_error_count = 0
 
+    @property
+    def tenant_id(self) -> str | None:
+        """The tenant its login is bound to (FENCECHECK_TENANT), when it was given one."""
+        return self._env_overrides.get("FENCECHECK_TENANT")
+
     def start(self) -> Self:
         self._prepare_files()
         return super().start()

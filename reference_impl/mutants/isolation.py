@@ -14,6 +14,14 @@ MUTANTS = (
         SqlOverlay("retry_reuses_run_id.sql", "fencecheck.retry_run"),
     ),
     Mutant(
+        "retry_keeps_attempt_count",
+        7,
+        ("U",),
+        "a retry is a new run that starts with the old run's attempt_count: a retry of a run "
+        "whose attempt budget is spent starts with it spent",
+        SqlOverlay("retry_keeps_attempt_count.sql", "fencecheck.retry_run"),
+    ),
+    Mutant(
         "callback_accepted_in_any_state",
         7,
         ("G",),

@@ -130,3 +130,37 @@ def test_a_schedule_is_counted_by_its_verdict_and_its_faults() -> None:
     assert _result(Verdict.UNKNOWN, "inconclusive: interrupted").category == "unknown"
     assert _result(Verdict.PASS, "every invariant held").category == "pass"
     assert _result(Verdict.PASS, "every invariant held").broken == []
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(schedules(Shape()))
+def test_a_drawn_stale_holder_always_has_a_takeover_to_speak_after(
+    schedule: sched.Schedule,
+) -> None:
+    """A stale holder whose schedule has no fault that surely makes a takeover
+    gets one (a worker frozen at a run-side point past its lease): without
+    it, its lease never goes stale and the fault never takes effect."""
+    from harness.explore.generate import _makes_a_takeover
+
+    if any(f.kind == "stale" for f in schedule.faults):
+        assert any(_makes_a_takeover(f, schedule.lease_ttl_ms) for f in schedule.faults)
+
+
+def test_the_takeover_added_for_a_stale_holder_takes_a_free_point() -> None:
+    from harness.explore.generate import _stale_needs_a_takeover
+
+    stale = sched.Fault(kind="stale", run=0, op="renew", at_ms=300)
+    short = sched.Fault(
+        kind="pause", worker=sched.ANY, point="after_lease_acquired", duration_ms=200
+    )
+    drawn = _stale_needs_a_takeover([stale, short], 800, "fast")
+    assert drawn[:2] == [stale, short]
+    (added,) = drawn[2:]
+    assert (added.kind, added.point, added.duration_ms) == (
+        "pause",
+        "after_checkpoint_commit",
+        1600,
+    )
+    # A schedule that already makes one (a crash at a run-side point) gets none.
+    crash = sched.Fault(kind="crash_at", worker=sched.ANY, point="after_outbound_intent_commit")
+    assert _stale_needs_a_takeover([stale, crash], 800, "fast") == [stale, crash]

@@ -109,6 +109,16 @@ def test_skip_lets_the_first_matching_requests_pass(client: ToolClient) -> None:
     client.create("plain", "op-s3", "r", 1, REQ)
 
 
+def test_a_fault_for_one_run_fires_only_on_that_run_s_creates(client: ToolClient) -> None:
+    client.set_fault("*", "reject_429", run_id="run-mine")
+    client.create("plain", "op-o1", "run-other", 1, REQ)  # another run's create passes
+    with pytest.raises(ToolRejected):
+        client.create("idem", "op-m1", "run-mine", 1, REQ)
+    client.create("idem", "op-m2", "run-mine", 1, REQ)  # fired once (count 1)
+    with pytest.raises(ToolRejected):
+        client.set_fault("broker", "publish_fail", run_id="run-mine")
+
+
 def test_callback_now_is_the_tools_own_record_and_is_logged(client: ToolClient) -> None:
     created = client.create("plain", "op-cbnow", "run-7", 3, REQ)
     payload = client.callback_now("plain", "op-cbnow")

@@ -315,3 +315,28 @@ def test_late_mismatched_result_is_kept_as_evidence(rt: Runtime) -> None:
     assert row is not None and row["status"] == "unknown"
     late = [ev for ev in row["evidence"] if ev.get("event") == "late_result_refused"]
     assert late and late[0]["remote_id"] == "res-late"
+
+
+def test_no_freeze_once_the_operation_converged(rt: Runtime) -> None:
+    """The worker read its operation unknown and writes the freeze, but a
+    callback converged it in between (explore found it: the run stayed paused
+    in doubt with nothing in doubt): the freeze is refused and rolled back,
+    the run stays live, and the worker goes on from the ledger."""
+    run = new_run(rt)
+    lease = take(rt, run).lease
+    op = rt.protocol.operation_id(TENANT, str(run), "label", 1)
+    effect = intent_effect(op, "label", 1, "plain", "none", {"kind": "label"})
+    rt.writer.write(cp(lease, 0, transition="intent", effect=effect))
+    claimed = rt.ledger.claim(rt.conn, "D1", op)
+    assert claimed is not None
+    rt.ledger.mark_unknown(rt.conn, claimed, "D1", {"class": "timeout"})
+    ctl = operator_of(rt)
+    accepted = ctl.conn.execute(
+        "SELECT fencecheck.deliver_callback(%s, %s, %s::jsonb) AS ok",
+        [run, op, '{"resource_id": "res-cb"}'],
+    ).fetchone()
+    assert accepted is not None and accepted["ok"] is True
+    with pytest.raises(e.LedgerConflict):
+        rt.writer.write(cp(lease, 1, transition="freeze", effect={"operation_id": op}))
+    assert rt.runs.state(rt.conn, run)["status"] == "waiting_tool"
+    assert rt.ledger.get(rt.conn, op)["status"] == "succeeded"
