@@ -90,3 +90,47 @@ def expiry_within_lease_duration(ev: Evidence) -> Finding:
             row["granted_for_ms"] = round((expiry - c.at) * 1000, 1)
             bad.append(row)
     return Finding(checked, bad, f"lease duration {ev.lease_ttl_ms} ms")
+
+
+@invariant(
+    "lease.live_lease_moved_only_by_its_holder",
+    "SPEC rule 1; English seed §5.1, §5.3 (release only by the holder)",
+    "a live lease (unexpired by database time) changes owner or is cleared only by the session "
+    "it was granted to, keeping its epoch (release, completion, a pause), by a cancel of the run "
+    "(rule 6), or by a grant over it once it has expired; never by another session",
+)
+def live_lease_moved_only_by_its_holder(ev: Evidence) -> Finding:
+    # "Its owner" is the session the audit trail saw receive the grant, not the
+    # owner text a call passes: that text is no secret (contract §7.6), and a
+    # session that did not take the lease must not give it up or hand it on.
+    holder: dict[tuple[str, int], str] = {}
+    bad, checked = [], 0
+    for c in ev.of("agent_runs"):
+        run = str(c.row.get("run_id"))
+        new_owner, new_epoch = c.after("owner"), c.after("epoch")
+        granted = c.op == "INSERT" or c.changed("epoch") or c.changed("owner")
+        if c.op != "DELETE" and new_owner is not None and new_epoch is not None and granted:
+            holder.setdefault((run, int(new_epoch)), c.app)
+        old_owner, old_epoch = c.before("owner"), c.before("epoch")
+        expiry = ts(c.before("lease_expires_at"))
+        if c.op != "UPDATE" or old_owner is None or expiry is None or expiry <= c.at:
+            continue
+        if not (c.changed("owner") or c.changed("epoch")) or c.by_harness:
+            continue
+        checked += 1
+        granted_to = holder.get((run, int(old_epoch))) if old_epoch is not None else None
+        why = ""
+        if c.changed("epoch"):
+            why = "a grant over the live lease"
+        elif c.after("status") == "cancelled":
+            continue
+        elif granted_to is None:
+            continue  # granted outside the trail (a harness plant): nobody to compare with
+        elif c.app != granted_to:
+            why = f"session {c.app!r} moved the lease granted to session {granted_to!r}"
+        if why:
+            row = c.brief("run_id", "epoch", "owner", "status")
+            row["lease_expires_at"] = c.before("lease_expires_at")
+            row["why"] = why
+            bad.append(row)
+    return Finding(checked, bad)
