@@ -29,6 +29,26 @@ class Verdict(enum.StrEnum):
         return Verdict.PASS
 
 
+#: How long a verdict's reason may be wherever a person reads it among others
+#: (console, summary, JUnit message, results.json, index pages): one line.
+REASON_CHARS = 200
+
+
+def reason_line(text: str, limit: int = REASON_CHARS) -> str:
+    """``text`` as one line of at most ``limit`` characters: every run of
+    whitespace (line breaks included: an SQL error's context lines, a
+    traceback) becomes one space, and a longer text is cut at a word with an
+    ellipsis. The archive keeps the whole text; this is what a list shows."""
+    flat = " ".join(text.split())
+    if len(flat) <= limit:
+        return flat
+    cut = flat[: limit - 1]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:") + "…"
+
+
 # Process exit codes of `fencecheck run`: a CI gate reads these.
 EXIT_PASS = 0
 EXIT_FAIL = 1

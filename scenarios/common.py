@@ -7,7 +7,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from harness.engine.experiment import ExperimentContext
-from harness.parts.processes import WorkerProcess
+from harness.parts.processes import ExitTimeout, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 
 T = TypeVar("T")
@@ -97,6 +97,19 @@ def finish(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float = 20.
     code = worker.wait(timeout_s)
     ctx.command(f"{worker.worker_id} exited with code {code}")
     return code
+
+
+def finish_or_kill(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float) -> int | str:
+    """A ``run``-mode worker's exit code; one still running after ``timeout_s``
+    is killed, and that is said (its exit code's place in the evidence names
+    it): a worker hung after its execution was cancelled (a cut link, a
+    black hole) is not itself a protocol violation, and the experiment still
+    judges everything else it saw."""
+    try:
+        return finish(ctx, worker, timeout_s)
+    except ExitTimeout:
+        ctx.kill(worker)
+        return f"still running after {timeout_s:.0f}s, killed"
 
 
 def intent_registered(

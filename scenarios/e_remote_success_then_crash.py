@@ -24,6 +24,7 @@ doubt with one real resource.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
 from harness.parts.control import Crash, Hold
 from harness.waiting import wait_for
@@ -40,6 +41,16 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_tool_response_before_tx2_commit, after the tool created the resource",
     rules=(4, 5),
     injection_point="after_tool_response_before_tx2_commit",
+    needs=(
+        needs.point(
+            "after_tool_response_before_tx2_commit",
+            "idempotent",
+            "query",
+            "none",
+            "retention_expired",
+        ),
+        needs.point("after_dispatch_claim_commit", "stale_dispatcher", "frozen_dispatcher"),
+    ),
     variants=(
         "idempotent",
         "query",

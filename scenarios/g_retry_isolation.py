@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
@@ -54,6 +55,12 @@ SPEC = ExperimentSpec(
     "its operation prepared / dispatching / unknown / succeeded",
     rules=(5, 7),
     injection_point="after_tool_response_before_tx2_commit",
+    needs=(
+        needs.point(
+            "after_tool_response_before_tx2_commit", "terminal", "live_unknown", "live_dispatching"
+        ),
+        needs.point("after_outbound_intent_commit", "live_prepared"),
+    ),
     variants=(
         "superseded",
         "terminal",

@@ -9,6 +9,7 @@ reached the server (request lost), or it committed and the answer was lost
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from scenarios.common import new_run, seen_within
@@ -22,6 +23,7 @@ SPEC = ExperimentSpec(
     fault="worker->postgres link cut (request lost) or answers dropped (response lost) at COMMIT",
     rules=(9,),
     injection_point="before_commit",
+    needs=(needs.point("before_commit"),),
     variants=("request_lost", "response_lost"),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",

@@ -6,6 +6,7 @@ epochs per run only grow, and every run finishes with one effect per step.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from harness.parts.processes import WorkerProcess
@@ -23,6 +24,7 @@ SPEC = ExperimentSpec(
     rules=(1, 4),
     lease_ttl_ms=600,
     natural_wait_s=0.6,
+    needs=(needs.point("after_lease_acquired"),),
     timeout_s=90,
 )
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checking import checkers
-from harness.contract import spec
+from harness.contract import needs, spec
 from harness.contract.spec import Operation
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
 from harness.parts.processes import WorkerProcess
@@ -44,6 +44,7 @@ SPEC = ExperimentSpec(
     rules=(1, 2, 3),
     lease_ttl_ms=800,
     natural_wait_s=0.8,
+    needs=(needs.point("before_renew"),),
 )
 
 #: The identities a stale holder may present, as (owner, epoch) of (A, B).

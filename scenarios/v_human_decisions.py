@@ -11,6 +11,7 @@ through the control plane (operator role) and audited.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from scenarios.common import control_plane, finish, new_run
 
@@ -25,6 +26,7 @@ SPEC = ExperimentSpec(
     fault="the tool refuses the run's first create with 422 (definite, not retryable)",
     rules=(4, 5),
     variants=("supplement", "terminate"),
+    needs=(needs.op("decide"),),
 )
 
 

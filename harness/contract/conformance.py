@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.checking.history import read_history
-from harness.contract import catalog, spec
-from harness.contract.report import ContractReport
+from harness.contract import catalog, needs, spec
+from harness.contract.report import ContractReport, Unjudged
 from harness.engine.environment import (
     Environment,
     MigrateFailed,
@@ -43,6 +43,7 @@ from harness.engine.environment import (
     experiment_environment,
     migrate,
 )
+from harness.parts.control import Crash
 from harness.parts.processes import ProcessError, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 from mock_tool.canonical import request_digest
@@ -56,25 +57,64 @@ RUN_TIMEOUT_S = 60.0
 #: without extra steps, by current_step (contract section 10).
 WORKFLOW_STEPS = ["plan", "plan", "lookup", "create_label", "create_label", "notify", "finish"]
 #: The points each happy-path worker passes (contract section 3): W in `ops`
-#: mode on the write path asked by default, S in `ops` mode on the stepped
-#: path, R in `run` mode (the built-in workflow).
+#: mode on the write path asked by default (its relay and consumer pass the
+#: outbox and consumer boundaries), S in `ops` mode on the stepped path, ctl's
+#: reconcile once a dispatcher died holding its claim, R in `run` mode (the built-in workflow, slow enough for its
+#: heartbeat to renew), L in `run` mode with a tool that answers after the
+#: worker's timeout (a ledger-only outcome, then convergence by query).
 POINTS = {
     "W": (
         "before_renew",
         "after_outbound_intent_commit",
         "after_dispatch_claim_commit",
         "after_tool_response_before_tx2_commit",
+        "after_outbox_batch_locked",
         "after_broker_ack_before_outbox_mark",
+        "after_outbox_mark_commit",
+        "after_consumer_read",
+        "after_consumer_dedup_commit",
     ),
     "S": ("after_lease_row_locked", "before_commit"),
+    "ctl": ("after_claims_expired_commit",),
     "R": (
         "after_lease_acquired",
+        "after_renew_commit",
         "after_checkpoint_commit",
         "after_outbound_intent_commit",
         "after_dispatch_claim_commit",
         "after_tool_response_before_tx2_commit",
     ),
+    "L": ("after_dispatch_outcome_commit", "after_reconcile_query"),
 }
+#: The points of contract section 3's first table: a worker must offer each (a
+#: point of it not reached is a gap); the boundary points and the optional
+#: operator point are the worker's to offer (one not reached leaves the
+#: experiments that need it unjudged, listed, never a gap).
+REQUIRED_POINTS = frozenset(
+    {
+        "after_lease_acquired",
+        "after_lease_row_locked",
+        "before_commit",
+        "after_checkpoint_commit",
+        "after_outbound_intent_commit",
+        "after_dispatch_claim_commit",
+        "after_tool_response_before_tx2_commit",
+        "after_broker_ack_before_outbox_mark",
+        "before_renew",
+    }
+)
+#: Points the check does not pass, with what it would take.
+POINTS_NOT_EXERCISED = {
+    "after_operator_lock": "needs a run paused in doubt and the optional resolve_indoubt",
+}
+#: R's work time per step: with HEARTBEAT_MS between renewals the workflow
+#: outlasts a few of them, so its heartbeat commits at least one renewal.
+STEP_DELAY_MS = 60
+#: The dead dispatcher's claim deadline: short, so the reconciler finds it expired.
+SHORT_DISPATCH_TTL_MS = 200
+#: L's tool answers this late, past the worker's own call timeout.
+LATE_ANSWER_MS = 600
+TOOL_TIMEOUT_MS = 250
 #: Optional ops the happy path cannot reach without a fault of its own.
 NOT_EXERCISED = {
     "resolve_indoubt": "needs a run paused in doubt (J[operator_resolves] exercises it)",
@@ -172,9 +212,16 @@ def _in_environment(
         progress("the run workflow")
         if _workflow(env, report):
             judged.add("R")
+        progress("the run workflow with a late tool answer")
+        if _late_answer(env, report):
+            judged.add("L")
+        progress("a dispatch claim that expired")
+        if happy.cut_short is None and _expired_claim(env, report):
+            judged.add("ctl")
         env.stop_workers()
         _points(env, report, judged)
         _history(env, report, judged)
+        _unjudged(env, report, judged, happy.unsupported)
 
 
 class HappyPath:
@@ -269,11 +316,32 @@ class HappyPath:
             if operation.op not in self.done and operation.op not in NOT_EXERCISED:
                 self.report.skipped.append(f"op {operation.op}: not reached")
         for name, why in NOT_EXERCISED.items():
-            self.report.skipped.append(f"op {name} (optional): {why}")
+            if self.cut_short is None and self._offered(name):
+                self.report.skipped.append(f"op {name} (optional): {why}")
         exercised = sorted(self.done - self.unsupported)
         self.report.checked.append(
             f"ops on the happy path, replies validated against ops.schema.json: {', '.join(exercised)}"
         )
+
+    def _offered(self, op: str) -> bool:
+        """Whether the control plane offers optional ``op``: asked about a run and
+        an operation that do not exist, it must answer Unsupported or refuse
+        (nothing to change); only Unsupported says it lacks the op."""
+        nowhere = {"run_id": str(uuid.uuid4()), "operation_id": f"contract/{uuid.uuid4()}"}
+        args = self.ids.fill(op, **nowhere)
+        try:
+            reply = self.env.workers["ctl"].request(op, args, timeout_s=OP_TIMEOUT_S)
+        except ProcessError as exc:
+            self.report.gap("5", f"op {op}", "a reply line on stdout", str(exc).splitlines()[0])
+            return False
+        if reply.unsupported:
+            self.unsupported.add(op)
+            self.report.notes.append(
+                f"optional op {op} answers Unsupported: "
+                f"{', '.join(spec.by_name()[op].checked_by) or 'no experiment'} then end unknown"
+            )
+            return False
+        return True
 
     def _lease_and_writes(self, ctl: WorkerProcess, w: WorkerProcess) -> None:
         task = f"task-contract-{uuid.uuid4().hex[:8]}"
@@ -428,8 +496,11 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
     ctl = env.workers["ctl"]
     task = f"task-contract-run-{uuid.uuid4().hex[:8]}"
     order = {"order_id": "order-c", "amount": 7}
+    slow = {"step_delay_ms": STEP_DELAY_MS}
     reply = ctl.request(
-        "create_run", {"task_id": task, "input": {"tool": "idem", **order}}, timeout_s=OP_TIMEOUT_S
+        "create_run",
+        {"task_id": task, "input": {"tool": "idem", **order, **slow}},
+        timeout_s=OP_TIMEOUT_S,
     )
     if not reply.ok:
         report.skipped.append(
@@ -493,14 +564,119 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
     return True
 
 
+def _new_run(
+    env: Environment, report: ContractReport, tag: str, tool: str, step: str
+) -> str | None:
+    """A new run on ``tool`` from the control plane; None (the step skipped,
+    with why) when it refuses."""
+    task = f"task-contract-{tag}-{uuid.uuid4().hex[:8]}"
+    reply = env.workers["ctl"].request(
+        "create_run", {"task_id": task, "input": {"tool": tool}}, timeout_s=OP_TIMEOUT_S
+    )
+    if not reply.ok:
+        report.skipped.append(f"{step}: create_run failed ({reply.error})")
+        return None
+    return str(reply.result["run_id"])
+
+
+def _late_answer(env: Environment, report: ContractReport) -> bool:
+    """One run of the built-in workflow whose tool answers after the worker's own
+    timeout (a query tool): it passes the ledger-only outcome and the
+    reconciler's query (contract section 3). Only the points are judged here
+    (experiment W judges what the worker does with the answer); False when it
+    could not be started."""
+    run_id = _new_run(env, report, "late", "queryable", "run workflow with a late answer")
+    if run_id is None:
+        return False
+    env.tool.client().set_fault("queryable", "answer_late", ms=LATE_ANSWER_MS)
+    worker = env.start_worker(
+        "L",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)},
+    )
+    try:
+        worker.wait(RUN_TIMEOUT_S)
+    except ProcessError:
+        worker.stop(grace_s=1.0)
+        report.skipped.append(
+            f"run workflow with a late answer: the worker did not exit within {RUN_TIMEOUT_S:.0f} s"
+        )
+    report.checked.append(
+        "run workflow with a tool answering after the worker's timeout: its injection points"
+    )
+    return True
+
+
+def _expired_claim(env: Environment, report: ContractReport) -> bool:
+    """A dispatcher X killed (control protocol crash) right after its dispatch
+    claim committed, with a short claim deadline; once it expired by database
+    time, ctl's ``reconcile`` turns it unknown and passes
+    ``after_claims_expired_commit``. Only the point is judged here (T and E
+    judge what comes of it); False when it could not be set up."""
+    ctl = env.workers["ctl"]
+    run_id = _new_run(env, report, "claim", "idem", "an expired dispatch claim")
+    if run_id is None:
+        return False
+    x = env.start_worker("X", "ops", env={"FENCECHECK_DISPATCH_TTL_MS": str(SHORT_DISPATCH_TTL_MS)})
+    claim = x.request("claim", {"run_id": run_id}, timeout_s=OP_TIMEOUT_S)
+    intent = (
+        x.request(
+            "register_intent",
+            {
+                "run_id": run_id,
+                "epoch": claim.result.get("epoch"),
+                "expected_revision": claim.result.get("revision"),
+                "step_id": "contract.claim",
+                "effect_version": 1,
+                "tool": "idem",
+                "request": {"kind": "return_label"},
+            },
+            timeout_s=OP_TIMEOUT_S,
+        )
+        if claim.ok
+        else claim
+    )
+    if not intent.ok:
+        report.skipped.append(
+            f"an expired dispatch claim: claim or register_intent failed ({intent.error})"
+        )
+        return False
+    env.control.arm("X", "after_dispatch_claim_commit", Crash())
+    x.request_async("dispatch", {"operation_id": intent.result.get("operation_id")})
+    try:
+        x.wait(OP_TIMEOUT_S)
+        wait_for(
+            lambda: env.query(
+                "SELECT bool_and(dispatch_until < clock_timestamp()) AS expired "
+                "FROM tool_operations WHERE run_id = %s AND status = 'dispatching'",
+                [run_id],
+            )[0]["expired"],
+            what="the dead dispatcher's claim to expire by database time",
+            timeout_s=OP_TIMEOUT_S,
+        )
+    except (ProcessError, WaitTimeout) as exc:
+        report.skipped.append(f"an expired dispatch claim: {str(exc).splitlines()[0][:160]}")
+        x.stop(grace_s=1.0)
+        return False
+    ctl.request("reconcile", {}, timeout_s=OP_TIMEOUT_S)
+    report.checked.append(
+        "reconcile of a dispatch claim whose dispatcher died: its injection point"
+    )
+    return True
+
+
 def _points(env: Environment, report: ContractReport, judged: set[str]) -> None:
+    """Each point a judged step passes reached the socket from that worker, with
+    its own pid; a required point not reached is a gap, any other is left to
+    :func:`_unjudged`."""
     for worker, points in POINTS.items():
         if worker not in judged:
             continue
         hits = env.control.hits(worker=worker)
         seen = {h.point for h in hits}
         for point in points:
-            if point not in seen:
+            if point not in seen and point in REQUIRED_POINTS:
                 report.gap(
                     "3",
                     f"injection point {point}",
@@ -519,9 +695,43 @@ def _points(env: Environment, report: ContractReport, judged: set[str]) -> None:
         report.gap(
             "3", "a control-socket request", "one JSON line of control-point.schema.json", problem
         )
-    reached = sorted({p for w, ps in POINTS.items() if w in judged for p in ps})
+    reached = sorted({h.point for h in env.control.hits() if h.worker in judged})
     if reached:
         report.checked.append("injection points reached the control socket: " + ", ".join(reached))
+
+
+def _unjudged(
+    env: Environment, report: ContractReport, judged: set[str], unsupported: set[str]
+) -> None:
+    """Every injection point an experiment needs that no worker of the check
+    reached, and every optional op the worker answered Unsupported, each with
+    the experiment runs it leaves unjudged (they end unknown, never pass)."""
+    import scenarios
+
+    specs = [m.SPEC for m in scenarios.all_modules()]
+    reached = {h.point for h in env.control.hits() if h.worker in judged}
+    passes = {p: w for w, ps in POINTS.items() if w in judged for p in ps}
+    missing: list[tuple[needs.NeedKind, str]] = []
+    why: dict[tuple[needs.NeedKind, str], str] = {}
+    for point in sorted(needs.needed(specs, "point") - reached):
+        missing.append(("point", point))
+        if point in passes:
+            why["point", point] = f"never reached ({passes[point]}'s step of this check passes it)"
+        else:
+            # Not a finding about the worker: said as what the check did not do.
+            missing.pop()
+            users = needs.format_runs(needs.consequences(specs, [("point", point)])["point", point])
+            how = POINTS_NOT_EXERCISED.get(point, "an earlier step stopped short")
+            report.skipped.append(
+                f"injection point {point}: not exercised by this check ({how}); {users} need it"
+            )
+    for op in sorted(needs.needed(specs, "op") & unsupported):
+        missing.append(("op", op))
+        why["op", op] = "answers Unsupported"
+    for key, runs in needs.consequences(specs, missing).items():
+        kind, name = key
+        what = "injection point" if kind == "point" else "optional op"
+        report.unjudged.append(Unjudged(f"{what} {name}", why[key], runs))
 
 
 def _history(env: Environment, report: ContractReport, judged: set[str]) -> None:

@@ -27,11 +27,16 @@ from harness.checking.history import Shorten, id_shortener, read_history, timeli
 from harness.checking.invariants import experiment as invariants
 from harness.engine import phases, stalls, starvation
 from harness.engine.environment import Environment, SharedServices, experiment_environment
-from harness.engine.experiment import Excuse, ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.experiment import (
+    WORKER_BOUNDS,
+    Excuse,
+    ExperimentContext,
+    ExperimentSpec,
+    Inconclusive,
+)
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
-from harness.parts.processes import ExitTimeout, OpTimeout
 from harness.verdict import Verdict
 
 # After a stop request, how long the running experiments get to unwind (their
@@ -217,7 +222,7 @@ def run_job(
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
         progress.job_finished(
-            job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({reason})"
+            job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({result.reason})"
         )
     return result
 
@@ -288,7 +293,7 @@ def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str |
         return verdict, reason, None
     except Inconclusive as exc:
         return Verdict.UNKNOWN, f"inconclusive: {exc}", None
-    except (ExitTimeout, OpTimeout) as exc:
+    except WORKER_BOUNDS as exc:
         # A worker that does not exit or answer within what the experiment
         # gives it broke a bound of the contract (§5, §10): progress not made,
         # judged like any other (a stall or starvation in its window excuses it).

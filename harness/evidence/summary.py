@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.verdict import Verdict
+from harness.verdict import Verdict, reason_line
 
 
 def label_of(experiment_id: str, variant: str | None, repeat_index: int) -> str:
@@ -36,6 +36,11 @@ class ExperimentResult:
     failed_checks: list[str] = field(default_factory=list)
     #: Where the run's wall time went (harness/engine/phases.py), in seconds.
     phases_s: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Every list a person reads shows the reason as one short line; the
+        # archive (verdict_reason) keeps the whole text.
+        self.reason = reason_line(self.reason)
 
     @property
     def name(self) -> str:
