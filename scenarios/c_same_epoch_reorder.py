@@ -23,7 +23,10 @@ SPEC = ExperimentSpec(
     fault="first write held at after_lease_row_locked while the second is sent",
     rules=(3,),
     injection_point="after_lease_row_locked",
-    needs=(needs.point("after_lease_row_locked"),),
+    needs=(
+        *needs.capabilities("checkpoints", "revision_check"),
+        needs.point("after_lease_row_locked"),
+    ),
     write_path="stepped",
     # Same owner, same epoch: expiry plays no part, and a lease that ran out
     # while the first write is held (a loaded machine) would refuse both.

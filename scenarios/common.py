@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from harness.engine.experiment import ExperimentContext
@@ -90,6 +91,25 @@ def wait_claimable(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0)
         max_interval_s=0.05,
     )
     ctx.command(f"waited until run {run_id[:8]} was claimable by database time")
+
+
+@contextlib.contextmanager
+def renewal_stopped(ctx: ExperimentContext, holder: WorkerProcess) -> Iterator[None]:
+    """While the block runs, nothing renews ``holder``'s leases, by the renewal
+    model the system declares: ``per_lease`` and ``none`` renew only when
+    asked (nothing to stop); ``per_process`` renews every lease of the process
+    from its own heartbeat, so the whole process is frozen (SIGSTOP, confirmed
+    in the kernel) and let go again (SIGCONT) when the block ends. An
+    experiment that waits for a lease to run out waits inside this block,
+    never on a lease that is renewed behind its back."""
+    if ctx.system.capabilities.renewal != "per_process":
+        yield
+        return
+    ctx.pause(holder)
+    try:
+        yield
+    finally:
+        ctx.resume(holder)
 
 
 def finish(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float = 20.0) -> int:

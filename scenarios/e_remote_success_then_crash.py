@@ -32,6 +32,15 @@ from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
 
+TOOL_FOR = {
+    "idempotent": "idem",
+    "query": "queryable",
+    "none": "plain",
+    "retention_expired": "idem",
+}
+#: The capability level of each of the mock tool's tools (docs/mock-tool.md).
+CAPABILITY = {"idem": "idempotent", "queryable": "query", "plain": "none"}
+
 SPEC = ExperimentSpec(
     id="E",
     title="remote success then crash",
@@ -42,6 +51,9 @@ SPEC = ExperimentSpec(
     rules=(4, 5),
     injection_point="after_tool_response_before_tx2_commit",
     needs=(
+        *needs.capabilities("workflow", "ledger"),
+        *(needs.capability(f"ledger_tool:{CAPABILITY[t]}", v) for v, t in TOOL_FOR.items()),
+        needs.capability("ledger_tool:idempotent", "stale_dispatcher", "frozen_dispatcher"),
         needs.point(
             "after_tool_response_before_tx2_commit",
             "idempotent",
@@ -71,13 +83,6 @@ SPEC = ExperimentSpec(
     ),
     tool_retention=(("retention_expired", RETENTION_S),),
 )
-
-TOOL_FOR = {
-    "idempotent": "idem",
-    "query": "queryable",
-    "none": "plain",
-    "retention_expired": "idem",
-}
 
 
 def run(ctx: ExperimentContext) -> None:

@@ -31,7 +31,10 @@ SPEC = ExperimentSpec(
     rules=(4, 6),
     variants=("prepared", "dispatching", "unknown"),
     variant_waits=(("unknown", 0.8),),
-    needs=tuple(needs.point(p, v) for v, p in POINT.items()),
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        *(needs.point(p, v) for v, p in POINT.items()),
+    ),
 )
 
 

@@ -56,6 +56,7 @@ SPEC = ExperimentSpec(
     rules=(5, 7),
     injection_point="after_tool_response_before_tx2_commit",
     needs=(
+        *needs.capabilities("workflow", "ledger"),
         needs.point(
             "after_tool_response_before_tx2_commit", "terminal", "live_unknown", "live_dispatching"
         ),

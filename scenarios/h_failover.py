@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import (
     Exemption,
     ExperimentContext,
@@ -39,6 +40,7 @@ SPEC = ExperimentSpec(
     "sync: no acknowledged epoch is lost; a cancelled sync wait is never reported as durable",
     fault="promote the standby (old primary fenced first) under async, under sync, and after "
     "cancelling a sync commit's wait",
+    needs=needs.capabilities("checkpoints", "ledger"),
     rules=(11,),
     replication="async",
     variants=("async", "sync", "sync_cancelled_wait"),

@@ -19,7 +19,10 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_checkpoint_commit (the second checkpoint of the run)",
     rules=(2, 5),
     injection_point="after_checkpoint_commit",
-    needs=(needs.point("after_checkpoint_commit"),),
+    needs=(
+        *needs.capabilities("workflow", "checkpoints"),
+        needs.point("after_checkpoint_commit"),
+    ),
     natural_wait_s=0.8,
 )
 

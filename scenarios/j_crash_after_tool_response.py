@@ -34,6 +34,8 @@ SPEC = ExperimentSpec(
     rules=(4, 5, 9),
     injection_point="after_tool_response_before_tx2_commit",
     needs=(
+        *needs.capabilities("workflow", "ledger", "ledger_tool:none"),
+        needs.capability("operator_actions", "operator_resolves"),
         needs.point("after_tool_response_before_tx2_commit"),
         needs.point("after_operator_lock", "operator_resolves"),
         needs.op("resolve_indoubt", "operator_resolves"),

@@ -52,7 +52,10 @@ SPEC = ExperimentSpec(
     "out twice, hands a read out of order",
     rules=(10,),
     injection_point="after_broker_ack_before_outbox_mark",
-    needs=(needs.point("after_broker_ack_before_outbox_mark", "ack_then_crash"),),
+    needs=(
+        *needs.capabilities("outbox", "consumer_dedupe"),
+        needs.point("after_broker_ack_before_outbox_mark", "ack_then_crash"),
+    ),
     variants=(
         "ack_then_crash",
         "publish_fails",

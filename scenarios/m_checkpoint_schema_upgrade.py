@@ -8,6 +8,7 @@ import hashlib
 import json
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import finish, new_run, wait_claimable
 
@@ -19,6 +20,7 @@ SPEC = ExperimentSpec(
     "version is refused with SchemaVersionUnknown and the run is not advanced",
     fault="the run's latest checkpoint is in an older schema version the worker names "
     "(op legacy_checkpoint) / in version 99, which no code knows",
+    needs=needs.capabilities("workflow", "checkpoints"),
     rules=(13,),
     variants=("old_version", "unknown_version"),
     lease_ttl_ms=500,

@@ -29,7 +29,10 @@ SPEC = ExperimentSpec(
     fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool",
     rules=(8, 1),
     injection_point="after_dispatch_claim_commit",
-    needs=(needs.point("after_dispatch_claim_commit"),),
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        needs.point("after_dispatch_claim_commit"),
+    ),
     natural_wait_s=0.8 + 0.3,
 )
 

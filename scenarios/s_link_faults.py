@@ -152,6 +152,7 @@ SPEC = ExperimentSpec(
     rules=(8, 5, 4, 11),
     injection_point=HOLD_POINT,
     needs=(
+        *needs.capabilities("workflow", "ledger"),
         needs.point(HOLD_POINT),
         needs.point(
             OUTCOME_POINT, *(f.variant for f in FAULTS if f.kind == "latency" and f.link == "tool")

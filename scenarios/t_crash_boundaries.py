@@ -156,10 +156,13 @@ SPEC = ExperimentSpec(
     "and at one relay and one consumer boundary in some",
     rules=(2, 4, 5, 10),
     injection_point=BOUNDARIES[0].point,
-    needs=tuple(
-        needs.point(p, v)
-        for v, g in VARIANTS.items()
-        for p in dict.fromkeys(p for b in g for p in (*b.before, b.point))
+    needs=(
+        *needs.capabilities("workflow", "ledger", "outbox", "consumer_dedupe"),
+        *(
+            needs.point(p, v)
+            for v, g in VARIANTS.items()
+            for p in dict.fromkeys(p for b in g for p in (*b.before, b.point))
+        ),
     ),
     variants=tuple(VARIANTS),
     variant_waits=tuple((v, max(b.wait_s for b in g)) for v, g in VARIANTS.items()),

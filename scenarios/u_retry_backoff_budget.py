@@ -19,6 +19,7 @@ import time
 from typing import Any
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import control_plane
@@ -32,6 +33,7 @@ SPEC = ExperimentSpec(
     "stated 1 ms tolerance; after max_attempts the run is "
     "paused for a human and no further request reaches the tool",
     fault="the tool refuses every create with 429 (retry later)",
+    needs=needs.capabilities("workflow", "ledger"),
     rules=(4, 5),
     natural_wait_s=0.9,
 )

@@ -26,7 +26,7 @@ SPEC = ExperimentSpec(
     fault="the tool refuses the run's first create with 422 (definite, not retryable)",
     rules=(4, 5),
     variants=("supplement", "terminate"),
-    needs=(needs.op("decide"),),
+    needs=(*needs.capabilities("workflow", "ledger", "operator_actions"), needs.op("decide")),
 )
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.checking.history import read_history
-from harness.contract import catalog, needs, spec
+from harness.contract import catalog, mapping, needs, points, spec
 from harness.contract.report import ContractReport, Unjudged
 from harness.engine.environment import (
     Environment,
@@ -86,23 +86,6 @@ POINTS = {
     ),
     "L": ("after_dispatch_outcome_commit", "after_reconcile_query"),
 }
-#: The points of contract section 3's first table: a worker must offer each (a
-#: point of it not reached is a gap); the boundary points and the optional
-#: operator point are the worker's to offer (one not reached leaves the
-#: experiments that need it unjudged, listed, never a gap).
-REQUIRED_POINTS = frozenset(
-    {
-        "after_lease_acquired",
-        "after_lease_row_locked",
-        "before_commit",
-        "after_checkpoint_commit",
-        "after_outbound_intent_commit",
-        "after_dispatch_claim_commit",
-        "after_tool_response_before_tx2_commit",
-        "after_broker_ack_before_outbox_mark",
-        "before_renew",
-    }
-)
 #: Points the check does not pass, with what it would take.
 POINTS_NOT_EXERCISED = {
     "after_operator_lock": "needs a run paused in doubt and the optional resolve_indoubt",
@@ -145,6 +128,25 @@ def check(
     """Hold the worker of ``shared`` (whose template is migrated) to the contract."""
     started = time.monotonic()
     report = ContractReport(worker=shared.settings.worker_command_text())
+    try:
+        declaration = mapping.declared(tuple(shared.settings.worker_cmd))
+    except mapping.MappingError as exc:
+        for problem in exc.problems:
+            report.gap(
+                "14", "the mapping", "a valid mapping (schemas/mapping.schema.json)", problem
+            )
+        report.skipped.append("everything else: the system's mapping is not valid")
+        report.wall_s = time.monotonic() - started
+        return report
+    if declaration.own:
+        report.checked.append(
+            f"mapping: {declaration.system} ({declaration.layer} layer), from `{declaration.source}`"
+        )
+    else:
+        report.notes.append(
+            "the worker prints no mapping (`<worker-cmd> mapping`, section 14): the contract's "
+            "own is assumed (its tables of section 6, every capability, every injection point)"
+        )
     report.checked.append("migrate on a fresh database: exit 0")
     progress("schema against schema.sql")
     fatal = _schema(shared, report)
@@ -670,13 +672,13 @@ def _points(env: Environment, report: ContractReport, judged: set[str]) -> None:
     """Each point a judged step passes reached the socket from that worker, with
     its own pid; a required point not reached is a gap, any other is left to
     :func:`_unjudged`."""
-    for worker, points in POINTS.items():
+    for worker, passed in POINTS.items():
         if worker not in judged:
             continue
         hits = env.control.hits(worker=worker)
         seen = {h.point for h in hits}
-        for point in points:
-            if point not in seen and point in REQUIRED_POINTS:
+        for point in passed:
+            if point not in seen and point in points.REQUIRED:
                 report.gap(
                     "3",
                     f"injection point {point}",
@@ -709,11 +711,21 @@ def _unjudged(
     import scenarios
 
     specs = [m.SPEC for m in scenarios.all_modules()]
+    caps = mapping.declared(tuple(env.shared.settings.worker_cmd)).capabilities
+    # What the system says it lacks makes experiments not applicable, not unknown.
+    lacked: list[tuple[needs.NeedKind, str]] = [("capability", c) for c in caps.lacks()]
+    lacked += [("point", p) for p in sorted(needs.needed(specs, "point")) if not caps.hosts(p)]
+    for (kind, name), runs in needs.consequences(specs, lacked).items():
+        if runs:
+            what = "capability" if kind == "capability" else "injection point"
+            report.not_applicable.append(
+                Unjudged(f"{what} {name}", "declared absent by the mapping", runs)
+            )
     reached = {h.point for h in env.control.hits() if h.worker in judged}
     passes = {p: w for w, ps in POINTS.items() if w in judged for p in ps}
     missing: list[tuple[needs.NeedKind, str]] = []
     why: dict[tuple[needs.NeedKind, str], str] = {}
-    for point in sorted(needs.needed(specs, "point") - reached):
+    for point in sorted({p for p in needs.needed(specs, "point") if caps.hosts(p)} - reached):
         missing.append(("point", point))
         if point in passes:
             why["point", point] = f"never reached ({passes[point]}'s step of this check passes it)"

@@ -10,7 +10,13 @@ experiments a worker will leave unjudged before any of them runs.
 
 Invariants:
 - a :class:`Need` names one thing a worker may lack: an injection point of
-  contract section 3, or an optional op of ``operations.json``;
+  contract section 3, an optional op of ``operations.json``, or an optional
+  capability of the mapping (``harness.contract.mapping.CAPABILITIES``; the
+  fencing token is none: its absence is no excuse);
+- a system that declares it lacks a capability or a point an experiment
+  needs makes that experiment *not applicable* (:func:`declined`), never
+  fail, never unknown; one that lacks it without saying so leaves it
+  *unknown*;
 - a need with no variants holds for every variant of its experiment, one
   with variants for those only;
 - :func:`consequences` names each experiment run (``T[renew]``) a missing
@@ -23,7 +29,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-NeedKind = Literal["point", "op"]
+from harness.contract.mapping import CAPABILITIES, Declaration
+
+NeedKind = Literal["point", "op", "capability"]
 
 
 @dataclass(frozen=True)
@@ -38,8 +46,8 @@ class Need:
         return not self.variants or (variant or "") in self.variants
 
     def describe(self) -> str:
-        what = {"point": "injection point", "op": "optional op"}[self.kind]
-        return f"{what} {self.name}"
+        what = {"point": "injection point", "op": "optional op", "capability": "capability"}
+        return f"{what[self.kind]} {self.name}"
 
 
 def point(name: str, *variants: str) -> Need:
@@ -48,6 +56,17 @@ def point(name: str, *variants: str) -> Need:
 
 def op(name: str, *variants: str) -> Need:
     return Need("op", name, tuple(variants))
+
+
+def capability(name: str, *variants: str) -> Need:
+    if name not in CAPABILITIES:
+        raise ValueError(f"{name!r} is not a capability of the mapping: {sorted(CAPABILITIES)}")
+    return Need("capability", name, tuple(variants))
+
+
+def capabilities(*names: str) -> tuple[Need, ...]:
+    """Several capabilities every variant needs."""
+    return tuple(capability(n) for n in names)
 
 
 class NeedsSpec(Protocol):
@@ -61,6 +80,21 @@ class NeedsSpec(Protocol):
 
     @property
     def needs(self) -> tuple[Need, ...]: ...
+
+
+def declined(needs_of_run: Iterable[Need], declaration: Declaration) -> str | None:
+    """Why a system that declared ``declaration`` makes a run with these needs
+    not applicable (the capabilities and points it says it lacks), or None."""
+    caps = declaration.capabilities
+    lacking = [n.name for n in needs_of_run if n.kind == "capability" and not caps.offers(n.name)]
+    lacking += [
+        f"injection point {n.name}"
+        for n in needs_of_run
+        if n.kind == "point" and not caps.hosts(n.name)
+    ]
+    if not lacking:
+        return None
+    return f"not applicable: the system declares no {', '.join(dict.fromkeys(lacking))}"
 
 
 def run_label(experiment: str, variant: str | None) -> str:
@@ -89,10 +123,18 @@ def needed(specs: Iterable[NeedsSpec], kind: NeedKind) -> set[str]:
     return {n.name for s in specs for n in s.needs if n.kind == kind}
 
 
-def format_runs(labels: list[str], limit: int = 8) -> str:
-    """``T[renew], T[claim]`` (a long list cut, with how many more)."""
-    shown = labels[:limit]
-    more = f" and {len(labels) - limit} more" if len(labels) > limit else ""
+def format_runs(labels: list[str], limit: int = 12) -> str:
+    """``T[renew], T[claim]``; three runs or more of one experiment said once
+    (``E (6 runs)``), a long list cut with how many more."""
+    by_experiment: dict[str, list[str]] = {}
+    for label in labels:
+        by_experiment.setdefault(label.split("[", 1)[0], []).append(label)
+    words = [
+        f"{experiment} ({len(group)} runs)" if len(group) > 2 else ", ".join(group)
+        for experiment, group in by_experiment.items()
+    ]
+    shown = words[:limit]
+    more = f" and {len(words) - limit} more" if len(words) > limit else ""
     return ", ".join(shown) + more if shown else "no experiment"
 
 

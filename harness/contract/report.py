@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import CONTRACT_DOC, CONTRACT_VERSION
+from harness.contract.needs import format_runs
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,7 @@ class Unjudged:
     runs: list[str]
 
     def line(self) -> str:
-        shown = ", ".join(self.runs) if self.runs else "no experiment"
-        return f"{self.thing}: {self.why} -> {shown}"
+        return f"{self.thing}: {self.why} -> {format_runs(self.runs)}"
 
 
 @dataclass
@@ -65,6 +65,9 @@ class ContractReport:
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     unjudged: list[Unjudged] = field(default_factory=list)
+    #: What the system's mapping says it lacks, with the runs that makes not
+    #: applicable (never a gap, never unknown).
+    not_applicable: list[Unjudged] = field(default_factory=list)
     wall_s: float = 0.0
     #: The one-paragraph account of a migrate that failed (command, exit code,
     #: last stderr lines), when it did.
@@ -94,6 +97,13 @@ class ContractReport:
             lines += ["", "notes (not gaps):", *(f"  {n}" for n in self.notes)]
         if self.skipped:
             lines += ["", "not checked:", *(f"  {s}" for s in self.skipped)]
+        if self.not_applicable:
+            lines += [
+                "",
+                f"not applicable: {len(self.not_applicable)} thing(s) the mapping declares absent "
+                "(not gaps; each experiment run named is not run):",
+                *(f"  {u.line()}" for u in self.not_applicable),
+            ]
         if self.unjudged:
             lines += [
                 "",
@@ -110,10 +120,16 @@ class ContractReport:
             lines += [f"  {i}. {g.line()}" for i, g in enumerate(self.gaps, start=1)]
         else:
             runs = self.unjudged_runs()
-            tail = (
-                f"; {len(runs)} experiment run(s) left unjudged (above)"
-                if runs
-                else "; every experiment can be judged"
+            apart = list(dict.fromkeys(r for u in self.not_applicable for r in u.runs))
+            tail = "".join(
+                (
+                    f"; {len(apart)} experiment run(s) not applicable by the mapping"
+                    if apart
+                    else "",
+                    f"; {len(runs)} experiment run(s) left unjudged (above)"
+                    if runs
+                    else "; every applicable experiment can be judged",
+                )
             )
             lines += ["", "CONFORMANT: no gap found" + tail]
         return "\n".join(lines)
@@ -130,6 +146,7 @@ class ContractReport:
             "skipped": self.skipped,
             "unjudged": [asdict(u) for u in self.unjudged],
             "unjudged_runs": self.unjudged_runs(),
+            "not_applicable": [asdict(u) for u in self.not_applicable],
             "migrate_failure": self.migrate_failure,
         }
 

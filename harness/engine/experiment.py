@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
+from harness.contract import mapping
 from harness.contract.needs import Need
 from harness.engine import phases
 from harness.parts.control import Action, Continue, ControlError, Hit
@@ -346,6 +347,12 @@ class ExperimentContext:
                     self.checks[i] = c
             unmet.append(c)
         return unmet
+
+    # ------------------------------------------------------------ the system
+    @property
+    def system(self) -> mapping.Declaration:
+        """What the system under test declares about itself (its mapping)."""
+        return mapping.declared(tuple(self.env.shared.settings.worker_cmd))
 
     # ------------------------------------------------------------ evidence
     def sql(

@@ -25,6 +25,8 @@ from harness import stopping
 from harness.checking import checkers
 from harness.checking.history import Shorten, id_shortener, read_history, timeline, timeline_ids
 from harness.checking.invariants import experiment as invariants
+from harness.contract import mapping, needs
+from harness.contract.mapping import Declaration
 from harness.engine import phases, stalls, starvation
 from harness.engine.environment import Environment, SharedServices, experiment_environment
 from harness.engine.experiment import (
@@ -106,6 +108,9 @@ def run_job(
     verdict, reason = Verdict.UNKNOWN, "not run"
     archive: dict[str, Any] = {}
     interrupted: str | None = None
+    declined = needs.declined(spec.needs_for(job.variant), declared_mapping(shared))
+    if declined is not None:
+        return _not_applicable(shared, job, seed, started, declined, report_dir, progress)
     rng = job_rng(seed, job)
     secrets: set[str] = set()
     stalls_judged = False
@@ -224,6 +229,34 @@ def run_job(
         progress.job_finished(
             job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({result.reason})"
         )
+    return result
+
+
+def declared_mapping(shared: SharedServices) -> Declaration:
+    """The mapping the run's worker command declares (asked once per command)."""
+    return mapping.declared(tuple(shared.settings.worker_cmd))
+
+
+def _not_applicable(
+    shared: SharedServices,
+    job: Job,
+    seed: int | None,
+    started: float,
+    reason: str,
+    report_dir: Path,
+    progress: Progress | None,
+) -> ExperimentResult:
+    """The result of a job the system declared it lacks what it needs for: not
+    run, its archive says why (verdict not applicable)."""
+    logs_dir = report_dir / "logs" / job.label
+    archive = _minimal_archive(
+        shared, job, seed, started, Verdict.NOT_APPLICABLE, reason, None, logs_dir
+    )
+    archive["observed_result"] = "not run: " + reason
+    written = evidence.write_archive(report_dir / "archives" / f"{job.label}.yaml", archive, set())
+    result = _result(job, Verdict.NOT_APPLICABLE, reason, time.time() - started, written, [])
+    if progress is not None:
+        progress.job_finished(job.label, f"NOT APPLICABLE ({result.reason})")
     return result
 
 

@@ -71,7 +71,7 @@ def terminal_table(results: Sequence[ExperimentResult]) -> str:
         rows.append(
             (
                 f"{r.name} {r.title}"[:48],
-                r.verdict.value.upper(),
+                r.verdict.words.upper(),
                 f"{r.duration_s:.2f}",
                 f"{r.natural_wait_s:.2f}",
                 r.reason[:70],
@@ -129,18 +129,35 @@ def write_summary(
         *(f"- **{k}**: {v}" for k, v in header.items()),
         f"- **overall verdict**: {verdict_text or verdict.value}",
         f"- **counts**: {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail, "
-        f"{counts[Verdict.UNKNOWN]} unknown",
+        f"{counts[Verdict.UNKNOWN]} unknown, {counts[Verdict.NOT_APPLICABLE]} not applicable",
         f"- **wall time**: {wall_s:.1f} s (sum of natural waits {natural:.1f} s)",
         "",
         "| experiment | title | verdict | wall s | natural wait s | invariant | reason | archive |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
+    judged = [r for r in results if r.verdict is not Verdict.NOT_APPLICABLE]
+    apart = [r for r in results if r.verdict is Verdict.NOT_APPLICABLE]
+    for r in judged:
         archive = r.archive_path.name if r.archive_path else "-"
         lines.append(
             f"| {cell(r.name)} | {cell(r.title)} | **{r.verdict.value}** | {r.duration_s:.2f} | "
             f"{r.natural_wait_s:.2f} | {cell(r.invariant)} | {cell(r.reason)} | {cell(archive)} |"
         )
+    if apart:
+        # Shown apart: the system said it lacks what these need, so they prove
+        # nothing about it either way and were not run.
+        lines += [
+            "",
+            f"## Not applicable ({len(apart)}): the system declares it lacks what these need",
+            "",
+            "| experiment | title | why | archive |",
+            "|---|---|---|---|",
+        ]
+        for r in apart:
+            archive = r.archive_path.name if r.archive_path else "-"
+            lines.append(
+                f"| {cell(r.name)} | {cell(r.title)} | {cell(r.reason)} | {cell(archive)} |"
+            )
     return _write_atomically(path, "\n".join(lines) + "\n")
 
 
@@ -151,14 +168,16 @@ def write_junit(
     suite: str,
     interrupted: str | None = None,
 ) -> Path:
-    """JUnit XML: fail → <failure>, unknown → <error> (it proved nothing); an
-    interrupted run says so in a property and in the suite's system-err."""
+    """JUnit XML: fail → <failure>, unknown → <error> (it proved nothing), not
+    applicable → <skipped> (the system lacks what it needs); an interrupted run
+    says so in a property and in the suite's system-err."""
     root = ET.Element(
         "testsuite",
         name=suite,
         tests=str(len(results)),
         failures=str(sum(r.verdict is Verdict.FAIL for r in results)),
         errors=str(sum(r.verdict is Verdict.UNKNOWN for r in results)),
+        skipped=str(sum(r.verdict is Verdict.NOT_APPLICABLE for r in results)),
         time=f"{sum(r.duration_s for r in results):.3f}",
     )
     properties = ET.SubElement(root, "properties")
@@ -180,6 +199,8 @@ def write_junit(
             ET.SubElement(case, "failure", message=r.reason).text = detail
         elif r.verdict is Verdict.UNKNOWN:
             ET.SubElement(case, "error", message=r.reason).text = detail
+        elif r.verdict is Verdict.NOT_APPLICABLE:
+            ET.SubElement(case, "skipped", message=r.reason)
         if r.archive_path:
             ET.SubElement(case, "system-out").text = f"evidence: {r.archive_path}"
     if interrupted:

@@ -15,9 +15,10 @@ import scenarios
 from harness.contract import needs
 from harness.contract.needs import consequences
 
-#: The ExperimentContext / control calls that name an injection point, and the
-#: index of their point argument.
-POINT_CALLS = {"arm": 1, "reached": 1, "release": 1, "wait_reached": 1, "hits": None}
+#: The ExperimentContext / control calls that arm or wait at an injection point,
+#: and the index of their point argument (counting hits is no need: R only
+#: times a wait on them).
+POINT_CALLS = {"arm": 1, "reached": 1, "release": 1, "wait_reached": 1}
 
 
 def points_named(module: ModuleType) -> set[str]:
@@ -31,7 +32,7 @@ def points_named(module: ModuleType) -> set[str]:
             continue
         index = POINT_CALLS[node.func.attr]
         args = [kw.value for kw in node.keywords if kw.arg == "point"]
-        if index is not None and len(node.args) > index:
+        if len(node.args) > index:
             args.append(node.args[index])
         for arg in args:
             if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
