@@ -86,7 +86,7 @@ def run(ctx: ExperimentContext) -> None:
     lost = [e for e in event_ids if e not in committed]
     traces = ctx.sql(
         "outbox rows of the losing write",
-        "SELECT event_id FROM outbox WHERE event_id::text = ANY(%s)",
+        "SELECT event_id FROM fencecheck_model.outbox WHERE event_id::text = ANY(%s)",
         [lost],
     )
     ctx.invariant(

@@ -76,9 +76,9 @@ def wait_claimable(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0)
     def ready() -> bool:
         rows = ctx.env.query(
             "SELECT (r.lease_expires_at IS NULL OR r.lease_expires_at < clock_timestamp()) "
-            "AND NOT EXISTS (SELECT 1 FROM tool_operations o WHERE o.run_id = r.run_id "
+            "AND NOT EXISTS (SELECT 1 FROM fencecheck_model.tool_operations o WHERE o.run_id = r.run_id "
             "AND o.status = 'dispatching' AND o.dispatch_until >= clock_timestamp()) AS ready "
-            "FROM agent_runs r WHERE r.run_id = %s",
+            "FROM fencecheck_model.agent_runs r WHERE r.run_id = %s",
             [run_id],
         )
         return bool(rows and rows[0]["ready"])

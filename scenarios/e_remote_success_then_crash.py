@@ -230,7 +230,7 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     first = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
     wait_for(
         lambda: ctx.env.query(
-            "SELECT dispatch_until < clock_timestamp() AS expired FROM tool_operations "
+            "SELECT dispatch_until < clock_timestamp() AS expired FROM fencecheck_model.tool_operations "
             "WHERE operation_id = %s",
             [op_id],
         )[0]["expired"],
@@ -350,7 +350,7 @@ def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:
     wait_for(
         lambda: ctx.env.query(
             "SELECT clock_timestamp() > first_dispatched_at + retention_ms * interval '1 ms'"
-            " + interval '200 ms' AS over FROM tool_operations WHERE operation_id = %s",
+            " + interval '200 ms' AS over FROM fencecheck_model.tool_operations WHERE operation_id = %s",
             [op_id],
         )[0]["over"],
         what=f"the tool's retention window of {op_id} to pass by database time",
@@ -359,7 +359,7 @@ def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:
     forgotten = ctx.env.tool.client().query("idem", op_id) is None
     row = ctx.sql(
         "the ledger's record of the tool's promise",
-        "SELECT retention_ms, first_dispatched_at FROM tool_operations WHERE operation_id = %s",
+        "SELECT retention_ms, first_dispatched_at FROM fencecheck_model.tool_operations WHERE operation_id = %s",
         [op_id],
     )
     ctx.fault(

@@ -67,10 +67,10 @@ def _state(
     ctx: ExperimentContext, server: PostgresCluster, run_id: str, label: str
 ) -> dict[str, Any]:
     db = ctx.env.db.name
-    q = "SELECT epoch, revision, owner, status FROM agent_runs WHERE run_id = %s"
+    q = "SELECT epoch, revision, owner, status FROM fencecheck_model.agent_runs WHERE run_id = %s"
     run = server.query(q, [run_id], dbname=db)
     ledger = server.query(
-        "SELECT operation_id, status FROM tool_operations WHERE run_id = %s ORDER BY 1",
+        "SELECT operation_id, status FROM fencecheck_model.tool_operations WHERE run_id = %s ORDER BY 1",
         [run_id],
         dbname=db,
     )

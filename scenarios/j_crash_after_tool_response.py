@@ -188,7 +188,7 @@ def _operator_resolves(
     actions = ctx.sql(
         "operator decisions on the run",
         "SELECT action, operator, reason, ticket, before->>'status' AS before,"
-        " after->>'status' AS after, at FROM operator_actions WHERE run_id = %s ORDER BY id",
+        " after->>'status' AS after, at FROM fencecheck_model.operator_actions WHERE run_id = %s ORDER BY id",
         [run_id],
     )
     operator = ctx.env.login_role(ctx.env.tenant_id, "operator")

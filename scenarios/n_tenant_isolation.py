@@ -35,7 +35,9 @@ SPEC = ExperimentSpec(
     "can change its own tenant binding",
     fault="a worker, a raw worker-role session and the worker role's catalog grants, all of "
     "tenant 1, aimed at tenant 2's rows and at the binding itself",
-    needs=needs.capabilities("tenants:rls", "checkpoints", "outbox", "consumer_dedupe"),
+    needs=needs.capabilities(
+        "tenants:rls", "checkpoints", "outbox", "consumer_dedupe", "contract_schema"
+    ),
     rules=(12,),
 )
 

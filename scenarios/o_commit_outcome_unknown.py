@@ -66,7 +66,9 @@ def run(ctx: ExperimentContext) -> None:
     if variant == "response_lost":
         committed_at_fault = bool(
             seen_within(
-                lambda: ctx.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id]),
+                lambda: ctx.env.query(
+                    "SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id]
+                ),
                 what="the COMMIT to reach the server while answers are dropped",
                 timeout_s=10,
             )
@@ -84,13 +86,13 @@ def run(ctx: ExperimentContext) -> None:
         )
     )
     committed_while_cut = bool(
-        ctx.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id])
+        ctx.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
     )
     ctx.heal("worker_pg")
     reply = pending.result(30)
     events = ctx.sql(
         "outbox rows of the write",
-        "SELECT event_id FROM outbox WHERE run_id = %s AND event_id = %s",
+        "SELECT event_id FROM fencecheck_model.outbox WHERE run_id = %s AND event_id = %s",
         [run_id, event_id],
     )
     if variant == "request_lost":

@@ -57,7 +57,8 @@ def run(ctx: ExperimentContext) -> None:
         wait_for(
             lambda: all(
                 ctx.env.query(
-                    "SELECT 1 FROM agent_runs WHERE run_id = %s AND epoch > %s", [run, epoch]
+                    "SELECT 1 FROM fencecheck_model.agent_runs WHERE run_id = %s AND epoch > %s",
+                    [run, epoch],
                 )
                 for run, epoch in held
             ),
@@ -73,7 +74,7 @@ def run(ctx: ExperimentContext) -> None:
         wait_for(
             lambda: (
                 not ctx.env.query(
-                    "SELECT 1 FROM agent_runs WHERE run_id = ANY(%s::uuid[]) AND status NOT IN "
+                    "SELECT 1 FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s::text[]) AND status NOT IN "
                     "('succeeded', 'failed', 'cancelled', 'paused_indoubt', 'paused_human')",
                     [run_ids],
                 )
@@ -87,7 +88,7 @@ def run(ctx: ExperimentContext) -> None:
         ctx.command(f"SIGTERM {w.worker_id}: exited with code {w.stop(grace_s=5)}")
     rows = ctx.sql(
         "final status of every run",
-        "SELECT run_id, status, epoch, owner FROM agent_runs WHERE run_id = ANY(%s::uuid[])",
+        "SELECT run_id, status, epoch, owner FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s::text[])",
         [run_ids],
     )
     trail = checkers.audit(ctx)

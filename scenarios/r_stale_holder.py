@@ -248,10 +248,10 @@ def _stale_heartbeat(ctx: ExperimentContext, a: WorkerProcess, args: dict[str, A
 def _lease_state(ctx: ExperimentContext, run_id: str) -> dict[str, Any]:
     rows = ctx.env.query(
         "SELECT owner, epoch, revision, status, lease_expires_at > clock_timestamp() AS live,"
-        " (SELECT count(*) FROM agent_checkpoints c WHERE c.run_id = r.run_id) AS checkpoints,"
-        " (SELECT count(*) FROM outbox o WHERE o.run_id = r.run_id) AS events,"
-        " (SELECT count(*) FROM tool_operations t WHERE t.run_id = r.run_id) AS operations"
-        " FROM agent_runs r WHERE r.run_id = %s",
+        " (SELECT count(*) FROM fencecheck_model.agent_checkpoints c WHERE c.run_id = r.run_id) AS checkpoints,"
+        " (SELECT count(*) FROM fencecheck_model.outbox o WHERE o.run_id = r.run_id) AS events,"
+        " (SELECT count(*) FROM fencecheck_model.tool_operations t WHERE t.run_id = r.run_id) AS operations"
+        " FROM fencecheck_model.agent_runs r WHERE r.run_id = %s",
         [run_id],
     )
     if not rows:

@@ -255,7 +255,7 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
     bound_s = env.lease_ttl_ms / 1000 + 2 * hb_s + PG_LATENCY_MS / 1000 + 5
     ran_out = seen_within(
         lambda: env.query(
-            "SELECT lease_expires_at < clock_timestamp() AS expired FROM agent_runs "
+            "SELECT lease_expires_at < clock_timestamp() AS expired FROM fencecheck_model.agent_runs "
             "WHERE run_id = %s AND lease_expires_at < clock_timestamp()",
             [run_id],
         ),

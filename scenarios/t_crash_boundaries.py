@@ -294,7 +294,7 @@ def _judge(ctx: ExperimentContext, run_id: str) -> None:
     )
     effects = ctx.sql(
         f"{CONSUMER}'s business effects for the run's events",
-        "SELECT event_id::text AS event_id, count(*) AS n FROM consumer_effects "
+        "SELECT event_id::text AS event_id, count(*) AS n FROM fencecheck_model.consumer_effects "
         "WHERE consumer_name = %s AND event_id::text = ANY(%s) GROUP BY event_id",
         [CONSUMER, list(events)],
     )

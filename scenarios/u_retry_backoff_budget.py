@@ -103,7 +103,7 @@ def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[t
 
     def paused() -> bool:
         rows = ctx.env.query(
-            "SELECT status FROM agent_runs WHERE run_id::text = ANY(%s)",
+            "SELECT status FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s)",
             [runs],
         )
         return all(row["status"] == "paused_human" for row in rows)

@@ -131,7 +131,7 @@ def run(ctx: ExperimentContext) -> None:
     actions = ctx.sql(
         "operator decisions on the run",
         "SELECT action, operator, ticket, before->>'status' AS before, after->>'status' AS after"
-        " FROM operator_actions WHERE run_id = %s ORDER BY id",
+        " FROM fencecheck_model.operator_actions WHERE run_id = %s ORDER BY id",
         [run_id],
     )
     after = "queued" if variant == "supplement" else "failed"

@@ -25,7 +25,7 @@ def run_row(ctx: ExperimentContext, run_id: str, label: str = "") -> dict[str, A
         label or f"state of run {run_id[:8]}",
         "SELECT run_id, tenant_id, task_id, status, revision, owner, epoch, lease_expires_at, "
         "lease_expires_at < clock_timestamp() AS lease_expired, checkpoint_schema_version, "
-        "current_step, attempt_count FROM agent_runs WHERE run_id = %s",
+        "current_step, attempt_count FROM fencecheck_model.agent_runs WHERE run_id = %s",
         [run_id],
     )
     if not rows:
@@ -37,7 +37,7 @@ def checkpoints(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"checkpoints of run {run_id[:8]}",
         "SELECT revision, epoch, owner, schema_version, event_id, state_json, created_at "
-        "FROM agent_checkpoints WHERE run_id = %s ORDER BY revision",
+        "FROM fencecheck_model.agent_checkpoints WHERE run_id = %s ORDER BY revision",
         [run_id],
     )
 
@@ -110,7 +110,7 @@ def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"tool ledger of run {run_id[:8]}",
         "SELECT operation_id, step_id, effect_version, tool_name, status, dispatch_owner, "
-        "dispatch_until, remote_id, revision FROM tool_operations WHERE run_id = %s "
+        "dispatch_until, remote_id, revision FROM fencecheck_model.tool_operations WHERE run_id = %s "
         "ORDER BY step_id, effect_version",
         [run_id],
     )
@@ -119,7 +119,7 @@ def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
 def outbox(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"outbox of run {run_id[:8]}",
-        "SELECT id, event_id, event_type, published_at FROM outbox WHERE run_id = %s ORDER BY id",
+        "SELECT id, event_id, event_type, published_at FROM fencecheck_model.outbox WHERE run_id = %s ORDER BY id",
         [run_id],
     )
 
@@ -129,7 +129,7 @@ def wait_lease_expired(ctx: ExperimentContext, run_id: str, timeout_s: float = 1
     try:
         wait_for(
             lambda: ctx.env.query(
-                "SELECT lease_expires_at < clock_timestamp() AS expired FROM agent_runs "
+                "SELECT lease_expires_at < clock_timestamp() AS expired FROM fencecheck_model.agent_runs "
                 "WHERE run_id = %s",
                 [run_id],
             )[0]["expired"],
@@ -293,7 +293,7 @@ def recorded_results_are_the_tools(ctx: ExperimentContext, run_id: str) -> None:
     resource at all, is no success of ours."""
     rows = ctx.sql(
         f"succeeded operations of run {run_id[:8]} with their registered digest",
-        "SELECT operation_id, tool_name, remote_id, request_digest FROM tool_operations "
+        "SELECT operation_id, tool_name, remote_id, request_digest FROM fencecheck_model.tool_operations "
         "WHERE run_id = %s AND status = 'succeeded' ORDER BY operation_id",
         [run_id],
     )
@@ -334,7 +334,7 @@ def every_event_applied_once(ctx: ExperimentContext, consumer: str) -> None:
     delivered = {str(e) for d in log.get("deliveries", []) for e in d.get("event_ids", [])}
     rows = ctx.sql(
         f"business effects of consumer {consumer} per event",
-        "SELECT event_id, count(*) AS effects FROM consumer_effects WHERE consumer_name = %s "
+        "SELECT event_id, count(*) AS effects FROM fencecheck_model.consumer_effects WHERE consumer_name = %s "
         "GROUP BY event_id",
         [consumer],
     )

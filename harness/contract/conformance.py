@@ -128,16 +128,7 @@ def check(
     """Hold the worker of ``shared`` (whose template is migrated) to the contract."""
     started = time.monotonic()
     report = ContractReport(worker=shared.settings.worker_command_text())
-    try:
-        declaration = mapping.declared(tuple(shared.settings.worker_cmd))
-    except mapping.MappingError as exc:
-        for problem in exc.problems:
-            report.gap(
-                "14", "the mapping", "a valid mapping (schemas/mapping.schema.json)", problem
-            )
-        report.skipped.append("everything else: the system's mapping is not valid")
-        report.wall_s = time.monotonic() - started
-        return report
+    declaration = mapping.declared(tuple(shared.settings.worker_cmd))  # valid: migrate used it
     if declaration.own:
         report.checked.append(
             f"mapping: {declaration.system} ({declaration.layer} layer), from `{declaration.source}`"
@@ -155,6 +146,15 @@ def check(
     else:
         _in_environment(shared, log_dir, report, progress)
     report.wall_s = time.monotonic() - started
+    return report
+
+
+def mapping_invalid(worker: str, exc: mapping.MappingError, wall_s: float) -> ContractReport:
+    """The report of a worker whose mapping is not valid: one gap per problem."""
+    report = ContractReport(worker=worker, wall_s=wall_s)
+    for problem in exc.problems:
+        report.gap("14", "the mapping", "a valid mapping (schemas/mapping.schema.json)", problem)
+    report.skipped.append("everything else: the system's mapping is not valid")
     return report
 
 
@@ -288,7 +288,7 @@ class HappyPath:
         rows = self.env.query(
             "SELECT status, revision, epoch, owner, attempt_count, lease_expires_at,"
             " lease_expires_at > clock_timestamp() AS live, current_step"
-            " FROM agent_runs WHERE run_id = %s",
+            " FROM fencecheck_model.agent_runs WHERE run_id = %s",
             [run_id],
         )
         if not rows:
@@ -430,10 +430,10 @@ class HappyPath:
     def _written(self, run_id: str, revision: int, event_id: str) -> None:
         """One checkpoint of that revision and one outbox row, both with event_id."""
         ck = self.env.query(
-            "SELECT revision FROM agent_checkpoints WHERE run_id = %s AND event_id = %s",
+            "SELECT revision FROM fencecheck_model.agent_checkpoints WHERE run_id = %s AND event_id = %s",
             [run_id, event_id],
         )
-        ob = self.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id])
+        ob = self.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
         self.expect(
             "6",
             "a protected write (save_checkpoint with event_id)",
@@ -516,7 +516,7 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
     except ProcessError:
         code = None
         worker.stop(grace_s=1.0)
-    row = env.query("SELECT status FROM agent_runs WHERE run_id = %s", [run_id])
+    row = env.query("SELECT status FROM fencecheck_model.agent_runs WHERE run_id = %s", [run_id])
     status = row[0]["status"] if row else None
     if (code, status) != (0, "succeeded"):
         report.gap(
@@ -651,7 +651,7 @@ def _expired_claim(env: Environment, report: ContractReport) -> bool:
         wait_for(
             lambda: env.query(
                 "SELECT bool_and(dispatch_until < clock_timestamp()) AS expired "
-                "FROM tool_operations WHERE run_id = %s AND status = 'dispatching'",
+                "FROM fencecheck_model.tool_operations WHERE run_id = %s AND status = 'dispatching'",
                 [run_id],
             )[0]["expired"],
             what="the dead dispatcher's claim to expire by database time",

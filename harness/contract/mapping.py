@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -33,6 +33,8 @@ import jsonschema
 import yaml
 
 from harness.contract import HERE, SCHEMAS, points
+from harness.model.spec import ModelError, ModelMap
+from harness.model.spec import parse as parse_model
 
 DEFAULT_FILE = HERE / "mapping.yaml"
 SCHEMA_FILE = SCHEMAS / "mapping.schema.json"
@@ -60,6 +62,8 @@ CAPABILITIES: dict[str, str] = {
     "operator_actions": "the optional operator ops resolve_indoubt and decide, audited",
     "workflow": "`run` mode runs the built-in workflow of contract section 10",
     "renewal": "leases renewed at all (per lease or per process)",
+    "contract_schema": "the tables of contract section 6 under their own names (N probes them "
+    "with raw statements, M plants a checkpoint row)",
     "renewal:per_lease": "each lease renewed by its holder on request (the heartbeat op)",
 }
 
@@ -112,6 +116,8 @@ class Capabilities:
     operator_actions: bool
     workflow: bool
     injection_points: frozenset[str]
+    #: Derived from the mapping's model: every relation same-named (section 6).
+    contract_schema: bool = True
 
     def offers(self, name: str) -> bool:
         """Whether the system offers capability ``name`` of :data:`CAPABILITIES`."""
@@ -147,7 +153,8 @@ class Declaration:
     version: str
     layer: Literal["queue", "workflow"]
     capabilities: Capabilities
-    model: Mapping[str, Any]
+    #: How its tables read as the observation model (harness.model).
+    model: ModelMap
     #: Where it came from: ``<command> mapping`` or the contract's default file.
     source: str
     text: str
@@ -194,6 +201,10 @@ def parse(text: str, source: str) -> Declaration:
         problems.append("capabilities.revision_check: true needs checkpoints: true")
     if caps["consumer_dedupe"] and not caps["outbox"]:
         problems.append("capabilities.consumer_dedupe: true needs outbox: true")
+    try:
+        model = parse_model(data.get("model"))
+    except ModelError as exc:
+        problems += exc.problems
     if problems:
         raise MappingError(source, problems)
     ledger = caps["ledger"]
@@ -210,13 +221,14 @@ def parse(text: str, source: str) -> Declaration:
         operator_actions=caps["operator_actions"],
         workflow=caps["workflow"],
         injection_points=frozenset(caps["injection_points"]),
+        contract_schema=model.identity,
     )
     return Declaration(
         system=data["system"]["name"],
         version=str(data["system"].get("version", "")),
         layer=data.get("layer", "workflow"),
         capabilities=capabilities,
-        model=data.get("model") or {},
+        model=model,
         source=source,
         text=text,
     )
