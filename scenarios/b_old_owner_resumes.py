@@ -20,6 +20,7 @@ SPEC = ExperimentSpec(
     "epoch, revision and state are untouched",
     fault="SIGSTOP A past lease expiry; B takes over and writes; SIGCONT A",
     rules=(1, 2, 8),
+    layer="queue",
     lease_ttl_ms=800,
     natural_wait_s=0.8,
 )

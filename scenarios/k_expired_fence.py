@@ -19,6 +19,7 @@ SPEC = ExperimentSpec(
     "not finished",
     fault="A stops heartbeating; its lease expires by database time; nobody claims",
     rules=(1, 2),
+    layer="queue",
     lease_ttl_ms=500,
     natural_wait_s=0.5,
 )

@@ -28,6 +28,7 @@ SPEC = ExperimentSpec(
     "tool; B takes over with the next epoch and finishes the run",
     fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool",
     rules=(8, 1),
+    layer="queue",
     injection_point="after_dispatch_claim_commit",
     needs=(
         *needs.capabilities("workflow", "ledger"),

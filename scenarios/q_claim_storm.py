@@ -24,6 +24,7 @@ SPEC = ExperimentSpec(
     rules=(1, 4),
     lease_ttl_ms=600,
     natural_wait_s=0.6,
+    layer="queue",
     needs=(needs.capability("workflow"), needs.point("after_lease_acquired")),
     timeout_s=90,
 )

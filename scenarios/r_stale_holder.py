@@ -42,6 +42,7 @@ SPEC = ExperimentSpec(
     fault="A's lease expires; B takes over and keeps its lease live; A's session sends every "
     "fenced operation with every stale identity",
     rules=(1, 2, 3),
+    layer="queue",
     lease_ttl_ms=800,
     natural_wait_s=0.8,
 )

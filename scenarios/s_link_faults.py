@@ -163,6 +163,10 @@ SPEC = ExperimentSpec(
     variant_waits=tuple((f.variant, f.wait_s) for f in FAULTS),
     variant_faults=tuple((f.variant, f.fault) for f in FAULTS),
     variant_replication=(("replication_blackhole", "sync"),),
+    # A renewal that does not answer is the queue's; a tool call that does not
+    # is the workflow's (its ledger says unknown).
+    layer="queue",
+    variant_layers=tuple((f.variant, "workflow") for f in FAULTS if f.shape == "tool_call"),
 )
 
 

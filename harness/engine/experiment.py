@@ -114,6 +114,15 @@ class Exemption:
     variants: tuple[str, ...] = ()
 
 
+Layer = Literal["queue", "workflow"]
+LAYERS: dict[Layer, str] = {
+    "queue": "the queue layer: claim, renewal, takeover, stale finish and release, pause, "
+    "kill, partition, claim storm (a thin driver of a queue library, no application code)",
+    "workflow": "the workflow layer: checkpoints and their revision CAS, intents and the "
+    "side-effect ledger, the outbox and its consumers, schema upgrades",
+}
+
+
 @dataclass(frozen=True)
 class ExperimentSpec:
     """The static description of one acceptance-matrix experiment."""
@@ -154,6 +163,16 @@ class ExperimentSpec:
     # points it arms, optional ops it sends): a worker without one leaves it
     # unjudged, and `fencecheck contract` names it beforehand.
     needs: tuple[Need, ...] = ()
+    # Which layer of a system it judges (contract §14, `fencecheck list`): the
+    # queue (claim, renewal, takeover, stale finish and release, pause, kill,
+    # partition, claim storm) or the workflow built on it (checkpoints, the
+    # ledger, the outbox and its consumers, schema upgrades); per variant
+    # where variants differ.
+    layer: Layer = "workflow"
+    variant_layers: tuple[tuple[str, Layer], ...] = ()
+
+    def layer_for(self, variant: str | None) -> Layer:
+        return dict(self.variant_layers).get(variant or "", self.layer)
 
     def needs_for(self, variant: str | None) -> list[Need]:
         return [n for n in self.needs if n.applies_to(variant)]

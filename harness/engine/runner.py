@@ -436,6 +436,7 @@ def _archive(
         "mock_tool_resources": tool_log.get("resources", []),
         "broker_messages": tool_log.get("messages", []),
         "expected_invariant": spec.invariant,
+        "layer": spec.layer_for(job.variant),
         "observed_result": _observed(ctx),
         "pass_or_fail": verdict.value,
         "verdict_reason": reason,
@@ -548,6 +549,7 @@ def _minimal_archive(
         "mock_tool_request_log": [],
         "broker_messages": [],
         "expected_invariant": spec.invariant,
+        "layer": spec.layer_for(job.variant),
         "observed_result": "the environment did not come up",
         "pass_or_fail": verdict.value,
         "verdict_reason": reason,
@@ -671,4 +673,5 @@ def _result(
         archive_path=archive_path,
         invariant=spec.invariant,
         failed_checks=failed_checks,
+        layer=spec.layer_for(job.variant),
     )

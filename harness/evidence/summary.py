@@ -36,6 +36,8 @@ class ExperimentResult:
     failed_checks: list[str] = field(default_factory=list)
     #: Where the run's wall time went (harness/engine/phases.py), in seconds.
     phases_s: dict[str, float] = field(default_factory=dict)
+    #: The layer of the system it judges: queue or workflow ("" when not known).
+    layer: str = ""
 
     def __post_init__(self) -> None:
         # Every list a person reads shows the reason as one short line; the
@@ -132,15 +134,16 @@ def write_summary(
         f"{counts[Verdict.UNKNOWN]} unknown, {counts[Verdict.NOT_APPLICABLE]} not applicable",
         f"- **wall time**: {wall_s:.1f} s (sum of natural waits {natural:.1f} s)",
         "",
-        "| experiment | title | verdict | wall s | natural wait s | invariant | reason | archive |",
-        "|---|---|---|---|---|---|---|---|",
+        "| experiment | layer | title | verdict | wall s | natural wait s | invariant | reason | archive |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     judged = [r for r in results if r.verdict is not Verdict.NOT_APPLICABLE]
     apart = [r for r in results if r.verdict is Verdict.NOT_APPLICABLE]
     for r in judged:
         archive = r.archive_path.name if r.archive_path else "-"
         lines.append(
-            f"| {cell(r.name)} | {cell(r.title)} | **{r.verdict.value}** | {r.duration_s:.2f} | "
+            f"| {cell(r.name)} | {cell(r.layer or '-')} | {cell(r.title)} | **{r.verdict.value}** | "
+            f"{r.duration_s:.2f} | "
             f"{r.natural_wait_s:.2f} | {cell(r.invariant)} | {cell(r.reason)} | {cell(archive)} |"
         )
     if apart:
@@ -150,13 +153,14 @@ def write_summary(
             "",
             f"## Not applicable ({len(apart)}): the system declares it lacks what these need",
             "",
-            "| experiment | title | why | archive |",
-            "|---|---|---|---|",
+            "| experiment | layer | title | why | archive |",
+            "|---|---|---|---|---|",
         ]
         for r in apart:
             archive = r.archive_path.name if r.archive_path else "-"
             lines.append(
-                f"| {cell(r.name)} | {cell(r.title)} | {cell(r.reason)} | {cell(archive)} |"
+                f"| {cell(r.name)} | {cell(r.layer or '-')} | {cell(r.title)} | {cell(r.reason)} | "
+                f"{cell(archive)} |"
             )
     return _write_atomically(path, "\n".join(lines) + "\n")
 
@@ -231,6 +235,7 @@ def write_results_json(
                         "variant": r.variant,
                         "repeat": r.repeat_index,
                         "verdict": r.verdict.value,
+                        "layer": r.layer or None,
                         "reason": r.reason,
                         "duration_s": round(r.duration_s, 3),
                         "natural_wait_s": r.natural_wait_s,

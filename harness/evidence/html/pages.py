@@ -608,6 +608,7 @@ def _row(e: Entry, links: IndexLinks) -> Markup:
         "tr",
         el("td", verdict_badge(e.verdict)),
         el("td", el("a", e.name, href=link)),
+        el("td", e.layer or "-"),
         el("td", e.title),
         el("td", e.invariant),
         el("td", e.fault),
@@ -633,6 +634,7 @@ def _row(e: Entry, links: IndexLinks) -> Markup:
 HEADERS = (
     "verdict",
     "experiment",
+    "layer",
     "title",
     "invariant",
     "fault",
