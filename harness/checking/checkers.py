@@ -254,26 +254,33 @@ def lease_history_is_sound(ctx: ExperimentContext, run_ids: list[str] | None = N
     problems: list[str] = []
     owners: dict[tuple[str, int], set[str]] = {}
     for r in rows:
-        key = (str(r["run_id"]), int(r["epoch"] or 0))
-        if r["owner"] is not None:
-            owners.setdefault(key, set()).add(r["owner"])
-        if r["op"] != "UPDATE" or r["old_epoch"] is None:
+        if r["owner"] is not None and r["epoch"] is not None:
+            owners.setdefault((str(r["run_id"]), int(r["epoch"])), set()).add(r["owner"])
+        if r["op"] != "UPDATE":
             continue
-        if r["epoch"] < r["old_epoch"]:
+        live = (
+            r["old_owner"] is not None
+            and r["old_lease_expires_at"] is not None
+            and r["old_lease_expires_at"] > r["at"]
+        )
+        # Without a fencing token there is no epoch to hold or to grow: a grant
+        # is a new holder, and only its timing is judged.
+        fenced = r["old_epoch"] is not None and r["epoch"] is not None
+        granted = (
+            r["epoch"] > r["old_epoch"]
+            if fenced
+            else r["owner"] is not None and r["owner"] != r["old_owner"]
+        )
+        if fenced and r["epoch"] < r["old_epoch"]:
             problems.append(f"seq {r['seq']}: epoch went back {r['old_epoch']}->{r['epoch']}")
-        elif r["epoch"] > r["old_epoch"]:
-            if r["epoch"] != r["old_epoch"] + 1:
-                problems.append(f"seq {r['seq']}: epoch jumped {r['old_epoch']}->{r['epoch']}")
-            live = (
-                r["old_owner"] is not None
-                and r["old_lease_expires_at"] is not None
-                and r["old_lease_expires_at"] > r["at"]
+        if fenced and granted and r["epoch"] != r["old_epoch"] + 1:
+            problems.append(f"seq {r['seq']}: epoch jumped {r['old_epoch']}->{r['epoch']}")
+        if granted and live:
+            what = f"epoch {r['epoch']}" if fenced else "the run"
+            problems.append(
+                f"seq {r['seq']}: {r['owner']} took {what} while {r['old_owner']}'s lease ran "
+                f"until {r['old_lease_expires_at']}"
             )
-            if live:
-                problems.append(
-                    f"seq {r['seq']}: {r['owner']} took epoch {r['epoch']} while "
-                    f"{r['old_owner']}'s lease ran until {r['old_lease_expires_at']}"
-                )
     shared = {f"{k[0][:8]}@{k[1]}": sorted(v) for k, v in owners.items() if len(v) > 1}
     if shared:
         problems.append(f"epochs held by more than one owner: {shared}")

@@ -125,6 +125,11 @@ class ModelMap:
                     tables[lk.table] = None
         return list(tables)
 
+    def maps(self, relation: str, column: str) -> bool:
+        """Whether the system has a value for ``column`` of ``relation``."""
+        rel = self.relations.get(relation)
+        return rel is not None and (rel.same_names or rel.expr(column) is not None)
+
     @property
     def identity(self) -> bool:
         """The contract's own schema: every present relation same-named."""

@@ -12,9 +12,17 @@ from harness.checking.invariants.registry import invariant
 EXPIRY_TOLERANCE_S = 0.010
 
 
+def is_grant(c: Change) -> bool:
+    """A grant (claim, takeover): the epoch changes, or the lease gets a holder it
+    did not have (how a system without a fencing token grants)."""
+    if c.op != "UPDATE":
+        return False
+    return c.changed("epoch") or (c.after("owner") is not None and c.changed("owner"))
+
+
 def grants(ev: Evidence) -> list[Change]:
-    """Changes of agent_runs that change the epoch: the grants (claim, takeover)."""
-    return [c for c in ev.of("agent_runs", "UPDATE") if c.changed("epoch")]
+    """Changes of agent_runs that grant the lease (claim, takeover)."""
+    return [c for c in ev.of("agent_runs", "UPDATE") if is_grant(c)]
 
 
 @invariant(
@@ -24,7 +32,7 @@ def grants(ev: Evidence) -> list[Change]:
 )
 def epoch_grows_by_one(ev: Evidence) -> Finding:
     bad = []
-    granted = grants(ev)
+    granted = [c for c in ev.of("agent_runs", "UPDATE") if c.changed("epoch")]
     for c in granted:
         old, new = c.before("epoch"), c.after("epoch")
         if old is None or new is None or int(new) != int(old) + 1:
@@ -103,24 +111,21 @@ def live_lease_moved_only_by_its_holder(ev: Evidence) -> Finding:
     # "Its owner" is the session the audit trail saw receive the grant, not the
     # owner text a call passes: that text is no secret (contract §7.6), and a
     # session that did not take the lease must not give it up or hand it on.
-    holder: dict[tuple[str, int], str] = {}
+    holder: dict[str, str] = {}  # run -> session of its latest grant
     bad, checked = [], 0
     for c in ev.of("agent_runs"):
         run = str(c.row.get("run_id"))
-        new_owner, new_epoch = c.after("owner"), c.after("epoch")
-        granted = c.op == "INSERT" or c.changed("epoch") or c.changed("owner")
-        if c.op != "DELETE" and new_owner is not None and new_epoch is not None and granted:
-            holder.setdefault((run, int(new_epoch)), c.app)
-        old_owner, old_epoch = c.before("owner"), c.before("epoch")
+        old_owner = c.before("owner")
         expiry = ts(c.before("lease_expires_at"))
-        if c.op != "UPDATE" or old_owner is None or expiry is None or expiry <= c.at:
-            continue
-        if not (c.changed("owner") or c.changed("epoch")) or c.by_harness:
+        live = c.op == "UPDATE" and old_owner is not None and expiry is not None and expiry > c.at
+        granted_to = holder.get(run)
+        if (c.op == "INSERT" and c.after("owner") is not None) or is_grant(c):
+            holder[run] = c.app
+        if not live or not (c.changed("owner") or c.changed("epoch")) or c.by_harness:
             continue
         checked += 1
-        granted_to = holder.get((run, int(old_epoch))) if old_epoch is not None else None
         why = ""
-        if c.changed("epoch"):
+        if is_grant(c):
             why = "a grant over the live lease"
         elif c.after("status") == "cancelled":
             continue
