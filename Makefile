@@ -14,6 +14,10 @@ TOXIPROXY := $(TOOLS)/bin/toxiproxy-server
 GO_DIR := reference_impl/go
 GO_WORKER := $(GO_DIR)/bin/fencecheck-go-worker
 GO_SOURCES := $(shell find $(GO_DIR) -name '*.go' -o -name '*.sql' -o -name 'go.mod' -o -name 'go.sum')
+# The thin driver of River put under test (harness/adapters/river, docs/analyses/river.md).
+RIVER_DIR := harness/adapters/river
+RIVER_DRIVER := $(RIVER_DIR)/bin/fencecheck-river
+RIVER_SOURCES := $(shell find $(RIVER_DIR) -name '*.go' -o -name '*.yaml' -o -name 'go.mod' -o -name 'go.sum')
 # Lints the GitHub Actions workflow under docs/ci (tests/test_ci_files.py).
 ACTIONLINT_VERSION := v1.7.12
 ACTIONLINT := $(TOOLS)/bin/actionlint
@@ -23,12 +27,12 @@ PYTEST_ARGS ?=
 
 .PHONY: setup browser firewall run test test-fast lint bench bench-harness bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
 
-setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(ACTIONLINT) firewall
+setup: $(VENV)/.installed $(TOXIPROXY) $(GO_WORKER) $(RIVER_DRIVER) $(ACTIONLINT) firewall
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,adapters]'
 	@touch $@
 
 # A toxiproxy-server already on PATH is used as it is; otherwise build the
@@ -60,6 +64,12 @@ firewall:
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null; }; \
 	fi
+
+# River's driver needs the Go toolchain River v0.51 asks for (go 1.26: with
+# Go's default GOTOOLCHAIN=auto an older go fetches it through the module proxy).
+$(RIVER_DRIVER): $(RIVER_SOURCES)
+	@command -v go >/dev/null 2>&1 || { echo "error: the River adapter needs Go (apt-get install golang)"; exit 1; }
+	cd $(RIVER_DIR) && go build -o bin/fencecheck-river .
 
 # Headless Chromium for the report's rendering tests (tests/report/test_browser.py):
 # Debian's `chromium`, installed with apt-get when missing and running as root.

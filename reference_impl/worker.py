@@ -1,4 +1,4 @@
-"""``python -m reference_impl.worker {migrate,run,ops,mutants,write-paths,fork-server}`` (worker contract, section 1)."""
+"""``python -m reference_impl.worker {migrate,run,ops,mutants,write-paths,mapping,fork-server}`` (worker contract, section 1)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ _log = logging.getLogger("reference_impl.worker")
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="fencecheck-worker", description=__doc__)
     p.add_argument(
-        "mode", choices=["migrate", "run", "ops", "mutants", "write-paths", "fork-server"]
+        "mode",
+        choices=["migrate", "run", "ops", "mutants", "write-paths", "mapping", "fork-server"],
     )
     p.add_argument("--dsn", help="worker-role DSN (FENCECHECK_DSN)")
     p.add_argument("--admin-dsn", help="superuser DSN for migrate (FENCECHECK_ADMIN_DSN)")
@@ -78,6 +79,8 @@ def print_mutants() -> int:
     return 0
 
 
+MAPPING_FILE = Path(__file__).parent / "fencecheck-mapping.yaml"
+
 # The protected write's two shapes, by a text each one's top-level statement
 # contains (worker contract §1, ``write-paths``): the harness's audit trigger
 # records that statement, so it sees which path every write took.
@@ -107,6 +110,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return fork_server.serve(main, warm_imports)
     if args.mode == "mutants":
         return print_mutants()
+    if args.mode == "mapping":
+        # The worker's own declaration (contract §14), kept beside its code.
+        sys.stdout.write(MAPPING_FILE.read_text(encoding="utf-8"))
+        return 0
     if args.mode == "write-paths":
         print(json.dumps(WRITE_PATHS))
         return 0

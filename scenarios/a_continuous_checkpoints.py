@@ -8,6 +8,7 @@ and outbox row committed together.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import new_run
 
@@ -20,6 +21,7 @@ SPEC = ExperimentSpec(
     fault="two sequential protected writes by the same owner in the same epoch",
     rules=(2, 3),
     injection_point="after_checkpoint_commit",
+    needs=needs.capabilities("checkpoints", "revision_check", "outbox"),
 )
 
 

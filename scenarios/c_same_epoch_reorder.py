@@ -9,6 +9,7 @@ lock, then releases the first.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from scenarios.common import new_run
@@ -22,6 +23,10 @@ SPEC = ExperimentSpec(
     fault="first write held at after_lease_row_locked while the second is sent",
     rules=(3,),
     injection_point="after_lease_row_locked",
+    needs=(
+        *needs.capabilities("checkpoints", "revision_check"),
+        needs.point("after_lease_row_locked"),
+    ),
     write_path="stepped",
     # Same owner, same epoch: expiry plays no part, and a lease that ran out
     # while the first write is held (a loaded machine) would refuse both.
@@ -83,7 +88,7 @@ def run(ctx: ExperimentContext) -> None:
     lost = [e for e in event_ids if e not in committed]
     traces = ctx.sql(
         "outbox rows of the losing write",
-        "SELECT event_id FROM outbox WHERE event_id::text = ANY(%s)",
+        "SELECT event_id FROM fencecheck_model.outbox WHERE event_id::text = ANY(%s)",
         [lost],
     )
     ctx.invariant(

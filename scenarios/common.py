@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from harness.engine.experiment import ExperimentContext
-from harness.parts.processes import WorkerProcess
+from harness.parts.processes import ExitTimeout, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 
 T = TypeVar("T")
@@ -78,9 +79,9 @@ def wait_claimable(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0)
     def ready() -> bool:
         rows = ctx.env.query(
             "SELECT (r.lease_expires_at IS NULL OR r.lease_expires_at < clock_timestamp()) "
-            "AND NOT EXISTS (SELECT 1 FROM tool_operations o WHERE o.run_id = r.run_id "
+            "AND NOT EXISTS (SELECT 1 FROM fencecheck_model.tool_operations o WHERE o.run_id = r.run_id "
             "AND o.status = 'dispatching' AND o.dispatch_until >= clock_timestamp()) AS ready "
-            "FROM agent_runs r WHERE r.run_id = %s",
+            "FROM fencecheck_model.agent_runs r WHERE r.run_id = %s",
             [run_id],
         )
         return bool(rows and rows[0]["ready"])
@@ -95,11 +96,43 @@ def wait_claimable(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0)
     ctx.command(f"waited until run {run_id[:8]} was claimable by database time")
 
 
+@contextlib.contextmanager
+def renewal_stopped(ctx: ExperimentContext, holder: WorkerProcess) -> Iterator[None]:
+    """While the block runs, nothing renews ``holder``'s leases, by the renewal
+    model the system declares: ``per_lease`` and ``none`` renew only when
+    asked (nothing to stop); ``per_process`` renews every lease of the process
+    from its own heartbeat, so the whole process is frozen (SIGSTOP, confirmed
+    in the kernel) and let go again (SIGCONT) when the block ends. An
+    experiment that waits for a lease to run out waits inside this block,
+    never on a lease that is renewed behind its back."""
+    if ctx.system.capabilities.renewal != "per_process":
+        yield
+        return
+    ctx.pause(holder)
+    try:
+        yield
+    finally:
+        ctx.resume(holder)
+
+
 def finish(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float = 20.0) -> int:
     """Wait for a ``run``-mode worker to exit by itself; its exit code."""
     code = worker.wait(timeout_s)
     ctx.command(f"{worker.worker_id} exited with code {code}")
     return code
+
+
+def finish_or_kill(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float) -> int | str:
+    """A ``run``-mode worker's exit code; one still running after ``timeout_s``
+    is killed, and that is said (its exit code's place in the evidence names
+    it): a worker hung after its execution was cancelled (a cut link, a
+    black hole) is not itself a protocol violation, and the experiment still
+    judges everything else it saw."""
+    try:
+        return finish(ctx, worker, timeout_s)
+    except ExitTimeout:
+        ctx.kill(worker)
+        return f"still running after {timeout_s:.0f}s, killed"
 
 
 def intent_registered(

@@ -11,6 +11,7 @@ commit are serialised by the row lock.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from scenarios.common import new_run
@@ -24,6 +25,7 @@ SPEC = ExperimentSpec(
     fault="A holds the lease row lock, paused at a barrier past its lease expiry",
     rules=(1, 2),
     injection_point="after_lease_row_locked",
+    needs=(needs.capability("checkpoints"), needs.point("after_lease_row_locked")),
     lease_ttl_ms=600,
     natural_wait_s=0.6,
     write_path="stepped",

@@ -24,12 +24,22 @@ doubt with one real resource.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
 from harness.parts.control import Crash, Hold
 from harness.waiting import wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
+
+TOOL_FOR = {
+    "idempotent": "idem",
+    "query": "queryable",
+    "none": "plain",
+    "retention_expired": "idem",
+}
+#: The capability level of each of the mock tool's tools (docs/mock-tool.md).
+CAPABILITY = {"idem": "idempotent", "queryable": "query", "plain": "none"}
 
 SPEC = ExperimentSpec(
     id="E",
@@ -40,6 +50,19 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_tool_response_before_tx2_commit, after the tool created the resource",
     rules=(4, 5),
     injection_point="after_tool_response_before_tx2_commit",
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        *(needs.capability(f"ledger_tool:{CAPABILITY[t]}", v) for v, t in TOOL_FOR.items()),
+        needs.capability("ledger_tool:idempotent", "stale_dispatcher", "frozen_dispatcher"),
+        needs.point(
+            "after_tool_response_before_tx2_commit",
+            "idempotent",
+            "query",
+            "none",
+            "retention_expired",
+        ),
+        needs.point("after_dispatch_claim_commit", "stale_dispatcher", "frozen_dispatcher"),
+    ),
     variants=(
         "idempotent",
         "query",
@@ -60,13 +83,6 @@ SPEC = ExperimentSpec(
     ),
     tool_retention=(("retention_expired", RETENTION_S),),
 )
-
-TOOL_FOR = {
-    "idempotent": "idem",
-    "query": "queryable",
-    "none": "plain",
-    "retention_expired": "idem",
-}
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -214,7 +230,7 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     first = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
     wait_for(
         lambda: ctx.env.query(
-            "SELECT dispatch_until < clock_timestamp() AS expired FROM tool_operations "
+            "SELECT dispatch_until < clock_timestamp() AS expired FROM fencecheck_model.tool_operations "
             "WHERE operation_id = %s",
             [op_id],
         )[0]["expired"],
@@ -334,7 +350,7 @@ def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:
     wait_for(
         lambda: ctx.env.query(
             "SELECT clock_timestamp() > first_dispatched_at + retention_ms * interval '1 ms'"
-            " + interval '200 ms' AS over FROM tool_operations WHERE operation_id = %s",
+            " + interval '200 ms' AS over FROM fencecheck_model.tool_operations WHERE operation_id = %s",
             [op_id],
         )[0]["over"],
         what=f"the tool's retention window of {op_id} to pass by database time",
@@ -343,7 +359,7 @@ def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:
     forgotten = ctx.env.tool.client().query("idem", op_id) is None
     row = ctx.sql(
         "the ledger's record of the tool's promise",
-        "SELECT retention_ms, first_dispatched_at FROM tool_operations WHERE operation_id = %s",
+        "SELECT retention_ms, first_dispatched_at FROM fencecheck_model.tool_operations WHERE operation_id = %s",
         [op_id],
     )
     ctx.fault(

@@ -9,9 +9,17 @@ sent, or (c) unknown after the dispatcher died past the tool's answer.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
 from scenarios.common import control_plane, finish, new_run, wait_claimable
+
+POINT = {
+    "prepared": "after_outbound_intent_commit",
+    "dispatching": "after_dispatch_claim_commit",
+    "unknown": "after_tool_response_before_tx2_commit",
+}
+
 
 SPEC = ExperimentSpec(
     id="F",
@@ -23,13 +31,11 @@ SPEC = ExperimentSpec(
     rules=(4, 6),
     variants=("prepared", "dispatching", "unknown"),
     variant_waits=(("unknown", 0.8),),
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        *(needs.point(p, v) for v, p in POINT.items()),
+    ),
 )
-
-POINT = {
-    "prepared": "after_outbound_intent_commit",
-    "dispatching": "after_dispatch_claim_commit",
-    "unknown": "after_tool_response_before_tx2_commit",
-}
 
 
 def run(ctx: ExperimentContext) -> None:

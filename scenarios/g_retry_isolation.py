@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
@@ -54,6 +55,13 @@ SPEC = ExperimentSpec(
     "its operation prepared / dispatching / unknown / succeeded",
     rules=(5, 7),
     injection_point="after_tool_response_before_tx2_commit",
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        needs.point(
+            "after_tool_response_before_tx2_commit", "terminal", "live_unknown", "live_dispatching"
+        ),
+        needs.point("after_outbound_intent_commit", "live_prepared"),
+    ),
     variants=(
         "superseded",
         "terminal",
@@ -392,7 +400,7 @@ def _only_operation(ctx: ExperimentContext, run_id: str) -> str:
 def _operation(ctx: ExperimentContext, op_id: str) -> dict[str, Any]:
     rows = ctx.sql(
         f"operation {op_id}",
-        "SELECT operation_id, status, remote_id, revision FROM tool_operations "
+        "SELECT operation_id, status, remote_id, revision FROM fencecheck_model.tool_operations "
         "WHERE operation_id = %s",
         [op_id],
     )
@@ -405,7 +413,11 @@ def _resource(ctx: ExperimentContext, op_id: str) -> str | None:
 
 
 def _active_run(ctx: ExperimentContext, task_id: str) -> str:
-    rows = ctx.sql("task", "SELECT active_run_id FROM agent_tasks WHERE task_id = %s", [task_id])
+    rows = ctx.sql(
+        "task",
+        "SELECT active_run_id FROM fencecheck_model.agent_tasks WHERE task_id = %s",
+        [task_id],
+    )
     return str(rows[0]["active_run_id"]) if rows else ""
 
 

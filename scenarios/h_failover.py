@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import (
     Exemption,
     ExperimentContext,
@@ -39,6 +40,7 @@ SPEC = ExperimentSpec(
     "sync: no acknowledged epoch is lost; a cancelled sync wait is never reported as durable",
     fault="promote the standby (old primary fenced first) under async, under sync, and after "
     "cancelling a sync commit's wait",
+    needs=needs.capabilities("checkpoints", "ledger"),
     rules=(11,),
     replication="async",
     variants=("async", "sync", "sync_cancelled_wait"),
@@ -65,10 +67,10 @@ def _state(
     ctx: ExperimentContext, server: PostgresCluster, run_id: str, label: str
 ) -> dict[str, Any]:
     db = ctx.env.db.name
-    q = "SELECT epoch, revision, owner, status FROM agent_runs WHERE run_id = %s"
+    q = "SELECT epoch, revision, owner, status FROM fencecheck_model.agent_runs WHERE run_id = %s"
     run = server.query(q, [run_id], dbname=db)
     ledger = server.query(
-        "SELECT operation_id, status FROM tool_operations WHERE run_id = %s ORDER BY 1",
+        "SELECT operation_id, status FROM fencecheck_model.tool_operations WHERE run_id = %s ORDER BY 1",
         [run_id],
         dbname=db,
     )

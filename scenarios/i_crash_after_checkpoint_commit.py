@@ -5,6 +5,7 @@ the committed version and redoes no completed step.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Continue, Crash
 from scenarios.common import finish, new_run, wait_claimable, workflow_steps
@@ -18,6 +19,10 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_checkpoint_commit (the second checkpoint of the run)",
     rules=(2, 5),
     injection_point="after_checkpoint_commit",
+    needs=(
+        *needs.capabilities("workflow", "checkpoints"),
+        needs.point("after_checkpoint_commit"),
+    ),
     natural_wait_s=0.8,
 )
 

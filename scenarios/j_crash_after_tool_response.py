@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from harness.checking import checkers
-from harness.contract import spec
+from harness.contract import needs, spec
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
@@ -33,6 +33,13 @@ SPEC = ExperimentSpec(
     fault="SIGKILL at after_tool_response_before_tx2_commit, tool without query or idempotency",
     rules=(4, 5, 9),
     injection_point="after_tool_response_before_tx2_commit",
+    needs=(
+        *needs.capabilities("workflow", "ledger", "ledger_tool:none"),
+        needs.capability("operator_actions", "operator_resolves"),
+        needs.point("after_tool_response_before_tx2_commit"),
+        needs.point("after_operator_lock", "operator_resolves"),
+        needs.op("resolve_indoubt", "operator_resolves"),
+    ),
     variants=("frozen", "operator_resolves"),
     natural_wait_s=0.8,
 )
@@ -182,7 +189,7 @@ def _operator_resolves(
     actions = ctx.sql(
         "operator decisions on the run",
         "SELECT action, operator, reason, ticket, before->>'status' AS before,"
-        " after->>'status' AS after, at FROM operator_actions WHERE run_id = %s ORDER BY id",
+        " after->>'status' AS after, at FROM fencecheck_model.operator_actions WHERE run_id = %s ORDER BY id",
         [run_id],
     )
     operator = ctx.env.login_role(ctx.env.tenant_id, "operator")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash
 from scenarios.common import new_run, seen_within
@@ -51,6 +52,10 @@ SPEC = ExperimentSpec(
     "out twice, hands a read out of order",
     rules=(10,),
     injection_point="after_broker_ack_before_outbox_mark",
+    needs=(
+        *needs.capabilities("outbox", "consumer_dedupe"),
+        needs.point("after_broker_ack_before_outbox_mark", "ack_then_crash"),
+    ),
     variants=(
         "ack_then_crash",
         "publish_fails",

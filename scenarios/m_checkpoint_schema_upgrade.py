@@ -8,7 +8,8 @@ import hashlib
 import json
 
 from harness.checking import checkers
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.contract import needs
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from scenarios.common import finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(
@@ -19,6 +20,7 @@ SPEC = ExperimentSpec(
     "version is refused with SchemaVersionUnknown and the run is not advanced",
     fault="the run's latest checkpoint is in an older schema version the worker names "
     "(op legacy_checkpoint) / in version 99, which no code knows",
+    needs=needs.capabilities("workflow", "checkpoints", "contract_schema"),
     rules=(13,),
     variants=("old_version", "unknown_version"),
     lease_ttl_ms=500,
@@ -46,30 +48,41 @@ def _plant(ctx: ExperimentContext, run_id: str, version: int, state: dict[str, o
         "event_id": ctx.uuid(),
         "owner": "older-code",
     }
+    # The plant goes through the model's checkpoints (a same-named table of the
+    # contract's schema, needs contract_schema) and copies every column of it.
+    schema, table = checkpoints_table(ctx).split(".", 1)
     columns = [
         r["column_name"]
         for r in ctx.sql(
-            "agent_checkpoints columns the planted row copies",
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = 'public' "
-            "AND table_name = 'agent_checkpoints' AND is_generated = 'NEVER' "
+            "checkpoint columns the planted row copies",
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = %s "
+            "AND table_name = %s AND is_generated = 'NEVER' "
             "AND (column_name = ANY(%s) OR (column_default IS NULL AND is_identity = 'NO')) "
             "ORDER BY ordinal_position",
-            [CONTRACT_COLUMNS],
+            [schema, table, CONTRACT_COLUMNS],
         )
     ]
     listed = ", ".join(f'"{c}"' for c in columns)
     selected = ", ".join(f'p."{c}"' for c in columns)
     ctx.sql(
         f"plant a schema_version {version} checkpoint",
-        f"WITH c AS (INSERT INTO agent_checkpoints ({listed}) "
+        f"WITH c AS (INSERT INTO fencecheck_model.agent_checkpoints ({listed}) "
         f"SELECT {selected} "
-        "FROM agent_checkpoints c, jsonb_populate_record(c, %s::jsonb) p "
+        "FROM fencecheck_model.agent_checkpoints c, jsonb_populate_record(c, %s::jsonb) p "
         "WHERE c.run_id = %s AND c.revision = %s RETURNING revision) "
-        "UPDATE agent_runs SET revision = (SELECT revision FROM c), "
+        "UPDATE fencecheck_model.agent_runs SET revision = (SELECT revision FROM c), "
         "checkpoint_schema_version = %s WHERE run_id = %s RETURNING revision",
         [json.dumps(overrides), run_id, revision - 1, version, run_id],
     )
     return revision
+
+
+def checkpoints_table(ctx: ExperimentContext) -> str:
+    """The system's table behind the model's checkpoints."""
+    relation = ctx.system.model.relations["agent_checkpoints"]
+    if relation is None:
+        raise Inconclusive("the system has no checkpoints to plant one in")
+    return relation.table
 
 
 # The checkpoint columns of the contract (§6): always copied (or replaced).

@@ -20,6 +20,7 @@ from typing import Any
 import psycopg
 
 from harness.checking import checkers, forbidden_writes, grants
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import control_plane, new_run
 
@@ -34,6 +35,9 @@ SPEC = ExperimentSpec(
     "can change its own tenant binding",
     fault="a worker, a raw worker-role session and the worker role's catalog grants, all of "
     "tenant 1, aimed at tenant 2's rows and at the binding itself",
+    needs=needs.capabilities(
+        "tenants:rls", "checkpoints", "outbox", "consumer_dedupe", "contract_schema"
+    ),
     rules=(12,),
 )
 

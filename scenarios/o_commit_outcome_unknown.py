@@ -9,6 +9,7 @@ reached the server (request lost), or it committed and the answer was lost
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from scenarios.common import new_run, seen_within
@@ -22,6 +23,7 @@ SPEC = ExperimentSpec(
     fault="worker->postgres link cut (request lost) or answers dropped (response lost) at COMMIT",
     rules=(9,),
     injection_point="before_commit",
+    needs=(*needs.capabilities("checkpoints", "outbox"), needs.point("before_commit")),
     variants=("request_lost", "response_lost"),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",
@@ -65,7 +67,9 @@ def run(ctx: ExperimentContext) -> None:
     if variant == "response_lost":
         committed_at_fault = bool(
             seen_within(
-                lambda: ctx.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id]),
+                lambda: ctx.env.query(
+                    "SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id]
+                ),
                 what="the COMMIT to reach the server while answers are dropped",
                 timeout_s=10,
             )
@@ -83,13 +87,13 @@ def run(ctx: ExperimentContext) -> None:
         )
     )
     committed_while_cut = bool(
-        ctx.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id])
+        ctx.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
     )
     ctx.heal("worker_pg")
     reply = pending.result(30)
     events = ctx.sql(
         "outbox rows of the write",
-        "SELECT event_id FROM outbox WHERE run_id = %s AND event_id = %s",
+        "SELECT event_id FROM fencecheck_model.outbox WHERE run_id = %s AND event_id = %s",
         [run_id, event_id],
     )
     if variant == "request_lost":

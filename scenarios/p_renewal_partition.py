@@ -14,10 +14,11 @@ import time
 
 from harness.checking import checkers
 from harness.checking.history import read_history
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from harness.waiting import wait_for
-from scenarios.common import finish, new_run, wait_claimable
+from scenarios.common import finish, finish_or_kill, new_run, wait_claimable
 
 SPEC = ExperimentSpec(
     id="P",
@@ -27,7 +28,12 @@ SPEC = ExperimentSpec(
     "tool; B takes over with the next epoch and finishes the run",
     fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool",
     rules=(8, 1),
+    layer="queue",
     injection_point="after_dispatch_claim_commit",
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        needs.point("after_dispatch_claim_commit"),
+    ),
     natural_wait_s=0.8 + 0.3,
 )
 
@@ -58,7 +64,7 @@ def run(ctx: ExperimentContext) -> None:
     except TimeoutError:
         ctx.command("A reported no failed renewal; releasing anyway after the lease time")
     ctx.release("A", "after_dispatch_claim_commit")
-    code_a = finish(ctx, a)
+    code_a = finish_or_kill(ctx, a, 20)
     # A renewal A sent just before the cut may still land after it (the server
     # had the bytes): only its own call timeout bounds that, so a renewal later
     # than that, or any other change, shows the link was not cut.

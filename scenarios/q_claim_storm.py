@@ -6,6 +6,7 @@ epochs per run only grow, and every run finishes with one effect per step.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from harness.parts.processes import WorkerProcess
@@ -23,6 +24,8 @@ SPEC = ExperimentSpec(
     rules=(1, 4),
     lease_ttl_ms=600,
     natural_wait_s=0.6,
+    layer="queue",
+    needs=(needs.capability("workflow"), needs.point("after_lease_acquired")),
     timeout_s=90,
 )
 
@@ -55,7 +58,8 @@ def run(ctx: ExperimentContext) -> None:
         wait_for(
             lambda: all(
                 ctx.env.query(
-                    "SELECT 1 FROM agent_runs WHERE run_id = %s AND epoch > %s", [run, epoch]
+                    "SELECT 1 FROM fencecheck_model.agent_runs WHERE run_id = %s AND epoch > %s",
+                    [run, epoch],
                 )
                 for run, epoch in held
             ),
@@ -71,7 +75,7 @@ def run(ctx: ExperimentContext) -> None:
         wait_for(
             lambda: (
                 not ctx.env.query(
-                    "SELECT 1 FROM agent_runs WHERE run_id = ANY(%s::uuid[]) AND status NOT IN "
+                    "SELECT 1 FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s::text[]) AND status NOT IN "
                     "('succeeded', 'failed', 'cancelled', 'paused_indoubt', 'paused_human')",
                     [run_ids],
                 )
@@ -85,7 +89,7 @@ def run(ctx: ExperimentContext) -> None:
         ctx.command(f"SIGTERM {w.worker_id}: exited with code {w.stop(grace_s=5)}")
     rows = ctx.sql(
         "final status of every run",
-        "SELECT run_id, status, epoch, owner FROM agent_runs WHERE run_id = ANY(%s::uuid[])",
+        "SELECT run_id, status, epoch, owner FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s::text[])",
         [run_ids],
     )
     trail = checkers.audit(ctx)

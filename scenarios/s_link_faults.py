@@ -41,12 +41,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from harness.parts.link_probe import HTTP_HEALTH, PG_SSL_REQUEST, ProbeResult, probe
-from harness.parts.processes import ProcessTimeout, WorkerProcess
 from harness.parts.toxiproxy import FaultRecord, Link
-from scenarios.common import finish, new_run, seen_within, wait_claimable
+from scenarios.common import finish, finish_or_kill, new_run, seen_within, wait_claimable
 
 LinkName = Literal["pg", "tool", "replication"]
 Kind = Literal["cut", "blackhole", "reset", "latency"]
@@ -151,11 +151,22 @@ SPEC = ExperimentSpec(
     "link to PostgreSQL, its link to the tool, or the replication link",
     rules=(8, 5, 4, 11),
     injection_point=HOLD_POINT,
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        needs.point(HOLD_POINT),
+        needs.point(
+            OUTCOME_POINT, *(f.variant for f in FAULTS if f.kind == "latency" and f.link == "tool")
+        ),
+    ),
     variants=tuple(f.variant for f in FAULTS),
     natural_wait_s=1.1,
     variant_waits=tuple((f.variant, f.wait_s) for f in FAULTS),
     variant_faults=tuple((f.variant, f.fault) for f in FAULTS),
     variant_replication=(("replication_blackhole", "sync"),),
+    # A renewal that does not answer is the queue's; a tool call that does not
+    # is the workflow's (its ledger says unknown).
+    layer="queue",
+    variant_layers=tuple((f.variant, "workflow") for f in FAULTS if f.shape == "tool_call"),
 )
 
 
@@ -209,16 +220,6 @@ def _probe_shows(seen: ProbeResult, fault: LinkFault, at_least_ms: float) -> boo
     return seen.outcome == "answered" and seen.elapsed_ms >= at_least_ms
 
 
-def _wait_or_kill(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float) -> int | str:
-    """A's exit code; a worker still running after ``timeout_s`` is killed (and
-    that is said): a hung worker is not itself a protocol violation."""
-    try:
-        return finish(ctx, worker, timeout_s)
-    except ProcessTimeout:
-        ctx.kill(worker)
-        return f"still running after {timeout_s:.0f}s, killed"
-
-
 # --------------------------------------------------------------- heartbeat
 
 
@@ -258,7 +259,7 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
     bound_s = env.lease_ttl_ms / 1000 + 2 * hb_s + PG_LATENCY_MS / 1000 + 5
     ran_out = seen_within(
         lambda: env.query(
-            "SELECT lease_expires_at < clock_timestamp() AS expired FROM agent_runs "
+            "SELECT lease_expires_at < clock_timestamp() AS expired FROM fencecheck_model.agent_runs "
             "WHERE run_id = %s AND lease_expires_at < clock_timestamp()",
             [run_id],
         ),
@@ -275,7 +276,7 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
     seen = looking.result(timeout=30)
     pool.shutdown()
     ctx.release("A", HOLD_POINT)
-    code_a = _wait_or_kill(ctx, a, 15)
+    code_a = finish_or_kill(ctx, a, 15)
     # A renewal sent just before the fault may land within its own call timeout.
     in_flight_s = env.heartbeat_timeout_ms / 1000
     after = checkers.changes_by(ctx, ["A"], since=t0)
@@ -400,9 +401,9 @@ def _tool_call(ctx: ExperimentContext, fault: LinkFault) -> None:
         status_at_outcome = [o["status"] for o in checkers.ledger(ctx, run_id)]
         ctx.heal("worker_tool")
         ctx.release("A", OUTCOME_POINT)
-        code_a = _wait_or_kill(ctx, a, 20)
+        code_a = finish_or_kill(ctx, a, 20)
     else:
-        code_a = _wait_or_kill(ctx, a, 20)
+        code_a = finish_or_kill(ctx, a, 20)
         status_at_outcome = [o["status"] for o in checkers.ledger(ctx, run_id)]
         ctx.heal("worker_tool")
     creates = checkers.tool_requests(ctx, run_id=run_id)

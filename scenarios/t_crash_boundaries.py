@@ -32,10 +32,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash
 from harness.parts.processes import WorkerProcess
-from scenarios.common import finish, new_run, wait_claimable
+from scenarios.common import finish, new_run, seen_within, wait_claimable
 
 Stage = Literal["run", "relay", "consume"]
 CONSUMER = "billing"
@@ -155,6 +156,14 @@ SPEC = ExperimentSpec(
     "and at one relay and one consumer boundary in some",
     rules=(2, 4, 5, 10),
     injection_point=BOUNDARIES[0].point,
+    needs=(
+        *needs.capabilities("workflow", "ledger", "outbox", "consumer_dedupe"),
+        *(
+            needs.point(p, v)
+            for v, g in VARIANTS.items()
+            for p in dict.fromkeys(p for b in g for p in (*b.before, b.point))
+        ),
+    ),
     variants=tuple(VARIANTS),
     variant_waits=tuple((v, max(b.wait_s for b in g)) for v, g in VARIANTS.items()),
     variant_points=tuple((v, ", ".join(b.point for b in g)) for v, g in VARIANTS.items()),
@@ -196,15 +205,26 @@ def _crash_ops(
     args: dict[str, Any],
 ) -> list[tuple[str, str, int]]:
     """When a boundary of ``group`` is at this ops stage: arm the crash, send the
-    op, wait for the process to die (it never answers)."""
+    op, wait for the process to die (it never answers). A worker that answers
+    instead never reached the point: the crash did not take effect (its fault
+    check says so), it did not break a bound."""
     at_stage = [b for b in group if b.stage == stage]
     if not at_stage:
         return []
     b = at_stage[0]
     ctx.arm(name, b.point, Crash())
     worker = ctx.env.start_worker(name, "ops")
-    ctx.op_async(worker, stage, args)
-    code = worker.wait(15)
+    pending = ctx.op_async(worker, stage, args)
+    ended = seen_within(
+        lambda: not worker.is_alive() or pending.done(),
+        what=f"{name} to die at {b.point} or answer {stage}",
+        timeout_s=15,
+    )
+    if ended and worker.is_alive():
+        ctx.command(f"{name} answered {stage} without reaching {b.point}")
+        worker.stop(grace_s=1.0)
+        return [(name, b.point, worker.returncode or 0)]
+    code = worker.wait(1 if ended else 0.1)
     ctx.command(f"{name} ({stage}) exited with code {code}")
     return [(name, b.point, code)]
 
@@ -274,7 +294,7 @@ def _judge(ctx: ExperimentContext, run_id: str) -> None:
     )
     effects = ctx.sql(
         f"{CONSUMER}'s business effects for the run's events",
-        "SELECT event_id::text AS event_id, count(*) AS n FROM consumer_effects "
+        "SELECT event_id::text AS event_id, count(*) AS n FROM fencecheck_model.consumer_effects "
         "WHERE consumer_name = %s AND event_id::text = ANY(%s) GROUP BY event_id",
         [CONSUMER, list(events)],
     )

@@ -25,6 +25,7 @@ import time
 from typing import Any
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.processes import WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
@@ -40,6 +41,7 @@ SPEC = ExperimentSpec(
     "paused for a human and no further request reaches the tool",
     fault="the tool refuses every create with 429 (retry later); then a retry of a run whose "
     "attempt budget is spent",
+    needs=needs.capabilities("workflow", "ledger"),
     rules=(4, 5),
     natural_wait_s=0.9,
 )
@@ -107,7 +109,7 @@ def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str
     before = checkers.run_row(ctx, old, "the run to retry")
     spent = ctx.sql(
         "its attempt budget",
-        "SELECT attempt_count >= max_attempts AS spent FROM agent_runs WHERE run_id = %s",
+        "SELECT attempt_count >= max_attempts AS spent FROM fencecheck_model.agent_runs WHERE run_id = %s",
         [old],
     )
     ctx.fault(
@@ -159,7 +161,7 @@ def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[t
 
     def paused() -> bool:
         rows = ctx.env.query(
-            "SELECT status FROM agent_runs WHERE run_id::text = ANY(%s)",
+            "SELECT status FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s)",
             [runs],
         )
         return all(row["status"] == "paused_human" for row in rows)

@@ -14,6 +14,7 @@ run's earlier versions, never another run's.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from scenarios.common import control_plane, finish, new_run
 
@@ -28,6 +29,7 @@ SPEC = ExperimentSpec(
     fault="the tool refuses the run's first create with 422 (definite, not retryable)",
     rules=(4, 5),
     variants=("supplement", "terminate"),
+    needs=(*needs.capabilities("workflow", "ledger", "operator_actions"), needs.op("decide")),
 )
 
 
@@ -147,7 +149,7 @@ def run(ctx: ExperimentContext) -> None:
     actions = ctx.sql(
         "operator decisions on the run",
         "SELECT action, operator, ticket, before->>'status' AS before, after->>'status' AS after"
-        " FROM operator_actions WHERE run_id = %s ORDER BY id",
+        " FROM fencecheck_model.operator_actions WHERE run_id = %s ORDER BY id",
         [run_id],
     )
     after = "queued" if variant == "supplement" else "failed"

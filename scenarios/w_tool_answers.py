@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from harness.checking import checkers
+from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import finish, new_run, seen_within
 
@@ -74,6 +75,9 @@ ANSWERS = {
     ),
 }
 
+#: The capability level of each of the mock tool's tools (docs/mock-tool.md).
+CAPABILITY = {"detid": "deterministic_id", "queryable": "query", "plain": "none"}
+
 SPEC = ExperimentSpec(
     id="W",
     title="tool answers",
@@ -85,6 +89,10 @@ SPEC = ExperimentSpec(
     "after acting, 202 without a result, or an answer after the worker's timeout",
     rules=(4, 5),
     variants=tuple(ANSWERS),
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        *(needs.capability(f"ledger_tool:{CAPABILITY[a.tool]}", v) for v, a in ANSWERS.items()),
+    ),
     variant_waits=(("late_answer", LATE_MS / 1000),),
 )
 

@@ -5,6 +5,7 @@ section 12)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -95,3 +96,46 @@ def test_policies_reading_a_setting_are_named(tmp_path: Path) -> None:
     assert done.returncode == 1, done.stdout + done.stderr
     for table in ("agent_runs", "agent_checkpoints", "tool_operations", "outbox"):
         assert f"[§7.4] policies of public.{table}" in done.stdout
+
+
+@pytest.mark.timeout(300)
+def test_what_a_system_declares_absent_is_not_applicable(tmp_path: Path) -> None:
+    """B, K and R judge the queue layer of a system without a fencing token;
+    C needs what it declares absent: not applicable, named, in every report."""
+    done = fencecheck(
+        "run", "B", "C", "K", "R", "--quiet", "--skip-contract",
+        "--worker-cmd", hostile("declares_queue_only"), "--report-dir", str(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "not applicable C" in done.stdout.splitlines()[-1]
+    (run_dir,) = (p for p in tmp_path.iterdir() if not p.is_symlink())
+    results = {
+        r["experiment"]: r for r in json.loads((run_dir / "results.json").read_text())["results"]
+    }
+    assert {k: r["verdict"] for k, r in results.items()} == {
+        "B": "pass", "C": "not_applicable", "K": "pass", "R": "pass",
+    }  # fmt: skip
+    assert "declares no checkpoints, revision_check" in results["C"]["reason"]
+    assert "<skipped" in (run_dir / "junit.xml").read_text()
+    gated = fencecheck(
+        "merge", str(run_dir), "--into", str(tmp_path / "m"), "--fail-on", "not_applicable"
+    )
+    assert gated.returncode == 1, gated.stdout + gated.stderr
+    assert "not applicable C" in gated.stdout
+
+
+@pytest.mark.timeout(120)
+def test_an_invalid_mapping_is_refused_naming_the_field(tmp_path: Path) -> None:
+    done = fencecheck(
+        "run",
+        "B",
+        "--quiet",
+        "--worker-cmd",
+        hostile("invalid_mapping"),
+        "--report-dir",
+        str(tmp_path),
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "capabilities.renewal: 'per_job' is not one of" in done.stderr
+    contract = fencecheck("contract", "--quiet", "--worker-cmd", hostile("invalid_mapping"))
+    assert contract.returncode == 1 and "[§14] the mapping" in contract.stdout

@@ -25,7 +25,7 @@ def run_row(ctx: ExperimentContext, run_id: str, label: str = "") -> dict[str, A
         label or f"state of run {run_id[:8]}",
         "SELECT run_id, tenant_id, task_id, status, revision, owner, epoch, lease_expires_at, "
         "lease_expires_at < clock_timestamp() AS lease_expired, checkpoint_schema_version, "
-        "current_step, attempt_count FROM agent_runs WHERE run_id = %s",
+        "current_step, attempt_count FROM fencecheck_model.agent_runs WHERE run_id = %s",
         [run_id],
     )
     if not rows:
@@ -37,7 +37,7 @@ def checkpoints(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"checkpoints of run {run_id[:8]}",
         "SELECT revision, epoch, owner, schema_version, event_id, state_json, created_at "
-        "FROM agent_checkpoints WHERE run_id = %s ORDER BY revision",
+        "FROM fencecheck_model.agent_checkpoints WHERE run_id = %s ORDER BY revision",
         [run_id],
     )
 
@@ -110,7 +110,7 @@ def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"tool ledger of run {run_id[:8]}",
         "SELECT operation_id, step_id, effect_version, tool_name, status, dispatch_owner, "
-        "dispatch_until, remote_id, revision FROM tool_operations WHERE run_id = %s "
+        "dispatch_until, remote_id, revision FROM fencecheck_model.tool_operations WHERE run_id = %s "
         "ORDER BY step_id, effect_version",
         [run_id],
     )
@@ -119,7 +119,7 @@ def ledger(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
 def outbox(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]]:
     return ctx.sql(
         f"outbox of run {run_id[:8]}",
-        "SELECT id, event_id, event_type, published_at FROM outbox WHERE run_id = %s ORDER BY id",
+        "SELECT id, event_id, event_type, published_at FROM fencecheck_model.outbox WHERE run_id = %s ORDER BY id",
         [run_id],
     )
 
@@ -129,7 +129,7 @@ def wait_lease_expired(ctx: ExperimentContext, run_id: str, timeout_s: float = 1
     try:
         wait_for(
             lambda: ctx.env.query(
-                "SELECT lease_expires_at < clock_timestamp() AS expired FROM agent_runs "
+                "SELECT lease_expires_at < clock_timestamp() AS expired FROM fencecheck_model.agent_runs "
                 "WHERE run_id = %s",
                 [run_id],
             )[0]["expired"],
@@ -254,26 +254,33 @@ def lease_history_is_sound(ctx: ExperimentContext, run_ids: list[str] | None = N
     problems: list[str] = []
     owners: dict[tuple[str, int], set[str]] = {}
     for r in rows:
-        key = (str(r["run_id"]), int(r["epoch"] or 0))
-        if r["owner"] is not None:
-            owners.setdefault(key, set()).add(r["owner"])
-        if r["op"] != "UPDATE" or r["old_epoch"] is None:
+        if r["owner"] is not None and r["epoch"] is not None:
+            owners.setdefault((str(r["run_id"]), int(r["epoch"])), set()).add(r["owner"])
+        if r["op"] != "UPDATE":
             continue
-        if r["epoch"] < r["old_epoch"]:
+        live = (
+            r["old_owner"] is not None
+            and r["old_lease_expires_at"] is not None
+            and r["old_lease_expires_at"] > r["at"]
+        )
+        # Without a fencing token there is no epoch to hold or to grow: a grant
+        # is a new holder, and only its timing is judged.
+        fenced = r["old_epoch"] is not None and r["epoch"] is not None
+        granted = (
+            r["epoch"] > r["old_epoch"]
+            if fenced
+            else r["owner"] is not None and r["owner"] != r["old_owner"]
+        )
+        if fenced and r["epoch"] < r["old_epoch"]:
             problems.append(f"seq {r['seq']}: epoch went back {r['old_epoch']}->{r['epoch']}")
-        elif r["epoch"] > r["old_epoch"]:
-            if r["epoch"] != r["old_epoch"] + 1:
-                problems.append(f"seq {r['seq']}: epoch jumped {r['old_epoch']}->{r['epoch']}")
-            live = (
-                r["old_owner"] is not None
-                and r["old_lease_expires_at"] is not None
-                and r["old_lease_expires_at"] > r["at"]
+        if fenced and granted and r["epoch"] != r["old_epoch"] + 1:
+            problems.append(f"seq {r['seq']}: epoch jumped {r['old_epoch']}->{r['epoch']}")
+        if granted and live:
+            what = f"epoch {r['epoch']}" if fenced else "the run"
+            problems.append(
+                f"seq {r['seq']}: {r['owner']} took {what} while {r['old_owner']}'s lease ran "
+                f"until {r['old_lease_expires_at']}"
             )
-            if live:
-                problems.append(
-                    f"seq {r['seq']}: {r['owner']} took epoch {r['epoch']} while "
-                    f"{r['old_owner']}'s lease ran until {r['old_lease_expires_at']}"
-                )
     shared = {f"{k[0][:8]}@{k[1]}": sorted(v) for k, v in owners.items() if len(v) > 1}
     if shared:
         problems.append(f"epochs held by more than one owner: {shared}")
@@ -293,7 +300,7 @@ def recorded_results_are_the_tools(ctx: ExperimentContext, run_id: str) -> None:
     resource at all, is no success of ours."""
     rows = ctx.sql(
         f"succeeded operations of run {run_id[:8]} with their registered digest",
-        "SELECT operation_id, tool_name, remote_id, request_digest FROM tool_operations "
+        "SELECT operation_id, tool_name, remote_id, request_digest FROM fencecheck_model.tool_operations "
         "WHERE run_id = %s AND status = 'succeeded' ORDER BY operation_id",
         [run_id],
     )
@@ -334,7 +341,7 @@ def every_event_applied_once(ctx: ExperimentContext, consumer: str) -> None:
     delivered = {str(e) for d in log.get("deliveries", []) for e in d.get("event_ids", [])}
     rows = ctx.sql(
         f"business effects of consumer {consumer} per event",
-        "SELECT event_id, count(*) AS effects FROM consumer_effects WHERE consumer_name = %s "
+        "SELECT event_id, count(*) AS effects FROM fencecheck_model.consumer_effects WHERE consumer_name = %s "
         "GROUP BY event_id",
         [consumer],
     )

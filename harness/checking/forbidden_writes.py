@@ -314,14 +314,15 @@ def _in_state(ctx: ExperimentContext, fx: Fixture, target: str) -> bool:
     expired and not taken over, the queued run queued."""
     if target == "queued":
         rows = ctx.env.query(
-            "SELECT status = 'queued' AS ok FROM agent_runs WHERE run_id = %s", [fx.queued]
+            "SELECT status = 'queued' AS ok FROM fencecheck_model.agent_runs WHERE run_id = %s",
+            [fx.queued],
         )
     else:
         lease = fx.live if target == "live" else fx.expired
         rows = ctx.env.query(
             "SELECT owner IS NOT DISTINCT FROM %s AND epoch = %s AND revision = %s"
             " AND (lease_expires_at > clock_timestamp()) = %s AS ok"
-            " FROM agent_runs WHERE run_id = %s",
+            " FROM fencecheck_model.agent_runs WHERE run_id = %s",
             [lease.owner, lease.epoch, lease.revision, target == "live", lease.run_id],
         )
     return bool(rows and rows[0]["ok"])

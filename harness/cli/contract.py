@@ -41,10 +41,17 @@ def conformance(
     A worker whose first ``migrate`` fails is reported (not raised): that is
     the worker's gap here."""
     from harness.contract import conformance as check
+    from harness.contract import mapping
     from harness.engine.environment import MigrateFailed, SharedServices
 
     say = progress or (lambda _m: None)
     started = time.monotonic()
+    try:  # the mapping first: migrate installs the model it declares
+        mapping.declared(tuple(settings.worker_cmd))
+    except mapping.MappingError as exc:
+        return check.mapping_invalid(
+            settings.worker_command_text(), exc, time.monotonic() - started
+        )
     say("migrate on a fresh database")
     try:
         with SharedServices(settings) as shared:

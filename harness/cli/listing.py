@@ -1,11 +1,11 @@
-"""``fencecheck list``: the acceptance matrix with its invariants."""
+"""``fencecheck list``: the acceptance matrix with its invariants, by layer."""
 
 from __future__ import annotations
 
 import argparse
 
 NAME = "list"
-HELP = "the acceptance matrix with its invariants"
+HELP = "the acceptance matrix with its invariants, by the layer each experiment judges"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -14,12 +14,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     import scenarios
+    from harness.engine.experiment import LAYERS
 
-    for module in scenarios.all_modules():
-        spec = module.SPEC
-        variants = f" (variants: {', '.join(spec.variants)})" if spec.variants else ""
-        print(f"{spec.id}  {spec.title}{variants}")
-        print(f"   fault:     {spec.fault}")
-        print(f"   invariant: {spec.invariant}")
-        print(f"   rules:     {', '.join(map(str, spec.rules))}   source: {spec.seed_section}")
+    modules = scenarios.all_modules()
+    for layer, meaning in LAYERS.items():
+        print(f"== {meaning}")
+        for module in modules:
+            spec = module.SPEC
+            here = [v for v in spec.variants or (None,) if spec.layer_for(v) == layer]
+            if not here:
+                continue
+            variants = f" (variants: {', '.join(str(v) for v in here)})" if spec.variants else ""
+            print(f"{spec.id}  {spec.title}{variants}")
+            print(f"   fault:     {spec.fault}")
+            print(f"   invariant: {spec.invariant}")
+            print(f"   rules:     {', '.join(map(str, spec.rules))}   source: {spec.seed_section}")
+            needs = sorted({n.describe() for v in here for n in spec.needs_for(v)})
+            if needs:
+                print(f"   needs:     {', '.join(needs)}")
+        print()
     return 0

@@ -36,8 +36,10 @@ from harness.cli.common import (
     shard_option,
 )
 from harness.evidence.gate import add_gate_option
+from harness.verdict import EXIT_UNKNOWN
 
 if TYPE_CHECKING:
+    from harness.contract.mapping import Declaration
     from harness.contract.report import ContractReport
     from harness.engine.environment import Environment, MigrateFailed, Settings, SharedServices
     from harness.engine.progress import Progress
@@ -110,6 +112,9 @@ def main(args: argparse.Namespace) -> int:
     settings = settings_from_args(args, mutant=args.mutant)
     if settings.mutant:
         _check_mutant(tuple(settings.worker_cmd), settings.mutant)
+    declaration = _declared_mapping(tuple(settings.worker_cmd))
+    if declaration is None:
+        return EXIT_UNKNOWN
     shard = shard_from_args(args)
     if shard.count > 1 and args.seed is None:
         raise UsageError(
@@ -136,6 +141,26 @@ def main(args: argparse.Namespace) -> int:
         )
         reap_and_report(settings.work_dir, progress.say)
         return _run(settings, plan, root / run_id, run_id, seed, args, progress)
+
+
+def _declared_mapping(worker_cmd: tuple[str, ...]) -> Declaration | None:
+    """The worker's mapping (contract §14), or None when the one it prints is not
+    valid: that is said with every problem, and nothing runs (its experiments
+    could not be read through it)."""
+    from harness.contract.mapping import MappingError, declared
+
+    try:
+        return declared(worker_cmd)
+    except MappingError as exc:
+        print(f"fencecheck: the worker's mapping is not valid ({exc.source}):", file=sys.stderr)
+        for problem in exc.problems:
+            print(f"  {problem}", file=sys.stderr)
+        print(
+            f"fencecheck: exit {EXIT_UNKNOWN}: fix the mapping (docs/worker-contract.md section "
+            "14); no experiment ran",
+            file=sys.stderr,
+        )
+        return None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,11 +434,20 @@ def _print_outcome(
 
     progress.say("")
     progress.say(terminal_table(results))
-    not_passed = [r for r in results if r.verdict is not Verdict.PASS]
+    not_passed = [r for r in results if r.verdict in (Verdict.FAIL, Verdict.UNKNOWN)]
     if not_passed:
         progress.say(f"\nnot passed ({len(not_passed)} of {len(results)}):")
         for r in not_passed:
             progress.say(f"  {r.name} {r.verdict.value}: {r.reason}  [{r.archive_path or '-'}]")
+    apart = [r for r in results if r.verdict is Verdict.NOT_APPLICABLE]
+    if apart:
+        # Apart from the judged ones, one line per reason: what the system lacks.
+        progress.say(f"\nnot applicable ({len(apart)} of {len(results)}, by the system's mapping):")
+        by_reason: dict[str, list[str]] = {}
+        for r in apart:
+            by_reason.setdefault(r.reason, []).append(r.name)
+        for reason, names in by_reason.items():
+            progress.say(f"  {', '.join(names)}: {reason}")
     state = f"INTERRUPTED ({interrupted})" if interrupted else overall(results).value.upper()
     progress.say(f"\noverall: {state} in {wall:.1f}s; reports in {report_dir}")
     progress.say(

@@ -34,8 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from harness.checking.history import read_history
-from harness.contract import catalog, spec
-from harness.contract.report import ContractReport
+from harness.contract import catalog, mapping, needs, points, spec
+from harness.contract.report import ContractReport, Unjudged
 from harness.engine.environment import (
     Environment,
     MigrateFailed,
@@ -43,6 +43,7 @@ from harness.engine.environment import (
     experiment_environment,
     migrate,
 )
+from harness.parts.control import Crash
 from harness.parts.processes import ProcessError, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 from mock_tool.canonical import request_digest
@@ -56,25 +57,47 @@ RUN_TIMEOUT_S = 60.0
 #: without extra steps, by current_step (contract section 10).
 WORKFLOW_STEPS = ["plan", "plan", "lookup", "create_label", "create_label", "notify", "finish"]
 #: The points each happy-path worker passes (contract section 3): W in `ops`
-#: mode on the write path asked by default, S in `ops` mode on the stepped
-#: path, R in `run` mode (the built-in workflow).
+#: mode on the write path asked by default (its relay and consumer pass the
+#: outbox and consumer boundaries), S in `ops` mode on the stepped path, ctl's
+#: reconcile once a dispatcher died holding its claim, R in `run` mode (the built-in workflow, slow enough for its
+#: heartbeat to renew), L in `run` mode with a tool that answers after the
+#: worker's timeout (a ledger-only outcome, then convergence by query).
 POINTS = {
     "W": (
         "before_renew",
         "after_outbound_intent_commit",
         "after_dispatch_claim_commit",
         "after_tool_response_before_tx2_commit",
+        "after_outbox_batch_locked",
         "after_broker_ack_before_outbox_mark",
+        "after_outbox_mark_commit",
+        "after_consumer_read",
+        "after_consumer_dedup_commit",
     ),
     "S": ("after_lease_row_locked", "before_commit"),
+    "ctl": ("after_claims_expired_commit",),
     "R": (
         "after_lease_acquired",
+        "after_renew_commit",
         "after_checkpoint_commit",
         "after_outbound_intent_commit",
         "after_dispatch_claim_commit",
         "after_tool_response_before_tx2_commit",
     ),
+    "L": ("after_dispatch_outcome_commit", "after_reconcile_query"),
 }
+#: Points the check does not pass, with what it would take.
+POINTS_NOT_EXERCISED = {
+    "after_operator_lock": "needs a run paused in doubt and the optional resolve_indoubt",
+}
+#: R's work time per step: with HEARTBEAT_MS between renewals the workflow
+#: outlasts a few of them, so its heartbeat commits at least one renewal.
+STEP_DELAY_MS = 60
+#: The dead dispatcher's claim deadline: short, so the reconciler finds it expired.
+SHORT_DISPATCH_TTL_MS = 200
+#: L's tool answers this late, past the worker's own call timeout.
+LATE_ANSWER_MS = 600
+TOOL_TIMEOUT_MS = 250
 #: Optional ops the happy path cannot reach without a fault of its own.
 NOT_EXERCISED = {
     "resolve_indoubt": "needs a run paused in doubt (J[operator_resolves] exercises it)",
@@ -105,6 +128,16 @@ def check(
     """Hold the worker of ``shared`` (whose template is migrated) to the contract."""
     started = time.monotonic()
     report = ContractReport(worker=shared.settings.worker_command_text())
+    declaration = mapping.declared(tuple(shared.settings.worker_cmd))  # valid: migrate used it
+    if declaration.own:
+        report.checked.append(
+            f"mapping: {declaration.system} ({declaration.layer} layer), from `{declaration.source}`"
+        )
+    else:
+        report.notes.append(
+            "the worker prints no mapping (`<worker-cmd> mapping`, section 14): the contract's "
+            "own is assumed (its tables of section 6, every capability, every injection point)"
+        )
     report.checked.append("migrate on a fresh database: exit 0")
     progress("schema against schema.sql")
     fatal = _schema(shared, report)
@@ -113,6 +146,15 @@ def check(
     else:
         _in_environment(shared, log_dir, report, progress)
     report.wall_s = time.monotonic() - started
+    return report
+
+
+def mapping_invalid(worker: str, exc: mapping.MappingError, wall_s: float) -> ContractReport:
+    """The report of a worker whose mapping is not valid: one gap per problem."""
+    report = ContractReport(worker=worker, wall_s=wall_s)
+    for problem in exc.problems:
+        report.gap("14", "the mapping", "a valid mapping (schemas/mapping.schema.json)", problem)
+    report.skipped.append("everything else: the system's mapping is not valid")
     return report
 
 
@@ -125,10 +167,20 @@ def migrate_failed(worker: str, exc: MigrateFailed, wall_s: float) -> ContractRe
 
 
 def _schema(shared: SharedServices, report: ContractReport) -> str | None:
-    """Catalog comparison; a reason to stop when the basics are missing."""
+    """Catalog comparison; a reason to stop when the basics are missing. A system
+    of its own schema (section 14) is held to its mapping instead, checked when
+    the model was installed after migrate, and to the group roles."""
     assert shared.primary is not None and shared.template is not None
-    expected = catalog.expected_catalog(shared.primary)
     found = catalog.read_catalog(shared.primary, shared.template)
+    if not mapping.declared(tuple(shared.settings.worker_cmd)).capabilities.contract_schema:
+        report.checked.append(
+            "schema: every table and column the mapping names (checked at migrate), the group roles"
+        )
+        lacking = [r for r in catalog.GROUP_ROLES if r not in found.roles]
+        for role in lacking:
+            report.gap("7.1", f"group role {role}", "created by migrate", "missing")
+        return f"the worker's database lacks {', '.join(lacking)}" if lacking else None
+    expected = catalog.expected_catalog(shared.primary)
     gaps, notes = catalog.compare(expected, found)
     report.gaps.extend(gaps)
     report.notes.extend(notes)
@@ -169,12 +221,26 @@ def _in_environment(
         progress("every ops operation on the happy path")
         happy.run()
         judged = {"W", "S"} if happy.cut_short is None else set()
-        progress("the run workflow")
-        if _workflow(env, report):
-            judged.add("R")
+        if happy.caps.workflow:
+            progress("the run workflow")
+            if _workflow(env, report):
+                judged.add("R")
+        if happy.caps.workflow and happy.caps.offers("ledger_tool:query"):
+            progress("the run workflow with a late tool answer")
+            if _late_answer(env, report):
+                judged.add("L")
+        if happy.cut_short is None and happy.caps.ledger:
+            progress("a dispatch claim that expired")
+            if _expired_claim(env, report):
+                judged.add("ctl")
+        if not happy.caps.workflow:
+            report.skipped.append(
+                "the run workflow: not offered (the mapping declares no workflow)"
+            )
         env.stop_workers()
         _points(env, report, judged)
         _history(env, report, judged)
+        _unjudged(env, report, judged, happy.unsupported)
 
 
 class HappyPath:
@@ -183,6 +249,9 @@ class HappyPath:
     def __init__(self, env: Environment, report: ContractReport) -> None:
         self.env = env
         self.report = report
+        declaration = mapping.declared(tuple(env.shared.settings.worker_cmd))
+        self.caps = declaration.capabilities
+        self.model = declaration.model
         self.ids = Ids({"event_id": str(uuid.uuid4())})
         self.done: set[str] = set()
         self.unsupported: set[str] = set()
@@ -191,7 +260,15 @@ class HappyPath:
 
     # ------------------------------------------------------------ calls
     def call(self, worker: WorkerProcess, op: str, **override: Any) -> dict[str, Any] | None:
-        """Send ``op`` with its example args; record gaps; the result, or None."""
+        """Send ``op`` with its example args; record gaps; the result, or None (also
+        for an op the system's mapping says it does not offer: not sent)."""
+        if not self.caps.offers_op(op):
+            self.report.skipped.append(
+                f"op {op}: not offered (the mapping declares no {mapping.OP_CAPABILITY[op]})"
+            )
+            self.done.add(op)
+            self.unsupported.add(op)
+            return None
         args = self.ids.fill(op, **override)
         try:
             reply = worker.request(op, args, timeout_s=OP_TIMEOUT_S)
@@ -239,7 +316,7 @@ class HappyPath:
         rows = self.env.query(
             "SELECT status, revision, epoch, owner, attempt_count, lease_expires_at,"
             " lease_expires_at > clock_timestamp() AS live, current_step"
-            " FROM agent_runs WHERE run_id = %s",
+            " FROM fencecheck_model.agent_runs WHERE run_id = %s",
             [run_id],
         )
         if not rows:
@@ -267,13 +344,39 @@ class HappyPath:
             )
         for operation in spec.operations():
             if operation.op not in self.done and operation.op not in NOT_EXERCISED:
-                self.report.skipped.append(f"op {operation.op}: not reached")
+                why = (
+                    "not reached"
+                    if self.caps.offers_op(operation.op)
+                    else f"not offered (the mapping declares no {mapping.OP_CAPABILITY[operation.op]})"
+                )
+                self.report.skipped.append(f"op {operation.op}: {why}")
         for name, why in NOT_EXERCISED.items():
-            self.report.skipped.append(f"op {name} (optional): {why}")
+            if self.cut_short is None and self.caps.offers_op(name) and self._offered(name):
+                self.report.skipped.append(f"op {name} (optional): {why}")
         exercised = sorted(self.done - self.unsupported)
         self.report.checked.append(
             f"ops on the happy path, replies validated against ops.schema.json: {', '.join(exercised)}"
         )
+
+    def _offered(self, op: str) -> bool:
+        """Whether the control plane offers optional ``op``: asked about a run and
+        an operation that do not exist, it must answer Unsupported or refuse
+        (nothing to change); only Unsupported says it lacks the op."""
+        nowhere = {"run_id": str(uuid.uuid4()), "operation_id": f"contract/{uuid.uuid4()}"}
+        args = self.ids.fill(op, **nowhere)
+        try:
+            reply = self.env.workers["ctl"].request(op, args, timeout_s=OP_TIMEOUT_S)
+        except ProcessError as exc:
+            self.report.gap("5", f"op {op}", "a reply line on stdout", str(exc).splitlines()[0])
+            return False
+        if reply.unsupported:
+            self.unsupported.add(op)
+            self.report.notes.append(
+                f"optional op {op} answers Unsupported: "
+                f"{', '.join(spec.by_name()[op].checked_by) or 'no experiment'} then end unknown"
+            )
+            return False
+        return True
 
     def _lease_and_writes(self, ctl: WorkerProcess, w: WorkerProcess) -> None:
         task = f"task-contract-{uuid.uuid4().hex[:8]}"
@@ -282,11 +385,12 @@ class HappyPath:
         self.ids.values.update(run_id=run_id, task_id=task)
         row = self.row(run_id)
         fresh = (row["status"], row["revision"], row["epoch"], row["attempt_count"], row["owner"])
+        want = ("queued", self.zero("revision"), self.zero("epoch"), 0, None)
         self.expect(
             "6",
             "a new run",
-            fresh == ("queued", 0, 0, 0, None),
-            "(status, revision, epoch, attempt_count, owner) = ('queued', 0, 0, 0, None)",
+            fresh == want,
+            f"(status, revision, epoch, attempt_count, owner) = {want}",
             fresh,
         )
         claim = self.need(self.call(w, "claim"), "claim failed")
@@ -294,23 +398,50 @@ class HappyPath:
             epoch=claim["epoch"], owner=claim["owner"], expected_revision=claim["revision"]
         )
         row = self.row(run_id)
+        epoch = self.zero("epoch", 1)
         self.expect(
             "6",
             "the grant",
             (row["epoch"], row["owner"], row["status"], bool(row["live"]))
-            == (1, claim["owner"], "running", True),
-            "epoch 1, the claim's owner, running, lease unexpired by database time",
+            == (epoch, claim["owner"], "running", True),
+            f"epoch {epoch}, the claim's owner, running, lease unexpired by database time",
             f"epoch {row['epoch']}, owner {row['owner']}, {row['status']}, live {row['live']}",
         )
         self.call(w, "renew")
-        self.call(w, "heartbeat")
-        _wait_point(self.env, "W", "before_renew", 3.0)
-        self.call(w, "heartbeat", action="stop")
+        if self.caps.offers_op("heartbeat"):
+            self.call(w, "heartbeat")
+            _wait_point(self.env, "W", "before_renew", 3.0)
+            self.call(w, "heartbeat", action="stop")
         event_id = self.ids.values["event_id"]
-        saved = self.need(self.call(w, "save_checkpoint"), "save_checkpoint failed")
-        self._written(run_id, 1, event_id)
-        self.ids.values["expected_revision"] = saved["revision"]
+        if self.caps.checkpoints:
+            saved = self.need(self.call(w, "save_checkpoint"), "save_checkpoint failed")
+            self._written(run_id, 1, event_id)
+            self.ids.values["expected_revision"] = saved["revision"]
         self.call(w, "read_checkpoint")
+        if self.caps.ledger:
+            self._ledger(w, run_id)
+        self.call(w, "complete")
+        row = self.row(run_id)
+        step = "finish" if self.caps.checkpoints else None
+        self.expect(
+            "6",
+            "a completed run",
+            (row["status"], row["owner"], row["current_step"]) == ("succeeded", None, step),
+            f"(status, owner, current_step) = ('succeeded', None, {step!r})",
+            (row["status"], row["owner"], row["current_step"]),
+        )
+        self.call(w, "relay")
+        self.call(w, "consume")
+        for op in ("durability", "legacy_checkpoint", "run_state"):
+            self.call(w, op)
+        self.call(ctl, "reconcile")
+        self.call(ctl, "deliver_callback")
+
+    def zero(self, column: str, value: int = 0) -> int | None:
+        """A run's value of a counter column the system may lack (None then)."""
+        return value if self.model.maps("agent_runs", column) else None
+
+    def _ledger(self, w: WorkerProcess, run_id: str) -> None:
         intent = self.need(self.call(w, "register_intent"), "register_intent failed")
         self.ids.values.update(
             operation_id=intent["operation_id"], expected_revision=intent["revision"]
@@ -341,29 +472,14 @@ class HappyPath:
                 "status null",
                 idle.get("status"),
             )
-        self.call(w, "complete")
-        row = self.row(run_id)
-        self.expect(
-            "6",
-            "a completed run",
-            (row["status"], row["owner"], row["current_step"]) == ("succeeded", None, "finish"),
-            "(status, owner, current_step) = ('succeeded', None, 'finish')",
-            (row["status"], row["owner"], row["current_step"]),
-        )
-        self.call(w, "relay")
-        self.call(w, "consume")
-        for op in ("durability", "legacy_checkpoint", "run_state"):
-            self.call(w, op)
-        self.call(ctl, "reconcile")
-        self.call(ctl, "deliver_callback")
 
     def _written(self, run_id: str, revision: int, event_id: str) -> None:
         """One checkpoint of that revision and one outbox row, both with event_id."""
         ck = self.env.query(
-            "SELECT revision FROM agent_checkpoints WHERE run_id = %s AND event_id = %s",
+            "SELECT revision FROM fencecheck_model.agent_checkpoints WHERE run_id = %s AND event_id = %s",
             [run_id, event_id],
         )
-        ob = self.env.query("SELECT 1 FROM outbox WHERE event_id = %s", [event_id])
+        ob = self.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
         self.expect(
             "6",
             "a protected write (save_checkpoint with event_id)",
@@ -384,11 +500,12 @@ class HappyPath:
         self.call(s, "save_checkpoint")
         self.call(s, "release")
         row = self.row(run_id)
+        epoch = self.zero("epoch", 1)
         self.expect(
             "5",
             "release",
-            (row["status"], row["owner"], row["epoch"]) == ("queued", None, 1),
-            "(status, owner, epoch) = ('queued', None, 1): queued again, epoch kept",
+            (row["status"], row["owner"], row["epoch"]) == ("queued", None, epoch),
+            f"(status, owner, epoch) = ('queued', None, {epoch}): queued again, epoch kept",
             (row["status"], row["owner"], row["epoch"]),
         )
         cancel = self.call(ctl, "cancel")
@@ -428,8 +545,11 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
     ctl = env.workers["ctl"]
     task = f"task-contract-run-{uuid.uuid4().hex[:8]}"
     order = {"order_id": "order-c", "amount": 7}
+    slow = {"step_delay_ms": STEP_DELAY_MS}
     reply = ctl.request(
-        "create_run", {"task_id": task, "input": {"tool": "idem", **order}}, timeout_s=OP_TIMEOUT_S
+        "create_run",
+        {"task_id": task, "input": {"tool": "idem", **order, **slow}},
+        timeout_s=OP_TIMEOUT_S,
     )
     if not reply.ok:
         report.skipped.append(
@@ -443,7 +563,7 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
     except ProcessError:
         code = None
         worker.stop(grace_s=1.0)
-    row = env.query("SELECT status FROM agent_runs WHERE run_id = %s", [run_id])
+    row = env.query("SELECT status FROM fencecheck_model.agent_runs WHERE run_id = %s", [run_id])
     status = row[0]["status"] if row else None
     if (code, status) != (0, "succeeded"):
         report.gap(
@@ -493,14 +613,120 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
     return True
 
 
+def _new_run(
+    env: Environment, report: ContractReport, tag: str, tool: str, step: str
+) -> str | None:
+    """A new run on ``tool`` from the control plane; None (the step skipped,
+    with why) when it refuses."""
+    task = f"task-contract-{tag}-{uuid.uuid4().hex[:8]}"
+    reply = env.workers["ctl"].request(
+        "create_run", {"task_id": task, "input": {"tool": tool}}, timeout_s=OP_TIMEOUT_S
+    )
+    if not reply.ok:
+        report.skipped.append(f"{step}: create_run failed ({reply.error})")
+        return None
+    return str(reply.result["run_id"])
+
+
+def _late_answer(env: Environment, report: ContractReport) -> bool:
+    """One run of the built-in workflow whose tool answers after the worker's own
+    timeout (a query tool): it passes the ledger-only outcome and the
+    reconciler's query (contract section 3). Only the points are judged here
+    (experiment W judges what the worker does with the answer); False when it
+    could not be started."""
+    run_id = _new_run(env, report, "late", "queryable", "run workflow with a late answer")
+    if run_id is None:
+        return False
+    env.tool.client().set_fault("queryable", "answer_late", ms=LATE_ANSWER_MS)
+    worker = env.start_worker(
+        "L",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)},
+    )
+    try:
+        worker.wait(RUN_TIMEOUT_S)
+    except ProcessError:
+        worker.stop(grace_s=1.0)
+        report.skipped.append(
+            f"run workflow with a late answer: the worker did not exit within {RUN_TIMEOUT_S:.0f} s"
+        )
+    report.checked.append(
+        "run workflow with a tool answering after the worker's timeout: its injection points"
+    )
+    return True
+
+
+def _expired_claim(env: Environment, report: ContractReport) -> bool:
+    """A dispatcher X killed (control protocol crash) right after its dispatch
+    claim committed, with a short claim deadline; once it expired by database
+    time, ctl's ``reconcile`` turns it unknown and passes
+    ``after_claims_expired_commit``. Only the point is judged here (T and E
+    judge what comes of it); False when it could not be set up."""
+    ctl = env.workers["ctl"]
+    run_id = _new_run(env, report, "claim", "idem", "an expired dispatch claim")
+    if run_id is None:
+        return False
+    x = env.start_worker("X", "ops", env={"FENCECHECK_DISPATCH_TTL_MS": str(SHORT_DISPATCH_TTL_MS)})
+    claim = x.request("claim", {"run_id": run_id}, timeout_s=OP_TIMEOUT_S)
+    intent = (
+        x.request(
+            "register_intent",
+            {
+                "run_id": run_id,
+                "epoch": claim.result.get("epoch"),
+                "expected_revision": claim.result.get("revision"),
+                "step_id": "contract.claim",
+                "effect_version": 1,
+                "tool": "idem",
+                "request": {"kind": "return_label"},
+            },
+            timeout_s=OP_TIMEOUT_S,
+        )
+        if claim.ok
+        else claim
+    )
+    if not intent.ok:
+        report.skipped.append(
+            f"an expired dispatch claim: claim or register_intent failed ({intent.error})"
+        )
+        return False
+    env.control.arm("X", "after_dispatch_claim_commit", Crash())
+    x.request_async("dispatch", {"operation_id": intent.result.get("operation_id")})
+    try:
+        x.wait(OP_TIMEOUT_S)
+        wait_for(
+            lambda: env.query(
+                "SELECT bool_and(dispatch_until < clock_timestamp()) AS expired "
+                "FROM fencecheck_model.tool_operations WHERE run_id = %s AND status = 'dispatching'",
+                [run_id],
+            )[0]["expired"],
+            what="the dead dispatcher's claim to expire by database time",
+            timeout_s=OP_TIMEOUT_S,
+        )
+    except (ProcessError, WaitTimeout) as exc:
+        report.skipped.append(f"an expired dispatch claim: {str(exc).splitlines()[0][:160]}")
+        x.stop(grace_s=1.0)
+        return False
+    ctl.request("reconcile", {}, timeout_s=OP_TIMEOUT_S)
+    report.checked.append(
+        "reconcile of a dispatch claim whose dispatcher died: its injection point"
+    )
+    return True
+
+
 def _points(env: Environment, report: ContractReport, judged: set[str]) -> None:
-    for worker, points in POINTS.items():
+    """Each point a judged step passes reached the socket from that worker, with
+    its own pid; a required point not reached is a gap, any other is left to
+    :func:`_unjudged`."""
+    for worker, passed in POINTS.items():
         if worker not in judged:
             continue
         hits = env.control.hits(worker=worker)
         seen = {h.point for h in hits}
-        for point in points:
-            if point not in seen:
+        caps = mapping.declared(tuple(env.shared.settings.worker_cmd)).capabilities
+        for point in passed:
+            if point not in seen and point in points.REQUIRED and caps.hosts(point):
                 report.gap(
                     "3",
                     f"injection point {point}",
@@ -519,9 +745,53 @@ def _points(env: Environment, report: ContractReport, judged: set[str]) -> None:
         report.gap(
             "3", "a control-socket request", "one JSON line of control-point.schema.json", problem
         )
-    reached = sorted({p for w, ps in POINTS.items() if w in judged for p in ps})
+    reached = sorted({h.point for h in env.control.hits() if h.worker in judged})
     if reached:
         report.checked.append("injection points reached the control socket: " + ", ".join(reached))
+
+
+def _unjudged(
+    env: Environment, report: ContractReport, judged: set[str], unsupported: set[str]
+) -> None:
+    """Every injection point an experiment needs that no worker of the check
+    reached, and every optional op the worker answered Unsupported, each with
+    the experiment runs it leaves unjudged (they end unknown, never pass)."""
+    import scenarios
+
+    specs = [m.SPEC for m in scenarios.all_modules()]
+    caps = mapping.declared(tuple(env.shared.settings.worker_cmd)).capabilities
+    # What the system says it lacks makes experiments not applicable, not unknown.
+    lacked: list[tuple[needs.NeedKind, str]] = [("capability", c) for c in caps.lacks()]
+    lacked += [("point", p) for p in sorted(needs.needed(specs, "point")) if not caps.hosts(p)]
+    for (kind, name), runs in needs.consequences(specs, lacked).items():
+        if runs:
+            what = "capability" if kind == "capability" else "injection point"
+            report.not_applicable.append(
+                Unjudged(f"{what} {name}", "declared absent by the mapping", runs)
+            )
+    reached = {h.point for h in env.control.hits() if h.worker in judged}
+    passes = {p: w for w, ps in POINTS.items() if w in judged for p in ps}
+    missing: list[tuple[needs.NeedKind, str]] = []
+    why: dict[tuple[needs.NeedKind, str], str] = {}
+    for point in sorted({p for p in needs.needed(specs, "point") if caps.hosts(p)} - reached):
+        missing.append(("point", point))
+        if point in passes:
+            why["point", point] = f"never reached ({passes[point]}'s step of this check passes it)"
+        else:
+            # Not a finding about the worker: said as what the check did not do.
+            missing.pop()
+            users = needs.format_runs(needs.consequences(specs, [("point", point)])["point", point])
+            how = POINTS_NOT_EXERCISED.get(point, "an earlier step stopped short")
+            report.skipped.append(
+                f"injection point {point}: not exercised by this check ({how}); {users} need it"
+            )
+    for op in sorted(needs.needed(specs, "op") & unsupported):
+        missing.append(("op", op))
+        why["op", op] = "answers Unsupported"
+    for key, runs in needs.consequences(specs, missing).items():
+        kind, name = key
+        what = "injection point" if kind == "point" else "optional op"
+        report.unjudged.append(Unjudged(f"{what} {name}", why[key], runs))
 
 
 def _history(env: Environment, report: ContractReport, judged: set[str]) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.contract import CONTRACT_DOC, CONTRACT_VERSION
+from harness.contract.needs import format_runs
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,19 @@ def _one_line(text: str, limit: int = 600) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
+@dataclass(frozen=True)
+class Unjudged:
+    """Something an experiment needs that the worker did not show: the
+    experiment runs it leaves unjudged (they end unknown, never pass)."""
+
+    thing: str
+    why: str
+    runs: list[str]
+
+    def line(self) -> str:
+        return f"{self.thing}: {self.why} -> {format_runs(self.runs)}"
+
+
 @dataclass
 class ContractReport:
     """The outcome of one conformance check of one worker command."""
@@ -50,6 +64,10 @@ class ContractReport:
     checked: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
+    unjudged: list[Unjudged] = field(default_factory=list)
+    #: What the system's mapping says it lacks, with the runs that makes not
+    #: applicable (never a gap, never unknown).
+    not_applicable: list[Unjudged] = field(default_factory=list)
     wall_s: float = 0.0
     #: The one-paragraph account of a migrate that failed (command, exit code,
     #: last stderr lines), when it did.
@@ -61,6 +79,10 @@ class ContractReport:
 
     def gap(self, section: str, item: str, expected: str, found: str) -> None:
         self.gaps.append(Gap(section, item, expected, found))
+
+    def unjudged_runs(self) -> list[str]:
+        """Every experiment run something missing leaves unjudged, once each."""
+        return list(dict.fromkeys(r for u in self.unjudged for r in u.runs))
 
     def text(self) -> str:
         head = (
@@ -75,6 +97,20 @@ class ContractReport:
             lines += ["", "notes (not gaps):", *(f"  {n}" for n in self.notes)]
         if self.skipped:
             lines += ["", "not checked:", *(f"  {s}" for s in self.skipped)]
+        if self.not_applicable:
+            lines += [
+                "",
+                f"not applicable: {len(self.not_applicable)} thing(s) the mapping declares absent "
+                "(not gaps; each experiment run named is not run):",
+                *(f"  {u.line()}" for u in self.not_applicable),
+            ]
+        if self.unjudged:
+            lines += [
+                "",
+                f"left unjudged: {len(self.unjudged)} thing(s) the experiments need that this "
+                "worker did not show (not gaps; each experiment run named ends unknown):",
+                *(f"  {u.line()}" for u in self.unjudged),
+            ]
         if self.gaps:
             lines += [
                 "",
@@ -83,7 +119,19 @@ class ContractReport:
             ]
             lines += [f"  {i}. {g.line()}" for i, g in enumerate(self.gaps, start=1)]
         else:
-            lines += ["", "CONFORMANT: no gap found"]
+            runs = self.unjudged_runs()
+            apart = list(dict.fromkeys(r for u in self.not_applicable for r in u.runs))
+            tail = "".join(
+                (
+                    f"; {len(apart)} experiment run(s) not applicable by the mapping"
+                    if apart
+                    else "",
+                    f"; {len(runs)} experiment run(s) left unjudged (above)"
+                    if runs
+                    else "; every applicable experiment can be judged",
+                )
+            )
+            lines += ["", "CONFORMANT: no gap found" + tail]
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -96,6 +144,9 @@ class ContractReport:
             "checked": self.checked,
             "notes": self.notes,
             "skipped": self.skipped,
+            "unjudged": [asdict(u) for u in self.unjudged],
+            "unjudged_runs": self.unjudged_runs(),
+            "not_applicable": [asdict(u) for u in self.not_applicable],
             "migrate_failure": self.migrate_failure,
         }
 

@@ -35,12 +35,14 @@ import psycopg
 
 from harness import stopping
 from harness.backends.base import Backend, make_backend
-from harness.checking.audit import AUDIT_SQL
+from harness.contract import mapping
 from harness.engine import phases, stalls, starvation
 from harness.engine.janitor import Janitor
 from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
 from harness.failures import PartFailed
+from harness.model.install import install as install_model
+from harness.model.install import set_lease_ttl
 from harness.mutation.traced_worker import CALLS_FILE_ENV
 from harness.parts import port_guard
 from harness.parts.control import ControlServer
@@ -113,17 +115,6 @@ class Settings:
         return tuple(self.worker_cmd) == tuple(DEFAULT_WORKER_CMD) or bool(self.generated_mutant)
 
 
-# The tables every checker reads (docs/worker-contract.md, section 6): a
-# migrate that leaves one out is reported at once, not as a later SQL error.
-CONTRACT_TABLES = (
-    "agent_tasks",
-    "agent_runs",
-    "agent_checkpoints",
-    "tool_operations",
-    "outbox",
-    "consumed_events",
-    "consumer_effects",
-)
 # How long `<worker-cmd> migrate` may take (FENCECHECK_MIGRATE_TIMEOUT_S overrides).
 MIGRATE_TIMEOUT_S = 60.0
 
@@ -255,26 +246,20 @@ def migrate(
     if done.returncode != 0:
         raise MigrateFailed(command, done.returncode, out, err, timeout_s, log=log)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        present = {
-            row[0]
-            for row in conn.execute(
-                "SELECT table_name FROM information_schema.tables WHERE table_name = ANY(%s)",
-                [list(CONTRACT_TABLES)],
+        # The model of the worker's mapping (harness/model): its views and the
+        # audit trail, or what the database lacks of what the mapping names.
+        problems = install_model(conn, mapping.declared(tuple(worker_cmd)).model)
+        missing = [p.table.removeprefix("public.") for p in problems if p.table]
+        if problems:
+            why = (
+                f"exited 0 but created no table {', '.join(dict.fromkeys(missing))} (migrate "
+                "must create the tables its mapping names, docs/worker-contract.md sections 6 "
+                "and 14: is --worker-cmd a worker?)"
+                if missing
+                else "exited 0 but the database lacks what its mapping names (docs/worker-"
+                f"contract.md section 14): {'; '.join(str(p) for p in problems)}"
             )
-        }
-        missing = [t for t in CONTRACT_TABLES if t not in present]
-        if missing:
-            raise MigrateFailed(
-                command,
-                0,
-                out,
-                err,
-                timeout_s,
-                log=log,
-                why=f"exited 0 but created no table {', '.join(missing)} (migrate must create "
-                "the tables of docs/worker-contract.md, section 6: is --worker-cmd a worker?)",
-            )
-        conn.execute(AUDIT_SQL.encode())
+            raise MigrateFailed(command, 0, out, err, timeout_s, log=log, why=why)
 
 
 def start_fork_server(
@@ -771,6 +756,12 @@ class Environment:
                     "fencecheck_operator (docs/worker-contract.md, roles and tenant binding)"
                 ) from exc
             self.roles.update(missing)
+            if (
+                mapping.declared(tuple(self.shared.settings.worker_cmd)).capabilities.tenants
+                == "none"
+            ):
+                # A system without tenants keeps no binding (contract §14).
+                return [self.roles[key] for key in keys]
             rows = [(name, tenant_id) for (tenant_id, _), name in missing.items()]
             try:
                 self.query(
@@ -964,6 +955,8 @@ def experiment_environment(
         if primary.auth is not None:  # never in a DSN; masked should it show anywhere
             env.secrets.add(primary.auth.password)
         stack.callback(_drop_roles, primary, env.roles)
+        # The lease duration a mapped expiry reads (harness/model), before any worker.
+        set_lease_ttl(env.query, lease_ttl_ms)
         # Every role the experiment's tenants need, made before any fault (a
         # role made after the replication link is cut would not reach the standby).
         with phases.phase("environment.roles"):

@@ -30,9 +30,22 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+import psycopg
+
+from harness.contract import mapping
+from harness.contract.needs import Need
 from harness.engine import phases
 from harness.parts.control import Action, Continue, ControlError, Hit
-from harness.parts.processes import OpReply, PendingOp, SignalRecord, WorkerProcess
+from harness.parts.processes import (
+    ExitTimeout,
+    OpReply,
+    OpTimeout,
+    PendingOp,
+    ProcessError,
+    SignalRecord,
+    WorkerChannelClosed,
+    WorkerProcess,
+)
 from harness.parts.toxiproxy import FaultRecord
 from harness.verdict import Verdict
 
@@ -67,6 +80,30 @@ class Inconclusive(Exception):
     precondition the experiment needs did not come about)."""
 
 
+#: What a worker does that ends a scenario early and is the worker's own doing,
+#: never the harness's: an ops request without a reply in time, a process that
+#: does not exit in time, an ops channel closed before the reply (it exited).
+#: The runner judges each as the progress check "every worker kept its bounds".
+WORKER_BOUNDS: tuple[type[Exception], ...] = (ExitTimeout, OpTimeout, WorkerChannelClosed)
+
+
+class ReplyFields(dict[str, Any]):
+    """An ops reply's ``result``: a field the worker left out ends the
+    experiment *unknown* naming the field (its reply broke ops.schema.json,
+    contract section 5), never a KeyError in the harness."""
+
+    def __init__(self, worker: str, op: str, result: dict[str, Any]) -> None:
+        super().__init__(result)
+        self.worker = worker
+        self.op = op
+
+    def __missing__(self, key: str) -> Any:
+        raise Inconclusive(
+            f"worker {self.worker}'s reply to {self.op} has no field {key!r} "
+            "(ops.schema.json, docs/worker-contract.md section 5)"
+        )
+
+
 @dataclass(frozen=True)
 class Exemption:
     """An experiment that produces, by design, a state a global invariant forbids
@@ -77,6 +114,15 @@ class Exemption:
     invariant: str
     reason: str
     variants: tuple[str, ...] = ()
+
+
+Layer = Literal["queue", "workflow"]
+LAYERS: dict[Layer, str] = {
+    "queue": "the queue layer: claim, renewal, takeover, stale finish and release, pause, "
+    "kill, partition, claim storm (a thin driver of a queue library, no application code)",
+    "workflow": "the workflow layer: checkpoints and their revision CAS, intents and the "
+    "side-effect ledger, the outbox and its consumers, schema upgrades",
+}
 
 
 @dataclass(frozen=True)
@@ -115,6 +161,23 @@ class ExperimentSpec:
     # a protected write's transaction (after_lease_row_locked, before_commit).
     write_path: Literal["fast", "stepped"] = "fast"
     exemptions: tuple[Exemption, ...] = ()
+    # What the experiment relies on beyond the required contract (injection
+    # points it arms, optional ops it sends): a worker without one leaves it
+    # unjudged, and `fencecheck contract` names it beforehand.
+    needs: tuple[Need, ...] = ()
+    # Which layer of a system it judges (contract §14, `fencecheck list`): the
+    # queue (claim, renewal, takeover, stale finish and release, pause, kill,
+    # partition, claim storm) or the workflow built on it (checkpoints, the
+    # ledger, the outbox and its consumers, schema upgrades); per variant
+    # where variants differ.
+    layer: Layer = "workflow"
+    variant_layers: tuple[tuple[str, Layer], ...] = ()
+
+    def layer_for(self, variant: str | None) -> Layer:
+        return dict(self.variant_layers).get(variant or "", self.layer)
+
+    def needs_for(self, variant: str | None) -> list[Need]:
+        return [n for n in self.needs if n.applies_to(variant)]
 
     def natural_wait(self, variant: str | None) -> float:
         return dict(self.variant_waits).get(variant or "", self.natural_wait_s)
@@ -312,6 +375,12 @@ class ExperimentContext:
             unmet.append(c)
         return unmet
 
+    # ------------------------------------------------------------ the system
+    @property
+    def system(self) -> mapping.Declaration:
+        """What the system under test declares about itself (its mapping)."""
+        return mapping.declared(tuple(self.env.shared.settings.worker_cmd))
+
     # ------------------------------------------------------------ evidence
     def sql(
         self, label: str, statement: str, params: Sequence[Any] | None = None
@@ -319,7 +388,26 @@ class ExperimentContext:
         """Run a query as the harness (superuser) on the experiment database and
         keep the query with its rows as evidence."""
         with phases.phase("scenario.sql"):
-            rows = self.env.query(statement, params)
+            try:
+                rows = self.env.query(statement, params)
+            except psycopg.Error as exc:
+                # The worker's database refused what the harness reads (a column
+                # or table it lacks, a lock it holds past a timeout): the full
+                # error is evidence, the reason one line.
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+                self.queries.append(
+                    QueryRecord(
+                        time.time(),
+                        f"{label}: refused ({exc.sqlstate} {type(exc).__name__})",
+                        " ".join(statement.split()),
+                        [{"error": str(exc)}],
+                        list(params) if params is not None else None,
+                    )
+                )
+                raise Inconclusive(
+                    f"the harness could not read {label!r} from the worker's database: "
+                    f"{exc.sqlstate} {first}"
+                ) from exc
         self.queries.append(
             QueryRecord(
                 time.time(),
@@ -346,14 +434,22 @@ class ExperimentContext:
 
     # ------------------------------------------------------ faults (logged)
     def pause(self, worker: WorkerProcess) -> SignalRecord:
-        """SIGSTOP, returning once the kernel reports the process stopped."""
-        rec = worker.pause()
+        """SIGSTOP, returning once the kernel reports the process stopped. A worker
+        that exited before it could be stopped leaves the fault undone: a failed
+        fault check and *unknown*, never a harness error."""
+        try:
+            rec = worker.pause()
+        except ProcessError as exc:
+            self._signal_missed(worker, "SIGSTOP", exc)
         self.signals.append(rec)
         self.command(f"SIGSTOP {worker.worker_id} (pid {rec.pid}): kernel state {rec.state!r}")
         return rec
 
     def resume(self, worker: WorkerProcess) -> SignalRecord:
-        rec = worker.resume()
+        try:
+            rec = worker.resume()
+        except ProcessError as exc:
+            self._signal_missed(worker, "SIGCONT", exc)
         self.signals.append(rec)
         self.command(f"SIGCONT {worker.worker_id} (pid {rec.pid}): kernel state {rec.state!r}")
         return rec
@@ -363,6 +459,23 @@ class ExperimentContext:
         self.signals.append(rec)
         self.command(f"SIGKILL {worker.worker_id} (pid {rec.pid}): {rec.state}")
         return rec
+
+    def _signal_missed(self, worker: WorkerProcess, signal_name: str, exc: ProcessError) -> Any:
+        """A signal the harness could not deliver or confirm: the worker's doing
+        when it had exited (recorded as the fault not taking effect), else the
+        harness's (raised as it is)."""
+        if worker.is_alive():
+            raise exc
+        self.fault(
+            f"{signal_name} reached {worker.worker_id}",
+            False,
+            expected=f"{worker.worker_id} alive for the harness's {signal_name}",
+            observed=f"it had exited (code {worker.returncode}): {exc}",
+        )
+        raise Inconclusive(
+            f"{worker.worker_id} exited (code {worker.returncode}) before the harness's "
+            f"{signal_name}"
+        ) from exc
 
     def cut(self, link: str) -> FaultRecord:
         rec = self.env.links[link].cut()
@@ -409,6 +522,7 @@ class ExperimentContext:
         with phases.phase("scenario.ops"):
             reply = worker.request(op, args, timeout_s=timeout_s)
         self.log_op(worker.worker_id, op, args, reply, at, seq_before, worker.tenant_id)
+        reply = dataclasses.replace(reply, result=ReplyFields(worker.worker_id, op, reply.result))
         outcome = "ok" if reply.ok else f"{reply.error}: {reply.message}"
         self.command(f"{worker.worker_id}: {op} {json.dumps(args, default=str)} -> {outcome}")
         if reply.unsupported:
@@ -519,7 +633,9 @@ class LoggedOp:
             self.log(None)
             raise
         self.log(reply)
-        return reply
+        return dataclasses.replace(
+            reply, result=ReplyFields(self.worker.worker_id, self.op, reply.result)
+        )
 
     def log(self, reply: OpReply | None) -> None:
         if self.logged:

@@ -25,6 +25,8 @@ from harness import stopping
 from harness.checking import checkers
 from harness.checking.history import Shorten, id_shortener, read_history, timeline, timeline_ids
 from harness.checking.invariants import experiment as invariants
+from harness.contract import mapping, needs
+from harness.contract.mapping import Declaration
 from harness.engine import phases, stalls, starvation
 from harness.engine.environment import (
     CALLS_FILE,
@@ -32,12 +34,17 @@ from harness.engine.environment import (
     SharedServices,
     experiment_environment,
 )
-from harness.engine.experiment import Excuse, ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.experiment import (
+    WORKER_BOUNDS,
+    Excuse,
+    ExperimentContext,
+    ExperimentSpec,
+    Inconclusive,
+)
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
 from harness.explore import cell_coverage
-from harness.parts.processes import ExitTimeout, OpTimeout
 from harness.verdict import Verdict
 from harness.waiting import wait_for
 
@@ -108,6 +115,9 @@ def run_job(
     verdict, reason = Verdict.UNKNOWN, "not run"
     archive: dict[str, Any] = {}
     interrupted: str | None = None
+    declined = needs.declined(spec.needs_for(job.variant), declared_mapping(shared))
+    if declined is not None:
+        return _not_applicable(shared, job, seed, started, declined, report_dir, progress)
     rng = job_rng(seed, job)
     secrets: set[str] = set()
     stalls_judged = False
@@ -232,8 +242,36 @@ def run_job(
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
         progress.job_finished(
-            job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({reason})"
+            job.label, f"{verdict.value.upper()} in {result.duration_s:.2f}s ({result.reason})"
         )
+    return result
+
+
+def declared_mapping(shared: SharedServices) -> Declaration:
+    """The mapping the run's worker command declares (asked once per command)."""
+    return mapping.declared(tuple(shared.settings.worker_cmd))
+
+
+def _not_applicable(
+    shared: SharedServices,
+    job: Job,
+    seed: int | None,
+    started: float,
+    reason: str,
+    report_dir: Path,
+    progress: Progress | None,
+) -> ExperimentResult:
+    """The result of a job the system declared it lacks what it needs for: not
+    run, its archive says why (verdict not applicable)."""
+    logs_dir = report_dir / "logs" / job.label
+    archive = _minimal_archive(
+        shared, job, seed, started, Verdict.NOT_APPLICABLE, reason, None, logs_dir
+    )
+    archive["observed_result"] = "not run: " + reason
+    written = evidence.write_archive(report_dir / "archives" / f"{job.label}.yaml", archive, set())
+    result = _result(job, Verdict.NOT_APPLICABLE, reason, time.time() - started, written, [])
+    if progress is not None:
+        progress.job_finished(job.label, f"NOT APPLICABLE ({result.reason})")
     return result
 
 
@@ -344,7 +382,7 @@ def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str |
         return verdict, reason, None
     except Inconclusive as exc:
         return Verdict.UNKNOWN, f"inconclusive: {exc}", None
-    except (ExitTimeout, OpTimeout) as exc:
+    except WORKER_BOUNDS as exc:
         # A worker that does not exit or answer within what the experiment
         # gives it broke a bound of the contract (§5, §10): progress not made,
         # judged like any other (a stall or starvation in its window excuses it).
@@ -456,6 +494,7 @@ def _archive(
         "mock_tool_resources": tool_log.get("resources", []),
         "broker_messages": tool_log.get("messages", []),
         "expected_invariant": spec.invariant,
+        "layer": spec.layer_for(job.variant),
         "observed_result": _observed(ctx),
         "pass_or_fail": verdict.value,
         "verdict_reason": reason,
@@ -569,6 +608,7 @@ def _minimal_archive(
         "mock_tool_request_log": [],
         "broker_messages": [],
         "expected_invariant": spec.invariant,
+        "layer": spec.layer_for(job.variant),
         "observed_result": "the environment did not come up",
         "pass_or_fail": verdict.value,
         "verdict_reason": reason,
@@ -692,4 +732,5 @@ def _result(
         archive_path=archive_path,
         invariant=spec.invariant,
         failed_checks=failed_checks,
+        layer=spec.layer_for(job.variant),
     )

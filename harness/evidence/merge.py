@@ -223,6 +223,7 @@ def _result_of(
         archive_path=path,
         invariant=str(a.get("expected_invariant", item.invariant)),
         failed_checks=failed_check_lines(a.get("checks", [])),
+        layer=str(a.get("layer") or ""),
     )
 
 

@@ -94,6 +94,7 @@ class Entry:
     facts: dict[str, str] = field(default_factory=dict)
     broken: tuple[str, ...] = ()
     problem: str | None = None
+    layer: str = ""
 
     @property
     def name(self) -> str:
@@ -143,6 +144,7 @@ def entry_of(label: str, archive: Mapping[str, Any] | None, problem: str | None 
         facts=facts,
         broken=broken,
         problem=problem,
+        layer=str(a.get("layer") or ""),
     )
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.verdict import Verdict
+from harness.verdict import Verdict, reason_line
 
 
 def label_of(experiment_id: str, variant: str | None, repeat_index: int) -> str:
@@ -44,6 +44,13 @@ class ExperimentResult:
     python_calls: list[str] | None = None
     #: The state-space cells its evidence shows reached (harness/explore/cells.py).
     state_cells: dict[str, int] | None = None
+    #: The layer of the system it judges: queue or workflow ("" when not known).
+    layer: str = ""
+
+    def __post_init__(self) -> None:
+        # Every list a person reads shows the reason as one short line; the
+        # archive (verdict_reason) keeps the whole text.
+        self.reason = reason_line(self.reason)
 
     @property
     def name(self) -> str:
@@ -74,7 +81,7 @@ def terminal_table(results: Sequence[ExperimentResult]) -> str:
         rows.append(
             (
                 f"{r.name} {r.title}"[:48],
-                r.verdict.value.upper(),
+                r.verdict.words.upper(),
                 f"{r.duration_s:.2f}",
                 f"{r.natural_wait_s:.2f}",
                 r.reason[:70],
@@ -133,18 +140,37 @@ def write_summary(
         *(f"- **{k}**: {v}" for k, v in header.items()),
         f"- **overall verdict**: {verdict_text or verdict.value}",
         f"- **counts**: {counts[Verdict.PASS]} pass, {counts[Verdict.FAIL]} fail, "
-        f"{counts[Verdict.UNKNOWN]} unknown",
+        f"{counts[Verdict.UNKNOWN]} unknown, {counts[Verdict.NOT_APPLICABLE]} not applicable",
         f"- **wall time**: {wall_s:.1f} s (sum of natural waits {natural:.1f} s)",
         "",
-        "| experiment | title | verdict | wall s | natural wait s | invariant | reason | archive |",
-        "|---|---|---|---|---|---|---|---|",
+        "| experiment | layer | title | verdict | wall s | natural wait s | invariant | reason | archive |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for r in results:
+    judged = [r for r in results if r.verdict is not Verdict.NOT_APPLICABLE]
+    apart = [r for r in results if r.verdict is Verdict.NOT_APPLICABLE]
+    for r in judged:
         archive = r.archive_path.name if r.archive_path else "-"
         lines.append(
-            f"| {cell(r.name)} | {cell(r.title)} | **{r.verdict.value}** | {r.duration_s:.2f} | "
+            f"| {cell(r.name)} | {cell(r.layer or '-')} | {cell(r.title)} | **{r.verdict.value}** | "
+            f"{r.duration_s:.2f} | "
             f"{r.natural_wait_s:.2f} | {cell(r.invariant)} | {cell(r.reason)} | {cell(archive)} |"
         )
+    if apart:
+        # Shown apart: the system said it lacks what these need, so they prove
+        # nothing about it either way and were not run.
+        lines += [
+            "",
+            f"## Not applicable ({len(apart)}): the system declares it lacks what these need",
+            "",
+            "| experiment | layer | title | why | archive |",
+            "|---|---|---|---|---|",
+        ]
+        for r in apart:
+            archive = r.archive_path.name if r.archive_path else "-"
+            lines.append(
+                f"| {cell(r.name)} | {cell(r.layer or '-')} | {cell(r.title)} | {cell(r.reason)} | "
+                f"{cell(archive)} |"
+            )
     from harness.explore.cell_coverage import from_results
 
     coverage = from_results(results) if cells_table else None
@@ -161,14 +187,16 @@ def write_junit(
     suite: str,
     interrupted: str | None = None,
 ) -> Path:
-    """JUnit XML: fail → <failure>, unknown → <error> (it proved nothing); an
-    interrupted run says so in a property and in the suite's system-err."""
+    """JUnit XML: fail → <failure>, unknown → <error> (it proved nothing), not
+    applicable → <skipped> (the system lacks what it needs); an interrupted run
+    says so in a property and in the suite's system-err."""
     root = ET.Element(
         "testsuite",
         name=suite,
         tests=str(len(results)),
         failures=str(sum(r.verdict is Verdict.FAIL for r in results)),
         errors=str(sum(r.verdict is Verdict.UNKNOWN for r in results)),
+        skipped=str(sum(r.verdict is Verdict.NOT_APPLICABLE for r in results)),
         time=f"{sum(r.duration_s for r in results):.3f}",
     )
     properties = ET.SubElement(root, "properties")
@@ -190,6 +218,8 @@ def write_junit(
             ET.SubElement(case, "failure", message=r.reason).text = detail
         elif r.verdict is Verdict.UNKNOWN:
             ET.SubElement(case, "error", message=r.reason).text = detail
+        elif r.verdict is Verdict.NOT_APPLICABLE:
+            ET.SubElement(case, "skipped", message=r.reason)
         if r.archive_path:
             ET.SubElement(case, "system-out").text = f"evidence: {r.archive_path}"
     if interrupted:
@@ -220,6 +250,7 @@ def write_results_json(
                         "variant": r.variant,
                         "repeat": r.repeat_index,
                         "verdict": r.verdict.value,
+                        "layer": r.layer or None,
                         "reason": r.reason,
                         "duration_s": round(r.duration_s, 3),
                         "natural_wait_s": r.natural_wait_s,

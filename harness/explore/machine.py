@@ -132,7 +132,7 @@ class ContractMachine:
         # a lease nobody renews: no worker of this tenant would ever finish
         # it, and quiet would wait for it.
         left = self.ctx.env.query(
-            "SELECT run_id::text AS run_id FROM agent_runs WHERE run_id::text = ANY(%s) "
+            "SELECT run_id::text AS run_id FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s) "
             "AND status IN ('queued', 'running', 'waiting_tool')",
             [self._mine],
         )
@@ -347,7 +347,7 @@ class ContractMachine:
         while time.monotonic() < deadline and not self.stop.is_set():
             rows = self.ctx.env.query(
                 "SELECT status, coalesce((to_jsonb(r) ->> 'next_attempt_at')::timestamptz,"
-                " '-infinity') > clock_timestamp() AS backoff FROM agent_runs r WHERE run_id = %s",
+                " '-infinity') > clock_timestamp() AS backoff FROM fencecheck_model.agent_runs r WHERE run_id = %s",
                 [run_id],
             )
             if rows:
@@ -365,7 +365,7 @@ class ContractMachine:
 
     def latest_op(self, run_id: str) -> str | None:
         rows = self.ctx.env.query(
-            "SELECT operation_id FROM tool_operations WHERE run_id = %s "
+            "SELECT operation_id FROM fencecheck_model.tool_operations WHERE run_id = %s "
             "ORDER BY effect_version DESC, updated_at DESC LIMIT 1",
             [run_id],
         )
@@ -441,7 +441,7 @@ class ContractMachine:
             deadline = time.monotonic() + WORKFLOW_TIMEOUT_S
             while time.monotonic() < deadline and not self.stop.is_set():
                 rows = self.ctx.env.query(
-                    "SELECT r.status FROM agent_runs r JOIN tool_operations o USING (run_id) "
+                    "SELECT r.status FROM fencecheck_model.agent_runs r JOIN fencecheck_model.tool_operations o USING (run_id) "
                     "WHERE r.run_id = %s AND o.status = 'succeeded'",
                     [run_id],
                 )
@@ -535,7 +535,8 @@ class ContractMachine:
         deadline = time.monotonic() + 3.0
         while time.monotonic() < deadline:
             rows = self.ctx.env.query(
-                "SELECT status FROM tool_operations WHERE operation_id = %s", [op_id]
+                "SELECT status FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+                [op_id],
             )
             if rows and rows[0]["status"] == status:
                 return
@@ -543,7 +544,9 @@ class ContractMachine:
         raise NotThere(f"operation {op_id[-12:]} never became {status} within 3s")
 
     def task_of(self, run_id: str) -> str:
-        rows = self.ctx.env.query("SELECT task_id FROM agent_runs WHERE run_id = %s", [run_id])
+        rows = self.ctx.env.query(
+            "SELECT task_id FROM fencecheck_model.agent_runs WHERE run_id = %s", [run_id]
+        )
         return str(rows[0]["task_id"])
 
     # ------------------------------------------------------------ the rules

@@ -427,7 +427,7 @@ class Nemesis:
             " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_owner, "
             "(SELECT a.epoch FROM fencecheck_audit.run_changes a WHERE a.run_id = r.run_id "
             " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_epoch "
-            "FROM agent_runs r WHERE r.run_id = %s",
+            "FROM fencecheck_model.agent_runs r WHERE r.run_id = %s",
             [run_id],
         )
         row = rows[0] if rows else {}

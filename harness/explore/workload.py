@@ -86,7 +86,9 @@ class Workload:
                 max_attempts=run.max_attempts,
             )
             self.run_ids.append(run_id)
-            row = self.ctx.env.query("SELECT task_id FROM agent_runs WHERE run_id = %s", [run_id])
+            row = self.ctx.env.query(
+                "SELECT task_id FROM fencecheck_model.agent_runs WHERE run_id = %s", [run_id]
+            )
             self.task_ids.append(str(row[0]["task_id"]))
 
     def start_workers(self) -> None:
@@ -244,7 +246,7 @@ class Workload:
         return self.ctx.env.query(
             # next_attempt_at is the reference worker's backoff column, not the
             # contract's: read through to_jsonb so another worker's schema works.
-            "SELECT run_id, status, epoch FROM agent_runs r WHERE status <> ALL(%s) "
+            "SELECT run_id, status, epoch FROM fencecheck_model.agent_runs r WHERE status <> ALL(%s) "
             "AND NOT (status = 'queued' AND coalesce((to_jsonb(r) ->> 'next_attempt_at')"
             "::timestamptz, '-infinity') > clock_timestamp() + interval '1 second')",
             [list(SETTLED)],

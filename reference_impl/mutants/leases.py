@@ -43,6 +43,15 @@ MUTANTS = (
         SqlOverlay("release_ignores_epoch.sql", "fencecheck.release"),
     ),
     Mutant(
+        "release_by_any_session",
+        1,
+        ("B", "R"),
+        "release checks neither owner nor epoch: a stale holder resumed after a takeover "
+        "gives the new holder's live lease up (global invariant "
+        "lease.live_lease_moved_only_by_its_holder)",
+        SqlOverlay("release_by_any_session.sql", "fencecheck.release"),
+    ),
+    Mutant(
         "takeover_keeps_epoch",
         1,
         ("B", "D"),

@@ -146,7 +146,7 @@ def test_list_into_a_closed_pipe_prints_no_traceback() -> None:
         text=True,
         timeout=60,
     )
-    assert proc.stdout.startswith("A  "), proc.stdout
+    assert proc.stdout.startswith("== the queue layer"), proc.stdout
     assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
 
 

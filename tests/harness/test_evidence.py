@@ -70,11 +70,23 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_cli_list_names_every_experiment() -> None:
+def test_cli_list_names_every_experiment_by_layer() -> None:
     proc = _cli("list")
     assert proc.returncode == 0
-    ids = [line.split()[0] for line in proc.stdout.splitlines() if line and not line[0].isspace()]
-    assert ids == list("ABCDEFGHIJKLMNOPQRSTUVW")
+    lines = proc.stdout.splitlines()
+    heads = [i for i, line in enumerate(lines) if line.startswith("== ")]
+    assert [lines[i].split(":")[0] for i in heads] == [
+        "== the queue layer",
+        "== the workflow layer",
+    ]
+
+    def ids(block: list[str]) -> list[str]:
+        return [line.split()[0] for line in block if line and not line[0].isspace()]
+
+    queue, workflow = ids(lines[heads[0] + 1 : heads[1]]), ids(lines[heads[1] + 1 :])
+    assert queue == ["B", "K", "P", "Q", "R", "S"]
+    assert sorted(set(queue + workflow)) == list("ABCDEFGHIJKLMNOPQRSTUVW")
+    assert "S  link faults (variants: tool_cut" in proc.stdout  # S's tool calls: workflow
 
 
 def test_cli_missing_pg_binaries_named(tmp_path: Path) -> None:

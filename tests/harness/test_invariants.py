@@ -227,6 +227,17 @@ def grant_over_live_lease(s: Story) -> None:
     )
 
 
+def released_by_another_session(s: Story) -> None:
+    # B's session gives up A's live lease at A's own epoch, naming A as owner:
+    # the owner text is no secret, the session that took the grant is.
+    held = {**s.state("agent_runs", (RUN,)), "status": "running", "owner": "A/1"}
+    s.tx(0.9, app="B")(
+        "agent_runs",
+        {**held, "lease_expires_at": iso(T0 + 1.5)},
+        {"owner": None, "lease_expires_at": None, "status": "queued"},
+    )
+
+
 def lease_too_long(s: Story) -> None:
     regrant(s, 0.9, 2, "B/1", 10.0)
 
@@ -323,6 +334,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
     "lease.one_owner_per_epoch": second_owner,
     "lease.granted_only_when_free_or_expired": grant_over_live_lease,
+    "lease.live_lease_moved_only_by_its_holder": released_by_another_session,
     "lease.expiry_within_lease_duration": lease_too_long,
     "write.only_under_the_current_unexpired_lease": stale_checkpoint,
     "write.revision_advances_by_one": revision_skips,
@@ -433,6 +445,23 @@ def test_grant_over_live_lease_reports_the_row() -> None:
     grant_over_live_lease(s)
     (row,) = broken_by(evidence(s))["lease.granted_only_when_free_or_expired"]
     assert row["epoch"] == [1, 2] and row["owner"] == ["A/1", "B/1"]
+
+
+def test_live_lease_moves_allowed_to_its_holder_and_a_cancel() -> None:
+    name = "lease.live_lease_moved_only_by_its_holder"
+    for app, status in (("A", "queued"), ("ctl", "cancelled")):
+        s = clean_story()
+        held = {**s.state("agent_runs", (RUN,)), "status": "running", "owner": "A/1"}
+        s.tx(0.9, app=app)(
+            "agent_runs",
+            {**held, "lease_expires_at": iso(T0 + 1.5)},
+            {"owner": None, "lease_expires_at": None, "status": status},
+        )
+        assert name not in broken_by(evidence(s)), (app, status)
+    s = clean_story()
+    released_by_another_session(s)
+    (row,) = broken_by(evidence(s))[name]
+    assert row["app"] == "B" and "granted to session 'A'" in row["why"]
 
 
 def test_harness_plants_are_not_protocol_writes() -> None:

@@ -1,20 +1,34 @@
-"""The harness's audit trigger on the reference schema: every contract table,
-the statement and session of each change, and out of the worker role's reach."""
+"""The harness's model on the reference schema (harness/model, installed from the
+reference worker's own mapping): the audit trigger on every table it names,
+the statement and session of each change, the model's views, and neither out
+of reach of the worker role's."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
 
-from harness.checking.audit import AUDIT_SQL, CONTRACT_TABLES
 from harness.checking.invariants import check, gather
+from harness.contract import mapping
+from harness.model.entities import RELATIONS
+from harness.model.install import install
 from harness.parts.postgres import Database
 from reference_impl.protected import ProtectedWriter
 from reference_impl.runtime import Runtime
 from tests.reference_impl.conftest import ROLES, TENANT, cp, new_run, take
+
+REFERENCE = mapping.of_file(
+    Path(__file__).resolve().parents[2] / "reference_impl/fencecheck-mapping.yaml"
+)
+
+
+def install_model(db: Database) -> None:
+    with psycopg.connect(db.admin_dsn, autocommit=True) as conn:
+        assert install(conn, REFERENCE.model) == []
 
 
 def query_of(db: Database) -> gather.Query:
@@ -28,7 +42,7 @@ def query_of(db: Database) -> gather.Query:
 def test_every_write_audited_with_its_statement(
     ref_db: Database, make_rt: Callable[..., Runtime], stepped: bool
 ) -> None:
-    ref_db.query(AUDIT_SQL)
+    install_model(ref_db)
     rt = make_rt("A")
     run_id = new_run(rt)
     lease = take(rt, run_id).lease
@@ -50,19 +64,20 @@ def test_every_write_audited_with_its_statement(
         write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
         asked_write_path="stepped" if stepped else "fast",
     )
-    assert set(evidence.tables) == set(CONTRACT_TABLES)
+    assert set(evidence.tables) == set(RELATIONS)
     broken = {r.name: r.violations for r in check(evidence) if not r.ok}
     assert broken == {}
 
 
 def test_worker_role_cannot_read_or_write_the_trail(ref_db: Database) -> None:
-    ref_db.query(AUDIT_SQL)
+    install_model(ref_db)
     with psycopg.connect(ref_db.dsn(ROLES[(TENANT, "worker")]), autocommit=True) as conn:
         for statement in (
             "SELECT count(*) FROM fencecheck_audit.changes",
             "SELECT count(*) FROM fencecheck_audit.run_changes",
             "INSERT INTO fencecheck_audit.changes (tbl, op) VALUES ('agent_runs', 'UPDATE')",
             "DELETE FROM fencecheck_audit.changes",
+            "SELECT count(*) FROM fencecheck_model.agent_runs",
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(statement)

@@ -339,4 +339,5 @@ def test_no_freeze_once_the_operation_converged(rt: Runtime) -> None:
     with pytest.raises(e.LedgerConflict):
         rt.writer.write(cp(lease, 1, transition="freeze", effect={"operation_id": op}))
     assert rt.runs.state(rt.conn, run)["status"] == "waiting_tool"
-    assert rt.ledger.get(rt.conn, op)["status"] == "succeeded"
+    converged = rt.ledger.get(rt.conn, op)
+    assert converged is not None and converged["status"] == "succeeded"

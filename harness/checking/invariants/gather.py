@@ -1,10 +1,11 @@
 """Gather :class:`Evidence` from a live experiment database and tool.
 
 Only independent sources: the database queried as superuser (the harness's
-audit trail and the final rows of every contract table), the mock tool's own
-export, and the workers' history files (their account, to be judged). The
-caller passes a query function, so this works on any database holding the
-audit trail, not only inside an experiment.
+audit trail, recorded as model rows, and the final rows of every relation of
+the model, harness/model), the mock tool's own export, and the workers'
+history files (their account, to be judged). The caller passes a query
+function, so this works on any database holding the model, not only inside
+an experiment.
 """
 
 from __future__ import annotations
@@ -12,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from harness.checking.audit import CONTRACT_TABLES
 from harness.checking.history import Event
 from harness.checking.invariants.model import Change, Evidence
+from harness.model.entities import RELATIONS, relation
 
 Query = Callable[[str, Sequence[Any] | None], list[dict[str, Any]]]
 
@@ -59,14 +60,11 @@ def changes(query: Query) -> list[Change]:
 
 
 def tables(query: Query) -> dict[str, list[dict[str, Any]]]:
-    """Final rows of every contract table that exists, as jsonb (times as ISO text)."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    for table in CONTRACT_TABLES:
-        exists = query("SELECT to_regclass(%s) IS NOT NULL AS ok", [f"public.{table}"])
-        if exists and exists[0]["ok"]:
-            rows = query(f"SELECT to_jsonb(t) AS row FROM public.{table} t", None)
-            out[table] = [r["row"] for r in rows]
-    return out
+    """Final rows of every relation of the model, as jsonb (times as ISO text)."""
+    return {
+        name: [r["row"] for r in query(f"SELECT to_jsonb(t) AS row FROM {relation(name)} t", None)]
+        for name in RELATIONS
+    }
 
 
 def gather(

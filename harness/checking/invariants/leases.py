@@ -12,9 +12,17 @@ from harness.checking.invariants.registry import invariant
 EXPIRY_TOLERANCE_S = 0.010
 
 
+def is_grant(c: Change) -> bool:
+    """A grant (claim, takeover): the epoch changes, or the lease gets a holder it
+    did not have (how a system without a fencing token grants)."""
+    if c.op != "UPDATE":
+        return False
+    return c.changed("epoch") or (c.after("owner") is not None and c.changed("owner"))
+
+
 def grants(ev: Evidence) -> list[Change]:
-    """Changes of agent_runs that change the epoch: the grants (claim, takeover)."""
-    return [c for c in ev.of("agent_runs", "UPDATE") if c.changed("epoch")]
+    """Changes of agent_runs that grant the lease (claim, takeover)."""
+    return [c for c in ev.of("agent_runs", "UPDATE") if is_grant(c)]
 
 
 @invariant(
@@ -24,7 +32,7 @@ def grants(ev: Evidence) -> list[Change]:
 )
 def epoch_grows_by_one(ev: Evidence) -> Finding:
     bad = []
-    granted = grants(ev)
+    granted = [c for c in ev.of("agent_runs", "UPDATE") if c.changed("epoch")]
     for c in granted:
         old, new = c.before("epoch"), c.after("epoch")
         if old is None or new is None or int(new) != int(old) + 1:
@@ -90,3 +98,44 @@ def expiry_within_lease_duration(ev: Evidence) -> Finding:
             row["granted_for_ms"] = round((expiry - c.at) * 1000, 1)
             bad.append(row)
     return Finding(checked, bad, f"lease duration {ev.lease_ttl_ms} ms")
+
+
+@invariant(
+    "lease.live_lease_moved_only_by_its_holder",
+    "SPEC rule 1; English seed §5.1, §5.3 (release only by the holder)",
+    "a live lease (unexpired by database time) changes owner or is cleared only by the session "
+    "it was granted to, keeping its epoch (release, completion, a pause), by a cancel of the run "
+    "(rule 6), or by a grant over it once it has expired; never by another session",
+)
+def live_lease_moved_only_by_its_holder(ev: Evidence) -> Finding:
+    # "Its owner" is the session the audit trail saw receive the grant, not the
+    # owner text a call passes: that text is no secret (contract §7.6), and a
+    # session that did not take the lease must not give it up or hand it on.
+    holder: dict[str, str] = {}  # run -> session of its latest grant
+    bad, checked = [], 0
+    for c in ev.of("agent_runs"):
+        run = str(c.row.get("run_id"))
+        old_owner = c.before("owner")
+        expiry = ts(c.before("lease_expires_at"))
+        live = c.op == "UPDATE" and old_owner is not None and expiry is not None and expiry > c.at
+        granted_to = holder.get(run)
+        if (c.op == "INSERT" and c.after("owner") is not None) or is_grant(c):
+            holder[run] = c.app
+        if not live or not (c.changed("owner") or c.changed("epoch")) or c.by_harness:
+            continue
+        checked += 1
+        why = ""
+        if is_grant(c):
+            why = "a grant over the live lease"
+        elif c.after("status") == "cancelled":
+            continue
+        elif granted_to is None:
+            continue  # granted outside the trail (a harness plant): nobody to compare with
+        elif c.app != granted_to:
+            why = f"session {c.app!r} moved the lease granted to session {granted_to!r}"
+        if why:
+            row = c.brief("run_id", "epoch", "owner", "status")
+            row["lease_expires_at"] = c.before("lease_expires_at")
+            row["why"] = why
+            bad.append(row)
+    return Finding(checked, bad)

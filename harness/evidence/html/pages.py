@@ -49,8 +49,8 @@ from harness.evidence.run_dir import (
 )
 from harness.verdict import Verdict
 
-GLYPH = {Verdict.PASS: "✓", Verdict.FAIL: "✗", Verdict.UNKNOWN: "?"}
-ORDER = {Verdict.FAIL: 0, Verdict.UNKNOWN: 1, Verdict.PASS: 2}
+GLYPH = {Verdict.PASS: "✓", Verdict.FAIL: "✗", Verdict.UNKNOWN: "?", Verdict.NOT_APPLICABLE: "-"}
+ORDER = {Verdict.FAIL: 0, Verdict.UNKNOWN: 1, Verdict.PASS: 2, Verdict.NOT_APPLICABLE: 3}
 MAX_ROWS = 300
 PASS_ROWS_OPEN = 60
 # Fields the experiment page shows in their own sections; anything else in
@@ -73,7 +73,7 @@ KNOWN = frozenset(
 def verdict_badge(verdict: Verdict) -> Markup:
     return el(
         "span",
-        f"{GLYPH[verdict]} {verdict.value.upper()}",
+        f"{GLYPH[verdict]} {verdict.words.upper()}",
         class_=f"verdict verdict-{verdict.value}",
         data_verdict=verdict.value,
         title={
@@ -81,6 +81,8 @@ def verdict_badge(verdict: Verdict) -> Markup:
             Verdict.FAIL: "fail: an invariant broke (with every fault confirmed)",
             Verdict.UNKNOWN: "unknown: proved nothing either way (a fault did not take effect, "
             "or the harness could not decide)",
+            Verdict.NOT_APPLICABLE: "not applicable: the system declares it lacks a capability "
+            "or injection point this experiment needs; not run",
         }[verdict],
     )
 
@@ -206,6 +208,19 @@ def broken_section(archive: Mapping[str, Any], verdict: Verdict) -> Markup:
     (fail) or the faults that did not take effect (unknown), with their rows."""
     if verdict is Verdict.PASS:
         return Markup("")
+    if verdict is Verdict.NOT_APPLICABLE:
+        return el(
+            "div",
+            el("h2", "Why this is not applicable: the system declares it lacks what it needs"),
+            el("p", el("strong", str(archive.get("verdict_reason") or "no reason recorded"))),
+            el(
+                "p",
+                "Not run: the system under test says so itself in its mapping "
+                "(docs/worker-contract.md section 14). Nothing about it is proven here either way.",
+                class_="note",
+            ),
+            class_="broken unknown",
+        )
     checks = [c for c in archive.get("checks") or [] if isinstance(c, Mapping)]
     invariants = [c for c in checks if c.get("ok") is False and c.get("kind") != "fault"]
     faults = [c for c in checks if c.get("ok") is False and c.get("kind") == "fault"]
@@ -558,7 +573,7 @@ def experiment_page(
     atomic_write_text(
         here / f"{label}.html",
         page(
-            f"{entry.verdict.value.upper()} {title} · fencecheck",
+            f"{entry.verdict.words.upper()} {title} · fencecheck",
             *body,
             data_verdict=entry.verdict.value,
             data_label=label,
@@ -593,6 +608,7 @@ def _row(e: Entry, links: IndexLinks) -> Markup:
         "tr",
         el("td", verdict_badge(e.verdict)),
         el("td", el("a", e.name, href=link)),
+        el("td", e.layer or "-"),
         el("td", e.title),
         el("td", e.invariant),
         el("td", e.fault),
@@ -618,6 +634,7 @@ def _row(e: Entry, links: IndexLinks) -> Markup:
 HEADERS = (
     "verdict",
     "experiment",
+    "layer",
     "title",
     "invariant",
     "fault",
@@ -630,8 +647,9 @@ HEADERS = (
 
 def _experiments(entries: Sequence[Entry], links: IndexLinks) -> Markup:
     ranked = sorted(entries, key=lambda e: ORDER[e.verdict])  # stable: run order within
-    attention = [e for e in ranked if e.verdict is not Verdict.PASS]
+    attention = [e for e in ranked if e.verdict in (Verdict.FAIL, Verdict.UNKNOWN)]
     passed = [e for e in ranked if e.verdict is Verdict.PASS]
+    apart = [e for e in ranked if e.verdict is Verdict.NOT_APPLICABLE]
     head = thead(HEADERS)
     out: list[Markup] = []
     if attention:
@@ -651,6 +669,14 @@ def _experiments(entries: Sequence[Entry], links: IndexLinks) -> Markup:
         title = f"Passed ({len(passed)})"
         out.append(el("h2", title) if len(passed) <= PASS_ROWS_OPEN else Markup(""))
         out.append(rows if len(passed) <= PASS_ROWS_OPEN else details(f"{title}: show them", rows))
+    if apart:
+        # Apart from the judged: the system declared it lacks what they need.
+        out.append(
+            el("h2", f"Not applicable ({len(apart)}): the system declares it lacks what these need")
+        )
+        out.append(
+            el("table", head, el("tbody", [_row(e, links) for e in apart]), class_="experiments")
+        )
     return render(out)
 
 
@@ -672,7 +698,7 @@ def _rollup(entries: Sequence[Entry], pages: str) -> Markup:
                     GLYPH[e.verdict],
                     href=f"{pages}/{e.label}.html",
                     class_=f"cell-{e.verdict.value}",
-                    title=f"{e.name}: {e.verdict.value}",
+                    title=f"{e.name}: {e.verdict.words}",
                 )
                 for e in sorted(group, key=lambda e: e.repeat_index)
             ],
@@ -687,7 +713,8 @@ def _rollup(entries: Sequence[Entry], pages: str) -> Markup:
                 el("td", str(len(group)), class_="num"),
                 el(
                     "td",
-                    f"{c[Verdict.PASS]} / {c[Verdict.FAIL]} / {c[Verdict.UNKNOWN]}",
+                    f"{c[Verdict.PASS]} / {c[Verdict.FAIL]} / {c[Verdict.UNKNOWN]} / "
+                    f"{c[Verdict.NOT_APPLICABLE]}",
                     class_="num",
                 ),
                 el("td", f"{min(walls):.2f} to {max(walls):.2f}" if walls else "-", class_="num"),
@@ -701,7 +728,7 @@ def _rollup(entries: Sequence[Entry], pages: str) -> Markup:
             "experiment",
             "title",
             "runs",
-            "pass / fail / unknown",
+            "pass / fail / unknown / not applicable",
             "wall s (min to max)",
             "each repetition",
         )
@@ -804,6 +831,7 @@ def index_page(
         el(
             "p",
             f"{n[Verdict.PASS]} pass, {n[Verdict.FAIL]} fail, {n[Verdict.UNKNOWN]} unknown",
+            f", {n[Verdict.NOT_APPLICABLE]} not applicable" if n[Verdict.NOT_APPLICABLE] else "",
             f", {len(unreadable)} unreadable" if unreadable else "",
             f" of {len(entries)} experiment run(s). ",
             "A pass needs every invariant to hold and every fault to be confirmed; an unknown proved nothing.",
@@ -826,7 +854,7 @@ def index_page(
     ]
     return write_index(
         out_dir / "index.html",
-        f"{verdict.value.upper()} {name}",
+        f"{verdict.words.upper()} {name}",
         body,
         built_from=f"{ARCHIVES}/",
         verdict=verdict,

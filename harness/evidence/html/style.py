@@ -2,7 +2,8 @@
 
 Verdicts differ without colour too: pass is a thin solid frame with a check
 mark, fail a heavy double frame in inverted type with a cross, unknown a
-dashed frame in italics with a question mark. Colour only repeats that.
+dashed frame in italics with a question mark, not applicable a dotted grey
+frame with a dash. Colour only repeats that.
 """
 
 from __future__ import annotations
@@ -39,10 +40,13 @@ details > summary { cursor: pointer; font-weight: 600; }
   background: var(--fail); text-transform: uppercase; }
 .verdict-unknown { border: 2px dashed var(--unknown); color: var(--unknown);
   background: var(--unknown-bg); font-style: italic; }
+.verdict-not_applicable { border: 2px dotted var(--muted); color: var(--muted);
+  background: var(--soft); }
 h1 .verdict { font-size: 18px; vertical-align: 2px; margin-right: 8px; }
 tr.row-fail > td:first-child { border-left: 8px double var(--fail); }
 tr.row-unknown > td:first-child { border-left: 6px dashed var(--unknown); }
 tr.row-pass > td:first-child { border-left: 3px solid var(--pass); }
+tr.row-not_applicable > td:first-child { border-left: 3px dotted var(--muted); }
 .ok-yes { color: var(--pass); font-weight: 700; }
 .ok-no { color: var(--fail); font-weight: 700; }
 .broken { border: 3px double var(--fail); padding: 6px 14px 10px; margin: 14px 0;
@@ -58,6 +62,7 @@ tr.row-pass > td:first-child { border-left: 3px solid var(--pass); }
 .strip .cell-pass { border: 1px solid var(--pass); color: var(--pass); }
 .strip .cell-fail { border: 2px double var(--fail); background: var(--fail); color: #fff; }
 .strip .cell-unknown { border: 1px dashed var(--unknown); color: var(--unknown); }
+.strip .cell-not_applicable { border: 1px dotted var(--muted); color: var(--muted); }
 ol.moments { padding-left: 34px; }
 ol.moments li { margin: 1px 0; }
 .src { display: inline-block; min-width: 68px; font-size: 11px; padding: 0 4px; margin-right: 6px;

@@ -7,6 +7,7 @@
 //	fencecheck-go-worker run [--run-id ID] [--once] [--exit-when-idle] [--require-durability MODE]
 //	fencecheck-go-worker ops                           # JSON lines on stdin/stdout
 //	fencecheck-go-worker mutants                       # the named mutants, JSON
+//	fencecheck-go-worker mapping                       # its fencecheck mapping (YAML)
 //	fencecheck-go-worker seed-variants                 # the seeds' literal forms, JSON
 //	fencecheck-go-worker bench OP N [--run-id ID --owner O --epoch E]   # timing (make go-bench)
 //	fencecheck-go-worker bench-scripts                 # its statements as pgbench scripts, JSON
@@ -25,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	goworker "fencecheck/goworker"
 	"fencecheck/goworker/internal/metrics"
 	"fencecheck/goworker/internal/mutants"
 	"fencecheck/goworker/internal/protocol"
@@ -33,7 +35,7 @@ import (
 )
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: fencecheck-go-worker {migrate|run|ops|mutants|seed-variants} [--run-id ID] [--once] [--exit-when-idle]")
+	fmt.Fprintln(os.Stderr, "usage: fencecheck-go-worker {migrate|run|ops|mutants|mapping|seed-variants} [--run-id ID] [--once] [--exit-when-idle]")
 }
 
 func main() {
@@ -73,6 +75,11 @@ func run(args []string) int {
 	switch mode {
 	case "mutants":
 		return printJSON(mutants.Registry)
+	case "mapping":
+		if _, err := os.Stdout.Write(goworker.Mapping); err != nil {
+			return 1
+		}
+		return 0
 	case "seed-variants":
 		return printJSON(mutants.SeedVariants)
 	case "bench-scripts":
