@@ -29,6 +29,7 @@ FAULT_MODES: Final = (
     "conflict_other_body",
     "accept_without_result",
     "answer_late",
+    "arrive_late",
 )
 
 #: The fault target of the broker's modes (never a tool's name; ``"*"`` never selects it).
@@ -41,7 +42,13 @@ PUBLISH_FAULT_MODES: Final = ("publish_fail", "publish_ack_late")
 DELIVERY_FAULT_MODES: Final = ("deliver_duplicate", "deliver_reorder")
 
 #: Modes that need ``ms``.
-MODES_WITH_MS: Final = ("delay", "slow_callback", "answer_late", "publish_ack_late")
+MODES_WITH_MS: Final = (
+    "delay",
+    "slow_callback",
+    "answer_late",
+    "arrive_late",
+    "publish_ack_late",
+)
 
 #: Default (and upper bound when no ``ms`` is given) of a ``hang`` fault.
 DEFAULT_HANG_MS: Final = 30_000

@@ -572,6 +572,13 @@ class Handler(BaseHTTPRequestHandler):
         capability = app.tools[tool]
         fault = app.faults.take(tool, _CREATE_MODES, req.run_id)
         mode = fault.mode if fault else None
+        if fault is not None and mode == "arrive_late":
+            # Still on the network: the tool has not seen it, so it is in no
+            # log and a query meanwhile finds nothing, not even in progress.
+            app.stopping.wait((fault.ms or 0) / 1000)
+            if app.stopping.is_set():
+                raise HttpError(503, "the tool is shutting down; nothing was done", "stopping")
+            received_at = time.time()
         seq = app.store.begin_request(
             received_at=received_at,
             tool=tool,

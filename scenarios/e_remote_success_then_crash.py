@@ -31,6 +31,10 @@ from harness.waiting import wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
+# How long D1's request stays on the network in variant stale_dispatcher: past
+# its dispatch claim's deadline (600 ms) plus the reconciler's claim, within
+# the worker's tool timeout (3 s).
+ARRIVE_LATE_MS = 2000
 
 TOOL_FOR = {
     "idempotent": "idem",
@@ -72,7 +76,7 @@ SPEC = ExperimentSpec(
         "retention_expired",
     ),
     natural_wait_s=0.8,
-    variant_waits=(("stale_dispatcher", 0.6), ("retention_expired", 1.2)),
+    variant_waits=(("stale_dispatcher", ARRIVE_LATE_MS / 1000), ("retention_expired", 1.2)),
     variant_points=(("frozen_dispatcher", "after_dispatch_claim_commit"),),
     variant_faults=(
         (
@@ -205,9 +209,16 @@ def run(ctx: ExperimentContext) -> None:
 
 
 def _stale_dispatcher(ctx: ExperimentContext) -> None:
-    """A dispatcher whose claim expired answers late, while a newer same-key claim
-    is in flight: its answer must not be recorded over the newer claim (rule 4:
-    a result is recorded only when dispatch owner and ledger revision match)."""
+    """A dispatcher whose request is still on the network when its claim expires
+    comes back with the tool's answer while a newer same-key claim is in flight:
+    its answer must not be recorded over the newer claim (rule 4: a result is
+    recorded only when dispatch owner and ledger revision match). The tool sees
+    D1's request only ARRIVE_LATE_MS after it was sent (mock tool `arrive_late`),
+    so the reconciler's query finds nothing, not even a create in progress, and
+    its same-key retry claims anew; the reconciler is held there, D1 is held
+    with the tool's answer, then D1 goes on first. (Holding D1 before its call
+    no longer reaches this: a dispatcher checks its claim's deadline before it
+    calls, and one past it sends nothing.)"""
     run_id = new_run(ctx, tool="idem")
     w = ctx.env.start_worker("W", "ops")
     lease = ctx.ok(w, "claim", run_id=run_id)
@@ -224,33 +235,55 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     )
     op_id = intent["operation_id"]
     d1 = ctx.env.start_worker("D1", "ops")
-    ctx.arm("D1", "after_dispatch_claim_commit", Hold())
+    ctl = control_plane(ctx)  # ready before D1 sends: the window is ARRIVE_LATE_MS
+    ctx.env.tool.client().set_fault("idem", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
+    ctx.arm("D1", "after_tool_response_before_tx2_commit", Hold())
     stale = ctx.op_async(d1, "dispatch", {"operation_id": op_id}, worker_async=True)
-    ctx.reached("D1", "after_dispatch_claim_commit")
-    first = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
+    first = wait_for(
+        lambda: next(
+            (
+                o
+                for o in checkers.ledger(ctx, run_id)
+                if o["operation_id"] == op_id and o["status"] == "dispatching"
+            ),
+            None,
+        ),
+        what="D1's dispatch claim of the operation",
+        timeout_s=10,
+    )
     wait_for(
         lambda: ctx.env.query(
-            "SELECT dispatch_until < clock_timestamp() AS expired FROM fencecheck_model.tool_operations "
-            "WHERE operation_id = %s",
+            "SELECT dispatch_until < clock_timestamp() AS expired "
+            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
             [op_id],
         )[0]["expired"],
         what="D1's dispatch claim to pass its deadline by database time",
         timeout_s=10,
     )
-    ctl = control_plane(ctx)
     ctx.arm("ctl", "after_dispatch_claim_commit", Hold())
     newer = ctx.op_async(ctl, "reconcile", {}, worker_async=True)
     ctx.reached("ctl", "after_dispatch_claim_commit")
     held = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
+    ctx.reached("D1", "after_tool_response_before_tx2_commit")
+    log = checkers.tool_log(ctx)
+    seen = [r for r in log["requests"] if r.get("operation_id") == op_id]
+    queried = [q for q in log["queries"] if q.get("operation_id") == op_id]
     ctx.fault(
-        "a newer claim was in flight when the stale dispatcher answered",
+        "a newer claim was in flight when the stale dispatcher came back with the tool's answer",
         held["status"] == "dispatching"
-        and held["dispatch_owner"] not in (None, first["dispatch_owner"]),
-        expected="D1 held past its claim's deadline; the reconciler's same-key claim dispatching",
+        and held["dispatch_owner"] not in (None, first["dispatch_owner"])
+        and len(seen) == 1
+        and bool(queried)
+        and queried[0]["outcome"] == "not_found"
+        and queried[0]["received_at"] < seen[0]["received_at"],
+        expected="the reconciler's query found nothing before the tool saw D1's one request; "
+        "the reconciler's same-key claim dispatching while D1 holds the tool's answer",
         observed=f"ledger {held['status']} by {held['dispatch_owner']} at revision "
-        f"{held['revision']}",
+        f"{held['revision']} (D1's claim {first['dispatch_owner']}); tool requests "
+        f"{[(r['outcome'], round(r['received_at'], 3)) for r in seen]}, queries "
+        f"{[(q['outcome'], round(q['received_at'], 3)) for q in queried]}",
     )
-    ctx.release("D1", "after_dispatch_claim_commit")
+    ctx.release("D1", "after_tool_response_before_tx2_commit")
     stale_reply = stale.result(15)
     after = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
     ctx.invariant(
@@ -263,6 +296,10 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     )
     ctx.release("ctl", "after_dispatch_claim_commit")
     newer.result(15)
+    # The reconciler's own claim outlived its deadline while it was held, so it
+    # sent nothing and left the operation unknown; its next cycle finds D1's
+    # resource by query.
+    ctx.op(ctl, "reconcile")
     final = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
     resources = [
         r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id

@@ -46,6 +46,7 @@ TOOL_ANSWERS = {
     "error_5xx_after_act": "error_after_act",
     "accept_without_result": "accepted_without_result",
     "answer_late": "answer_late",
+    "arrive_late": "ok",
     "reject_429": "reject_429",
     "reject_final": "refused_422",
     "drop_after_act": "no_answer",

@@ -6,6 +6,7 @@ timeout, a callback issued at a chosen moment. Each is seen from the caller
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -94,6 +95,21 @@ def test_answer_late_acts_at_once_and_answers_after_the_callers_timeout(
     [row] = rows_for(client.export(), "requests", "op-late")
     assert (row["outcome"], row["http_status"]) == ("created_then_late", 201)
     assert row["answered_at"] - row["completed_at"] >= 0.6
+
+
+def test_arrive_late_is_in_no_log_until_the_tool_sees_it(client: ToolClient) -> None:
+    """A request still on the network: a query meanwhile finds nothing, not even
+    a create in progress (unlike hang or delay); then it is handled normally."""
+    client.set_fault("idem", "arrive_late", ms=700)
+    sent = time.time()
+    with ThreadPoolExecutor(1) as pool:
+        created = pool.submit(client.create, "idem", "op-arrive", "r", 1, REQ)
+        time.sleep(0.3)
+        assert client.query("idem", "op-arrive") is None  # no ToolOutcomeUnknown: not in progress
+        assert rows_for(client.export(), "requests", "op-arrive") == []
+        assert created.result(5).replayed is False
+    [row] = rows_for(client.export(), "requests", "op-arrive")
+    assert row["outcome"] == "created" and row["received_at"] - sent >= 0.7
 
 
 def test_answer_late_needs_ms(client: ToolClient) -> None:
