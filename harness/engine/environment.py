@@ -756,11 +756,7 @@ class Environment:
                     "fencecheck_operator (docs/worker-contract.md, roles and tenant binding)"
                 ) from exc
             self.roles.update(missing)
-            if (
-                mapping.declared(tuple(self.shared.settings.worker_cmd)).capabilities.tenants
-                == "none"
-            ):
-                # A system without tenants keeps no binding (contract §14).
+            if self._keeps_no_bindings():
                 return [self.roles[key] for key in keys]
             rows = [(name, tenant_id) for (tenant_id, _), name in missing.items()]
             try:
@@ -776,6 +772,16 @@ class Environment:
                     "(docs/worker-contract.md)"
                 ) from exc
         return [self.roles[key] for key in keys]
+
+    def _keeps_no_bindings(self) -> bool:
+        """A system that declares no tenants and has no ``tenant_bindings`` table
+        keeps no binding (contract §14); one that has the table (the reference
+        worker declaring less) still checks its role's binding."""
+        declared = mapping.declared(tuple(self.shared.settings.worker_cmd))
+        if declared.capabilities.tenants != "none":
+            return False
+        found = self.query("SELECT to_regclass('public.tenant_bindings') IS NOT NULL AS kept")
+        return not found[0]["kept"]
 
     def worker_dsn(
         self, pg_link: str = "worker_pg", *, tenant_id: str | None = None, role: RoleKind = "worker"
