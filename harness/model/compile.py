@@ -227,11 +227,12 @@ END"""
     RETURN NULL;
   END IF;
 """
+        # st: the status a deleted run ended with (declared only where one can be).
+        st = "  st text;\n" if rel.deleted is not None else ""
         body = f"""DECLARE
   o jsonb;
   n jsonb;
-  st text;
-BEGIN
+{st}BEGIN
   IF TG_OP <> 'INSERT' THEN
     SELECT to_jsonb(m) INTO o FROM ({model_select(rel, "(SELECT OLD.*)")}) m;
   END IF;
