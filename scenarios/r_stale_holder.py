@@ -149,11 +149,23 @@ def run(ctx: ExperimentContext) -> None:
     )
     for op, lines in outcomes.items():
         tried = [line for line in lines if NOT_TRIED not in line]
+        name = f"stale {op} refused and changed nothing"
+        expected = (
+            f"{len(lines)} attempt(s): no audited change by A's session of any contract "
+            "table; B's owner, epoch, revision and status untouched"
+        )
+        if not tried:
+            # Nothing of this op was sent: it held nothing and broke nothing.
+            ctx.not_judged(
+                name,
+                expected=expected,
+                observed=f"not judged: no attempt was tried; {'; '.join(lines)}",
+            )
+            continue
         ctx.invariant(
-            f"stale {op} refused and changed nothing",
+            name,
             all(": nothing changed" in line for line in tried),
-            expected=f"{len(lines)} attempt(s): no audited change by A's session of any contract "
-            "table; B's owner, epoch, revision and status untouched",
+            expected=expected,
             observed="; ".join(lines),
         )
     if caps.offers_op("heartbeat"):

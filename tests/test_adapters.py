@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.matrix]
 ROOT = Path(__file__).resolve().parents[1]
 ADAPTERS = {
     "procrastinate": [sys.executable, "-m", "harness.adapters.procrastinate.driver"],
+    "pgqueuer": [sys.executable, "-m", "harness.adapters.pgqueuer.driver"],
     "river": [str(ROOT / "harness/adapters/river/bin/fencecheck-river")],
 }
 EVERY_OTHER = "every other run"
@@ -42,8 +43,9 @@ def stated_verdicts(system: str) -> tuple[dict[str, str], str | None]:
     return stated, default
 
 
-def test_the_tables_parse() -> None:
-    stated, default = stated_verdicts("procrastinate")
+@pytest.mark.parametrize("system", ["procrastinate", "pgqueuer"])
+def test_the_tables_parse(system: str) -> None:
+    stated, default = stated_verdicts(system)
     assert stated == {"B": "fail", "K": "fail", "R": "fail"} and default == "not_applicable"
 
 

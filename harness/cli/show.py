@@ -53,7 +53,7 @@ def main(args: argparse.Namespace) -> int:
         )
     print("\nchecks:")
     for check in archive["checks"]:
-        mark = "ok " if check["ok"] else "NOT"
+        mark = "n/j" if check["kind"] == "not_judged" else "ok " if check["ok"] else "NOT"
         print(f"  [{mark}] ({check['kind']}) {check['name']}")
         print(f"         expected: {check['expected']}")
         print(f"         observed: {check['observed']}")

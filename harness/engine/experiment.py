@@ -207,7 +207,7 @@ class ExperimentSpec:
         return self.title.lower().replace(" ", "_").replace("-", "_")
 
 
-CheckKind = Literal["fault", "invariant", "progress"]
+CheckKind = Literal["fault", "invariant", "progress", "not_judged"]
 
 
 @dataclass(frozen=True)
@@ -221,7 +221,10 @@ class Check:
     finishing, every run succeeding): unmet, it is fail only when the
     harness measured nothing in its window [``since``, ``at``] that excuses
     it (a stall of the harness, a watched process starved of CPU), else
-    unknown with ``excused_by`` naming what it measured.
+    unknown with ``excused_by`` naming what it measured. ``not_judged``: a
+    property the experiment meant to judge but could not try (what it needed
+    was already gone); it decides nothing and is never counted as held
+    (``ok`` is true only so that nothing reads it as broken).
     """
 
     name: str
@@ -286,6 +289,11 @@ class ExperimentContext:
         """Record one property of the protocol, judged from harness evidence."""
         self.checks.append(Check(name, "invariant", bool(ok), expected, observed))
         return bool(ok)
+
+    def not_judged(self, name: str, *, expected: str, observed: str) -> None:
+        """Record a property that was not tried, and why (``observed``): shown as
+        not judged, neither held nor broken, and no part of the verdict."""
+        self.checks.append(Check(name, "not_judged", True, expected, observed))
 
     def progress(
         self, name: str, ok: bool, *, expected: str, observed: str, since: float | None = None
@@ -359,7 +367,11 @@ class ExperimentContext:
             return Verdict.UNKNOWN, "no invariant was checked"
         if not any(c.kind == "fault" for c in self.checks):
             return Verdict.UNKNOWN, "the experiment did not confirm its fault"
-        return Verdict.PASS, "every invariant held and every fault took effect"
+        reason = "every invariant held and every fault took effect"
+        skipped = [c.name for c in self.checks if c.kind == "not_judged"]
+        if skipped:
+            reason += f" ({len(skipped)} not judged: {'; '.join(skipped)})"
+        return Verdict.PASS, reason
 
     def _judge_unmet_progress(self) -> list[Check]:
         """The unmet progress checks, each with its excuse (if any) filled in."""

@@ -559,7 +559,14 @@ def _audit_notes(audit: list[dict[str, Any]], shorten: Shorten) -> list[tuple[fl
 def _observed(ctx: ExperimentContext) -> str:
     if not ctx.checks:
         return "nothing was checked"
-    return "; ".join(f"[{'ok' if c.ok else 'NOT OK'}] {c.name}: {c.observed}" for c in ctx.checks)
+    return "; ".join(f"[{check_mark(c.kind, c.ok)}] {c.name}: {c.observed}" for c in ctx.checks)
+
+
+def check_mark(kind: str, ok: bool) -> str:
+    """How a check reads in a line: ok, NOT OK, or not judged (never tried)."""
+    if kind == "not_judged":
+        return "not judged"
+    return "ok" if ok else "NOT OK"
 
 
 def _minimal_archive(

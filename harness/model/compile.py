@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from harness.model.entities import COLUMNS, HOLDING, LEASE_COLUMNS, SCHEMA
+from harness.model.entities import COLUMNS, HOLDING, LEASE_COLUMNS, SCHEMA, TERMINAL
 from harness.model.spec import (
     Column,
     Expr,
@@ -35,6 +35,8 @@ from harness.model.spec import (
 
 AUDIT = "fencecheck_audit"
 SETTINGS = f"{SCHEMA}.settings"
+#: The last model row of every run whose row the system deleted (``deleted:``).
+DELETED_RUNS = f"{AUDIT}.deleted_runs"
 #: How much of the client's top-level statement is kept per change: enough to
 #: tell a worker's write paths apart (section "Write paths" of the contract).
 STATEMENT_CHARS = 400
@@ -116,7 +118,48 @@ def view_sql(name: str, rel: Relation | None) -> str:
         return f"CREATE VIEW {target} AS SELECT {empty} WHERE false;"
     if rel.same_names:
         return f"CREATE VIEW {target} AS SELECT * FROM {ident(rel.table)};"
-    return f"CREATE VIEW {target} AS {model_select(rel, ident(rel.table))};"
+    live = model_select(rel, ident(rel.table))
+    if rel.deleted is None:
+        return f"CREATE VIEW {target} AS {live};"
+    columns = ", ".join(f"g.{ident(c)}" for c in COLUMNS[name])
+    run_id = expr_sql(rel, rel.expr("run_id"))
+    return (
+        f"CREATE VIEW {target} AS {live} UNION ALL SELECT {columns} FROM {DELETED_RUNS} g "
+        f"WHERE NOT EXISTS (SELECT 1 FROM {ident(rel.table)} r WHERE ({run_id})::text = g.run_id);"
+    )
+
+
+def deleted_runs_sql() -> str:
+    """The table of deleted runs' last model rows: the model's run columns."""
+    columns = ", ".join(f"{ident(c)} {t}" for c, t in COLUMNS["agent_runs"].items())
+    return (
+        f"CREATE TABLE IF NOT EXISTS {DELETED_RUNS} ({columns});\n"
+        f"REVOKE ALL ON {DELETED_RUNS} FROM PUBLIC;"
+    )
+
+
+def _deleted_status_sql(rel: Relation) -> str:
+    """PL/pgSQL setting ``st`` to the status a deleted run ``o`` ended with: its
+    log's newest row mapped, when that is terminal, else the mapping's own."""
+    assert rel.deleted is not None
+    terminal = ", ".join(literal(s) for s in TERMINAL)
+    out = "  st := NULL;\n"
+    log = rel.deleted.log
+    if log is not None:
+        col = f"l.{ident(log.column)}::text"
+        cases = " ".join(f"WHEN {literal(k)} THEN {literal(v)}" for k, v in log.values)
+        value = f"(CASE {col} {cases} ELSE {col} END)" if cases else col
+        order = f" ORDER BY l.{ident(log.latest)} DESC" if log.latest else ""
+        out += (
+            f"  SELECT {value} INTO st FROM {ident(log.table)} l\n"
+            f"   WHERE l.{ident(log.key)}::text = o->>'run_id'{order} LIMIT 1;\n"
+        )
+    out += (
+        f"  IF st IS NULL OR st NOT IN ({terminal}) THEN\n"
+        f"    st := {literal(rel.deleted.status)};\n"
+        "  END IF;\n"
+    )
+    return out
 
 
 AUDIT_TABLE = f"""
@@ -173,14 +216,27 @@ def relation_trigger_sql(rel: Relation) -> str:
   RETURN NULL;
 END"""
     else:
+        ended = ""
+        if rel.deleted is not None:
+            ended = f"""  IF TG_OP = 'DELETE' THEN
+{_deleted_status_sql(rel)}    n := o || jsonb_build_object('status', st, 'owner', NULL, 'lease_expires_at', NULL);
+    DELETE FROM {DELETED_RUNS} WHERE run_id = o->>'run_id';
+    INSERT INTO {DELETED_RUNS} SELECT * FROM jsonb_populate_record(NULL::{DELETED_RUNS}, n);
+    INSERT INTO {AUDIT}.changes (tbl, op, old, new, base_tbl, base_old, base_new)
+    VALUES ({literal(rel.name)}, 'UPDATE', o, n, TG_TABLE_NAME, to_jsonb(OLD), NULL);
+    RETURN NULL;
+  END IF;
+"""
+        # st: the status a deleted run ended with (declared only where one can be).
+        st = "  st text;\n" if rel.deleted is not None else ""
         body = f"""DECLARE
   o jsonb;
   n jsonb;
-BEGIN
+{st}BEGIN
   IF TG_OP <> 'INSERT' THEN
     SELECT to_jsonb(m) INTO o FROM ({model_select(rel, "(SELECT OLD.*)")}) m;
   END IF;
-  IF TG_OP <> 'DELETE' THEN
+{ended}  IF TG_OP <> 'DELETE' THEN
     SELECT to_jsonb(m) INTO n FROM ({model_select(rel, "(SELECT NEW.*)")}) m;
   END IF;
   INSERT INTO {AUDIT}.changes (tbl, op, old, new, base_tbl, base_old, base_new)
@@ -237,6 +293,8 @@ def install_sql(model: ModelMap, present: set[str]) -> str:
     for name, rel in model.relations.items():
         usable = rel if rel is None or rel.table in present else None
         parts.append(f"DROP VIEW IF EXISTS {SCHEMA}.{ident(name)};")
+        if usable is not None and usable.deleted is not None:
+            parts.append(deleted_runs_sql())
         parts.append(view_sql(name, usable))
         if usable is None:
             continue

@@ -31,6 +31,9 @@ STATUSES = (
     "cancelled",
 )
 
+#: The statuses a run ends in: a run whose row the system deletes ends in one.
+TERMINAL = ("succeeded", "failed", "cancelled")
+
 #: relation -> column -> SQL type, in the contract's column order.
 COLUMNS: dict[str, dict[str, str]] = {
     "agent_tasks": {"tenant_id": "text", "task_id": "text", "active_run_id": "text"},

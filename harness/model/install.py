@@ -98,6 +98,17 @@ def problems(model: ModelMap, catalog: dict[str, set[str]]) -> list[Problem]:
                     out.append(Problem(field, f"no table {table}", table))
                 elif col not in have:
                     out.append(Problem(field, f"{table or rel.table} has no column {col}"))
+        log = rel.deleted.log if rel.deleted is not None else None
+        if log is not None:
+            field = f"{where}.deleted.log"
+            have = catalog.get(log.table)
+            if have is None:
+                out.append(Problem(f"{field}.table", f"no table {log.table}", log.table))
+                continue
+            for key in ("key", "column", "latest"):
+                col = getattr(log, key)
+                if col is not None and col not in have:
+                    out.append(Problem(f"{field}.{key}", f"{log.table} has no column {col}"))
     return out
 
 

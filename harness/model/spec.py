@@ -19,6 +19,13 @@ worker's last heartbeat" or "the owner is the last client in attempted_by"
 in database time, and little enough that the harness compiles it to one view
 and one trigger per table without running any SQL of the system's.
 
+The runs relation may also say what a DELETE of its row means (``deleted:``):
+the run ended, with a fixed terminal ``status``, or the status read from
+the newest row of a ``log`` table the mapping names, keyed by the run's id
+(a queue that moves its finished jobs into a log table, like pgqueuer). The
+harness then keeps the run in the model (terminal, no owner, no lease) and
+audits the DELETE as the run's move to that status.
+
 Invariants: a section that is not valid raises :class:`ModelError` listing
 every problem by its path (``model.agent_runs.columns.owner``); an absent
 section is the contract's own schema (every relation ``same_names`` on the
@@ -32,7 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.model.entities import COLUMNS, RELATIONS, STATUSES
+from harness.model.entities import COLUMNS, RELATIONS, STATUSES, TERMINAL
 
 #: Model relations a contract-schema worker may leave out (an optional table).
 OPTIONAL = ("operator_actions",)
@@ -89,6 +96,28 @@ Expr = Column | Values | LastOf | Lookup | PlusMs | Const | None
 
 
 @dataclass(frozen=True)
+class DeletedLog:
+    """Where a deleted run's final status is read: column ``column`` of the newest
+    row (by ``latest``; any row without it) of ``table`` whose ``key`` is the run's
+    id, mapped by ``values``."""
+
+    table: str  # schema-qualified
+    key: str
+    column: str
+    latest: str | None = None
+    values: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """A DELETE of a run's row ends the run: with ``status`` (terminal), unless
+    ``log`` has a row of it that maps onto another terminal status."""
+
+    status: str
+    log: DeletedLog | None = None
+
+
+@dataclass(frozen=True)
 class Relation:
     """How one model relation reads from the system: its table and its columns."""
 
@@ -96,6 +125,9 @@ class Relation:
     table: str  # schema-qualified
     same_names: bool = False
     columns: Mapping[str, Expr] = field(default_factory=dict)
+    #: agent_runs only: what a DELETE of its row means (None: nothing; a DELETE
+    #: then removes the run from the model, which the invariants read as a break).
+    deleted: Deleted | None = None
 
     def expr(self, column: str) -> Expr:
         return self.columns.get(column)
@@ -123,6 +155,8 @@ class ModelMap:
                 tables[rel.table] = None
                 for lk in rel.lookups():
                     tables[lk.table] = None
+                if rel.deleted is not None and rel.deleted.log is not None:
+                    tables[rel.deleted.log.table] = None
         return list(tables)
 
     def maps(self, relation: str, column: str) -> bool:
@@ -176,9 +210,28 @@ def parse(section: Mapping[str, Any] | None) -> ModelMap:
         if not isinstance(raw, Mapping) or not isinstance(raw.get("table"), str):
             problems.append(f"{path}: none, or a mapping with a table was expected")
             continue
-        extra = sorted(set(raw) - {"table", "same_names", "columns"})
-        problems += [f"{path}.{x}: unknown key (table, same_names, columns)" for x in extra]
+        extra = sorted(set(raw) - {"table", "same_names", "columns", "deleted"})
+        problems += [
+            f"{path}.{x}: unknown key (table, same_names, columns, deleted)" for x in extra
+        ]
         table = qualified(str(raw["table"]))
+        deleted = None
+        if raw.get("deleted") is not None:
+            if name != "agent_runs":
+                problems.append(f"{path}.deleted: only agent_runs may say what a DELETE means")
+            elif raw.get("same_names"):
+                problems.append(
+                    f"{path}.deleted: a same_names relation is the contract's own table, "
+                    "whose rows are never deleted; map its columns"
+                )
+            else:
+                deleted = _deleted(raw["deleted"], f"{path}.deleted", problems)
+                run_id = (raw.get("columns") or {}).get("run_id")
+                if deleted is not None and not isinstance(run_id, str):
+                    problems.append(
+                        f"{path}.deleted: a deleted run is found again by its id, so "
+                        "columns.run_id must name a column of the table"
+                    )
         if raw.get("same_names"):
             if raw.get("columns"):
                 problems.append(f"{path}: same_names and columns exclude each other")
@@ -207,10 +260,68 @@ def parse(section: Mapping[str, Any] | None) -> ModelMap:
                         f"{path}.columns.status.values: {bad} are not model statuses "
                         f"({', '.join(STATUSES)})"
                     )
-        relations[name] = Relation(name, table, columns=parsed)
+        relations[name] = Relation(name, table, columns=parsed, deleted=deleted)
     if problems:
         raise ModelError(problems)
     return ModelMap(relations)
+
+
+def _deleted(raw: Any, where: str, problems: list[str]) -> Deleted | None:
+    """The ``deleted:`` section of agent_runs: ``{status: S, log: {table, key,
+    column, latest?, values?}?}``, every status a terminal one."""
+    terminal = ", ".join(TERMINAL)
+    if not isinstance(raw, Mapping):
+        problems.append(f"{where}: a mapping with a status ({terminal}) was expected")
+        return None
+    extra = sorted(set(raw) - {"status", "log"})
+    problems += [f"{where}.{x}: unknown key (status, log)" for x in extra]
+    status = raw.get("status")
+    ok = True
+    if status not in TERMINAL:
+        problems.append(
+            f"{where}.status: the terminal status a deleted run ended with ({terminal}), "
+            f"got {status!r}"
+        )
+        ok = False
+    log = None
+    if raw.get("log") is not None:
+        log = _deleted_log(raw["log"], f"{where}.log", problems)
+        ok = ok and log is not None
+    return Deleted(str(status), log) if ok else None
+
+
+def _deleted_log(raw: Any, where: str, problems: list[str]) -> DeletedLog | None:
+    if not isinstance(raw, Mapping):
+        problems.append(f"{where}: a mapping with table, key and column was expected")
+        return None
+    extra = sorted(set(raw) - {"table", "key", "column", "latest", "values"})
+    problems += [f"{where}.{x}: unknown key (table, key, column, latest, values)" for x in extra]
+    ok = True
+    for needed in ("table", "key", "column"):
+        if not isinstance(raw.get(needed), str) or not raw.get(needed):
+            problems.append(f"{where}.{needed}: a name was expected")
+            ok = False
+    latest = raw.get("latest")
+    if latest is not None and not isinstance(latest, str):
+        problems.append(f"{where}.latest: the column whose greatest value is the newest row")
+        ok = False
+    values = raw.get("values") or {}
+    if not isinstance(values, Mapping):
+        problems.append(f"{where}.values: a mapping of the log's status to a model status")
+        return None
+    bad = sorted({str(v) for v in values.values()} - set(STATUSES))
+    if bad:
+        problems.append(f"{where}.values: {bad} are not model statuses ({', '.join(STATUSES)})")
+        ok = False
+    if not ok:
+        return None
+    return DeletedLog(
+        qualified(raw["table"]),
+        raw["key"],
+        raw["column"],
+        latest,
+        tuple((str(k), str(v)) for k, v in values.items()),
+    )
 
 
 _KINDS = ("column", "last_of", "lookup", "plus_ms", "const")

@@ -104,3 +104,18 @@ def test_a_process_starved_of_cpu_is_measured_and_a_stopped_one_is_not() -> None
     # Four spinners on one CPU: the victim waits about three quarters of the time.
     assert waited.get("X/victim", 0.0) >= 0.5, found
     assert "X/stopped" not in waited  # a stopped process waits on no run queue
+
+
+def test_a_check_not_tried_is_not_judged_never_held() -> None:
+    """R's attempts after one already changed the run are not tried: such a check
+    shows as not judged, decides nothing and is not one that held."""
+    from harness.engine.runner import check_mark
+
+    ctx = _ctx()
+    ctx.not_judged("stale release refused", expected="-", observed="not judged: no attempt")
+    assert ctx.verdict()[0] is Verdict.UNKNOWN  # no invariant was checked: nothing held
+    ctx.invariant("stale renew refused", True, expected="-", observed="-")
+    verdict, reason = ctx.verdict()
+    assert verdict is Verdict.PASS and "1 not judged: stale release refused" in reason
+    (skipped,) = [c for c in ctx.checks if c.kind == "not_judged"]
+    assert check_mark(skipped.kind, skipped.ok) == "not judged"

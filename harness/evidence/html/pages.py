@@ -331,13 +331,13 @@ def _checks_table(archive: Mapping[str, Any]) -> Markup:
     rows = []
     for c in checks:
         ok = c.get("ok") is True
+        mark = el("span", "✓ held" if ok else "✗ NOT", class_="ok-yes" if ok else "ok-no")
+        if c.get("kind") == "not_judged":
+            mark = el("span", "not judged", class_="ok-none")
         rows.append(
             el(
                 "tr",
-                el(
-                    "td",
-                    el("span", "✓ held" if ok else "✗ NOT", class_="ok-yes" if ok else "ok-no"),
-                ),
+                el("td", mark),
                 el("td", str(c.get("kind"))),
                 el("td", str(c.get("name"))),
                 el("td", value_html(c.get("expected"))),

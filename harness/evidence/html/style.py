@@ -49,6 +49,7 @@ tr.row-pass > td:first-child { border-left: 3px solid var(--pass); }
 tr.row-not_applicable > td:first-child { border-left: 3px dotted var(--muted); }
 .ok-yes { color: var(--pass); font-weight: 700; }
 .ok-no { color: var(--fail); font-weight: 700; }
+.ok-none { color: var(--muted, #666); font-weight: 700; }
 .broken { border: 3px double var(--fail); padding: 6px 14px 10px; margin: 14px 0;
   background: #fff5f5; }
 .broken.unknown { border: 2px dashed var(--unknown); background: var(--unknown-bg); }

@@ -1,0 +1,1 @@
+"""pgqueuer 1.6.0 under fencecheck: its mapping and thin driver."""
