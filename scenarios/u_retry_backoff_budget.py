@@ -112,9 +112,20 @@ def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str
         "SELECT attempt_count >= max_attempts AS spent FROM fencecheck_model.agent_runs WHERE run_id = %s",
         [old],
     )
+    reached = before["status"] == "paused_human" and bool(spent and spent[0]["spent"])
+    if not reached:
+        # The budget part above already judged why (a broken invariant there
+        # is this experiment's fail); a retry presupposes a spent budget.
+        ctx.not_judged(
+            "a retry is a new run with a fresh attempt budget",
+            expected="a retry of a run paused for a human with attempt_count at max_attempts",
+            observed=f"not tried: the run is {before['status']}, attempt_count "
+            f"{before['attempt_count']}: its budget was never spent",
+        )
+        return []
     ctx.fault(
         "the retried run had spent its attempt budget",
-        before["status"] == "paused_human" and bool(spent and spent[0]["spent"]),
+        reached,
         expected="paused for a human with attempt_count at max_attempts",
         observed=f"{before['status']}, attempt_count {before['attempt_count']}",
     )
