@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -38,7 +39,9 @@ from harness.model.spec import parse as parse_model
 
 DEFAULT_FILE = HERE / "mapping.yaml"
 SCHEMA_FILE = SCHEMAS / "mapping.schema.json"
-#: How long ``<worker-cmd> mapping`` may take: it needs no environment.
+#: How long ``<worker-cmd> mapping`` may take (it needs no environment); past
+#: it the command is taken to offer no such mode.
+MODE_TIMEOUT_ENV = "FENCECHECK_MAPPING_TIMEOUT_S"
 MODE_TIMEOUT_S = 30.0
 #: At most this much of what the command prints is read.
 MAX_BYTES = 1 << 20
@@ -249,7 +252,7 @@ def declared(worker_cmd: tuple[str, ...]) -> Declaration:
         proc = subprocess.run(
             [*worker_cmd, "mapping"],
             capture_output=True,
-            timeout=MODE_TIMEOUT_S,
+            timeout=float(os.environ.get(MODE_TIMEOUT_ENV) or MODE_TIMEOUT_S),
             stdin=subprocess.DEVNULL,
             check=False,
         )

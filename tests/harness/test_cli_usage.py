@@ -207,7 +207,11 @@ def test_a_flooding_migrate_is_stored_once(tmp_path: Path) -> None:
 def test_worker_whose_migrate_hangs(tmp_path: Path) -> None:
     worker = _script(tmp_path / "worker", 'echo "migrating..." >&2\nexec sleep 600\n')
     proc, _ = _failed_start(
-        tmp_path, "--worker-cmd", str(worker), env={"FENCECHECK_MIGRATE_TIMEOUT_S": "2"}
+        tmp_path,
+        "--worker-cmd",
+        str(worker),
+        # Its `mapping` mode hangs too: taken as no such mode after 2 s.
+        env={"FENCECHECK_MIGRATE_TIMEOUT_S": "2", "FENCECHECK_MAPPING_TIMEOUT_S": "2"},
     )
     assert "did not finish within 2s" in proc.stderr and "migrating..." in proc.stderr
     assert "killed" in proc.stderr
