@@ -542,3 +542,26 @@ def test_back_to_prepared_after_nothing_reached_the_tool() -> None:
     assert row["requests_of_the_claim"] == [(1, "created")]
     ev.tool["requests"] = [request(1, 0.35, outcome="rejected_429"), request(2, 0.36)]
     assert "effect.claim_back_to_prepared_only_after_a_proven_rejection" in broken_by(ev)
+
+
+def test_a_change_begun_before_the_end_committed_is_not_after_it() -> None:
+    """Audit order is not commit order (explore found it on the correct worker):
+    a cancel updates the run row, then a dispatch claim that read the run
+    live, in a transaction begun before the cancel committed, moves a ledger
+    row the cancel had not locked, and commits first. That claim is not after
+    the end; one begun after the end committed is."""
+    s = clean_story()
+    end = next(c for c in s.changes if c.table == "agent_runs" and c.after("status") == "succeeded")
+    op2 = {"operation_id": OP2, "run_id": RUN, "step_id": "notify", "status": "prepared"}
+    s.tx(0.45)("tool_operations", None, op2)
+    s.tx(0.49, app="D")("tool_operations", op2, {"status": "dispatching"})
+    ended_at = end.at + 0.05  # its commit came after D's claim began
+    s.changes = [
+        Change(**{**c.__dict__, "committed_at": ended_at}) if c.txid == end.txid else c
+        for c in s.changes
+    ]
+    claim = s.changes[-1]
+    s.changes[-1] = Change(**{**claim.__dict__, "seq": end.seq + 100, "at": ended_at + 0.01})
+    assert "run.nothing_advances_after_terminal" not in broken_by(evidence(s))
+    s.changes[-1] = Change(**{**s.changes[-1].__dict__, "tx_start": ended_at + 0.005})
+    assert "run.nothing_advances_after_terminal" in broken_by(evidence(s))

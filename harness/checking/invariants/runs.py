@@ -42,6 +42,8 @@ def nothing_after_terminal(ev: Evidence) -> Finding:
         end = ended.get(_run_of(c))
         if end is None or c.seq <= end.seq or c.txid == end.txid or c.by_harness:
             continue
+        if c.table != "agent_runs" and not _saw_the_end(c, end):
+            continue
         if c.table == "agent_runs" and any(
             c.changed(k) for k in ("status", "revision", "epoch", "owner")
         ):
@@ -55,6 +57,20 @@ def nothing_after_terminal(ev: Evidence) -> Finding:
         ):
             bad.append(c.brief("run_id", "operation_id", "status"))
     return Finding(len(ended), bad, f"{len(ended)} run(s) ended")
+
+
+def _saw_the_end(c: Change, end: Change) -> bool:
+    """Whether the transaction of ``c`` began after the run's end was committed,
+    so every statement of it saw the run ended. Audit order is not commit
+    order: a dispatch claim that read the run live while a cancel had updated
+    the run row but not yet committed, and locked a ledger row the cancel had
+    not touched, writes after the cancel in the trail yet commits before it
+    (the cancel then finds the operation in flight and leaves it, as rule 6
+    says). A change to the run row itself waits for the end's row lock, so
+    audit order is its commit order. Without commit times: audit order."""
+    if end.committed_at is None:
+        return True
+    return c.tx_start > end.committed_at
 
 
 @invariant(
