@@ -423,9 +423,9 @@ class Nemesis:
         trail (superuser), and is stale by the database's own facts when sent."""
         rows = self.ctx.env.query(
             "SELECT r.owner, r.epoch, r.revision, r.lease_expires_at < clock_timestamp() AS expired, "
-            "(SELECT a.owner FROM fencecheck_audit.run_changes a WHERE a.run_id = r.run_id "
+            "(SELECT a.owner FROM fencecheck_audit.run_changes a WHERE a.run_id::text = r.run_id "
             " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_owner, "
-            "(SELECT a.epoch FROM fencecheck_audit.run_changes a WHERE a.run_id = r.run_id "
+            "(SELECT a.epoch FROM fencecheck_audit.run_changes a WHERE a.run_id::text = r.run_id "
             " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_epoch "
             "FROM fencecheck_model.agent_runs r WHERE r.run_id = %s",
             [run_id],
