@@ -423,11 +423,11 @@ class Nemesis:
         trail (superuser), and is stale by the database's own facts when sent."""
         rows = self.ctx.env.query(
             "SELECT r.owner, r.epoch, r.revision, r.lease_expires_at < clock_timestamp() AS expired, "
-            "(SELECT a.owner FROM fencecheck_audit.run_changes a WHERE a.run_id::text = r.run_id "
+            "(SELECT a.owner FROM fencecheck_audit.run_changes a WHERE a.run_id::text = r.run_id::text "
             " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_owner, "
-            "(SELECT a.epoch FROM fencecheck_audit.run_changes a WHERE a.run_id::text = r.run_id "
+            "(SELECT a.epoch FROM fencecheck_audit.run_changes a WHERE a.run_id::text = r.run_id::text "
             " AND a.epoch < r.epoch AND a.owner IS NOT NULL ORDER BY a.seq DESC LIMIT 1) AS old_epoch "
-            "FROM fencecheck_model.agent_runs r WHERE r.run_id = %s",
+            "FROM fencecheck_model.agent_runs r WHERE r.run_id::text = %s",
             [run_id],
         )
         row = rows[0] if rows else {}
