@@ -37,9 +37,14 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # From the first signal to the forced exit: the orderly stop gets this long,
 # the escalation the rest of the 5 s the harness promises.
 HARD_DEADLINE_S = 3.0
-# What the escalation itself may take (kill, remove, write) before the exit;
-# what it could not finish, the run record keeps for the next run to reap.
+# What the escalation itself may take (kill, remove, write) before the exit:
+# what is left of the promised stop time after the first signal (a second
+# signal soon after the first leaves it most of it: on a loaded machine the
+# removal of a run's temp state takes seconds), never less than this; what
+# it could not finish, the run record keeps for the next run to reap.
 ESCALATION_BUDGET_S = 0.8
+STOP_PROMISE_S = 5.0
+EXIT_MARGIN_S = 0.6
 # What a `fencecheck` command exits with when a signal stopped it: the shell's
 # own convention, 128 + the signal's number (130 SIGINT, 143 SIGTERM, 129 SIGHUP).
 SIGNAL_EXIT_BASE = 128
@@ -220,12 +225,15 @@ def escalate(why: str) -> None:
         for callback in reversed(callbacks):
             _call(callback, why)
 
+    first = _state.requested_at if _state.requested_at is not None else time.monotonic()
+    left = STOP_PROMISE_S - EXIT_MARGIN_S - (time.monotonic() - first)
+    budget = max(ESCALATION_BUDGET_S, left)
     worker = threading.Thread(target=run_all, name="escalation", daemon=True)
     worker.start()
-    worker.join(ESCALATION_BUDGET_S)
+    worker.join(budget)
     if worker.is_alive():
         _say(
-            f"could not finish removing everything within {ESCALATION_BUDGET_S}s; the next "
+            f"could not finish removing everything within {budget:.1f}s; the next "
             "run (or `fencecheck clean`) reaps what is left"
         )
     with contextlib.suppress(OSError, ValueError):

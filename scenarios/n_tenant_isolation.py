@@ -39,6 +39,13 @@ SPEC = ExperimentSpec(
         "tenants:rls", "checkpoints", "outbox", "consumer_dedupe", "contract_schema"
     ),
     rules=(12,),
+    # N judges privileges, not timing: a lease long enough, and renewals
+    # patient enough, that its live fixture stays live through the probes on
+    # a loaded machine (at 800/300 ms it expired under load and N ended
+    # unknown); the expired fixture waits the lease out.
+    lease_ttl_ms=2000,
+    heartbeat_timeout_ms=1000,
+    natural_wait_s=2.0,
 )
 
 

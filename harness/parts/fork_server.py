@@ -156,13 +156,20 @@ class ForkServer:
             self.why_not = self.why_not or f"cannot start `{' '.join(self.argv)}`"
             return False
         ours.settimeout(timeout_s)
+        closed = False
         try:
             data = ours.recv(MAX_MESSAGE)
+            closed = not data
             hello = json.loads(data) if data else {}
         except (OSError, ValueError):
             hello = {}
         if not isinstance(hello, dict) or hello.get("ready") is not True:
             code = self._proc.poll()
+            if code is None and closed:
+                # Its end closed as it exits; on a busy machine it may not be
+                # reaped yet when we look.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    code = self._proc.wait(timeout=2.0)
             self.why_not = (
                 f"`{' '.join(self.argv)}` exited with {code}: the worker does not offer it"
                 if code is not None
