@@ -31,6 +31,7 @@ import psycopg
 from psycopg import sql
 
 from harness import stopping
+from harness.parts import shared_memory
 from harness.parts.files import remove_tree
 from harness.parts.os_user import OsUser, first_untraversable, give_to, unprivileged_user
 from harness.parts.pg_auth import PgAuth
@@ -387,8 +388,13 @@ class PostgresCluster:
     def remove(self) -> None:
         """Stop (immediate) and delete the data directory (its thousand files
         unlinked from many threads: a stopping run has seconds)."""
+        pidfile = PostmasterPid.read(self.datadir / "postmaster.pid")
         took = self.stop("immediate", timeout_s=2.0 if stopping.requested() else 30.0)
         stopping.trace(f"server {self.datadir.name} stopped in {took:.2f}s")
+        if pidfile is not None and pidfile.shm_key is not None and pidfile.shm_id is not None:
+            # A server SIGKILLed (a crashed primary, a stop past its time)
+            # leaves its System V segment: it is the data directory's too.
+            shared_memory.remove(pidfile.shm_key, pidfile.shm_id)
         remove_tree(self.datadir)
         stopping.trace(f"server {self.datadir.name} removed")
 
