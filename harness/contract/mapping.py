@@ -242,6 +242,15 @@ def default() -> Declaration:
     return parse(DEFAULT_FILE.read_text(encoding="utf-8"), str(DEFAULT_FILE))
 
 
+def _mode_timeout_s() -> float:
+    """MODE_TIMEOUT_S, or what $FENCECHECK_MAPPING_TIMEOUT_S says (a bad value:
+    the default, as FENCECHECK_MIGRATE_TIMEOUT_S does)."""
+    try:
+        return float(os.environ.get(MODE_TIMEOUT_ENV) or MODE_TIMEOUT_S)
+    except ValueError:
+        return MODE_TIMEOUT_S
+
+
 @cache
 def declared(worker_cmd: tuple[str, ...]) -> Declaration:
     """What ``<worker-cmd> mapping`` prints, validated; the contract's default when
@@ -252,7 +261,7 @@ def declared(worker_cmd: tuple[str, ...]) -> Declaration:
         proc = subprocess.run(
             [*worker_cmd, "mapping"],
             capture_output=True,
-            timeout=float(os.environ.get(MODE_TIMEOUT_ENV) or MODE_TIMEOUT_S),
+            timeout=_mode_timeout_s(),
             stdin=subprocess.DEVNULL,
             check=False,
         )
