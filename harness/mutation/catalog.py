@@ -23,6 +23,7 @@ from pathlib import Path
 from harness.mutation.python_sites import python_sites, signatures
 from harness.mutation.sites import AutoMutant, Language, mutants_of_file
 from harness.mutation.sql_sites import sql_sites
+from harness.mutation.superseded import superseded
 
 PACKAGE = "reference_impl"
 #: Files of the package that are not mutated, and why.
@@ -70,18 +71,41 @@ def generate(repo_root: Path) -> list[AutoMutant]:
     files = source_files(repo_root)
     texts = {rel: (repo_root / rel).read_text(encoding="utf-8") for _lang, rel in files}
     sigs = signatures({rel: texts[rel] for lang, rel in files if lang == "python"})
+    dead = dead_bodies(repo_root)
     mutants: list[AutoMutant] = []
     for lang, rel in files:
         text = texts[rel]
         if lang == "python":
             sites = python_sites(text, rel, sigs)
         else:
-            sites = sql_sites(text, rel, queries="/queries/" in rel)
+            sites = [
+                s
+                for s in sql_sites(text, rel, queries="/queries/" in rel)
+                if not any(
+                    start <= e.start and e.end <= end
+                    for e in s.edits
+                    for start, end in dead.get(rel, ())
+                )
+            ]
         mutants.extend(mutants_of_file(lang, rel, text, sites))
     ids = [m.id for m in mutants]
     if len(set(ids)) != len(ids):
         raise AssertionError("two generated mutants share an id")  # a generator bug
     return mutants
+
+
+def dead_bodies(repo_root: Path) -> dict[str, list[tuple[int, int]]]:
+    """Per migration file, the (start, end) offsets of the function bodies a
+    later migration replaces before anything runs them (:mod:`.superseded`):
+    dead code on every database, never mutated."""
+    paths = sorted((repo_root / PACKAGE / "sql" / "migrations").glob("*.sql"))
+    migrations = [(p.relative_to(repo_root).as_posix(), p.read_text("utf-8")) for p in paths]
+    dead: dict[str, list[tuple[int, int]]] = {}
+    for s in superseded(migrations):
+        dead.setdefault(s.definition.path, []).append(
+            (s.definition.body_start, s.definition.body_end)
+        )
+    return dead
 
 
 def select(

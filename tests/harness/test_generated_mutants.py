@@ -375,3 +375,50 @@ def test_a_catch_only_by_an_experiment_that_failed_unmutated_is_unconfirmed() ->
     assert auto.distrust(by_k, {"U"}).status == "caught"  # K's fail still counts
     jobs = jobs_for(scenarios.select(["A", "K", "U"]), 1)
     assert [j.label for j in auto.last(jobs, {"A"})] == ["K", "U", "A"]
+
+
+def _fn(name: str, params: str = "p_id uuid", *, replace: bool = False, body: str = "x") -> str:
+    create = "CREATE OR REPLACE FUNCTION" if replace else "CREATE FUNCTION"
+    return (
+        f"{create} {name}({params}) RETURNS void LANGUAGE plpgsql AS $$\n"
+        f"BEGIN PERFORM {body}; END\n$$;\n"
+    )
+
+
+def test_a_body_replaced_before_anything_runs_it_is_dead() -> None:
+    from harness.mutation.superseded import superseded
+
+    first = [
+        ("001.sql", _fn("s.f") + _fn("s.g") + _fn("s.h") + _fn("s.k", "p_id uuid, p_n int")),
+        # g's replacement is an overload (other parameters): both live
+        ("002.sql", "GRANT EXECUTE ON FUNCTION s.h(uuid) TO r;\n" + _fn("s.g", "p_n int")),
+        (
+            "003.sql",
+            _fn("s.f", replace=True)
+            + _fn("s.h", replace=True)
+            + _fn("s.k", "p_id uuid, p_n int", replace=True, body="s.f(p_id)"),
+        ),
+    ]
+    dead = {(s.definition.path, s.definition.name): s for s in superseded(first)}
+    # f: replaced, and nothing between names it; h: named by the GRANT between
+    # (conservative: a statement naming it might run it); k: replaced, and the
+    # call of f inside k's new body does not keep f's old body alive.
+    assert set(dead) == {("001.sql", "s.f"), ("001.sql", "s.k")}
+    assert "003.sql:1" in dead[("001.sql", "s.f")].reason
+    # A DO block between that calls it keeps it alive.
+    called = [first[0], ("002.sql", "DO $$ BEGIN PERFORM s.f(NULL); END $$;\n"), first[2]]
+    assert ("001.sql", "s.f") not in {
+        (s.definition.path, s.definition.name) for s in superseded(called)
+    }
+
+
+def test_the_generator_leaves_dead_migration_bodies_out() -> None:
+    ids = [m.id for m in catalog.generate(REPO)]
+    for scope in (
+        "003_api.sql:fencecheck._ledger_freeze:",
+        "004_ledger_outbox.sql:fencecheck.ledger_converge:",
+    ):
+        assert not [i for i in ids if scope in i], f"{scope} is replaced later: dead code"
+    # their live replacements are mutated
+    assert [i for i in ids if "011_freeze_only_in_doubt.sql:fencecheck._ledger_freeze:" in i]
+    assert [i for i in ids if "009_operations.sql:fencecheck.ledger_converge:" in i]
