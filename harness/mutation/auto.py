@@ -296,38 +296,44 @@ class _Runner:
         return outcome
 
     def confirm(self, outcome: AutoOutcome, report_dir: Path, attempts: int = 2) -> None:
-        """Rerun the catching experiment(s) against the unmutated implementation;
-        a catch they do not pass there is ``unconfirmed``. An *unknown* there
-        (a fault that did not take effect) is retried, up to ``attempts`` runs."""
-        jobs = [j for j in self.jobs if j.label in outcome.caught_by]
+        """Rerun a catching experiment against the unmutated implementation; a
+        catch none of them passes there is ``unconfirmed``. One that passes is
+        enough (the quickest first: catchers that ran side by side all failed,
+        and each rerun costs its whole wall time); an *unknown* there (a fault
+        that did not take effect) is retried, up to ``attempts`` runs each."""
+        by_time = sorted(outcome.caught_by, key=lambda label: self.order.durations.get(label, 0.0))
         bad: list[ExperimentResult] = []
-        for attempt in range(attempts):
-            results = run_jobs(
-                self.shared,
-                jobs,
-                report_dir=report_dir / f"attempt-{attempt + 1}",
-                seed=self.options.seed,
-                parallel=self.options.parallel,
-                progress=None,
-            )
-            bad = [r for r in results if r.verdict is not Verdict.PASS]
-            if not bad or any(r.verdict is Verdict.FAIL for r in bad):
-                break
-            jobs = [j for j in jobs if j.label in {result_label(r) for r in bad}]
-        if bad:
-            with self._lock:
-                self.unreliable.update(result_label(r) for r in bad if r.verdict is Verdict.FAIL)
-            outcome.status = "unconfirmed"
-            outcome.detail = (
-                "; ".join(
-                    f"{result_label(r)} gave {r.verdict.value} against the unmutated "
-                    f"implementation too ({r.reason})"
-                    for r in bad
+        runs = itertools.count(1)
+        for label in by_time:
+            job = [j for j in self.jobs if j.label == label]
+            for _ in range(attempts):
+                results = run_jobs(
+                    self.shared,
+                    job,
+                    report_dir=report_dir / f"attempt-{next(runs)}",
+                    seed=self.options.seed,
+                    parallel=1,
+                    progress=None,
                 )
-                + f"; the mutant's own: {outcome.detail}"
+                if all(r.verdict is Verdict.PASS for r in results):
+                    outcome.detail += (
+                        f" (confirmed: {label} passes against the unmutated implementation)"
+                    )
+                    return
+                if any(r.verdict is Verdict.FAIL for r in results):
+                    with self._lock:  # a fail of the correct code: noise at this load
+                        self.unreliable.add(label)
+                    break
+            bad.extend(r for r in results if r.verdict is not Verdict.PASS)
+        outcome.status = "unconfirmed"
+        outcome.detail = (
+            "; ".join(
+                f"{result_label(r)} gave {r.verdict.value} against the unmutated "
+                f"implementation too ({r.reason})"
+                for r in bad
             )
-        else:
-            outcome.detail += " (confirmed: passes against the unmutated implementation)"
+            + f"; the mutant's own: {outcome.detail}"
+        )
 
     def _with_triage(self, o: AutoOutcome) -> AutoOutcome:
         mid = o.mutant.id

@@ -367,6 +367,35 @@ def test_a_catch_counts_only_when_the_correct_code_passes_its_catcher(
     assert outcome.status == "unconfirmed" and "K gave unknown" in outcome.detail
 
 
+def test_one_catcher_passing_unmutated_confirms_the_catch_quickest_first(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    ran: list[str] = []
+    answers = {"K": Verdict.PASS, "U": Verdict.PASS}
+
+    def fake_run_jobs(shared: object, jobs: list[Job], **_kw: object) -> list[ExperimentResult]:
+        ran.extend(j.label for j in jobs)
+        return [_result(j.label, answers[j.label]) for j in jobs]
+
+    monkeypatch.setattr(auto, "run_jobs", fake_run_jobs)
+    options = auto.AutoOptions(repo_root=REPO, report_dir=tmp_path)
+    order = CatcherOrder()
+    order.durations.update({"K": 1.5, "U": 0.5})
+    runner = auto._Runner(None, triage.Triage(), order, options, print, 1)  # type: ignore[arg-type]
+    both = [_result("K", Verdict.FAIL), _result("U", Verdict.FAIL)]
+
+    outcome = auto.classify(_mutant(), both)
+    runner.confirm(outcome, tmp_path)
+    assert (outcome.status, ran) == ("caught", ["U"]) and "U passes" in outcome.detail
+    # U fails unmutated too (this load): K's pass still confirms the catch
+    ran.clear()
+    answers["U"] = Verdict.FAIL
+    outcome = auto.classify(_mutant(), both)
+    runner.confirm(outcome, tmp_path)
+    assert (outcome.status, ran) == ("caught", ["U", "K"])
+    assert runner.unreliable == {"U"}  # its later catches need another catcher
+
+
 def test_a_catch_only_by_an_experiment_that_failed_unmutated_is_unconfirmed() -> None:
     m = _mutant()
     by_u = auto.classify(m, [_result("U", Verdict.FAIL)])
