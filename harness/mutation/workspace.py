@@ -58,12 +58,19 @@ class MutantWorkspace:
             repo_root / PACKAGE,
             self.root / PACKAGE,
             # The Go worker (its 17 MB binary) is no part of a Python worker.
-            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "go"),
+            # Bytecode is copied with its sources' times (copy2): every process
+            # of the mutant reads it instead of compiling the package again
+            # (PYTHONDONTWRITEBYTECODE keeps it from writing its own).
+            ignore=shutil.ignore_patterns("go"),
         )
         target = self.root / mutant.path
         original = (repo_root / mutant.path).read_text(encoding="utf-8")
         mutated = mutant.apply(original)
         target.write_text(mutated, encoding="utf-8")
+        # The mutated module's bytecode is of the original: never let it be read
+        # (its recorded source time and size would not match anyway).
+        for stale in target.parent.glob(f"__pycache__/{target.stem}.*.pyc"):
+            stale.unlink()
         digest = hashlib.sha256(mutated.encode()).hexdigest()
         self.launcher = self.root / LAUNCHER
         self.launcher.write_text(

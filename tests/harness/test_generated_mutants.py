@@ -324,6 +324,24 @@ def test_workspace_runs_the_mutated_copy(tmp_path: Path) -> None:
         MutantWorkspace(broken, REPO, tmp_path).preflight()
 
 
+def test_workspace_keeps_bytecode_except_the_mutated_modules(tmp_path: Path) -> None:
+    import compileall
+
+    repo = tmp_path / "repo"
+    (repo / "reference_impl").mkdir(parents=True)
+    for name in ("a", "b"):
+        (repo / "reference_impl" / f"{name}.py").write_text(f"X = {name!r}\n")
+    assert compileall.compile_dir(repo / "reference_impl", quiet=1)
+    mutant = dataclasses.replace(
+        _mutant("<module>", "reference_impl/a.py"),
+        language="python",
+        edits=(Edit(0, 0, "# mutated\n"),),
+    )
+    ws = MutantWorkspace(mutant, repo, tmp_path / "work")
+    cached = sorted(p.name.split(".")[0] for p in ws.root.glob("reference_impl/__pycache__/*"))
+    assert cached == ["b"]  # a's bytecode is of the original code
+
+
 def test_duration_option() -> None:
     assert [duration(v) for v in ("90", "90s", "30m", "2h")] == [90, 90, 1800, 7200]
     with pytest.raises(argparse.ArgumentTypeError):
