@@ -1,5 +1,13 @@
 """M: a checkpoint written by older (or unknown newer) code is migrated explicitly
 or refused; it is never parsed into zero values.
+
+Variant ``malformed`` hands the worker checkpoints no code should have
+written: the worker's own older-version sample with one field missing or of
+another JSON type (a list where a string was, a string where a list was: a
+string is iterable, the classic way to parse garbage into values), a state
+that is no object, and a state that no longer matches its ``state_hash``.
+Each must be refused by name, and a worker resuming the run from the
+tampered one must neither advance it nor call a tool.
 """
 
 from __future__ import annotations
@@ -17,29 +25,34 @@ SPEC = ExperimentSpec(
     title="checkpoint schema upgrade",
     seed_section="Chinese seed §6, §13.2 (Schema 升级)",
     invariant="a known old version is migrated explicitly (its values kept); an unknown "
-    "version is refused with SchemaVersionUnknown and the run is not advanced",
+    "version, a malformed state or one that does not match its hash is refused by name "
+    "(SchemaVersionUnknown, CheckpointCorrupt) and the run is not advanced",
     fault="the run's latest checkpoint is in an older schema version the worker names "
-    "(op legacy_checkpoint) / in version 99, which no code knows",
+    "(op legacy_checkpoint) / in version 99, which no code knows / that older sample with a "
+    "field missing or retyped, no object, or a state changed after it was hashed",
     needs=needs.capabilities("workflow", "checkpoints", "contract_schema"),
     rules=(13,),
-    variants=("old_version", "unknown_version"),
+    variants=("old_version", "unknown_version", "malformed"),
     lease_ttl_ms=500,
     natural_wait_s=0.5,
 )
 
 
-def _plant(ctx: ExperimentContext, run_id: str, version: int, state: dict[str, object]) -> int:
+def _plant(
+    ctx: ExperimentContext, run_id: str, version: int, state: object, hashed: object = None
+) -> int:
     """Write a checkpoint as other code would have, straight into the database.
 
     The new row is a copy of the run's latest checkpoint with the contract's
     columns replaced, so columns a worker adds of its own keep valid values;
     columns the database fills itself (identity, or any default such as a
     surrogate key's sequence) are left to it rather than copied, so a
-    worker's own surrogate key cannot collide.
+    worker's own surrogate key cannot collide. Its ``state_hash`` is that of
+    ``hashed`` when given (a state changed after hashing), else of ``state``.
     """
     row = checkers.run_row(ctx, run_id)
     revision = int(row["revision"]) + 1
-    body = json.dumps(state, sort_keys=True, separators=(",", ":"))
+    body = json.dumps(state if hashed is None else hashed, sort_keys=True, separators=(",", ":"))
     overrides = {
         "revision": revision,
         "schema_version": version,
@@ -99,6 +112,9 @@ CONTRACT_COLUMNS = [
 
 
 def run(ctx: ExperimentContext) -> None:
+    if ctx.variant == "malformed":
+        run_malformed(ctx)
+        return
     old = ctx.variant != "unknown_version"
     version = 99
     run_id = new_run(ctx)
@@ -186,6 +202,108 @@ def run(ctx: ExperimentContext) -> None:
             0,
             what=f"tool requests for the run ({told})",
         )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+#: A value of another JSON type for each type a sample field may hold: a list
+#: becomes a string (iterable: list("plan") parses into letters), a string a
+#: list, an object a list, a number a string, a boolean a string.
+def _retyped(value: object) -> object | None:
+    if isinstance(value, bool):
+        return "true"
+    if isinstance(value, int | float):
+        return str(value)
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return "".join(str(v) for v in value) or "x"
+    if isinstance(value, dict):
+        return [value]
+    return None  # null: no type to change
+
+
+def _malformed(sample: dict[str, object]) -> list[tuple[str, object]]:
+    """The sample with each top-level field missing, then retyped, then not an object."""
+    cases: list[tuple[str, object]] = []
+    for key in sorted(sample):
+        cases.append((f"without {key!r}", {k: v for k, v in sample.items() if k != key}))
+    for key in sorted(sample):
+        other = _retyped(sample[key])
+        if other is not None:
+            cases.append((f"{key!r} as {type(other).__name__}", {**sample, key: other}))
+    cases.append(("a list, not an object", [sample]))
+    return cases
+
+
+def run_malformed(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    lease = ctx.ok(a, "claim", run_id=run_id)
+    ctx.ok(
+        a,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=lease["epoch"],
+        expected_revision=lease["revision"],
+        state={"step": "plan"},
+    )
+    own = checkers.checkpoints(ctx, run_id)[-1]  # written by A: its current version
+    legacy = ctx.ok(a, "legacy_checkpoint")
+    version, sample = legacy["schema_version"], legacy["state"]
+    if not isinstance(sample, dict) or not sample:
+        raise Inconclusive(f"legacy_checkpoint's sample is no object with fields: {sample!r}")
+    cases: list[tuple[str, int, object, object, str]] = [
+        (what, version, state, None, "SchemaVersionUnknown") for what, state in _malformed(sample)
+    ]
+    mine = own["state_json"] if isinstance(own["state_json"], dict) else {}
+    tampered = {**mine, "tampered": True}
+    cases.append(
+        (
+            f"v{own['schema_version']} changed after hashing",
+            own["schema_version"],
+            tampered,
+            own["state_json"],
+            "CheckpointCorrupt",
+        )
+    )
+    landed: list[str] = []
+    for what, v, state, hashed, error in cases:
+        planted = _plant(ctx, run_id, v, state, hashed)
+        latest = checkers.checkpoints(ctx, run_id)[-1]
+        if (latest["revision"], latest["schema_version"]) == (planted, v):
+            landed.append(what)
+        read = ctx.op(a, "read_checkpoint", run_id=run_id)
+        ctx.invariant(
+            f"checkpoint {what} refused",
+            not read.ok and read.error == error,
+            expected=f"read_checkpoint answers {error} (v{v} state: {json.dumps(state)[:120]})",
+            observed=f"{read.result if read.ok else read.error}",
+        )
+    ctx.fault(
+        "every malformed checkpoint was the run's latest when it was read",
+        len(landed) == len(cases),
+        expected=f"{len(cases)} plants, each the latest checkpoint",
+        observed=f"{len(landed)} landed: {landed}",
+    )
+    # The last one planted (the tampered state) is what a resuming worker meets.
+    planted = checkers.run_row(ctx, run_id)["revision"]
+    wait_claimable(ctx, run_id)
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+    code_b = finish(ctx, b)
+    row = checkers.run_row(ctx, run_id)
+    after = [c for c in checkers.checkpoints(ctx, run_id) if c["revision"] > planted]
+    ctx.equal(
+        "run not advanced past the tampered checkpoint",
+        (row["revision"], [c["revision"] for c in after]),
+        (planted, []),
+        what=f"(agent_runs.revision, checkpoints after it) (B exit {code_b})",
+    )
+    ctx.equal(
+        "nothing done from the tampered checkpoint",
+        len(checkers.tool_requests(ctx, run_id=run_id)),
+        0,
+        what=f"tool requests for the run (B exit {code_b})",
+    )
     checkers.lease_history_is_sound(ctx, [run_id])
 
 

@@ -28,6 +28,7 @@ and a dimension it has no reader for leaves the operation's cell unnamed
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -101,6 +102,18 @@ class _Rows:
         return any(lo < s <= hi for s, _ in self.versions.get(key, []))
 
 
+def _intact(row: Mapping[str, Any]) -> bool:
+    """A checkpoint row's state matches its state_hash (contract section 6: the
+    SHA-256 of the state as canonical JSON); a row without a hash counts as intact."""
+    stored = row.get("state_hash")
+    if not isinstance(stored, str) or not stored.startswith("\\x"):
+        return True
+    body = json.dumps(
+        row.get("state_json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    )
+    return hashlib.sha256(body.encode()).hexdigest() == stored[2:].lower()
+
+
 @dataclass
 class Trail:
     """The audit trail indexed for the readers below."""
@@ -112,7 +125,10 @@ class Trail:
     outbox: _Rows = field(default_factory=_Rows)
     by_seq: dict[int, Change] = field(default_factory=dict)
     ops_of_run: dict[str, list[tuple[int, str]]] = field(default_factory=lambda: defaultdict(list))
-    checkpoints: dict[str, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
+    # run_id -> (seq, schema_version, state matches its state_hash)
+    checkpoints: dict[str, list[tuple[int, int, bool]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
     consumed: dict[str, float] = field(default_factory=dict)  # event_id -> first consumed at
 
     @classmethod
@@ -135,7 +151,7 @@ class Trail:
                 t.outbox.add(str(src.get("event_id")), c.seq, row)
             elif c.table == "agent_checkpoints" and c.op == "INSERT":
                 t.checkpoints[str(src.get("run_id"))].append(
-                    (c.seq, int(src.get("schema_version") or 0))
+                    (c.seq, int(src.get("schema_version") or 0), _intact(src))
                 )
             elif c.table == "consumed_events" and c.op == "INSERT":
                 t.consumed.setdefault(str(src.get("event_id")), c.at)
@@ -459,15 +475,21 @@ def _requested(
     elif op == "read_checkpoint":
         if run_id is None:
             return []
-        versions = [v for s, v in trail.checkpoints.get(run_id, []) if s <= before]
-        written = [v for vs in trail.checkpoints.values() for _, v in vs]
+        versions = [(v, ok) for s, v, ok in trail.checkpoints.get(run_id, []) if s <= before]
+        written = [v for vs in trail.checkpoints.values() for _, v, ok in vs if ok]
         current = max(written, default=0)
         if not versions:
             values["checkpoint"] = "none"
         else:
-            v = versions[-1]
+            v, intact = versions[-1]
             values["checkpoint"] = (
-                "current" if v == current else "older" if v < current else "unknown_version"
+                "corrupt"
+                if not intact
+                else "current"
+                if v == current
+                else "older"
+                if v < current
+                else "unknown_version"
             )
     elif op == "durability":
         values["replication"] = ctx.replication

@@ -13,6 +13,7 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -277,8 +278,13 @@ func (d *Db) one(sql string, args ...any) (map[string]any, error) {
 }
 
 func canonical(v any) []byte {
-	b, _ := json.Marshal(v) // encoding/json sorts map keys and adds no spaces
-	return b
+	// encoding/json sorts map keys and adds no spaces; it would escape <, > and &
+	// where canonical JSON (section 6) keeps them.
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	_ = enc.Encode(v)
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n"))
 }
 
 func sha(v any) []byte { s := sha256.Sum256(canonical(v)); return s[:] }
@@ -320,7 +326,7 @@ func claim(d *Db, who, runID string) (map[string]any, error) {
 }
 
 func latestCheckpoint(d *Db, runID string) (map[string]any, error) {
-	return d.one("SELECT revision, state_json, schema_version FROM agent_checkpoints"+
+	return d.one("SELECT revision, state_json, schema_version, state_hash FROM agent_checkpoints"+
 		" WHERE run_id = $1::uuid ORDER BY revision DESC LIMIT 1", runID)
 }
 
@@ -545,18 +551,34 @@ func legacySample() map[string]any {
 		"expect": map[string]any{"done": []any{"plan", "lookup"}, "data.order_id": "o-legacy", "data.amount": 42}}
 }
 
-// decode gives a stored state in this worker's current version.
-func decode(state map[string]any, version int64) (map[string]any, error) {
-	switch version {
-	case schemaVersion:
-		return state, nil
-	case 1:
-		order, _ := state["order"].(map[string]any)
-		steps, _ := state["steps"].([]any)
-		return map[string]any{"done": append([]any{}, steps...),
-			"data": map[string]any{"order_id": order["id"], "amount": order["amount"]}}, nil
+// decode gives a stored checkpoint in this worker's current version (section
+// 6, experiment M): migrated from version 1, or refused (SchemaVersionUnknown,
+// CheckpointCorrupt); a field a version needs is never defaulted.
+func decode(ck map[string]any) (map[string]any, error) {
+	version := num(ck["schema_version"])
+	if version != 1 && version != schemaVersion {
+		return nil, refuse("SchemaVersionUnknown", "checkpoint schema version %d", version)
 	}
-	return nil, refuse("SchemaVersionUnknown", "checkpoint schema version %d", version)
+	state, ok := ck["state_json"].(map[string]any)
+	if !ok {
+		return nil, refuse("SchemaVersionUnknown", "checkpoint state is not an object")
+	}
+	if stored, _ := ck["state_hash"].([]byte); !bytes.Equal(stored, sha(state)) {
+		return nil, refuse("CheckpointCorrupt", "checkpoint revision %v does not match its hash", ck["revision"])
+	}
+	if version == schemaVersion {
+		return state, nil
+	}
+	order, ok := state["order"].(map[string]any)
+	if !ok {
+		return nil, refuse("SchemaVersionUnknown", "checkpoint lacks a valid \"order\" (object)")
+	}
+	steps, ok := state["steps"].([]any)
+	if !ok {
+		return nil, refuse("SchemaVersionUnknown", "checkpoint lacks a valid \"steps\" (list)")
+	}
+	return map[string]any{"done": append([]any{}, steps...),
+		"data": map[string]any{"order_id": order["id"], "amount": order["amount"]}}, nil
 }
 
 // ------------------------------------------------------------ heartbeat
@@ -962,8 +984,7 @@ func (o *Ops) currentState(d *Db, runID string) (map[string]any, error) {
 	if err != nil || ck == nil {
 		return map[string]any{}, err
 	}
-	state, _ := ck["state_json"].(map[string]any)
-	return decode(state, num(ck["schema_version"]))
+	return decode(ck)
 }
 
 // -- control plane
@@ -1184,8 +1205,7 @@ func (o *Ops) readCheckpoint(d *Db, a Args) (any, error) {
 			}
 			return err
 		}
-		stored, _ := ck["state_json"].(map[string]any)
-		state, err := decode(stored, num(ck["schema_version"]))
+		state, err := decode(ck)
 		out = map[string]any{"revision": ck["revision"], "schema_version": schemaVersion, "state": state}
 		return err
 	})
@@ -1237,7 +1257,7 @@ func (e *Execution) run() int {
 		class, _ := classify(err)
 		logf("run stopped", "run_id", e.lease.RunID, "error", err.Error())
 		switch class {
-		case "SchemaVersionUnknown":
+		case "SchemaVersionUnknown", "CheckpointCorrupt":
 			return exitSchema
 		case "LeaseLost", "RevisionConflict":
 			return exitCancelled
@@ -1305,8 +1325,7 @@ func (e *Execution) steps() (int, error) {
 			return 0, err
 		}
 	} else {
-		stored, _ := ck["state_json"].(map[string]any)
-		if e.state, err = decode(stored, num(ck["schema_version"])); err != nil {
+		if e.state, err = decode(ck); err != nil {
 			return 0, err
 		}
 	}

@@ -105,6 +105,9 @@ class IntentConflict(ProtocolError): ...
 class SchemaVersionUnknown(ProtocolError): ...
 
 
+class CheckpointCorrupt(ProtocolError): ...
+
+
 class CommitOutcomeUnknown(ProtocolError): ...
 
 
@@ -254,7 +257,7 @@ def claim(db: Db, owner: str, run_id: str | None) -> dict[str, Any] | None:
 
 def latest_checkpoint(db: Db, run_id: str) -> dict[str, Any] | None:
     return db.one(
-        "SELECT revision, state_json, schema_version FROM agent_checkpoints"
+        "SELECT revision, state_json, schema_version, state_hash FROM agent_checkpoints"
         " WHERE run_id = %s ORDER BY revision DESC LIMIT 1",
         (run_id,),
     )
@@ -424,15 +427,28 @@ def legacy_sample() -> dict[str, Any]:
     return {"schema_version": 1, "state": state, "expect": expect}
 
 
-def decode(state: dict[str, Any], version: int) -> dict[str, Any]:
-    """A stored state in this worker's current version; SchemaVersionUnknown otherwise."""
+def _field(state: dict[str, Any], key: str, kind: type) -> Any:
+    """A field a version needs: missing or of another type is refused, never defaulted."""
+    if not isinstance(state.get(key), kind):
+        raise SchemaVersionUnknown(f"checkpoint lacks a valid {key!r} ({kind.__name__})")
+    return state[key]
+
+
+def decode(ck: dict[str, Any]) -> dict[str, Any]:
+    """A stored checkpoint in this worker's current version (section 6, experiment M):
+    migrated from version 1, or refused (SchemaVersionUnknown, CheckpointCorrupt)."""
+    state, version = ck["state_json"], ck["schema_version"]
+    if version not in (1, SCHEMA_VERSION):
+        raise SchemaVersionUnknown(f"checkpoint schema version {version}")
+    if not isinstance(state, dict):
+        raise SchemaVersionUnknown("checkpoint state is not an object")
+    if bytes(ck["state_hash"]) != hashlib.sha256(canonical(state).encode()).digest():
+        raise CheckpointCorrupt(f"checkpoint revision {ck['revision']} does not match its hash")
     if version == SCHEMA_VERSION:
         return state
-    if version == 1:
-        order = state.get("order", {})
-        data = {"order_id": order.get("id"), "amount": order.get("amount")}
-        return {"done": list(state.get("steps", [])), "data": data}
-    raise SchemaVersionUnknown(f"checkpoint schema version {version}")
+    order = _field(state, "order", dict)
+    data = {"order_id": order.get("id"), "amount": order.get("amount")}
+    return {"done": list(_field(state, "steps", list)), "data": data}
 
 
 # ------------------------------------------------------------ heartbeat
@@ -701,7 +717,7 @@ class Ops:
 
     def current_state(self, db: Db, run_id: str) -> dict[str, Any]:
         ck = latest_checkpoint(db, run_id)
-        return decode(ck["state_json"], ck["schema_version"]) if ck else {}
+        return decode(ck) if ck else {}
 
     # -- control plane
     def op_create_run(self, db: Db, a: dict[str, Any]) -> dict[str, Any]:
@@ -855,7 +871,7 @@ class Ops:
                 if not db.call("SELECT 1 FROM agent_runs WHERE run_id = %s", (a["run_id"],)):
                     raise RunNotFound(f"no run {a['run_id']} of this tenant")
                 return {"revision": 0, "schema_version": None, "state": None}
-            state = decode(ck["state_json"], ck["schema_version"])
+            state = decode(ck)
         return {"revision": ck["revision"], "schema_version": SCHEMA_VERSION, "state": state}
 
     def op_legacy_checkpoint(self, db: Db, a: dict[str, Any]) -> dict[str, Any]:
@@ -896,7 +912,7 @@ class Execution:
         hb = Heartbeat(self.db.dsn, self.lease, HEARTBEAT_MS, HEARTBEAT_TIMEOUT_MS, lost)
         try:
             return self.steps()
-        except SchemaVersionUnknown as exc:
+        except (SchemaVersionUnknown, CheckpointCorrupt) as exc:
             log("checkpoint refused", error=str(exc))
             return EXIT_SCHEMA
         except LeaseLost:
@@ -933,7 +949,7 @@ class Execution:
             self.state = {"done": [], "data": data}
             self.write("start", "plan", "running")
         else:
-            self.state = decode(ck["state_json"], ck["schema_version"])
+            self.state = decode(ck)
         for name in ("plan", "lookup"):
             if name not in self.state["done"]:
                 self.step(name)
