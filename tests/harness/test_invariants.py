@@ -36,6 +36,7 @@ KEYS = {
     "tool_operations": ("operation_id",),
     "outbox": ("event_id",),
     "consumer_effects": ("consumer_name", "event_id", "n"),
+    "consumed_events": ("consumer_name", "event_id"),
 }
 
 
@@ -135,9 +136,9 @@ def clean_story() -> Story:
     tx("tool_operations", s.state("tool_operations", (OP,)), {"status": "succeeded"})
     protected(s, 0.500, 4, "e4", status="succeeded", owner=None, lease_expires_at=None)
     s.tx(0.700, app="R")("outbox", s.state("outbox", ("e1",)), {"published_at": iso(T0 + 0.7)})
-    s.tx(0.800, app="K")(
-        "consumer_effects", None, {"consumer_name": "billing", "event_id": "e1", "n": 1}
-    )
+    consume = s.tx(0.800, app="K")
+    consume("consumed_events", None, {"consumer_name": "billing", "event_id": "e1"})
+    consume("consumer_effects", None, {"consumer_name": "billing", "event_id": "e1", "n": 1})
     return s
 
 
@@ -323,6 +324,15 @@ def effect_of_undelivered(s: Story) -> None:
     )
 
 
+def dedup_apart_from_effect(s: Story) -> None:
+    """The consumer of consumer_ack_before_effect: its dedup row, then (a crash
+    could come between) its effect in a transaction of its own."""
+    s.tx(0.9, app="K")("consumed_events", None, {"consumer_name": "billing", "event_id": "e2"})
+    s.tx(1.0, app="K")(
+        "consumer_effects", None, {"consumer_name": "billing", "event_id": "e2", "n": 1}
+    )
+
+
 def stepped_write(s: Story) -> None:
     s.changes = [
         Change(**{**c.__dict__, "statement": STEPPED}) if c.table == "agent_checkpoints" else c
@@ -347,6 +357,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "run.every_run_can_progress_at_the_end": paused_without_doubt,
     "consumer.business_effect_at_most_once_per_event": second_effect,
     "consumer.effect_only_for_a_delivered_event": effect_of_undelivered,
+    "consumer.dedup_row_and_effect_in_one_transaction": dedup_apart_from_effect,
     "harness.write_path_as_asked": stepped_write,
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.checking.invariants.model import Evidence, Finding, group, ts
+from harness.checking.invariants.model import Change, Evidence, Finding, group, ts
 from harness.checking.invariants.registry import invariant
 
 # The broker commits a message before it acknowledges it, and the relay marks
@@ -65,3 +65,35 @@ def effect_only_for_delivered(ev: Evidence) -> Finding:
         if str(r["event_id"]) not in delivered
     ]
     return Finding(len(effects), bad)
+
+
+@invariant(
+    "consumer.dedup_row_and_effect_in_one_transaction",
+    "SPEC rule 10; English seed §10 (consumers deduplicate in their own transaction); "
+    "Chinese seed §11",
+    "a consumer's dedup row for an event and its business effect commit in the same "
+    "transaction: a crash between two transactions would lose the effect (the dedup row "
+    "then turns every redelivery away) or repeat it",
+)
+def dedup_row_and_effect_together(ev: Evidence) -> Finding:
+    # Judged on the audit trail (which transaction wrote what), not on timing: a
+    # consumer writing them apart breaks this whether or not a crash came between.
+    def key(c: Change) -> tuple[object, str]:
+        return (c.row.get("consumer_name"), str(c.row.get("event_id")))
+
+    dedups = group(ev.of("consumed_events", "INSERT"), key)
+    effects = group(ev.of("consumer_effects", "INSERT"), key)
+    bad = []
+    for k in sorted(set(dedups) | set(effects), key=str):
+        dedup_tx = sorted({c.txid for c in dedups.get(k, [])})
+        effect_tx = sorted({c.txid for c in effects.get(k, [])})
+        if not set(dedup_tx) & set(effect_tx) or len(effect_tx) > len(dedup_tx):
+            bad.append(
+                {
+                    "consumer_name": k[0],
+                    "event_id": k[1],
+                    "dedup_row_txids": dedup_tx,
+                    "effect_txids": effect_tx,
+                }
+            )
+    return Finding(len(set(dedups) | set(effects)), bad)
