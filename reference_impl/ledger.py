@@ -305,6 +305,14 @@ class Dispatcher:
             # dispatcher may already hold a newer one: send nothing. Our word
             # that nothing was sent proves nothing to anyone else, so the
             # operation takes the path of every lost claim: unknown.
+            injection.record(
+                "fail",
+                "dispatch",
+                run_id=op.run_id,
+                epoch=epoch,
+                operation_id=op.operation_id,
+                error="DispatchClaimExpired",
+            )
             return Answer("unknown", error={"class": "DispatchClaimExpired", "sent": False})
         try:
             res = self.tools.create(

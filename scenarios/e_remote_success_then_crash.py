@@ -12,7 +12,9 @@ right after the claim commits, before the call; its lease and claim expire,
 B takes the run over, finds the claim expired and converges it with a claim
 of its own; then A resumes. A must not send: its claim expired (rule 4, and
 rule 8: a lost lease stops new side effects), which a dispatcher can know by
-its own clock without a renewal.
+its own clock without a renewal. A's heartbeat is parked between two renewals
+for as long (it can only wait), so only that deadline check stands between A
+and a stale send: its cancellation cannot win the race for it.
 
 Variant ``retention_expired``: the idempotent tool keeps its keys for one
 second only, and the successor comes after that: the tool no longer knows
@@ -24,10 +26,12 @@ doubt with one real resource.
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.checking.history import load_history
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
 from harness.parts.control import Crash, Hold
-from harness.waiting import wait_for
+from harness.parts.processes import WorkerProcess
+from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
@@ -66,6 +70,7 @@ SPEC = ExperimentSpec(
             "retention_expired",
         ),
         needs.point("after_dispatch_claim_commit", "stale_dispatcher", "frozen_dispatcher"),
+        needs.point("before_renew", "frozen_dispatcher"),
     ),
     variants=(
         "idempotent",
@@ -81,8 +86,9 @@ SPEC = ExperimentSpec(
     variant_faults=(
         (
             "frozen_dispatcher",
-            "SIGSTOP of A right after its dispatch claim commits, before its call; B takes "
-            "over and converges the operation; then SIGCONT A",
+            "SIGSTOP of A right after its dispatch claim commits, before its call, its "
+            "heartbeat parked between two renewals; B takes over and converges the "
+            "operation; then SIGCONT A",
         ),
     ),
     tool_retention=(("retention_expired", RETENTION_S),),
@@ -323,6 +329,13 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
     ctx.arm("A", "after_dispatch_claim_commit", Hold())
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
     hit = ctx.reached("A", "after_dispatch_claim_commit")
+    # A's heartbeat is parked too, between two renewals: resumed, a renewal that
+    # was in flight when A froze (it times out) or one refused at once would
+    # cancel A before its dispatcher decides, and the deadline check this variant
+    # probes would never be reached (a worker without one went uncaught at load
+    # 8, its heartbeat winning the race). Parked, a renewal can only wait.
+    ctx.arm("A", "before_renew", Hold())
+    ctx.reached("A", "before_renew", held=True)
     stopped = ctx.pause(a)
     # The barrier's answer waits in A's socket: A reads it the moment it runs.
     ctx.release("A", "after_dispatch_claim_commit")
@@ -337,6 +350,8 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
     )
     state_a = a.kernel_state()
     resumed = ctx.resume(a)
+    decided = _dispatcher_moved_on(ctx, a, run_id, resumed.sent_at)
+    ctx.release("A", "before_renew")
     code_a = finish(ctx, a)
     run_row = checkers.run_row(ctx, run_id)
     ctx.fault(
@@ -354,6 +369,13 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         f"{claim_a and (claim_a['status'], claim_a['dispatch_owner'], claim_a['revision'])}; "
         f"after B {converged and (converged['status'], converged['revision'])}; run epoch "
         f"{run_row['epoch']} (A's {hit.epoch}); A resumed at {resumed.confirmed_at}",
+    )
+    ctx.fault(
+        "A's dispatcher moved on while its renewals stayed parked",
+        decided is not None,
+        expected="after A resumed, and before its heartbeat was let go: A exited, sent a "
+        "request, or recorded a step other than a renewal",
+        observed=decided or "none of these within 5 s of the resume",
     )
     late = [
         r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= resumed.sent_at
@@ -379,6 +401,28 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         what=f"run status (B exit {code_b})",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _dispatcher_moved_on(
+    ctx: ExperimentContext, a: WorkerProcess, run_id: str, since: float
+) -> str | None:
+    """How A showed that its dispatcher got past its resume (its heartbeat still
+    parked), or None after 5 s. A's own account only decides when the wait ends;
+    what A sent is judged from the tool's log."""
+
+    def moved_on() -> str | None:
+        if not a.is_alive():
+            return f"A exited (code {a.returncode})"
+        sent = [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= since]
+        if sent:
+            return f"the tool received request {sent[0]['seq']}"
+        steps = [e for e in load_history([a.events_path]) if e.time >= since and e.op != "renew"]
+        return f"A recorded {steps[0].type} {steps[0].op}" if steps else None
+
+    try:
+        return wait_for(moved_on, what="A's dispatcher to move on after its resume", timeout_s=5)
+    except WaitTimeout:
+        return None
 
 
 def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:

@@ -35,7 +35,7 @@ import psycopg
 from harness.contract import mapping
 from harness.contract.needs import Need
 from harness.engine import phases
-from harness.parts.control import Action, Continue, ControlError, Hit
+from harness.parts.control import Action, Continue, ControlError, Hit, Hold
 from harness.parts.processes import (
     ExitTimeout,
     OpReply,
@@ -503,10 +503,19 @@ class ExperimentContext:
         self.env.control.arm(worker, point, action, times=times)
         self.command(f"arm {point} for {worker}: {action.label()}")
 
-    def reached(self, worker: str, point: str, timeout_s: float = 15.0) -> Hit:
-        """Wait for a worker to reach an armed point; a timeout is inconclusive."""
+    def reached(
+        self, worker: str, point: str, timeout_s: float = 15.0, *, held: bool = False
+    ) -> Hit:
+        """Wait for a worker to reach an armed point; a timeout is inconclusive.
+        ``held``: the next arrival the barrier holds, passing over those it let
+        through (a point a worker passes often, armed while it runs)."""
+        deadline = time.monotonic() + timeout_s
         try:
-            return self.env.control.wait_reached(worker, point, timeout_s)
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                hit = self.env.control.wait_reached(worker, point, remaining)
+                if not held or hit.action == Hold().label():
+                    return hit
         except TimeoutError as exc:
             raise Inconclusive(str(exc)) from exc
 

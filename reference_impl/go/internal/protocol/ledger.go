@@ -228,6 +228,8 @@ func (d *Dispatcher) Send(ctx context.Context, op *Operation, epoch int64) (tool
 		// Nothing was sent, but the claim is past its deadline: send nothing.
 		// Our word that nothing went out proves nothing to anyone else, so the
 		// operation takes the path of every lost claim: unknown.
+		injection.Record(injection.Event{Type: "fail", Op: "dispatch", RunID: op.RunID, Epoch: &epoch,
+			OperationID: op.OperationID, Error: "DispatchClaimExpired"})
 		return tool.Answer{Kind: "unknown", Error: map[string]any{"class": "DispatchClaimExpired", "sent": false}}, nil
 	}
 	request, err := d.Seal.Open(op.Request)
