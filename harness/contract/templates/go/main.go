@@ -27,6 +27,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -68,12 +69,40 @@ func envOr(name, def string) string {
 	return def
 }
 
+// settingErrors are the settings refused at start (section 2, experiment X).
+var settingErrors []string
+
 func envMS(name string, def int64) int64 {
-	var v int64
-	if _, err := fmt.Sscan(os.Getenv(name), &v); err != nil {
+	raw := os.Getenv(name)
+	if raw == "" {
+		return def
+	}
+	v, err := strconv.ParseInt(raw, 10, 64)
+	if err != nil { // "10s" is no duration here: never read as a default or as 10
+		settingErrors = append(settingErrors, fmt.Sprintf("%s=%q is not whole milliseconds", name, raw))
 		return def
 	}
 	return v
+}
+
+// settingsRefused says what is wrong with the lease settings: the protocol forbids them.
+func settingsRefused() []string {
+	wrong := append([]string{}, settingErrors...)
+	for name, v := range map[string]int64{"FENCECHECK_LEASE_TTL_MS": leaseTTL, "FENCECHECK_HEARTBEAT_MS": heartbeatMS,
+		"FENCECHECK_HEARTBEAT_TIMEOUT_MS": heartbeatTO, "FENCECHECK_DISPATCH_TTL_MS": dispatchTTL} {
+		if v <= 0 {
+			wrong = append(wrong, fmt.Sprintf("%s must be > 0 ms, not %d", name, v))
+		}
+	}
+	if heartbeatMS >= leaseTTL {
+		wrong = append(wrong, "the heartbeat interval must be shorter than the lease")
+	}
+	switch os.Getenv("FENCECHECK_REQUIRE_DURABILITY") {
+	case "", "none", "async", "sync":
+	default:
+		wrong = append(wrong, "FENCECHECK_REQUIRE_DURABILITY must be none, async or sync")
+	}
+	return wrong
 }
 
 func logf(msg string, fields ...any) {
@@ -1557,6 +1586,12 @@ func main() {
 	if len(os.Args) < 2 {
 		fmt.Fprintln(os.Stderr, "usage: worker migrate | run [--run-id ID] [--once] | ops")
 		os.Exit(64)
+	}
+	if os.Args[1] != "migrate" {
+		if wrong := settingsRefused(); len(wrong) > 0 {
+			logf("settings refused", "errors", wrong)
+			os.Exit(1)
+		}
 	}
 	switch os.Args[1] {
 	case "migrate":

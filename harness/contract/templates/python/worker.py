@@ -55,8 +55,18 @@ SENSITIVE = ("customer_token", "payment_token", "card_number", "customer_email")
 HOLDING = ("running", "waiting_tool")
 
 
+SETTING_ERRORS: list[str] = []  # refused at start (section 2, experiment X)
+
+
 def env_ms(name: str, default: int) -> int:
-    return int(ENV.get(name) or default)
+    raw = ENV.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:  # "10s" is no duration here: never read as a default
+        SETTING_ERRORS.append(f"{name}={raw!r} is not whole milliseconds")
+        return default
 
 
 LEASE_TTL_MS = env_ms("FENCECHECK_LEASE_TTL_MS", 5000)
@@ -1103,6 +1113,20 @@ def migrate() -> int:
     return 0
 
 
+def settings_refused() -> list[str]:
+    """What is wrong with the lease settings (section 2): the protocol forbids them."""
+    wrong = list(SETTING_ERRORS)
+    timers = {"FENCECHECK_LEASE_TTL_MS": LEASE_TTL_MS, "FENCECHECK_HEARTBEAT_MS": HEARTBEAT_MS,
+              "FENCECHECK_HEARTBEAT_TIMEOUT_MS": HEARTBEAT_TIMEOUT_MS,
+              "FENCECHECK_DISPATCH_TTL_MS": DISPATCH_TTL_MS}  # fmt: skip
+    wrong += [f"{name} must be > 0 ms, not {value}" for name, value in timers.items() if value <= 0]
+    if HEARTBEAT_MS >= LEASE_TTL_MS:
+        wrong.append("the heartbeat interval must be shorter than the lease")
+    if ENV.get("FENCECHECK_REQUIRE_DURABILITY") not in (None, "", "none", "async", "sync"):
+        wrong.append("FENCECHECK_REQUIRE_DURABILITY must be none, async or sync")
+    return wrong
+
+
 def main(argv: list[str]) -> int:
     if not argv:
         print("usage: worker.py migrate | run [--run-id ID] [--once] | ops", file=sys.stderr)
@@ -1110,6 +1134,10 @@ def main(argv: list[str]) -> int:
     mode, rest = argv[0], argv[1:]
     if mode == "migrate":
         return migrate()
+    wrong = settings_refused()
+    if wrong:
+        log("settings refused", errors=wrong)
+        return 1
     if mode == "ops":
         return Ops().serve()
     if mode == "run":

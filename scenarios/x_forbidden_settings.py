@@ -1,0 +1,93 @@
+"""X: a worker started with lease settings the protocol forbids claims nothing.
+
+The lease's timers are the deployment's to choose (contract section 2), but
+some choices break the protocol before any fault: a lease of zero or less
+expires as it is granted; a heartbeat interval as long as the lease lets it
+run out between two renewals; a renewal with no time to answer can never be
+confirmed; a duration that is not whole milliseconds ("10s", the
+``Duration.String()`` of the English seed §5.1) read as a default or as
+seconds hands out leases a thousand times longer than meant; an unknown
+durability requirement silently asks for nothing. Each is refused at start
+(the seed: the caller validates the TTL before it is used), never taken for
+something else.
+
+Each forbidden setting gets a queued run of its own and a ``run --once
+--run-id`` worker with that setting: it must exit with a non-zero code and
+change nothing (audit trail). A worker with the experiment's own settings
+then claims and finishes the first of those runs: they were claimable.
+"""
+
+from __future__ import annotations
+
+from harness.checking import checkers
+from harness.contract import needs
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from scenarios.common import finish, new_run
+
+LEASE_TTL_MS = 800
+
+#: (what is wrong, the environment that says it).
+FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
+    ("a lease of 0 ms", {"FENCECHECK_LEASE_TTL_MS": "0"}),
+    ("a negative lease", {"FENCECHECK_LEASE_TTL_MS": "-800"}),
+    ("a lease that is not whole milliseconds", {"FENCECHECK_LEASE_TTL_MS": "10s"}),
+    ("a heartbeat interval of 0 ms", {"FENCECHECK_HEARTBEAT_MS": "0"}),
+    ("a heartbeat as long as the lease", {"FENCECHECK_HEARTBEAT_MS": str(LEASE_TTL_MS)}),
+    ("a renewal timeout of 0 ms", {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "0"}),
+    ("an unknown durability requirement", {"FENCECHECK_REQUIRE_DURABILITY": "quorum"}),
+)
+
+SPEC = ExperimentSpec(
+    id="X",
+    title="settings the protocol forbids",
+    seed_section="English seed §5.1 (validate the TTL, integer milliseconds), §7 "
+    "(heartbeat parameters); Chinese seed §5",
+    invariant="a worker whose lease TTL, heartbeat interval or renewal timeout is not a "
+    "positive number of milliseconds, whose heartbeat is not shorter than its lease, or "
+    "whose durability requirement is unknown, exits non-zero without changing anything; a "
+    "worker with sound settings then claims and finishes the same run",
+    fault="one run --once worker per forbidden setting, each with a claimable run of its own",
+    rules=(1, 8, 11),
+    layer="queue",
+    lease_ttl_ms=LEASE_TTL_MS,
+    needs=needs.capabilities("workflow"),
+)
+
+
+def run(ctx: ExperimentContext) -> None:
+    start = checkers.audit_mark(ctx)
+    outcomes: list[tuple[str, str, str, int]] = []
+    claimable: list[str] = []
+    for n, (what, env) in enumerate(FORBIDDEN, 1):
+        name, run_id = f"X{n}", new_run(ctx)
+        row = checkers.run_row(ctx, run_id, f"run for {what}, before its worker")
+        if row["status"] == "queued" and row["owner"] is None:
+            claimable.append(what)
+        worker = ctx.env.start_worker(name, "run", ["--run-id", run_id, "--once"], env=env)
+        outcomes.append((what, name, run_id, finish(ctx, worker)))
+    ctx.fault(
+        "each refused worker was handed a claimable run",
+        len(claimable) == len(FORBIDDEN),
+        expected=f"{len(FORBIDDEN)} runs, each queued with no owner when its worker started",
+        observed=f"{len(claimable)} were: {claimable}",
+    )
+    for what, name, _run_id, code in outcomes:
+        changed = checkers.changes_by(ctx, [name], after_seq=start)
+        ctx.invariant(
+            f"{what} refused",
+            code != 0 and not changed,
+            expected="a non-zero exit and no audited change by the worker",
+            observed=f"exit {code}; {len(changed)} change(s)"
+            + (f": {[(r['tbl'], r['op']) for r in changed]}" if changed else ""),
+        )
+    first = outcomes[0][2]
+    ok = ctx.env.start_worker("OK", "run", ["--run-id", first, "--once"])
+    code = finish(ctx, ok)
+    done = checkers.run_row(ctx, first, "the first run after the worker with sound settings")
+    ctx.progress_equal(
+        "a worker with sound settings finished a run the first refused",
+        done["status"],
+        "succeeded",
+        what=f"run status (OK exit {code})",
+    )
+    checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes])
