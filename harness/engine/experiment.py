@@ -80,6 +80,40 @@ class Inconclusive(Exception):
     precondition the experiment needs did not come about)."""
 
 
+class SetupRefused(Exception):
+    """A worker refused a request the experiment needs and the contract says it
+    carries out (create a run, retry a cancelled one, claim a queued one), with
+    an error class no timing explains: a missing row, a constraint its own
+    schema broke, a crash. The runner judges it as unmet progress."""
+
+    def __init__(self, worker: str, op: str, error: str, message: str) -> None:
+        super().__init__(f"setup op {op!r} on {worker} refused: {error}: {message}")
+        self.worker, self.op, self.error, self.message = worker, op, error, message
+
+
+#: Error classes a correct worker may answer a setup op with when timing went
+#: against it (a lease that ran out under load, a state a slow tool call left,
+#: a lost connection), or that say the harness asked wrongly or the worker
+#: lacks the op: those leave the experiment unknown, never failed.
+TIMING_OR_HARNESS_ERRORS = frozenset(
+    {"LeaseLost", "NotClaimable", "RevisionConflict", "CommitOutcomeUnknown", "StateConflict"}
+    | {"RunNotRetryable", "DispatchClaimExpired", "ExecutionCancelled", "OperationalError"}
+    | {"InterfaceError", "QueryCanceled", "LockNotAvailable", "SerializationFailure"}
+    | {"DeadlockDetected", "AdminShutdown", "IdleInTransactionSessionTimeout", "Unsupported"}
+    | {"BadRequest", "ToolOutcomeUnknown"}
+)
+
+
+def timing_or_harness(error: str | None) -> bool:
+    """Could a correct worker have answered a setup op with ``error``?"""
+    if not error:
+        return True
+    lowered = error.lower()
+    return error in TIMING_OR_HARNESS_ERRORS or any(
+        word in lowered for word in ("timeout", "cancel", "connection", "shutdown")
+    )
+
+
 #: What a worker does that ends a scenario early and is the worker's own doing,
 #: never the harness's: an ops request without a reply in time, a process that
 #: does not exit in time, an ops channel closed before the reply (it exited).
@@ -616,12 +650,15 @@ class ExperimentContext:
     def ok(
         self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any
     ) -> dict[str, Any]:
-        """An op that must succeed for the experiment to go on (else inconclusive)."""
+        """An op that must succeed for the experiment to go on: a refusal timing
+        could explain is inconclusive, any other :class:`SetupRefused`."""
         reply = self.op(worker, op, timeout_s, **args)
         if not reply.ok:
-            raise Inconclusive(
-                f"setup op {op!r} on {worker.worker_id} failed: {reply.error}: {reply.message}"
-            )
+            if timing_or_harness(reply.error):
+                raise Inconclusive(
+                    f"setup op {op!r} on {worker.worker_id} failed: {reply.error}: {reply.message}"
+                )
+            raise SetupRefused(worker.worker_id, op, str(reply.error), str(reply.message))
         return reply.result
 
 

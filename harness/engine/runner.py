@@ -40,6 +40,7 @@ from harness.engine.experiment import (
     ExperimentContext,
     ExperimentSpec,
     Inconclusive,
+    SetupRefused,
 )
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
@@ -382,6 +383,19 @@ def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str |
         return verdict, reason, None
     except Inconclusive as exc:
         return Verdict.UNKNOWN, f"inconclusive: {exc}", None
+    except SetupRefused as exc:
+        # The worker turned down what the contract says it does, for a reason no
+        # timing explains: progress not made, judged like any other (a stall or
+        # starvation the harness measured during the experiment excuses it).
+        ctx.progress(
+            f"{exc.worker} carried out {exc.op!r}",
+            False,
+            expected=f"{exc.op!r} answered ok (the experiment's precondition; the contract "
+            "says a correct worker carries it out here)",
+            observed=f"refused: {exc.error}: {exc.message}"[:300],
+        )
+        verdict, reason = ctx.verdict()
+        return verdict, reason, None
     except WORKER_BOUNDS as exc:
         # A worker that does not exit or answer within what the experiment
         # gives it broke a bound of the contract (§5, §10): progress not made,

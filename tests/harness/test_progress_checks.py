@@ -119,3 +119,49 @@ def test_a_check_not_tried_is_not_judged_never_held() -> None:
     assert verdict is Verdict.PASS and "1 not judged: stale release refused" in reason
     (skipped,) = [c for c in ctx.checks if c.kind == "not_judged"]
     assert check_mark(skipped.kind, skipped.ok) == "not judged"
+
+
+class _Refusing:
+    """A scenario module whose worker turns a setup op down with ``error``."""
+
+    SPEC = SPEC
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+    def run(self, ctx: ExperimentContext) -> None:
+        from harness.engine.experiment import Inconclusive, SetupRefused, timing_or_harness
+
+        ctx.fault("the fault", True, expected="-", observed="-")
+        if timing_or_harness(self.error):
+            raise Inconclusive(f"setup op 'claim' on A failed: {self.error}: -")
+        raise SetupRefused("ctl", "create_run", self.error, "insert or update violates ...")
+
+
+@pytest.mark.parametrize(
+    ("error", "excuse", "verdict"),
+    [
+        ("ForeignKeyViolation", None, Verdict.FAIL),  # its own schema broken: no timing explains it
+        ("RunNotFound", None, Verdict.FAIL),
+        ("ForeignKeyViolation", "the harness stalled 0.80s", Verdict.UNKNOWN),
+        ("LeaseLost", None, Verdict.UNKNOWN),  # a lease that ran out under load
+        ("StateConflict", None, Verdict.UNKNOWN),  # a state a slow tool call left
+        ("OperationalError", None, Verdict.UNKNOWN),
+        ("Unsupported", None, Verdict.UNKNOWN),  # the worker lacks the op
+    ],
+)
+def test_a_setup_op_refused_for_no_timing_reason_is_unmet_progress(
+    error: str, excuse: str | None, verdict: Verdict
+) -> None:
+    from harness.engine.runner import Job, _run_scenario
+
+    class Env:
+        def abort(self, timeout_s: float) -> None: ...
+
+    ctx = ExperimentContext(spec=SPEC, env=Env())  # type: ignore[arg-type]
+    ctx.excuse = lambda since, until: excuse
+    job = Job(module=_Refusing(error), variant=None, repeat_index=0)  # type: ignore[arg-type]
+    got, reason, harness_error = _run_scenario(job, ctx)
+    assert (got, harness_error) == (verdict, None), reason
+    if verdict is Verdict.FAIL:
+        assert "ctl carried out 'create_run'" in reason
