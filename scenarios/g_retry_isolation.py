@@ -23,6 +23,13 @@ moment the variant chose:
 * ``live_succeeded``: the result is recorded, the run still live: a repeated
   callback changes nothing.
 
+And one variant without a callback: ``retry_race``: two control planes retry
+the same cancelled run at the same moment (the harness holds the task's row
+lock until both are waiting on the database, then lets go): exactly one
+retry makes a new run; the other is refused, since the task's run is live
+again; the task never has two live runs; another cancelled task of the
+tenant, made first, gets no run and keeps its own.
+
 The worker's answer to the delivery only proves it arrived; what is judged is
 the database (the operation, the run, any newer run) and the tool's log.
 """
@@ -69,6 +76,14 @@ SPEC = ExperimentSpec(
         "live_dispatching",
         "live_unknown",
         "live_succeeded",
+        "retry_race",
+    ),
+    variant_faults=(
+        (
+            "retry_race",
+            "two retry_run of one cancelled run sent at once, both waiting on the task's row "
+            "lock the harness holds, then released together",
+        ),
     ),
     variant_points=(
         ("terminal", "after_tool_response_before_tx2_commit (crash)"),
@@ -94,6 +109,9 @@ class Moment:
 
 
 def run(ctx: ExperimentContext) -> None:
+    if ctx.variant == "retry_race":
+        _retry_race(ctx)
+        return
     moment = SETUPS[ctx.variant or "superseded"](ctx)
     ctl = control_plane(ctx)
     op_before = _operation(ctx, moment.op_id)
@@ -162,8 +180,11 @@ def _superseded(ctx: ExperimentContext) -> Moment:
     ctx.ok(ctl, "cancel", run_id=old_run)
     ctx.release("A", "after_tool_response_before_tx2_commit")
     finish(ctx, a)
-    task_id = checkers.run_row(ctx, old_run)["task_id"]
-    retry = ctx.ok(ctl, "retry_run", task_id=task_id)
+    cancelled = checkers.run_row(ctx, old_run, "the old run, before the retry")
+    # Read cancelled from the database: a retry refused as still live is no timing.
+    definite = ("RunNotRetryable",) if cancelled["status"] == "cancelled" else ()
+    task_id = str(cancelled["task_id"])
+    retry = ctx.ok(ctl, "retry_run", task_id=task_id, definite=definite)
     new_run_id = ctx.note_run(str(retry["run_id"]))
     ctx.invariant(
         "retry is a new run",
@@ -427,3 +448,60 @@ def _key(op: dict[str, Any]) -> tuple[Any, ...]:
 
 def _run_key(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["status"], row["revision"], row["epoch"], row["owner"])
+
+
+def _retry_race(ctx: ExperimentContext) -> None:
+    """Two retries of one cancelled run, in flight together; another cancelled
+    task of the tenant, made first, stands by and must not be touched."""
+    ctl = control_plane(ctx)
+    bystander = new_run(ctx)
+    ctx.ok(ctl, "cancel", run_id=bystander)
+    by_task = str(checkers.run_row(ctx, bystander, "the bystander")["task_id"])
+    old_run = new_run(ctx)
+    ctx.ok(ctl, "cancel", run_id=old_run)
+    row = checkers.run_row(ctx, old_run, "the cancelled run, before the retries")
+    task_id = str(row["task_id"])
+    other = ctx.env.start_worker("ctl2", "ops", role="operator")
+    with checkers.row_locked(ctx, "agent_tasks", "task_id", task_id) as lock:
+        first = ctx.op_async(ctl, "retry_run", {"task_id": task_id})
+        second = ctx.op_async(other, "retry_run", {"task_id": task_id})
+        waiting = lock.wait_for_waiters(["ctl", "ctl2"])
+    replies = [first.result(15.0), second.result(15.0)]
+    made = [str(r.result["run_id"]) for r in replies if r.ok]
+    for run_id in made:
+        ctx.note_run(run_id)
+    ctx.fault(
+        "both retries waited on the task together",
+        row["status"] == "cancelled" and waiting is not None,
+        expected="the old run cancelled; both control planes' retries waiting on a lock while "
+        "the harness held the task's row",
+        observed=f"old run {row['status']}; waiting: {waiting or 'not both'}",
+    )
+    runs = ctx.sql(
+        "the task's runs after the retries",
+        "SELECT run_id, status FROM fencecheck_model.agent_runs WHERE task_id = %s "
+        "ORDER BY created_at",
+        [task_id],
+    )
+    live = [str(r["run_id"]) for r in runs if r["status"] in LIVE]
+    ctx.invariant(
+        "exactly one retry made a new run",
+        len(made) == 1 and live == made,
+        expected="one retry answered with a new run, the other refused; that run the task's "
+        "only live one",
+        observed=f"answers {[(r.ok, r.error) for r in replies]}; new runs {made}; live runs {live}",
+    )
+    if made:
+        ctx.equal("task points at the new run", _active_run(ctx, task_id), made[0])
+    by_runs = ctx.sql(
+        "the bystander task's runs after the retries",
+        "SELECT run_id FROM fencecheck_model.agent_runs WHERE task_id = %s",
+        [by_task],
+    )
+    ctx.equal(
+        "the bystander task untouched",
+        ([str(r["run_id"]) for r in by_runs], _active_run(ctx, by_task)),
+        ([bystander], bystander),
+        what="(its runs, its active run)",
+    )
+    checkers.lease_history_is_sound(ctx)

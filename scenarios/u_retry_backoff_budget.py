@@ -131,7 +131,10 @@ def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str
     )
     ctx.env.tool.client().clear_faults()
     ctx.command("tool: 429 cleared; creates are accepted again")
-    new = str(ctx.ok(ctl, "retry_run", task_id=before["task_id"])["run_id"])
+    # `before` (read from the database) shows the run paused, not live: a retry
+    # refused as still live is no timing.
+    retry = ctx.ok(ctl, "retry_run", task_id=before["task_id"], definite=("RunNotRetryable",))
+    new = str(retry["run_id"])
     ctx.note_run(new)
     row = checkers.run_row(ctx, new, "the retry's new run")
     fresh = (row["status"], row["revision"], row["epoch"], row["attempt_count"], row["owner"])

@@ -9,10 +9,13 @@ a wait; no verdict rests on them alone.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
+from psycopg import sql
 
 from harness.engine.experiment import ExperimentContext, Inconclusive
 from harness.waiting import wait_for
@@ -165,6 +168,61 @@ def backend_waiting_on_lock(ctx: ExperimentContext, app: str, timeout_s: float =
         [app],
     )
     return True
+
+
+class RowLock:
+    """A model row the harness holds locked (``SELECT ... FOR UPDATE`` in a
+    transaction of its own, as superuser) while the block runs."""
+
+    def __init__(self, ctx: ExperimentContext, what: str) -> None:
+        self.ctx = ctx
+        self.what = what
+
+    def wait_for_waiters(self, apps: Sequence[str], timeout_s: float = 10.0) -> str | None:
+        """Wait until a session of each of ``apps`` waits on a lock; what the
+        harness saw (None when they did not, within ``timeout_s``)."""
+
+        def all_waiting() -> str | None:
+            rows = self.ctx.env.query(
+                "SELECT application_name AS app, wait_event FROM pg_stat_activity "
+                "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+                "AND application_name = ANY(%s)",
+                [list(apps)],
+            )
+            waiting = sorted({str(r["app"]) for r in rows})
+            return f"{waiting} waiting on {self.what}" if set(waiting) == set(apps) else None
+
+        try:
+            return wait_for(
+                all_waiting, what=f"{list(apps)} to wait on {self.what}", timeout_s=timeout_s
+            )
+        except TimeoutError:
+            return None
+
+
+@contextlib.contextmanager
+def row_locked(
+    ctx: ExperimentContext, relation: str, column: str, value: object
+) -> Iterator[RowLock]:
+    """Hold ``fencecheck_model.<relation>``'s row ``column = value`` locked by
+    the harness while the block runs (a barrier the database enforces: every
+    statement that locks or updates the row waits until the block ends)."""
+    what = f"{relation} row {column} = {value} (held by the harness)"
+    with psycopg.connect(
+        ctx.env.db.admin_dsn, connect_timeout=5, application_name="fencecheck-harness-lock"
+    ) as conn:
+        statement = sql.SQL("SELECT 1 FROM fencecheck_model.{} WHERE {} = %s FOR UPDATE").format(
+            sql.Identifier(relation), sql.Identifier(column)
+        )
+        found = conn.execute(statement, [value]).fetchall()
+        ctx.command(f"harness locks {what}: {len(found)} row(s)")
+        if not found:
+            raise Inconclusive(f"the harness found no {relation} row {column} = {value} to lock")
+        try:
+            yield RowLock(ctx, what)
+        finally:
+            conn.rollback()
+            ctx.command(f"harness lets go of {what}")
 
 
 def as_worker_role(

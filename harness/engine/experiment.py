@@ -26,7 +26,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -648,13 +648,22 @@ class ExperimentContext:
         return int(rows[0]["seq"]) if rows else None
 
     def ok(
-        self, worker: WorkerProcess, op: str, timeout_s: float = 15.0, **args: Any
+        self,
+        worker: WorkerProcess,
+        op: str,
+        timeout_s: float = 15.0,
+        *,
+        definite: Iterable[str] = (),
+        **args: Any,
     ) -> dict[str, Any]:
         """An op that must succeed for the experiment to go on: a refusal timing
-        could explain is inconclusive, any other :class:`SetupRefused`."""
+        could explain is inconclusive, any other :class:`SetupRefused`.
+        ``definite``: error classes timing cannot explain here, because the
+        scenario read what rules them out from the database (a retry refused as
+        "still running" after the harness saw the run cancelled)."""
         reply = self.op(worker, op, timeout_s, **args)
         if not reply.ok:
-            if timing_or_harness(reply.error):
+            if reply.error not in set(definite) and timing_or_harness(reply.error):
                 raise Inconclusive(
                     f"setup op {op!r} on {worker.worker_id} failed: {reply.error}: {reply.message}"
                 )
