@@ -21,13 +21,21 @@ SPEC = ExperimentSpec(
     rules=(1, 2),
     layer="queue",
     lease_ttl_ms=500,
-    natural_wait_s=0.5,
+    natural_wait_s=0.5,  # Each write path the worker declares (contract section 2): the stepped one
+    # validates the lease in a statement of its own (lock_lease in the reference).
+    variants=("fast", "stepped"),
+    variant_write_paths=(("stepped", "stepped"),),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
+    # A's writes also come from a session that has not noticed anything (A's
+    # own may refuse client-side once its renewal was refused): only the
+    # database's expiry check can refuse them. Started now: a process start
+    # under load must not decide what expired when.
+    a2 = ctx.env.start_worker("A2", "ops")
     lease = ctx.ok(a, "claim", run_id=run_id)
     epoch, rev = lease["epoch"], lease["revision"]
     # A stops renewing the way the system renews (a process heartbeat is
@@ -48,10 +56,11 @@ def run(ctx: ExperimentContext) -> None:
     renew = ctx.op(a, "renew", run_id=run_id, epoch=epoch) if caps.offers_op("renew") else None
     save = (
         ctx.op(
-            a,
+            a2,
             "save_checkpoint",
             run_id=run_id,
             epoch=epoch,
+            owner=lease["owner"],
             expected_revision=rev,
             state={"step": "after expiry"},
         )
@@ -68,7 +77,13 @@ def run(ctx: ExperimentContext) -> None:
         what="(epoch, lease expired)",
     )
     complete = ctx.op(
-        a, "complete", run_id=run_id, epoch=epoch, expected_revision=rev, result={"by": "A"}
+        a2,
+        "complete",
+        run_id=run_id,
+        epoch=epoch,
+        owner=lease["owner"],
+        expected_revision=rev,
+        result={"by": "A"},
     )
     row = checkers.run_row(ctx, run_id, "run after A's attempts")
     for name, reply in (

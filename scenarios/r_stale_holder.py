@@ -44,7 +44,10 @@ SPEC = ExperimentSpec(
     rules=(1, 2, 3),
     layer="queue",
     lease_ttl_ms=800,
-    natural_wait_s=0.8,
+    natural_wait_s=0.8,  # Each write path the worker declares (contract section 2): the stepped one
+    # validates the lease in a statement of its own (lock_lease in the reference).
+    variants=("fast", "stepped"),
+    variant_write_paths=(("stepped", "stepped"),),
 )
 
 #: The identities a stale holder may present, as (owner, epoch) of (A, B).

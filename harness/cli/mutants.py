@@ -139,6 +139,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "summary.md, pages) from its journal, with the triage file as it is now; runs nothing",
     )
     auto.add_argument(
+        "--experiments",
+        metavar="IDS",
+        help="--auto: judge against these experiments only (comma-separated ids or labels, "
+        "e.g. 'Y,G-retry_race'): to see whether a new check catches given survivors; a "
+        "mutant they miss is reported survived against them alone, and the run says so",
+    )
+    auto.add_argument(
         "--min-score",
         type=float,
         default=90.0,
@@ -238,10 +245,24 @@ def _auto(args: argparse.Namespace) -> int:
         confirm=not args.no_confirm,
         run_equivalent=args.run_equivalent,
         learned=learned,
+        only=tuple(x.strip() for x in (args.experiments or "").split(",") if x.strip()),
     )
+    if options.only:
+        import scenarios
+        from harness.engine.runner import jobs_for
+
+        every = jobs_for(scenarios.all_modules(), 1)
+        known = {j.spec.id for j in every} | {j.label for j in every}
+        unknown = [x for x in options.only if x not in known]
+        if unknown:
+            raise UsageError(
+                f"--experiments {','.join(unknown)}: no such experiment (ids A.. or labels "
+                "such as E-frozen_dispatcher; `fencecheck list` lists them)"
+            )
     stale = judged.stale(m.id for m in mutants)
     print(
         f"fencecheck mutants --auto: {len(chosen)} of {len(mutants)} generated mutant(s)"
+        + (f", judged against {','.join(options.only)} only" if options.only else "")
         + (f" (part {shard} of the {len(selected)} selected)" if shard.count > 1 else "")
         + f", {options.parallel} experiment(s) at once per mutant; reports in {report_dir}",
         flush=True,

@@ -104,6 +104,10 @@ TIMING_OR_HARNESS_ERRORS = frozenset(
 )
 
 
+#: Refusals for the lease: timing when the lease ran out, none when it is live.
+LEASE_REFUSALS = frozenset({"LeaseLost"})
+
+
 def timing_or_harness(error: str | None) -> bool:
     """Could a correct worker have answered a setup op with ``error``?"""
     if not error:
@@ -194,6 +198,9 @@ class ExperimentSpec:
     # production path unless the experiment needs an injection point inside
     # a protected write's transaction (after_lease_row_locked, before_commit).
     write_path: Literal["fast", "stepped"] = "fast"
+    # Per-variant write paths where variants differ (a stale holder tried on
+    # each path the worker declares).
+    variant_write_paths: tuple[tuple[str, Literal["fast", "stepped"]], ...] = ()
     exemptions: tuple[Exemption, ...] = ()
     # What the experiment relies on beyond the required contract (injection
     # points it arms, optional ops it sends): a worker without one leaves it
@@ -206,6 +213,9 @@ class ExperimentSpec:
     # where variants differ.
     layer: Layer = "workflow"
     variant_layers: tuple[tuple[str, Layer], ...] = ()
+
+    def write_path_for(self, variant: str | None) -> Literal["fast", "stepped"]:
+        return dict(self.variant_write_paths).get(variant or "", self.write_path)
 
     def layer_for(self, variant: str | None) -> Layer:
         return dict(self.variant_layers).get(variant or "", self.layer)
@@ -420,6 +430,29 @@ class ExperimentContext:
                     self.checks[i] = c
             unmet.append(c)
         return unmet
+
+    def _lease_live_after(self, args: dict[str, Any]) -> bool:
+        """After a refusal for the lease: is the lease the op named still live at
+        its epoch, by database time? Then it was live when the op came (a lease
+        is only ever extended while live, never revived), and no timing can
+        explain the refusal."""
+        if "run_id" not in args or "epoch" not in args:
+            return False
+        try:
+            rows = self.env.query(
+                "SELECT epoch, lease_expires_at > clock_timestamp() AS live "
+                "FROM fencecheck_model.agent_runs WHERE run_id::text = %s",
+                [str(args["run_id"])],
+            )
+        except psycopg.Error:
+            return False
+        live = bool(rows) and bool(rows[0]["live"]) and rows[0]["epoch"] == args["epoch"]
+        if live:
+            self.command(
+                f"after the refusal, run {args['run_id']}'s lease is live at epoch "
+                f"{args['epoch']} by database time: no timing explains it"
+            )
+        return live
 
     # ------------------------------------------------------------ the system
     @property
@@ -663,7 +696,10 @@ class ExperimentContext:
         "still running" after the harness saw the run cancelled)."""
         reply = self.op(worker, op, timeout_s, **args)
         if not reply.ok:
-            if reply.error not in set(definite) and timing_or_harness(reply.error):
+            definite = set(definite)
+            if reply.error in LEASE_REFUSALS and self._lease_live_after(args):
+                definite.add(str(reply.error))
+            if reply.error not in definite and timing_or_harness(reply.error):
                 raise Inconclusive(
                     f"setup op {op!r} on {worker.worker_id} failed: {reply.error}: {reply.message}"
                 )

@@ -139,7 +139,7 @@ def run_job(
                     tool_retention_s=dict(spec.tool_retention).get(job.variant or ""),
                     log_dir=logs_dir,
                     rng=rng,
-                    write_path=spec.write_path,
+                    write_path=spec.write_path_for(job.variant),
                 ),
                 "environment",
                 "teardown",

@@ -80,6 +80,8 @@ class AutoOptions:
     run_equivalent: bool = False
     seed: int = 20261129
     learned: Path | None = None
+    # Experiment ids or labels to judge against (empty: the whole matrix).
+    only: tuple[str, ...] = ()
 
 
 @dataclass
@@ -151,7 +153,11 @@ class _Runner:
         self.options = options
         self.progress = progress
         self.total = total
-        self.jobs = jobs_for(scenarios.all_modules(), 1)
+        self.jobs = [
+            j
+            for j in jobs_for(scenarios.all_modules(), 1)
+            if not options.only or j.spec.id in options.only or j.label in options.only
+        ]
         self.started = time.monotonic()
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()

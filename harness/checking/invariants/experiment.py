@@ -68,7 +68,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
             history=read_history(env.event_files()).events,
             lease_ttl_ms=env.lease_ttl_ms,
             write_paths=declared_write_paths(tuple(worker_cmd)),
-            asked_write_path=ctx.spec.write_path,
+            asked_write_path=ctx.spec.write_path_for(ctx.variant),
         )
         results = check(evidence, exempt)
     except Exception as exc:
@@ -85,7 +85,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
     ctx.extra["global_invariants"] = {
         "results": [dataclasses.asdict(r) for r in results],
         "exemptions": exempt,
-        "write_path_asked": ctx.spec.write_path,
+        "write_path_asked": ctx.spec.write_path_for(ctx.variant),
         "write_paths_declared": evidence.write_paths,
         "write_paths_taken": paths_taken(evidence),
         "write_path_per_write": path_per_write(evidence),
