@@ -312,6 +312,8 @@ class _Runner:
         runs = itertools.count(1)
         for label in by_time:
             job = [j for j in self.jobs if j.label == label]
+            if not job:  # never trivially confirmed: nothing ran
+                continue
             for _ in range(attempts):
                 results = run_jobs(
                     self.shared,

@@ -248,11 +248,11 @@ def test_order_learns_catchers_and_reads_named_hints() -> None:
     ]
     assert named_targets("SQL overlay rls_missing.sql (RLS on the tenant tables)") == []
     jobs = jobs_for(scenarios.all_modules(), 1)
-    order = CatcherOrder([("SQL overlay a.sql (fencecheck.renew)", ("K",))])
+    order = CatcherOrder([("SQL overlay a.sql (fencecheck.renew)", ("P",))])
     m = _mutant()
     first = order.order(m, jobs)
     assert sorted(j.label for j in first) == sorted(j.label for j in jobs)
-    assert first[0].label == "K"
+    assert first[0].label == "P"
     order.learn(m, [_result("Q", Verdict.FAIL), _result("A", Verdict.PASS)])
     assert order.order(m, jobs)[0].label == "Q"  # what caught this function before
     other = _mutant("fencecheck.claim")
@@ -261,15 +261,15 @@ def test_order_learns_catchers_and_reads_named_hints() -> None:
 
 def test_classify_only_a_fail_catches() -> None:
     m = _mutant()
-    caught = auto.classify(m, [_result("A", Verdict.PASS), _result("K", Verdict.FAIL)])
-    assert (caught.status, caught.caught_by) == ("caught", ["K"])
+    caught = auto.classify(m, [_result("A", Verdict.PASS), _result("P", Verdict.FAIL)])
+    assert (caught.status, caught.caught_by) == ("caught", ["P"])
     assert auto.classify(m, [_result("A", Verdict.UNKNOWN)] * 3).status == "error"
     survived = auto.classify(m, [_result("A", Verdict.PASS), _result("B", Verdict.UNKNOWN)])
     assert survived.status == "survived" and "B: B unknown" in survived.detail
 
 
 def test_run_until_fail_starts_nothing_after_a_fail(monkeypatch: pytest.MonkeyPatch) -> None:
-    jobs = jobs_for(scenarios.select(["A", "B", "C", "D", "K"]), 1)
+    jobs = jobs_for(scenarios.select(["A", "B", "C", "D", "P"]), 1)
     started: list[str] = []
     lock = threading.Lock()
 
@@ -285,7 +285,7 @@ def test_run_until_fail_starts_nothing_after_a_fail(monkeypatch: pytest.MonkeyPa
 
 
 def test_run_until_fail_starts_nothing_once_told_to_stop(monkeypatch: pytest.MonkeyPatch) -> None:
-    jobs = jobs_for(scenarios.select(["A", "B", "C", "D", "K"]), 1)
+    jobs = jobs_for(scenarios.select(["A", "B", "C", "D", "P"]), 1)
     started: list[str] = []
 
     def fake_run_job(shared: object, job: Job, **_kw: object) -> ExperimentResult:
@@ -374,7 +374,7 @@ def test_a_catch_counts_only_when_the_correct_code_passes_its_catcher(
 
     def confirmed(*verdicts: Verdict) -> auto.AutoOutcome:
         answers[:] = list(verdicts)
-        outcome = auto.classify(_mutant(), [_result("K", Verdict.FAIL)])
+        outcome = auto.classify(_mutant(), [_result("P", Verdict.FAIL)])
         runner.confirm(outcome, tmp_path)
         return outcome
 
@@ -382,14 +382,14 @@ def test_a_catch_counts_only_when_the_correct_code_passes_its_catcher(
     assert confirmed(Verdict.UNKNOWN, Verdict.PASS).status == "caught"  # retried once
     assert confirmed(Verdict.FAIL).status == "unconfirmed"
     outcome = confirmed(Verdict.UNKNOWN, Verdict.UNKNOWN)
-    assert outcome.status == "unconfirmed" and "K gave unknown" in outcome.detail
+    assert outcome.status == "unconfirmed" and "P gave unknown" in outcome.detail
 
 
 def test_one_catcher_passing_unmutated_confirms_the_catch_quickest_first(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ran: list[str] = []
-    answers = {"K": Verdict.PASS, "U": Verdict.PASS}
+    answers = {"P": Verdict.PASS, "U": Verdict.PASS}
 
     def fake_run_jobs(shared: object, jobs: list[Job], **_kw: object) -> list[ExperimentResult]:
         ran.extend(j.label for j in jobs)
@@ -398,9 +398,9 @@ def test_one_catcher_passing_unmutated_confirms_the_catch_quickest_first(
     monkeypatch.setattr(auto, "run_jobs", fake_run_jobs)
     options = auto.AutoOptions(repo_root=REPO, report_dir=tmp_path)
     order = CatcherOrder()
-    order.durations.update({"K": 1.5, "U": 0.5})
+    order.durations.update({"P": 1.5, "U": 0.5})
     runner = auto._Runner(None, triage.Triage(), order, options, print, 1)  # type: ignore[arg-type]
-    both = [_result("K", Verdict.FAIL), _result("U", Verdict.FAIL)]
+    both = [_result("P", Verdict.FAIL), _result("U", Verdict.FAIL)]
 
     outcome = auto.classify(_mutant(), both)
     runner.confirm(outcome, tmp_path)
@@ -410,7 +410,7 @@ def test_one_catcher_passing_unmutated_confirms_the_catch_quickest_first(
     answers["U"] = Verdict.FAIL
     outcome = auto.classify(_mutant(), both)
     runner.confirm(outcome, tmp_path)
-    assert (outcome.status, ran) == ("caught", ["U", "K"])
+    assert (outcome.status, ran) == ("caught", ["U", "P"])
     assert runner.unreliable == {"U"}  # its later catches need another catcher
 
 
@@ -418,10 +418,10 @@ def test_a_catch_only_by_an_experiment_that_failed_unmutated_is_unconfirmed() ->
     m = _mutant()
     by_u = auto.classify(m, [_result("U", Verdict.FAIL)])
     assert auto.distrust(by_u, {"U"}).status == "unconfirmed"
-    by_k = auto.classify(m, [_result("U", Verdict.FAIL), _result("K", Verdict.FAIL)])
+    by_k = auto.classify(m, [_result("U", Verdict.FAIL), _result("P", Verdict.FAIL)])
     assert auto.distrust(by_k, {"U"}).status == "caught"  # K's fail still counts
-    jobs = jobs_for(scenarios.select(["A", "K", "U"]), 1)
-    assert [j.label for j in auto.last(jobs, {"A"})] == ["K", "U", "A"]
+    jobs = jobs_for(scenarios.select(["A", "P", "U"]), 1)
+    assert [j.label for j in auto.last(jobs, {"A"})] == ["P", "U", "A"]
 
 
 def _fn(name: str, params: str = "p_id uuid", *, replace: bool = False, body: str = "x") -> str:
