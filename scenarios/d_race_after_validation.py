@@ -6,6 +6,13 @@ B's targeted takeover must block on the row lock (the harness sees it waiting
 in pg_stat_activity) and may only take over after A's transaction ends: the
 "valid at check, expired at commit" window is allowed because takeover and
 commit are serialised by the row lock.
+
+Variant ``expires_while_waiting``: B's takeover comes while A's lease is
+still live, and the lease runs out while B waits on A's row lock. The
+decision is B's to make once it has the lock, by the time then (the English
+seed §5.1: the waiting update re-evaluates its condition after the lock is
+released): B must take the run over, not refuse it on what it read before
+it waited.
 """
 
 from __future__ import annotations
@@ -29,10 +36,21 @@ SPEC = ExperimentSpec(
     lease_ttl_ms=600,
     natural_wait_s=0.6,
     write_path="stepped",
+    variants=("expired_first", "expires_while_waiting"),
+    variant_faults=(
+        (
+            "expires_while_waiting",
+            "A holds the lease row lock at a barrier; B's takeover comes while A's lease is "
+            "live and waits; the lease expires by database time while B waits",
+        ),
+    ),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
+    if ctx.variant == "expires_while_waiting":
+        _expires_while_waiting(ctx)
+        return
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
     b = ctx.env.start_worker("B", "ops")
@@ -111,5 +129,50 @@ def run(ctx: ExperimentContext) -> None:
         expected="A's write (if any) audited before B's epoch change",
         observed=f"A write seq {a_write and a_write['seq']}, B claim seq "
         f"{b_claim and b_claim['seq']}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _expires_while_waiting(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    b = ctx.env.start_worker("B", "ops")
+    lease = ctx.ok(a, "claim", run_id=run_id)
+    epoch_a, base = lease["epoch"], lease["revision"]
+    ctx.arm("A", "after_lease_row_locked", Hold())
+    write = ctx.op_async(
+        a,
+        "save_checkpoint",
+        {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
+        worker_async=True,
+    )
+    ctx.reached("A", "after_lease_row_locked")
+    live = checkers.run_row(ctx, run_id, "the run as B's takeover is sent")
+    takeover = ctx.op_async(b, "claim", {"run_id": run_id}, worker_async=True)
+    blocked = checkers.backend_waiting_on_lock(ctx, "B", timeout_s=5)
+    checkers.wait_lease_expired(ctx, run_id)
+    still = not takeover.done()
+    # The harness's doing: B's claim sent under a live lease A's held transaction
+    # had validated, and A held until that lease expired. Whether B waited is
+    # B's: a takeover that did not wait decided on what it read before.
+    ctx.fault(
+        "B's takeover came while A's lease was live, and A held past its expiry",
+        not live["lease_expired"],
+        expected="A's lease unexpired by database time when B's claim was sent, then A held "
+        "at its barrier until the lease had expired",
+        observed=f"lease expired when sent: {live['lease_expired']}; B waiting on a lock: "
+        f"{blocked}; B still waiting at the expiry: {still}",
+    )
+    ctx.release("A", "after_lease_row_locked")
+    a_reply = write.result(15)
+    b_reply = takeover.result(15)
+    seen = base + 1 if a_reply.ok else base
+    ctx.progress(
+        "B took the run over once it had the lock, by the time then",
+        b_reply.ok and b_reply.result.get("epoch") == epoch_a + 1,
+        expected=f"B granted epoch {epoch_a + 1} (the lease expired while it waited), seeing "
+        f"revision {seen}",
+        observed=f"B: {b_reply.result if b_reply.ok else b_reply.error}; A's write "
+        f"{'committed' if a_reply.ok else a_reply.error}",
     )
     checkers.lease_history_is_sound(ctx, [run_id])

@@ -182,22 +182,42 @@ class RowLock:
         """Wait until a session of each of ``apps`` waits on a lock; what the
         harness saw (None when they did not, within ``timeout_s``)."""
 
-        def all_waiting() -> str | None:
-            rows = self.ctx.env.query(
-                "SELECT application_name AS app, wait_event FROM pg_stat_activity "
-                "WHERE datname = current_database() AND wait_event_type = 'Lock' "
-                "AND application_name = ANY(%s)",
-                [list(apps)],
-            )
-            waiting = sorted({str(r["app"]) for r in rows})
-            return f"{waiting} waiting on {self.what}" if set(waiting) == set(apps) else None
-
         try:
             return wait_for(
-                all_waiting, what=f"{list(apps)} to wait on {self.what}", timeout_s=timeout_s
+                lambda: self._waiting(apps),
+                what=f"{list(apps)} to wait on {self.what}",
+                timeout_s=timeout_s,
             )
         except TimeoutError:
             return None
+
+    def answered_or_waiting(self, pending: Any, app: str, timeout_s: float = 10.0) -> str | None:
+        """Wait until ``pending`` (an ``op_async`` request) is answered, or the
+        session of ``app`` waits on a lock: what the harness saw it waiting
+        on, or None when it answered (the caller reads the answer)."""
+
+        def settled() -> str | None:
+            if pending.done():
+                return "answered"
+            return self._waiting([app])
+
+        try:
+            seen = wait_for(
+                settled, what=f"{app}'s request to be answered or to wait", timeout_s=timeout_s
+            )
+        except TimeoutError:
+            return f"{app}'s request neither answered nor waiting on a lock in {timeout_s:.0f} s"
+        return None if seen == "answered" else seen
+
+    def _waiting(self, apps: Sequence[str]) -> str | None:
+        rows = self.ctx.env.query(
+            "SELECT application_name AS app FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+            "AND application_name = ANY(%s)",
+            [list(apps)],
+        )
+        waiting = sorted({str(r["app"]) for r in rows})
+        return f"{waiting} waiting on {self.what}" if set(waiting) == set(apps) else None
 
 
 @contextlib.contextmanager

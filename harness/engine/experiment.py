@@ -454,6 +454,32 @@ class ExperimentContext:
             )
         return live
 
+    def _claimable_after(self, args: dict[str, Any]) -> bool:
+        """After a claim of a named run refused as not claimable: is that run
+        claimable now, and was it due (queued) or expired (holding a lease)
+        already when the claim was sent? Then no timing explains the refusal:
+        the only other way out of those states is a grant, which would have
+        left it held."""
+        if "run_id" not in args or not self.ops_log:
+            return False
+        sent = float(self.ops_log[-1]["at"])
+        try:
+            rows = self.env.query(
+                "SELECT (status = 'queued' AND next_attempt_at <= to_timestamp(%s)) OR "
+                "(status IN ('running', 'waiting_tool') AND lease_expires_at <= to_timestamp(%s))"
+                " AS claimable FROM fencecheck_model.agent_runs WHERE run_id::text = %s",
+                [sent, sent, str(args["run_id"])],
+            )
+        except psycopg.Error:
+            return False
+        claimable = bool(rows) and bool(rows[0]["claimable"])
+        if claimable:
+            self.command(
+                f"after the refusal, run {args['run_id']} is claimable by database time: no "
+                "timing explains it"
+            )
+        return claimable
+
     # ------------------------------------------------------------ the system
     @property
     def system(self) -> mapping.Declaration:
@@ -698,6 +724,8 @@ class ExperimentContext:
         if not reply.ok:
             definite = set(definite)
             if reply.error in LEASE_REFUSALS and self._lease_live_after(args):
+                definite.add(str(reply.error))
+            if reply.error == "NotClaimable" and op == "claim" and self._claimable_after(args):
                 definite.add(str(reply.error))
             if reply.error not in definite and timing_or_harness(reply.error):
                 raise Inconclusive(

@@ -1,0 +1,284 @@
+"""Z: a claim takes a run from exactly the states the protocol lets it.
+
+Rule 1: a lease is granted only when the run is free (queued, its
+``next_attempt_at`` come) or its holder's lease expired by database time;
+never a live lease, a run not yet due, one paused for a person, nor a
+finished one. The tenant gets one run in each state, every one made by the
+contract's own operations except where the harness must set a field
+itself (a ``next_attempt_at`` an hour away, a pause for a person: planted
+through the model, like M's checkpoints):
+
+==================  ====================================================
+state               how
+==================  ====================================================
+queued, due         ``create_run``
+queued, not due     ``create_run``, ``next_attempt_at`` planted an hour on
+running, live       claimed by H (lease 60 s)
+running, expired    claimed by E (lease 300 ms), left to run out
+waiting_tool, live  claimed by H, an intent registered
+waiting_tool, exp.  claimed by E, an intent registered, left to run out
+paused_human        claimed by H, the pause planted (status, no lease)
+succeeded           claimed by H and completed
+cancelled           ``cancel``
+missing             a run id nobody made
+==================  ====================================================
+
+The claimable states are made twice. C then claims each run by its id: the
+first set of claimable runs must be granted (epoch + 1, C the owner), every
+other state refused with nothing changed. Then C claims without naming a
+run until nothing is claimable, while the harness holds the row of one of
+the second set locked: it must be skipped (SKIP LOCKED), never waited for;
+the grants must be exactly the other claimable runs, the expired leases
+before the queued run; then, the lock let go, the held one. Every refused
+and every other run ends as it began (audit trail: nothing by C).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from harness.checking import checkers
+from harness.contract import needs
+from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.processes import WorkerProcess
+from scenarios.common import control_plane, new_run
+
+SHORT_TTL_MS = 300
+LONG_TTL_MS = 60_000
+CLAIMABLE = ("queued, due", "running, expired", "waiting_tool, expired")
+
+SPEC = ExperimentSpec(
+    id="Z",
+    title="claim from every state",
+    seed_section="English seed §5.1 (acquire only when free or expired by database time); "
+    "Chinese seed §5 (Claim: queued and due, or an expired lease; SKIP LOCKED)",
+    invariant="a claim by run id is granted only for a queued run whose next_attempt_at has "
+    "come or a running / waiting_tool run whose lease expired by database time, and changes "
+    "nothing otherwise; a claim of any run takes exactly those, expired leases first, skips a "
+    "row another session holds instead of waiting for it, and touches no other run",
+    fault="one run in each state (queued due / not due, running and waiting_tool live and "
+    "expired, paused for a person, succeeded, cancelled, missing); one claimable run's row "
+    "held locked by the harness during the claims of any run",
+    rules=(1,),
+    layer="queue",
+    lease_ttl_ms=LONG_TTL_MS,
+    natural_wait_s=SHORT_TTL_MS / 1000,
+    needs=needs.capabilities("workflow", "ledger"),
+)
+
+
+@dataclass
+class Made:
+    state: str
+    run_id: str
+
+
+def run(ctx: ExperimentContext) -> None:
+    ctl = control_plane(ctx)
+    h = ctx.env.start_worker("H", "ops")
+    e = ctx.env.start_worker("E", "ops", env={"FENCECHECK_LEASE_TTL_MS": str(SHORT_TTL_MS)})
+    c = ctx.env.start_worker("C", "ops")
+    first = {s: _make(ctx, s, ctl, h, e) for s in CLAIMABLE}
+    second = {s: _make(ctx, s, ctl, h, e) for s in CLAIMABLE}
+    others = {
+        s: _make(ctx, s, ctl, h, e)
+        for s in (
+            "queued, not due",
+            "running, live",
+            "waiting_tool, live",
+            "paused_human",
+            "succeeded",
+            "cancelled",
+        )
+    }
+    others["missing"] = str(uuid.uuid4())
+    for state, run_id in [*first.items(), *second.items()]:
+        if "expired" in state:
+            checkers.wait_lease_expired(ctx, run_id)
+    states = {r: _state(ctx, r, s) for group in (first, second, others) for s, r in group.items()}
+    ctx.fault(
+        "every run stood in its state before the claims",
+        all(v["label"] == v["meant"] for v in states.values()),
+        expected="each run in the state it was made for (read from the database)",
+        observed="; ".join(f"{v['meant']}: {v['label']}" for v in states.values()),
+    )
+    mark = checkers.audit_mark(ctx)
+    drifted: list[str] = []
+    # Claims by run id: the first claimable set granted, every other state refused.
+    for state, run_id in [*first.items(), *others.items()]:
+        before = _state(ctx, run_id, state)
+        if before["label"] != state:  # no longer the state it was made for: not judged
+            drifted.append(f"{state}: {before['label']} when claimed")
+            continue
+        seq = checkers.audit_mark(ctx)
+        reply = ctx.op(c, "claim", run_id=run_id)
+        after = _state(ctx, run_id, state)
+        changed = checkers.changes_by(ctx, ["C"], after_seq=seq)
+        if state in CLAIMABLE:
+            granted = (
+                reply.ok
+                and after["owner"] == reply.result.get("owner")
+                and after["epoch"] == (before["epoch"] or 0) + 1
+                and after["live"]
+                and all(ch["run_id"] == run_id for ch in changed)
+            )
+            ctx.invariant(
+                f"claim of a run {state} granted",
+                granted,
+                expected="granted: epoch + 1, C the owner, a live lease; no other run changed",
+                observed=f"{'ok' if reply.ok else reply.error}; run {_brief(before)} -> "
+                f"{_brief(after)}; changes {_changes(changed)}",
+            )
+        else:
+            ctx.invariant(
+                f"claim of a run {state} refused",
+                not reply.ok and not changed and after == before,
+                expected="refused; no audited change by C; the run as it was",
+                observed=f"{'ok' if reply.ok else reply.error}; run {_brief(before)} -> "
+                f"{_brief(after)}; changes {_changes(changed)}",
+            )
+    # Claims of any run: the second set, expired leases first, the held row skipped.
+    held_state = "queued, due"
+    held = second[held_state]
+    grants: list[str] = []
+    waited: str | None = None
+    with checkers.row_locked(ctx, "agent_runs", "run_id", held) as lock:
+        for _ in range(len(second) + 1):
+            pending = ctx.op_async(c, "claim", {})
+            waited = lock.answered_or_waiting(pending, "C")
+            if waited is not None:
+                break  # leaving the block lets go of the lock: the claim goes on
+            reply = pending.result(15.0)
+            if not reply.ok:
+                break
+            grants.append(str(reply.result.get("run_id")))
+    if waited is not None:
+        reply = pending.result(15.0)
+        if reply.ok:
+            grants.append(str(reply.result.get("run_id")))
+    after_lock = ctx.op(c, "claim")
+    if after_lock.ok:
+        grants.append(str(after_lock.result.get("run_id")))
+    ctx.fault(
+        "every run stood in its state when it was claimed",
+        not drifted,
+        expected="each run, read right before C's claim by its id, still in the state it was "
+        "made for",
+        observed="; ".join(drifted) or "all",
+    )
+    want = [second["running, expired"], second["waiting_tool, expired"]]
+    name = {r: s for s, r in second.items()}
+    ctx.invariant(
+        "a claim of any run skips a row another session holds",
+        waited is None,
+        expected="every claim answered while the harness held a claimable run's row, none "
+        "waiting on it",
+        observed=waited or "none waited",
+    )
+    ctx.invariant(
+        "a claim of any run takes exactly the claimable runs, expired leases first",
+        sorted(grants[:2]) == sorted(want) and grants[2:] == [held],
+        expected=f"the two expired leases ({', '.join(sorted(want))}), then once the lock is "
+        f"let go the queued run {held}, then nothing",
+        observed=f"granted in turn: {[name.get(g, g) for g in grants]}",
+    )
+    untouched = [
+        s
+        for s, r in others.items()
+        if s != "missing" and _state(ctx, r, s) != states[r] and not _by_others(ctx, r, mark)
+    ]
+    ctx.invariant(
+        "every run that was not claimable ends as it began",
+        not untouched,
+        expected="queued-not-due, live, paused and finished runs as they were",
+        observed=f"changed: {untouched}" if untouched else "all as they were",
+    )
+    checkers.lease_history_is_sound(ctx)
+
+
+def _make(
+    ctx: ExperimentContext, state: str, ctl: WorkerProcess, h: WorkerProcess, e: WorkerProcess
+) -> str:
+    """A run of the tenant in ``state`` (see the module's table)."""
+    run_id = new_run(ctx)
+    holder = e if "expired" in state else h
+    if state == "paused_human":  # a worker's pause for a person, as the worker would write it
+        ctx.ok(h, "claim", run_id=run_id)
+        _plant(ctx, run_id, "status = 'paused_human', owner = NULL, lease_expires_at = NULL")
+    elif state.startswith(("running", "waiting_tool", "succeeded")):
+        lease = ctx.ok(holder, "claim", run_id=run_id)
+        if state.startswith("waiting_tool"):
+            ctx.ok(
+                holder,
+                "register_intent",
+                run_id=run_id,
+                epoch=lease["epoch"],
+                expected_revision=lease["revision"],
+                step_id="z.label",
+                effect_version=1,
+                tool="idem",
+                request={"kind": "return_label", "order_id": "order-z"},
+            )
+        elif state == "succeeded":
+            ctx.ok(
+                holder,
+                "complete",
+                run_id=run_id,
+                epoch=lease["epoch"],
+                expected_revision=lease["revision"],
+                result={"by": "z"},
+            )
+    elif state == "cancelled":
+        ctx.ok(ctl, "cancel", run_id=run_id)
+    elif state == "queued, not due":
+        _plant(ctx, run_id, "next_attempt_at = clock_timestamp() + interval '1 hour'")
+    return run_id
+
+
+def _plant(ctx: ExperimentContext, run_id: str, assignment: str) -> None:
+    ctx.sql(
+        f"plant {assignment}",
+        f"UPDATE fencecheck_model.agent_runs SET {assignment} WHERE run_id = %s RETURNING run_id",
+        [run_id],
+    )
+
+
+def _state(ctx: ExperimentContext, run_id: str, meant: str) -> dict[str, Any]:
+    rows = ctx.env.query(
+        "SELECT status, owner, epoch, revision, lease_expires_at > clock_timestamp() AS live, "
+        "next_attempt_at > clock_timestamp() AS later FROM fencecheck_model.agent_runs "
+        "WHERE run_id::text = %s",
+        [run_id],
+    )
+    if not rows:
+        return {"label": "missing", "meant": meant, "epoch": None, "owner": None, "live": None}
+    r = dict(rows[0])
+    status = str(r["status"])
+    if status == "queued":
+        label = "queued, not due" if r["later"] else "queued, due"
+    elif status in ("running", "waiting_tool"):
+        label = f"{status}, {'live' if r['live'] else 'expired'}"
+    else:
+        label = status
+    return {**r, "label": label, "meant": meant}
+
+
+def _brief(state: dict[str, Any]) -> str:
+    return f"({state['label']}, epoch {state['epoch']}, owner {state['owner']})"
+
+
+def _changes(changed: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(ch["seq"], ch["tbl"], ch["op"], ch["run_id"]) for ch in changed]
+
+
+def _by_others(ctx: ExperimentContext, run_id: str, mark: int) -> bool:
+    """Whether a session other than C changed the run since ``mark`` (its own
+    holder's lease running out is no change; a renewal by H would be)."""
+    rows = ctx.env.query(
+        "SELECT 1 FROM fencecheck_audit.changes WHERE seq > %s AND app <> 'C' "
+        "AND coalesce(new, old)->>'run_id' = %s LIMIT 1",
+        [mark, run_id],
+    )
+    return bool(rows)
