@@ -44,6 +44,9 @@ SPEC = ExperimentSpec(
     needs=needs.capabilities("workflow", "ledger"),
     rules=(4, 5),
     natural_wait_s=0.9,
+    # The requeue and its attempt budget on each write path the worker declares.
+    variants=("fast", "stepped"),
+    variant_write_paths=(("stepped", "stepped"),),
 )
 
 ATTEMPTS = 3

@@ -40,6 +40,9 @@ SPEC = ExperimentSpec(
     rules=(1, 2, 4, 6),
     lease_ttl_ms=5000,
     needs=needs.capabilities("workflow", "checkpoints", "ledger", "ledger_tool:idempotent"),
+    # On each write path the worker declares: each has its own statements.
+    variants=("fast", "stepped"),
+    variant_write_paths=(("stepped", "stepped"),),
 )
 
 

@@ -104,8 +104,10 @@ TIMING_OR_HARNESS_ERRORS = frozenset(
 )
 
 
-#: Refusals for the lease: timing when the lease ran out, none when it is live.
-LEASE_REFUSALS = frozenset({"LeaseLost"})
+#: Refusals of a write under a lease: timing when the lease ran out or another
+#: write came first; none when the harness reads the lease live at the op's
+#: epoch and the run still at the revision the op expected.
+LEASE_REFUSALS = frozenset({"LeaseLost", "RevisionConflict", "StateConflict"})
 
 
 def timing_or_harness(error: str | None) -> bool:
@@ -433,24 +435,28 @@ class ExperimentContext:
 
     def _lease_live_after(self, args: dict[str, Any]) -> bool:
         """After a refusal for the lease: is the lease the op named still live at
-        its epoch, by database time? Then it was live when the op came (a lease
-        is only ever extended while live, never revived), and no timing can
+        its epoch, by database time, and the run still at the revision the op
+        expected? Then both held when the op came (a lease is only ever extended
+        while live, never revived; a revision only grows), and no timing can
         explain the refusal."""
         if "run_id" not in args or "epoch" not in args:
             return False
         try:
             rows = self.env.query(
-                "SELECT epoch, lease_expires_at > clock_timestamp() AS live "
+                "SELECT epoch, revision, lease_expires_at > clock_timestamp() AS live "
                 "FROM fencecheck_model.agent_runs WHERE run_id::text = %s",
                 [str(args["run_id"])],
             )
         except psycopg.Error:
             return False
         live = bool(rows) and bool(rows[0]["live"]) and rows[0]["epoch"] == args["epoch"]
+        if live and "expected_revision" in args:
+            live = rows[0]["revision"] == args["expected_revision"]
         if live:
             self.command(
                 f"after the refusal, run {args['run_id']}'s lease is live at epoch "
-                f"{args['epoch']} by database time: no timing explains it"
+                f"{args['epoch']} by database time (and at the revision expected): no timing "
+                "explains it"
             )
         return live
 
