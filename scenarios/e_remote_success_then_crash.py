@@ -16,6 +16,13 @@ its own clock without a renewal. A's heartbeat is parked between two renewals
 for as long (it can only wait), so only that deadline check stands between A
 and a stale send: its cancellation cannot win the race for it.
 
+Variant ``superseded_claim``: A holds the run's lease (its heartbeat renews
+it) and the tool's answer, held before recording it until its dispatch claim
+expires; the reconciler turns the claim unknown and converges the operation
+by a same-key retry. Then A records its answer: it must change nothing of
+the operation, whose claim is no longer A's (a result is recorded only when
+the dispatch owner and the ledger revision match).
+
 Variant ``retention_expired``: the idempotent tool keeps its keys for one
 second only, and the successor comes after that: the tool no longer knows
 the key (its query answers "not found", a repeat would create anew), so a
@@ -71,6 +78,8 @@ SPEC = ExperimentSpec(
         ),
         needs.point("after_dispatch_claim_commit", "stale_dispatcher", "frozen_dispatcher"),
         needs.point("before_renew", "frozen_dispatcher"),
+        needs.capability("ledger_tool:idempotent", "superseded_claim"),
+        needs.point("after_tool_response_before_tx2_commit", "superseded_claim"),
     ),
     variants=(
         "idempotent",
@@ -79,11 +88,18 @@ SPEC = ExperimentSpec(
         "stale_dispatcher",
         "frozen_dispatcher",
         "retention_expired",
+        "superseded_claim",
     ),
     natural_wait_s=0.8,
     variant_waits=(("stale_dispatcher", ARRIVE_LATE_MS / 1000), ("retention_expired", 1.2)),
     variant_points=(("frozen_dispatcher", "after_dispatch_claim_commit"),),
     variant_faults=(
+        (
+            "superseded_claim",
+            "A, its lease kept live by its heartbeat, held with the tool's answer before "
+            "recording it until its dispatch claim expired and the reconciler converged the "
+            "operation by a same-key retry; then A records its answer",
+        ),
         (
             "frozen_dispatcher",
             "SIGSTOP of A right after its dispatch claim commits, before its call, its "
@@ -102,6 +118,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "frozen_dispatcher":
         _frozen_dispatcher(ctx)
+        return
+    if variant == "superseded_claim":
+        _superseded_claim(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -400,6 +419,77 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         "succeeded",
         what=f"run status (B exit {code_b})",
     )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _superseded_claim(ctx: ExperimentContext) -> None:
+    """A holds the run's lease and the tool's answer, but its dispatch claim
+    expired meanwhile and the reconciler converged the operation with a claim
+    of its own (a same-key retry of the idempotent tool). A's recording of its
+    answer must be refused: a result is recorded only by the dispatch claim
+    that holds the operation (rule 4), never over another one's."""
+    point = "after_tool_response_before_tx2_commit"
+    run_id = new_run(ctx, tool="idem")
+    ctx.arm("A", point, Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    hit = ctx.reached("A", point)
+    op_id = str(hit.operation_id)
+    wait_for(
+        lambda: ctx.env.query(
+            "SELECT dispatch_until <= clock_timestamp() AS over FROM fencecheck_model.tool_operations "
+            "WHERE operation_id = %s AND status = 'dispatching'",
+            [op_id],
+        )[0]["over"],
+        what=f"A's dispatch claim on {op_id} to expire by database time",
+        timeout_s=10,
+    )
+    ctl = control_plane(ctx)
+    ctx.ok(ctl, "reconcile")
+    converged = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), {})
+    held = checkers.run_row(ctx, run_id, "the run while A holds the tool's answer")
+    ctx.fault(
+        "A kept its lease while the reconciler converged its operation under another claim",
+        converged.get("status") == "succeeded"
+        and not held["lease_expired"]
+        and held["epoch"] == hit.epoch,
+        expected=f"operation {op_id} succeeded by the reconciler's same-key retry; A's lease "
+        f"(epoch {hit.epoch}) live by database time",
+        observed=f"operation {converged.get('status')} (revision {converged.get('revision')}); "
+        f"run epoch {held['epoch']}, lease expired: {held['lease_expired']}",
+    )
+    mark = checkers.audit_mark(ctx)
+    ctx.release("A", point)
+    code_a = finish(ctx, a)
+    late = [
+        r for r in checkers.changes_by(ctx, ["A"], after_seq=mark) if r["tbl"] == "tool_operations"
+    ]
+    after = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), {})
+    ctx.invariant(
+        "A's answer did not overwrite the operation another claim converged",
+        not late
+        and (after.get("status"), after.get("revision"), after.get("remote_id"))
+        == (converged.get("status"), converged.get("revision"), converged.get("remote_id")),
+        expected="no change by A to the operation's ledger row once the reconciler's claim "
+        "converged it",
+        observed=f"A's changes to tool_operations: {[(r['seq'], r['op']) for r in late]}; "
+        f"operation {(converged.get('status'), converged.get('revision'))} -> "
+        f"{(after.get('status'), after.get('revision'))} (A exit {code_a})",
+    )
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    ctx.equal("one real resource", len(resources), 1, what="resources for the run")
+    row = checkers.run_row(ctx, run_id)
+    if row["status"] != "succeeded":
+        wait_claimable(ctx, run_id)
+        b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+        finish(ctx, b)
+        row = checkers.run_row(ctx, run_id)
+    ctx.progress_equal(
+        "the run finished on the converged result",
+        row["status"],
+        "succeeded",
+        what=f"run status (A exit {code_a})",
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
 
 

@@ -126,14 +126,14 @@ def clean_story() -> Story:
     protected(s, 0.100, 1, "e1", current_step="plan")
     tx = protected(s, 0.200, 2, "e2", status="waiting_tool", current_step="create_label")
     op = {"operation_id": OP, "run_id": RUN, "step_id": "create_label", "effect_version": 1}
-    tx("tool_operations", None, {**op, "tool_name": "idem", "status": "prepared"})
+    tx("tool_operations", None, {**op, "tool_name": "idem", "status": "prepared", "revision": 0})
     s.tx(0.300)(
         "tool_operations",
         s.state("tool_operations", (OP,)),
-        {"status": "dispatching", "dispatch_owner": "A/1"},
+        {"status": "dispatching", "dispatch_owner": "A/1", "revision": 1},
     )
     tx = protected(s, 0.400, 3, "e3", status="running")
-    tx("tool_operations", s.state("tool_operations", (OP,)), {"status": "succeeded"})
+    tx("tool_operations", s.state("tool_operations", (OP,)), {"status": "succeeded", "revision": 2})
     protected(s, 0.500, 4, "e4", status="succeeded", owner=None, lease_expires_at=None)
     s.tx(0.700, app="R")("outbox", s.state("outbox", ("e1",)), {"published_at": iso(T0 + 0.7)})
     consume = s.tx(0.800, app="K")
@@ -279,6 +279,13 @@ def inflight_cancelled(s: Story) -> None:
     s.tx(0.9, app="ctl")("tool_operations", in_flight(s), {"status": "cancelled"})
 
 
+def ledger_step_without_revision(s: Story) -> None:
+    """A result recorded without advancing the ledger revision: a stale result
+    naming the revision it saw would still match."""
+    op = s.state("tool_operations", (OP,))
+    s.tx(0.9, app="D")("tool_operations", op, {"remote_id": "res-9", "revision": op["revision"]})
+
+
 def back_to_prepared(s: Story) -> None:
     s.tx(0.9, app="D")("tool_operations", in_flight(s), {"status": "prepared"})
 
@@ -358,6 +365,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "consumer.business_effect_at_most_once_per_event": second_effect,
     "consumer.effect_only_for_a_delivered_event": effect_of_undelivered,
     "consumer.dedup_row_and_effect_in_one_transaction": dedup_apart_from_effect,
+    "effect.ledger_revision_advances_by_one": ledger_step_without_revision,
     "harness.write_path_as_asked": stepped_write,
 }
 

@@ -245,3 +245,31 @@ def back_to_prepared_only_after_rejection(ev: Evidence) -> Finding:
             row["requests_of_the_claim"] = [(r.get("seq"), r.get("outcome")) for r in arrived]
             bad.append(row)
     return Finding(len(back), bad)
+
+
+# The ledger columns whose change is a step of the operation's state machine.
+_LEDGER_STEP = ("status", "dispatch_owner", "dispatch_until", "remote_id")
+
+
+@invariant(
+    "effect.ledger_revision_advances_by_one",
+    "SPEC rule 4; English seed §9.2-9.3 (every ledger change: revision = revision + 1)",
+    "every change of an operation's status, dispatch claim or remote id advances its ledger "
+    "revision by exactly one, so a result or a claim that names the revision it saw cannot "
+    "land on a newer state",
+)
+def ledger_revision_advances(ev: Evidence) -> Finding:
+    bad = []
+    judged = 0
+    for c in ev.of("tool_operations", "UPDATE"):
+        old, new = c.old or {}, c.new or {}
+        if old.get("revision") is None or new.get("revision") is None:
+            continue  # a system without ledger revisions (its mapping has none)
+        if all(old.get(k) == new.get(k) for k in _LEDGER_STEP):
+            continue  # evidence or bookkeeping only: not a step
+        judged += 1
+        if int(new["revision"]) != int(old["revision"]) + 1:
+            row = c.brief("operation_id", "status")
+            row.update(revision=(old["revision"], new["revision"]), was=old.get("status"))
+            bad.append(row)
+    return Finding(judged, bad)
