@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.containers, pytest.mark.slow]
 def test_sigterm_stops_a_containers_run(client: Any, tmp_path: Path) -> None:
     run = outside.start(["run", "B", "D", "--backend", "containers"], tmp_path)
     try:
-        run.wait_file("*/logs/D/A.events.jsonl", contains='"op":"save_checkpoint"', timeout_s=240)
+        run.wait_file("*/logs/D-*/A.events.jsonl", contains='"op":"save_checkpoint"', timeout_s=240)
         sent = run.signal(signal.SIGTERM)
         code, ended, seen = run.finish()
         took = ended - sent

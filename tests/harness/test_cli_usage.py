@@ -48,7 +48,7 @@ def _script(path: Path, body: str, mode: int = 0o755) -> Path:
         (["run", "--seed", "abc"], ["--seed", "expected a whole number such as 7, got 'abc'"]),
         (["run", "--backend", "foo"], ["--backend", "invalid choice: 'foo'"]),
         (["run", "--bogus"], ["unrecognized arguments: --bogus"]),
-        (["run", "Z"], ["unknown experiment 'Z'", "fencecheck list"]),
+        (["run", "ZZ"], ["unknown experiment 'ZZ'", "fencecheck list"]),
         (["frobnicate"], ["invalid choice: 'frobnicate'"]),
         ([], ["the following arguments are required"]),
         (["run", "--worker-cmd", ""], ["--worker-cmd is empty", "reference worker"]),

@@ -84,8 +84,8 @@ def test_cli_list_names_every_experiment_by_layer() -> None:
         return [line.split()[0] for line in block if line and not line[0].isspace()]
 
     queue, workflow = ids(lines[heads[0] + 1 : heads[1]]), ids(lines[heads[1] + 1 :])
-    assert queue == ["B", "K", "P", "Q", "R", "S"]
-    assert sorted(set(queue + workflow)) == list("ABCDEFGHIJKLMNOPQRSTUVW")
+    assert queue == ["B", "K", "P", "Q", "R", "S", "X", "Z"]
+    assert sorted(set(queue + workflow)) == list("ABCDEFGHIJKLMNOPQRSTUVWXYZ")
     assert "S  link faults (variants: tool_cut" in proc.stdout  # S's tool calls: workflow
 
 

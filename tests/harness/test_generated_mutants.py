@@ -389,7 +389,7 @@ def test_one_catcher_passing_unmutated_confirms_the_catch_quickest_first(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     ran: list[str] = []
-    answers = {"P": Verdict.PASS, "U": Verdict.PASS}
+    answers = {"P": Verdict.PASS, "I": Verdict.PASS}
 
     def fake_run_jobs(shared: object, jobs: list[Job], **_kw: object) -> list[ExperimentResult]:
         ran.extend(j.label for j in jobs)
@@ -398,30 +398,30 @@ def test_one_catcher_passing_unmutated_confirms_the_catch_quickest_first(
     monkeypatch.setattr(auto, "run_jobs", fake_run_jobs)
     options = auto.AutoOptions(repo_root=REPO, report_dir=tmp_path)
     order = CatcherOrder()
-    order.durations.update({"P": 1.5, "U": 0.5})
+    order.durations.update({"P": 1.5, "I": 0.5})
     runner = auto._Runner(None, triage.Triage(), order, options, print, 1)  # type: ignore[arg-type]
-    both = [_result("P", Verdict.FAIL), _result("U", Verdict.FAIL)]
+    both = [_result("P", Verdict.FAIL), _result("I", Verdict.FAIL)]
 
     outcome = auto.classify(_mutant(), both)
     runner.confirm(outcome, tmp_path)
-    assert (outcome.status, ran) == ("caught", ["U"]) and "U passes" in outcome.detail
-    # U fails unmutated too (this load): K's pass still confirms the catch
+    assert (outcome.status, ran) == ("caught", ["I"]) and "I passes" in outcome.detail
+    # I fails unmutated too (this load): P's pass still confirms the catch
     ran.clear()
-    answers["U"] = Verdict.FAIL
+    answers["I"] = Verdict.FAIL
     outcome = auto.classify(_mutant(), both)
     runner.confirm(outcome, tmp_path)
-    assert (outcome.status, ran) == ("caught", ["U", "P"])
-    assert runner.unreliable == {"U"}  # its later catches need another catcher
+    assert (outcome.status, ran) == ("caught", ["I", "P"])
+    assert runner.unreliable == {"I"}  # its later catches need another catcher
 
 
 def test_a_catch_only_by_an_experiment_that_failed_unmutated_is_unconfirmed() -> None:
     m = _mutant()
-    by_u = auto.classify(m, [_result("U", Verdict.FAIL)])
-    assert auto.distrust(by_u, {"U"}).status == "unconfirmed"
-    by_k = auto.classify(m, [_result("U", Verdict.FAIL), _result("P", Verdict.FAIL)])
-    assert auto.distrust(by_k, {"U"}).status == "caught"  # K's fail still counts
-    jobs = jobs_for(scenarios.select(["A", "P", "U"]), 1)
-    assert [j.label for j in auto.last(jobs, {"A"})] == ["P", "U", "A"]
+    by_u = auto.classify(m, [_result("I", Verdict.FAIL)])
+    assert auto.distrust(by_u, {"I"}).status == "unconfirmed"
+    by_k = auto.classify(m, [_result("I", Verdict.FAIL), _result("P", Verdict.FAIL)])
+    assert auto.distrust(by_k, {"I"}).status == "caught"  # K's fail still counts
+    jobs = jobs_for(scenarios.select(["A", "P", "I"]), 1)
+    assert [j.label for j in auto.last(jobs, {"A"})] == ["P", "I", "A"]
 
 
 def _fn(name: str, params: str = "p_id uuid", *, replace: bool = False, body: str = "x") -> str:

@@ -45,7 +45,7 @@ def _at_setup(run: outside.Run) -> None:
 
 def _at_barrier(run: outside.Run) -> None:
     # D holds A at after_lease_row_locked while its lease runs out.
-    run.wait_file("*/logs/D/A.events.jsonl", contains='"op":"save_checkpoint"')
+    run.wait_file("*/logs/D-*/A.events.jsonl", contains='"op":"save_checkpoint"')
     time.sleep(0.1)
 
 

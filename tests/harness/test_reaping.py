@@ -84,7 +84,7 @@ def test_a_killed_run_is_reaped(tmp_path: Path, reaper: str) -> None:
 def test_reaping_leaves_a_live_run_alone(tmp_path: Path) -> None:
     run = outside.start(["run", "D"], tmp_path)
     try:
-        run.wait_file("*/logs/D/A.events.jsonl")
+        run.wait_file("*/logs/D-*/A.events.jsonl")
         proc = _cli(run, "clean")
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "nothing left behind" in proc.stdout
