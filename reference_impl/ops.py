@@ -15,13 +15,14 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import datetime
+from pathlib import Path
 from typing import IO, Any
 
 import psycopg
 
 from harness import injection
 from reference_impl import errors as e
-from reference_impl import history
+from reference_impl import history, retention
 from reference_impl.cancellation import Cancellation
 from reference_impl.checkpoint_schema import CURRENT_VERSION, migrate_v1
 from reference_impl.db import Session
@@ -105,6 +106,7 @@ class OpsServer:
             "converge_operation": self.converge_operation,
             "list_paused": self.list_paused,
             "operator_actions": self.operator_actions,
+            "purge": self.purge,
         }
 
     # ------------------------------------------------------------ loop
@@ -413,6 +415,18 @@ class OpsServer:
 
     def operator_actions(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         return {"actions": self.rt.runs.actions(ctx.session.conn, _uuid(args, "run_id"))}
+
+    def purge(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
+        archive = args.get("archive")
+        with history.operation("purge"):
+            return retention.purge(
+                ctx.session.conn,
+                int(args["older_than_ms"]) / 1000,
+                str(args["reason"]),
+                _ticket(args),
+                Path(str(archive)) if archive else None,
+                limit=int(args.get("limit", 100)),
+            )
 
     def complete(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease(args)

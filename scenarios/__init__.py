@@ -27,20 +27,52 @@ def all_modules() -> list[ModuleType]:
     return [importlib.import_module(f"{__name__}.{n}") for n in names]
 
 
+_VARIANT = re.compile(r"^([A-Za-z])(?:\[([a-z0-9_]+)\]|-([a-z0-9_]+))?$")
+
+
+def _parse(raw: str, by_id: dict[str, ModuleType]) -> tuple[ModuleType, str | None]:
+    """``V``, ``V[purge]`` or ``V-purge``: the module and the variant named."""
+    m = _VARIANT.match(raw.strip())
+    key = m.group(1).upper() if m else raw.strip().upper()
+    if m is None or key not in by_id:
+        raise UnknownExperiment(
+            f"unknown experiment {raw!r}; known: {', '.join(sorted(by_id))} "
+            "(see `fencecheck list`; one variant: V[purge])"
+        )
+    module, variant = by_id[key], m.group(2) or m.group(3)
+    if variant is not None and variant not in module.SPEC.variants:
+        known = ", ".join(module.SPEC.variants) or "none"
+        raise UnknownExperiment(
+            f"experiment {key} has no variant {variant!r}; its variants: {known}"
+        )
+    return module, variant
+
+
 def select(ids: list[str]) -> list[ModuleType]:
-    """The modules for ``ids`` (case-insensitive), all when ``ids`` is empty."""
+    """The modules for ``ids`` (case-insensitive, ``V[purge]`` names a variant),
+    all when ``ids`` is empty."""
     modules = all_modules()
     if not ids:
         return modules
     by_id = {m.SPEC.id.upper(): m for m in modules}
     wanted: list[ModuleType] = []
     for raw in ids:
-        key = raw.strip().upper()
-        if key not in by_id:
-            raise UnknownExperiment(
-                f"unknown experiment {raw!r}; known: {', '.join(sorted(by_id))} "
-                "(see `fencecheck list`)"
-            )
-        if by_id[key] not in wanted:
-            wanted.append(by_id[key])
+        module, _ = _parse(raw, by_id)
+        if module not in wanted:
+            wanted.append(module)
     return wanted
+
+
+def variants(ids: list[str]) -> dict[str, set[str]]:
+    """Experiment id -> the variants ``ids`` name of it; an id named whole
+    (``V``) or absent is not in the result (all its variants run)."""
+    by_id = {m.SPEC.id.upper(): m for m in all_modules()}
+    named: dict[str, set[str] | None] = {}
+    for raw in ids:
+        module, variant = _parse(raw, by_id)
+        key = module.SPEC.id
+        if variant is None:
+            named[key] = None
+        elif key not in named or named[key] is not None:
+            named[key] = (named.get(key) or set()) | {variant}
+    return {k: v for k, v in named.items() if v is not None}

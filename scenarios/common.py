@@ -32,10 +32,12 @@ def new_run(
     input: dict[str, Any] | None = None,
     tenant_id: str | None = None,
     max_attempts: int | None = None,
+    task_id: str | None = None,
 ) -> str:
-    """Create a task with one run through the worker's control plane; return run_id."""
+    """Create a task with one run through the worker's control plane; return
+    run_id. ``task_id``: the task's name (default: a new one)."""
     ctl = control_plane(ctx, tenant_id)
-    task_id = f"task-{ctx.spec.id.lower()}-{ctx.uuid()[:8]}"
+    task_id = task_id or f"task-{ctx.spec.id.lower()}-{ctx.uuid()[:8]}"
     # Every run carries a sensitive field (contract: sealed at rest, sent to the
     # tool, never logged); the harness masks its value wherever it shows up.
     # A secret, not a choice of the schedule: never derived from the seed.

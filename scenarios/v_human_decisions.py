@@ -1,7 +1,8 @@
 """V: a permanent error pauses the run for a person, and only the person's
 decision moves it: supplement (the effect is planned again, with the
 supplied fields, under a new effect_version; the refused version is kept)
-or terminate (the run fails, nothing more is sent).
+or terminate (the run fails, nothing more is sent). The variant ``purge`` is
+the operator's other decision, retention (scenarios/retention.py).
 
 The tool refuses the run's first create for good (422). Workers that try to
 take the paused run before the decision must be refused; the decision is
@@ -16,6 +17,7 @@ from __future__ import annotations
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
+from scenarios import retention
 from scenarios.common import control_plane, finish, new_run
 
 SPEC = ExperimentSpec(
@@ -25,16 +27,29 @@ SPEC = ExperimentSpec(
     invariant="a refused effect pauses the run for a human; nobody claims it before the "
     "decision; supplement plans the effect again under effect_version 2 with the supplied "
     "fields (version 1 kept), one real resource; terminate fails the run and sends nothing; "
-    "each decision audited",
-    fault="the tool refuses the run's first create with 422 (definite, not retryable)",
+    "each decision audited; purge deletes exactly the old finished, relayed tasks of the "
+    "operator's tenant, each archived whole first, skips a task another session holds, "
+    "leaves every other row as it was",
+    fault="the tool refuses the run's first create with 422 (definite, not retryable); "
+    "purge: tasks finished and relayed, finished with the outbox pending, queued, and the "
+    "other tenant's under the same task name, one task row held locked by the harness",
     rules=(4, 5),
-    variants=("supplement", "terminate"),
-    needs=(*needs.capabilities("workflow", "ledger", "operator_actions"), needs.op("decide")),
+    variants=("supplement", "terminate", "purge"),
+    needs=(
+        *needs.capabilities("workflow", "ledger", "operator_actions"),
+        needs.op("decide", "supplement", "terminate"),
+        needs.capability("retention", "purge"),
+        needs.capability("outbox", "purge"),
+        needs.op("purge", "purge"),
+    ),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "supplement"
+    if variant == "purge":
+        retention.run(ctx)
+        return
     run_id = new_run(ctx, tool="plain")
     ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=run_id)
     ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 422 (for good)")

@@ -54,7 +54,9 @@ HELP = "run experiments and write evidence archives"
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
-        "ids", nargs="*", help="experiment ids (A..V, see `fencecheck list`); all when omitted"
+        "ids",
+        nargs="*",
+        help="experiment ids (A..Z, see `fencecheck list`), or one variant as V[purge]; all when omitted",
     )
     run.add_argument("--repeat", type=positive, default=1, help="run each experiment N times")
     run.add_argument(
@@ -107,6 +109,7 @@ def main(args: argparse.Namespace) -> int:
 
     try:
         modules = scenarios.select(args.ids)
+        only = scenarios.variants(args.ids)
     except scenarios.UnknownExperiment as exc:
         raise UsageError(str(exc)) from exc
     settings = settings_from_args(args, mutant=args.mutant)
@@ -123,7 +126,11 @@ def main(args: argparse.Namespace) -> int:
         )
     root = report_root(args.report_dir)
     seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
-    all_jobs = jobs_for(modules, args.repeat)
+    all_jobs = [
+        j
+        for j in jobs_for(modules, args.repeat)
+        if j.spec.id not in only or j.variant in only[j.spec.id]
+    ]
     try:
         items = job_items(all_jobs, shard.count)
     except ShardError as exc:

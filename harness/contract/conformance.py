@@ -528,6 +528,17 @@ class HappyPath:
             )
         self.call(ctl, "list_paused")
         self.call(ctl, "operator_actions")
+        # Retention with a retention of an hour: every task here is younger, so
+        # it deletes nothing (V[purge] judges what it deletes).
+        purged = self.call(ctl, "purge")
+        if purged is not None:
+            self.expect(
+                "5",
+                "purge",
+                purged.get("purged_tasks") == [],
+                "no task purged (every task here finished within the hour)",
+                purged.get("purged_tasks"),
+            )
 
 
 def _wait_point(env: Environment, worker: str, point: str, timeout_s: float) -> None:

@@ -64,6 +64,7 @@ CAPABILITIES: dict[str, str] = {
     "tenants:rls": "tenant isolation by row level security on every tenant table",
     "operator_actions": "the optional operator ops resolve_indoubt and decide, audited",
     "workflow": "`run` mode runs the built-in workflow of contract section 10",
+    "retention": "the optional operator op purge: old finished tasks archived, then deleted",
     "renewal": "leases renewed at all (per lease or per process)",
     "contract_schema": "the tables of contract section 6 under their own names (N probes them "
     "with raw statements, M plants a checkpoint row)",
@@ -89,6 +90,7 @@ OP_CAPABILITY: dict[str, str] = {
     "resolve_indoubt": "operator_actions",
     "decide": "operator_actions",
     "converge_operation": "operator_actions",
+    "purge": "retention",
 }
 
 
@@ -121,6 +123,8 @@ class Capabilities:
     injection_points: frozenset[str]
     #: Derived from the mapping's model: every relation same-named (section 6).
     contract_schema: bool = True
+    #: Optional in the mapping (default false): a system that deletes nothing.
+    retention: bool = False
 
     def offers(self, name: str) -> bool:
         """Whether the system offers capability ``name`` of :data:`CAPABILITIES`."""
@@ -225,6 +229,7 @@ def parse(text: str, source: str) -> Declaration:
         workflow=caps["workflow"],
         injection_points=frozenset(caps["injection_points"]),
         contract_schema=model.identity,
+        retention=caps.get("retention", False),
     )
     return Declaration(
         system=data["system"]["name"],

@@ -18,6 +18,7 @@ import pytest
 
 from harness.checking.history import Event
 from harness.checking.invariants import INVARIANTS, Change, Evidence, check
+from harness.checking.invariants.model import with_purged
 
 RUN, RUN2, TASK, TENANT = "r-1", "r-2", "t-1", "x"
 OP, OP2 = "x/r-1/create_label/v1", "x/r-1/notify/v1"
@@ -37,6 +38,7 @@ KEYS = {
     "outbox": ("event_id",),
     "consumer_effects": ("consumer_name", "event_id", "n"),
     "consumed_events": ("consumer_name", "event_id"),
+    "agent_tasks": ("tenant_id", "task_id"),
 }
 
 
@@ -145,7 +147,7 @@ def clean_story() -> Story:
 def evidence(s: Story) -> Evidence:
     return Evidence(
         changes=s.changes,
-        tables=s.tables(),
+        tables=with_purged(s.tables(), s.changes),
         tool={
             "tools": {"idem": "idempotent", "plain": "none"},
             "requests": [request(1, 0.35)],
@@ -196,6 +198,7 @@ def test_clean_history_breaks_nothing() -> None:
         "effect.cancelled_intent_never_sent",
         "effect.no_resend_without_idempotency",
         "effect.claim_back_to_prepared_only_after_a_proven_rejection",
+        "run.only_finished_tasks_are_purged",
     }
 
 
@@ -347,6 +350,27 @@ def stepped_write(s: Story) -> None:
     ]
 
 
+# ------------------------------------------------------------ retention purge
+TASK_ROW = {"tenant_id": TENANT, "task_id": TASK, "active_run_id": RUN}
+
+
+def purge(s: Story, *, publish: bool = True, task: bool = True, only: str = "") -> None:
+    """The operator's purge of the finished task: every row of its run, then
+    the task, in one transaction (``only``: that table's rows alone)."""
+    if publish:
+        for e in ("e2", "e3", "e4"):
+            s.tx(0.9, app="R")("outbox", s.state("outbox", (e,)), {"published_at": iso(T0 + 0.9)})
+    tx = s.tx(1.0, app="ctl")
+    for table in ("agent_checkpoints", "outbox", "tool_operations", "agent_runs"):
+        if only and table != only:
+            continue
+        for row in s.tables().get(table, []):
+            if row.get("run_id") == RUN:
+                tx(table, row, None)
+    if task:
+        tx("agent_tasks", TASK_ROW, None)
+
+
 STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
     "lease.one_owner_per_epoch": second_owner,
@@ -367,6 +391,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "consumer.dedup_row_and_effect_in_one_transaction": dedup_apart_from_effect,
     "effect.ledger_revision_advances_by_one": ledger_step_without_revision,
     "harness.write_path_as_asked": stepped_write,
+    "run.only_finished_tasks_are_purged": lambda s: purge(s, publish=False),
 }
 
 
@@ -584,3 +609,56 @@ def test_a_change_begun_before_the_end_committed_is_not_after_it() -> None:
     assert "run.nothing_advances_after_terminal" not in broken_by(evidence(s))
     s.changes[-1] = Change(**{**s.changes[-1].__dict__, "tx_start": ended_at + 0.005})
     assert "run.nothing_advances_after_terminal" in broken_by(evidence(s))
+
+
+def test_a_purge_of_a_finished_task_breaks_nothing() -> None:
+    s = clean_story()
+    purge(s)
+    ev = evidence(s)
+    ev.tool["messages"] += [{"event_id": e, "received_at": T0 + 0.85} for e in ("e2", "e3", "e4")]
+    results = {r.name: r for r in check(ev)}
+    broken = {n: r.violations for n, r in results.items() if not r.ok}
+    assert broken == {}
+    assert results["run.only_finished_tasks_are_purged"].checked == 11
+
+
+@pytest.mark.parametrize(
+    ("story", "why"),
+    [
+        (lambda s: purge(s, publish=False), "the outbox row was not published"),
+        (lambda s: purge(s, task=False, only="agent_checkpoints"), "its task is not deleted"),
+        (lambda s: purge(s, only="outbox"), "its runs ['r-1'] are not deleted with it"),
+    ],
+)
+def test_a_purge_of_what_is_not_finished_breaks(story: Callable[[Story], None], why: str) -> None:
+    s = clean_story()
+    story(s)
+    results = {r.name: r for r in check(evidence(s))}
+    purged = results["run.only_finished_tasks_are_purged"]
+    assert not purged.ok and any(why in v["why"] for v in purged.violations)
+
+
+def test_a_live_run_purged_breaks() -> None:
+    s = clean_story()
+    purge(s)
+    live = next(c for c in s.changes if c.table == "agent_runs" and c.op == "DELETE")
+    s.changes[s.changes.index(live)] = Change(
+        live.seq,
+        live.at,
+        live.tx_start,
+        live.txid,
+        live.app,
+        live.table,
+        "DELETE",
+        {**(live.old or {}), "status": "running"},
+        None,
+    )
+    purged = {r.name: r for r in check(evidence(s))}["run.only_finished_tasks_are_purged"]
+    assert [v["why"] for v in purged.violations] == ["the run was running"]
+
+
+def test_a_deletion_outside_a_purge_is_history_rewritten() -> None:
+    s = clean_story()
+    purge(s, task=False, only="agent_checkpoints")
+    results = {r.name: r for r in check(evidence(s))}
+    assert not results["run.history_is_append_only"].ok

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.checking.history import Event
-from harness.checking.invariants.model import Change, Evidence
+from harness.checking.invariants.model import Change, Evidence, with_purged
 from harness.model.entities import RELATIONS, relation
 
 Query = Callable[[str, Sequence[Any] | None], list[dict[str, Any]]]
@@ -76,9 +76,10 @@ def gather(
     write_paths: dict[str, str] | None = None,
     asked_write_path: str | None = None,
 ) -> Evidence:
+    trail = changes(query)
     return Evidence(
-        changes=changes(query),
-        tables=tables(query),
+        changes=trail,
+        tables=with_purged(tables(query), trail),
         tool=tool_export,
         history=history,
         lease_ttl_ms=lease_ttl_ms,

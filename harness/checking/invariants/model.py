@@ -134,6 +134,12 @@ class Evidence:
         """Create requests the tool received (bad input excluded: it never acts)."""
         return [r for r in self.tool.get("requests", []) if r.get("outcome") != "bad_request"]
 
+    def purge_txids(self) -> set[int]:
+        """Transactions that deleted a task row (a retention purge, contract
+        op ``purge``): their deletions are judged by
+        ``run.only_finished_tasks_are_purged``, not as history rewritten."""
+        return {c.txid for c in self.of("agent_tasks", "DELETE") if not c.by_harness}
+
     def capability(self, tool: str) -> str | None:
         caps = self.tool.get("tools") or {}
         value = caps.get(tool) if isinstance(caps, dict) else None
@@ -174,6 +180,30 @@ class Result:
     def broken(self) -> bool:
         """Broken and not exempted: makes the experiment fail."""
         return not self.ok and self.exempt is None
+
+
+#: The tables a purge deletes from, each with the columns that name a row.
+PURGED_TABLES = {
+    "agent_runs": ("run_id",),
+    "agent_checkpoints": ("run_id", "revision"),
+    "tool_operations": ("operation_id",),
+    "outbox": ("event_id",),
+    "agent_tasks": ("tenant_id", "task_id"),
+}
+
+
+def with_purged(
+    tables: dict[str, list[dict[str, Any]]], changes: list[Change]
+) -> dict[str, list[dict[str, Any]]]:
+    """The final rows plus the last image of every row a purge transaction
+    deleted: the state a purged task ended in (its archive holds the same),
+    so the invariants that read final rows judge it too."""
+    txids = {c.txid for c in changes if c.table == "agent_tasks" and c.op == "DELETE"}
+    out = {t: list(rows) for t, rows in tables.items()}
+    for c in changes:
+        if c.op == "DELETE" and c.txid in txids and c.old is not None and c.table in out:
+            out[c.table].append(dict(c.old))
+    return out
 
 
 def group(items: Iterable[Any], key: Any) -> dict[Any, list[Any]]:

@@ -7,6 +7,7 @@ from typing import Any
 from harness.checking.invariants.model import (
     HOLDS_LEASE,
     LIVE,
+    PURGED_TABLES,
     TERMINAL,
     Change,
     Evidence,
@@ -99,7 +100,8 @@ def one_live_run_per_task(ev: Evidence) -> Finding:
     "run.history_is_append_only",
     "SPEC rules 4, 7; English seed §4, §9.3 (modifying a planned effect is a new version)",
     "checkpoints are never updated or deleted; a ledger row never changes its operation, run, "
-    "step, effect version, tool or request digest; a run never changes its task or tenant",
+    "step, effect version, tool or request digest; a run never changes its task or tenant "
+    "(a retention purge's deletions are judged by run.only_finished_tasks_are_purged)",
 )
 def history_is_append_only(ev: Evidence) -> Finding:
     immutable = {
@@ -116,9 +118,12 @@ def history_is_append_only(ev: Evidence) -> Finding:
     }
     bad: list[dict[str, Any]] = []
     checked = 0
+    purges = ev.purge_txids()
     for c in ev.changes:
         if c.table not in immutable or c.op == "INSERT" or c.by_harness:
             continue
+        if c.op == "DELETE" and c.txid in purges:
+            continue  # retention: run.only_finished_tasks_are_purged judges it
         checked += 1
         columns = immutable[c.table]
         if c.op == "DELETE" or columns is None or any(c.changed(k) for k in columns):
@@ -154,3 +159,52 @@ def every_run_can_progress(ev: Evidence) -> Finding:
         if why:
             bad.append({"run_id": str(run["run_id"]), "status": status, "why": why})
     return Finding(len(runs), bad)
+
+
+@invariant(
+    "run.only_finished_tasks_are_purged",
+    "SPEC rule 10 (an unpublished event is never lost); Chinese seed §12 (retention); "
+    "English seed §9.3 (unknown waits for a person)",
+    "a row of a run, its checkpoints, ledger or outbox is deleted only by a transaction that "
+    "deletes the run's task with all its runs; every run deleted was terminal, every "
+    "operation deleted settled (not prepared, dispatching or unknown), every outbox row "
+    "deleted published",
+)
+def only_finished_tasks_are_purged(ev: Evidence) -> Finding:
+    task_of: dict[str, tuple[str, str]] = {}
+    for c in ev.of("agent_runs"):
+        task_of[_run_of(c)] = (str(c.row.get("tenant_id")), str(c.row.get("task_id")))
+    tasks_deleted = group(
+        (c for c in ev.of("agent_tasks", "DELETE") if not c.by_harness), lambda c: c.txid
+    )
+    bad: list[dict[str, Any]] = []
+    checked = 0
+    for c in ev.changes:
+        if c.op != "DELETE" or c.by_harness or c.table not in PURGED_TABLES:
+            continue
+        checked += 1
+        old = c.old or {}
+        gone = {
+            (str(d.row.get("tenant_id")), str(d.row.get("task_id")))
+            for d in tasks_deleted.get(c.txid, [])
+        }
+        if c.table == "agent_tasks":
+            task = (str(old.get("tenant_id")), str(old.get("task_id")))
+            runs = [r for r, t in task_of.items() if t == task]
+            deleted = {_run_of(d) for d in ev.in_tx(c.txid, "agent_runs") if d.op == "DELETE"}
+            deleted |= {_run_of(d) for d in ev.of("agent_runs", "DELETE") if d.seq < c.seq}
+            left = sorted(set(runs) - deleted)
+            why = f"its runs {left} are not deleted with it" if left else ""
+        elif task_of.get(str(old.get("run_id"))) not in gone:
+            why = "its task is not deleted in the same transaction"
+        elif c.table == "agent_runs" and old.get("status") not in TERMINAL:
+            why = f"the run was {old.get('status')}"
+        elif c.table == "tool_operations" and old.get("status") in (*IN_FLIGHT, "prepared"):
+            why = f"the operation was {old.get('status')}"
+        elif c.table == "outbox" and not old.get("published_at"):
+            why = "the outbox row was not published"
+        else:
+            why = ""
+        if why:
+            bad.append({**c.brief(*PURGED_TABLES[c.table]), "why": why})
+    return Finding(checked, bad)

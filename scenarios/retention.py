@@ -1,0 +1,271 @@
+"""V[purge]: an operator's retention purge archives, then deletes, old
+finished tasks of its own tenant, and nothing else.
+
+Five tasks: two finished and relayed (eligible), one finished whose outbox is
+not relayed yet, one whose run is still queued, and a finished, relayed task
+of the other tenant under the same task name as an eligible one. The
+operator (tenant 1) purges four times: with a retention of an hour (all
+finished seconds ago: nothing goes), with limit 1 (one eligible task goes),
+while the harness holds the other eligible task's row locked (it is skipped,
+not waited for), and once more (it goes). Judged from the database the
+harness reads itself and the archive file the worker wrote:
+
+* purged are exactly the eligible tasks, each with every row of its runs,
+  checkpoints, operations and outbox (none left behind);
+* the archive holds, per purged task, exactly the rows the harness read
+  before the purge;
+* every other task's rows, including the other tenant's, are unchanged;
+* each purge call is audited with the number of tasks it purged.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from harness.checking import checkers
+from harness.engine.experiment import ExperimentContext, plain
+from scenarios.common import control_plane, finish, new_run
+
+# Per table of the model: the key that tells its rows apart within a run.
+ROW_KEYS = {
+    "agent_runs": ("run_id",),
+    "agent_checkpoints": ("run_id", "revision"),
+    "tool_operations": ("operation_id",),
+    "outbox": ("event_id",),
+}
+HOUR_MS = 3_600_000
+RELAY_ROUNDS = 10
+
+
+def run(ctx: ExperimentContext) -> None:
+    t2 = ctx.env.other_tenant_id
+    eligible = [new_run(ctx, tool="plain") for _ in range(2)]
+    live = new_run(ctx, tool="plain")
+    tasks = {r: _task_of(ctx, r) for r in (*eligible, live)}
+    theirs = new_run(ctx, tool="plain", tenant_id=t2, task_id=tasks[eligible[0]])
+    workers = [
+        ctx.env.start_worker(f"W{i}", "run", ["--run-id", r, "--once"])
+        for i, r in enumerate(eligible, 1)
+    ]
+    workers.append(ctx.env.start_worker("T2", "run", ["--run-id", theirs, "--once"], tenant_id=t2))
+    codes = [finish(ctx, w) for w in workers]
+    _relay_all(ctx, "R1", None)
+    _relay_all(ctx, "R2", t2)
+    unrelayed = new_run(ctx, tool="plain")
+    tasks[unrelayed] = _task_of(ctx, unrelayed)
+    codes.append(finish(ctx, ctx.env.start_worker("W3", "run", ["--run-id", unrelayed, "--once"])))
+    mine = [*eligible, live, unrelayed]
+    before = _rows(ctx, [*mine, theirs], "every row of the five tasks before the purges")
+    status = {r: _one(before["agent_runs"], r)["status"] for r in [*mine, theirs]}
+    pending = {
+        r: sum(1 for x in before["outbox"] if x["run_id"] == r and not x["published_at"])
+        for r in [*mine, theirs]
+    }
+    ctx.fault(
+        "the tasks are in the states the purge must tell apart",
+        [status[r] for r in (*eligible, theirs, unrelayed, live)] == ["succeeded"] * 4 + ["queued"]
+        and pending[eligible[0]] == pending[eligible[1]] == pending[theirs] == 0
+        and pending[unrelayed] > 0,
+        expected="two finished relayed tasks, the other tenant's finished relayed task, a "
+        "finished task with unpublished outbox rows, a queued run",
+        observed=f"status {plain(status)}, unpublished outbox rows {plain(pending)} "
+        f"(exits {codes})",
+    )
+    ctl = control_plane(ctx)
+    archive = ctx.env.log_dir / "purge-archive.jsonl"
+    args: dict[str, Any] = {"reason": "retention", "ticket": "RET-1", "archive": str(archive)}
+    first = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=HOUR_MS, limit=100, **args))
+    ctx.equal(
+        "nothing finished within the retention is purged",
+        first,
+        [],
+        what="tasks purged with a retention of an hour",
+    )
+    second = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=0, limit=1, **args))
+    ctx.invariant(
+        "a purge takes at most its limit, and only eligible tasks",
+        len(second) == 1 and set(second) <= {tasks[r] for r in eligible},
+        expected=f"one of {sorted(tasks[r] for r in eligible)}",
+        observed=plain(second),
+    )
+    rest = [r for r in eligible if tasks[r] not in second]
+    third: list[str] | None = None
+    if len(rest) == 1:
+        third = _purge_while_locked(ctx, ctl, tasks[rest[0]], args)
+    fourth = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=0, limit=100, **args))
+    purged = [*second, *(third or []), *fourth]
+    ctx.equal(
+        "exactly the finished, relayed tasks of the operator's tenant are purged",
+        sorted(purged),
+        sorted(tasks[r] for r in eligible),
+        what="task ids the purges reported",
+    )
+    _judge_rows(ctx, before, eligible, [live, unrelayed, theirs], archive)
+    actions = ctx.sql(
+        "the purges' audit",
+        "SELECT action, ticket, (before->>'tasks')::int AS tasks FROM "
+        "fencecheck_model.operator_actions WHERE action = 'purge' ORDER BY id",
+    )
+    counts = [len(first), len(second), *([len(third)] if third is not None else []), len(fourth)]
+    ctx.equal(
+        "each purge audited with the number of tasks it purged",
+        [(a["action"], a["ticket"], a["tasks"]) for a in actions],
+        [("purge", "RET-1", n) for n in counts],
+        what="operator_actions (action, ticket, tasks)",
+    )
+
+
+def _purge_while_locked(
+    ctx: ExperimentContext, ctl: Any, task: str, args: dict[str, Any]
+) -> list[str] | None:
+    """Purge while the harness holds ``task``'s row: the purge must skip it,
+    not wait for it. None when the purge waited (judged broken)."""
+    with checkers.row_locked(ctx, "agent_tasks", "task_id", task) as lock:
+        pending = ctx.op_async(ctl, "purge", {"older_than_ms": 0, "limit": 100, **args})
+        waited = lock.answered_or_waiting(pending, ctl.worker_id)
+        ctx.invariant(
+            "a purge skips a task another session holds, never waits for it",
+            waited is None,
+            expected="the purge answered while the harness held the task row locked",
+            observed=waited or "answered",
+        )
+    reply = pending.result(15.0)
+    if not reply.ok:
+        ctx.invariant(
+            "a purge beside a locked task succeeds",
+            False,
+            expected="ok",
+            observed=f"{reply.error}: {reply.message}",
+        )
+        return None
+    got = [str(t) for t in reply.result.get("purged_tasks") or []]
+    if waited is None:
+        ctx.equal("the locked task is not purged", got, [], what="tasks purged beside the lock")
+    return got
+
+
+def _judge_rows(
+    ctx: ExperimentContext,
+    before: dict[str, list[dict[str, Any]]],
+    purged: list[str],
+    kept: list[str],
+    archive: Any,
+) -> None:
+    after = _rows(ctx, [*purged, *kept], "every row of the five tasks after the purges")
+    left = {t: [_key(t, r) for r in rows if r["run_id"] in purged] for t, rows in after.items()}
+    ctx.equal(
+        "no row of a purged task is left",
+        {t: keys for t, keys in left.items() if keys},
+        {},
+        what="rows of the purged runs still in the database",
+    )
+    tasks_left = ctx.sql(
+        "task rows of the purged runs' tasks, every tenant",
+        "SELECT tenant_id::text AS tenant_id, task_id, active_run_id::text AS active_run_id"
+        " FROM fencecheck_model.agent_tasks WHERE task_id = ANY(%s) ORDER BY tenant_id",
+        [sorted({_one(before["agent_runs"], r)["task_id"] for r in [*purged, *kept]})],
+    )
+    ctx.invariant(
+        "every other task, of either tenant, is unchanged",
+        all(
+            sorted(map(_canon, (r for r in before[t] if r["run_id"] in kept)))
+            == sorted(map(_canon, (r for r in after[t] if r["run_id"] in kept)))
+            for t in ROW_KEYS
+        )
+        and len(tasks_left) == len(kept)
+        and all(t["active_run_id"] in kept for t in tasks_left),
+        expected="the rows of the queued, the unrelayed and the other tenant's task as before; "
+        "each of their task rows still naming its run",
+        observed="changed: "
+        + plain(
+            {
+                t: sorted(
+                    _key(t, r)
+                    for r in before[t]
+                    if r["run_id"] in kept and _canon(r) not in {_canon(a) for a in after[t]}
+                )
+                for t in ROW_KEYS
+            }
+        )
+        + f"; task rows {plain(tasks_left)}",
+    )
+    docs = _archive(archive)
+    archived = {
+        t: sorted(
+            _key(t, r)
+            for d in docs
+            for run in d.get("runs") or []
+            for r in ([run.get("run")] if t == "agent_runs" else run.get(_DOC[t]) or [])
+            if isinstance(r, dict)
+        )
+        for t in ROW_KEYS
+    }
+    wanted = {t: sorted(_key(t, r) for r in before[t] if r["run_id"] in purged) for t in ROW_KEYS}
+    ctx.equal(
+        "the archive holds every row of each purged task, and only those",
+        archived,
+        wanted,
+        what=f"row keys in {archive.name} ({len(docs)} documents)",
+    )
+
+
+_DOC = {"agent_checkpoints": "checkpoints", "tool_operations": "operations", "outbox": "outbox"}
+
+
+def _archive(path: Any) -> list[dict[str, Any]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    docs = []
+    for line in text.splitlines():
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            docs.append(doc)
+    return docs
+
+
+def _relay_all(ctx: ExperimentContext, name: str, tenant_id: str | None) -> None:
+    relay = ctx.env.start_worker(name, "ops", tenant_id=tenant_id)
+    for _ in range(RELAY_ROUNDS):
+        if not ctx.ok(relay, "relay").get("published"):
+            return
+
+
+def _purged(ctx: ExperimentContext, result: dict[str, Any]) -> list[str]:
+    return [str(t) for t in result.get("purged_tasks") or []]
+
+
+def _task_of(ctx: ExperimentContext, run_id: str) -> str:
+    return str(checkers.run_row(ctx, run_id, "the run's task")["task_id"])
+
+
+def _rows(ctx: ExperimentContext, runs: list[str], label: str) -> dict[str, list[dict[str, Any]]]:
+    return {
+        t: [
+            r["row"]
+            for r in ctx.sql(
+                f"{label}: {t}",
+                f"SELECT to_jsonb(x) AS row FROM fencecheck_model.{t} x "
+                "WHERE x.run_id::text = ANY(%s)",
+                [runs],
+            )
+        ]
+        for t in ROW_KEYS
+    }
+
+
+def _one(rows: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
+    return next((r for r in rows if r["run_id"] == run_id), {})
+
+
+def _key(table: str, row: dict[str, Any]) -> str:
+    return "/".join(str(row.get(k)) for k in ROW_KEYS[table])
+
+
+def _canon(row: dict[str, Any]) -> str:
+    return json.dumps(row, sort_keys=True, default=str)
