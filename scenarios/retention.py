@@ -54,7 +54,8 @@ def run(ctx: ExperimentContext) -> None:
     _relay_all(ctx, "R2", t2)
     unrelayed = new_run(ctx, tool="plain")
     tasks[unrelayed] = _task_of(ctx, unrelayed)
-    codes.append(finish(ctx, ctx.env.start_worker("W3", "run", ["--run-id", unrelayed, "--once"])))
+    last = ctx.env.start_worker("W3", "run", ["--run-id", unrelayed, "--once"])
+    codes.append(finish(ctx, last))
     mine = [*eligible, live, unrelayed]
     before = _rows(ctx, [*mine, theirs], "every row of the five tasks before the purges")
     status = {r: _one(before["agent_runs"], r)["status"] for r in [*mine, theirs]}

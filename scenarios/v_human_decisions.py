@@ -35,6 +35,13 @@ SPEC = ExperimentSpec(
     "other tenant's under the same task name, one task row held locked by the harness",
     rules=(4, 5),
     variants=("supplement", "terminate", "purge"),
+    # V judges decisions, not timing: runs only have to finish, and at the
+    # matrix's 800 ms lease and 600 ms dispatch claim a busy machine lost them
+    # (a lease lapsed, a claim expired into doubt) before the state was built.
+    lease_ttl_ms=3000,
+    heartbeat_ms=500,
+    heartbeat_timeout_ms=1500,
+    dispatch_ttl_ms=5000,
     needs=(
         *needs.capabilities("workflow", "ledger", "operator_actions"),
         needs.op("decide", "supplement", "terminate"),

@@ -2,7 +2,11 @@ package protocol_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -235,5 +239,136 @@ func TestIntentLedgerAndDispatchClaim(t *testing.T) {
 	}
 	if err := f.p.RecordResult(f.ctx, f.conn(), op, "D/1", toolAnswer(rid)); err != nil {
 		t.Fatalf("result of the live claim: %v", err)
+	}
+}
+
+// finished runs a new task to succeeded (a checkpoint and the success, each
+// with its outbox row), its outbox relayed unless keepPending.
+func (f *fixture) finished(task string, keepPending bool) string {
+	run := f.newRun(task)
+	c, err := f.p.ClaimRun(f.ctx, f.conn(), "A/1", 10000)
+	if err != nil || c == nil || c.RunID != run {
+		f.t.Fatalf("claim %s: %+v %v", task, c, err)
+	}
+	out, err := f.checkpoint(c.Lease(), c.Revision, "")
+	if err != nil {
+		f.t.Fatalf("checkpoint: %v", err)
+	}
+	w := f.writer()
+	if _, err := w.Write(f.ctx, &protocol.Write{Lease: c.Lease(), ExpectedRevision: out.Revision, Transition: "succeed",
+		State: map[string]any{"step": "done"}, SchemaVersion: 2, EventType: "agent.succeeded",
+		Payload: map[string]any{"run_id": run}}); err != nil {
+		f.t.Fatalf("succeed: %v", err)
+	}
+	if !keepPending {
+		if _, err := f.conn().Exec(f.ctx, `UPDATE outbox SET published_at = clock_timestamp()
+ WHERE run_id = $1 AND published_at IS NULL`, run); err != nil {
+			f.t.Fatalf("relay: %v", err)
+		}
+	}
+	return run
+}
+
+func (f *fixture) count(sql string, args ...any) int {
+	var n int
+	if err := f.conn().QueryRow(f.ctx, sql, args...).Scan(&n); err != nil {
+		f.t.Fatalf("%s: %v", sql, err)
+	}
+	return n
+}
+
+// Retention: only finished, relayed, old enough tasks of the operator's
+// own tenant go, each whole, archived before the commit; a locked task is
+// skipped; every purge is audited; neither group deletes directly.
+func TestPurgeArchivesThenDeletesFinishedTasks(t *testing.T) {
+	f := setup(t)
+	done := f.finished("old-1", false)
+	f.finished("old-2", false)
+	pending := f.finished("pending", true)
+	queued := f.newRun("queued")
+	ctl := connOf(t, f.ctl)
+	for _, table := range []string{"agent_runs", "outbox", "agent_checkpoints"} {
+		_, err := ctl.Exec(f.ctx, "DELETE FROM "+table+" WHERE run_id = $1", done)
+		if protocol.SQLState(err) != "42501" {
+			t.Fatalf("the operator deleted from %s directly: %v", table, err)
+		}
+	}
+	if _, err := f.conn().Exec(f.ctx, `SELECT fencecheck.operator_purge('old-1', 0)`); protocol.SQLState(err) != "42501" {
+		t.Fatalf("the worker role ran operator_purge: %v", err)
+	}
+	archive := t.TempDir() + "/archive.jsonl"
+	ticket := "RET-1"
+	purge := func(olderThan, limit int64) []string {
+		out, err := f.p.Purge(f.ctx, ctl, olderThan, limit, "retention", &ticket, archive)
+		if err != nil {
+			t.Fatalf("purge: %v", err)
+		}
+		return out["purged_tasks"].([]string)
+	}
+	if got := purge(3600000, 100); len(got) != 0 {
+		t.Fatalf("purged within the retention: %v", got)
+	}
+	if got := purge(0, 1); len(got) != 1 || got[0] != "old-1" {
+		t.Fatalf("purge with limit 1: %v; want [old-1]", got)
+	}
+	// old-2 held by another session: skipped, not waited for.
+	other := connOf(t, session(t, f.db.Login(t, "fencecheck_operator", tenant)))
+	tx, err := other.Begin(f.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(f.ctx, `SELECT 1 FROM agent_tasks WHERE task_id = 'old-2' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	if got := purge(0, 100); len(got) != 0 {
+		t.Fatalf("purged beside the lock: %v; want nothing", got)
+	}
+	_ = tx.Rollback(f.ctx)
+	if got := purge(0, 100); len(got) != 1 || got[0] != "old-2" {
+		t.Fatalf("last purge: %v; want [old-2]", got)
+	}
+	for _, table := range []string{"agent_runs", "agent_checkpoints", "outbox", "tool_operations"} {
+		if n := f.count("SELECT count(*) FROM "+table+" WHERE run_id = $1", done); n != 0 {
+			t.Errorf("%d rows of the purged run left in %s", n, table)
+		}
+	}
+	if n := f.count(`SELECT count(*) FROM agent_runs WHERE run_id = ANY($1::uuid[])`, []string{pending, queued}); n != 2 {
+		t.Errorf("%d of the 2 unpurgeable runs left", n)
+	}
+	var tasks []int
+	rows, err := ctl.Query(f.ctx, `SELECT (before->>'tasks')::int FROM operator_actions WHERE action = 'purge' ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var n int
+		_ = rows.Scan(&n)
+		tasks = append(tasks, n)
+	}
+	if fmt.Sprint(tasks) != "[0 1 0 1]" {
+		t.Errorf("audited task counts %v; want [0 1 0 1]", tasks)
+	}
+	body, err := os.ReadFile(archive)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(body)), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("archive has %d lines; want 2", len(lines))
+	}
+	var doc struct {
+		TaskID string `json:"task_id"`
+		Runs   []struct {
+			Run         map[string]any   `json:"run"`
+			Checkpoints []map[string]any `json:"checkpoints"`
+			Outbox      []map[string]any `json:"outbox"`
+		} `json:"runs"`
+	}
+	if err := json.Unmarshal([]byte(lines[0]), &doc); err != nil {
+		t.Fatal(err)
+	}
+	if doc.TaskID != "old-1" || len(doc.Runs) != 1 || doc.Runs[0].Run["run_id"] != done ||
+		len(doc.Runs[0].Checkpoints) != 2 || len(doc.Runs[0].Outbox) != 2 {
+		t.Errorf("archive document of old-1: %s", lines[0])
 	}
 }

@@ -25,6 +25,8 @@ type Statements struct {
 	RunEpoch                    string
 	PausedRuns, OperatorActions string
 	RunState, LatestCheckpoint  string
+	// Retention (the optional op purge): the pick, the guarded deletion.
+	PurgeCandidates, PurgeTask string
 	// Outbox relay and consumer (rule 10; Chinese seed section 11).
 	OutboxLockBatch, OutboxMark, ConsumeDedup, ConsumeEffect string
 	// Durability contract (rule 11).
@@ -370,6 +372,31 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb) RETURNING id`,
     'before', a.before, 'after', a.after, 'at', a.at, 'operation_id', a.operation_id) ORDER BY a.id),
     '[]'::jsonb)
   FROM operator_actions a WHERE a.run_id = $1`,
+		// Retention, the pick (Chinese seed section 12): the tenant's oldest
+		// tasks whose every run is terminal and untouched since the cut, with
+		// no operation prepared, dispatching or unknown and every outbox row
+		// published; the task row locked, SKIP LOCKED (a task another session
+		// holds is passed by, never waited for). Row level security scopes it
+		// to the session's tenant.
+		PurgeCandidates: `SELECT k.task_id FROM agent_tasks k
+ WHERE NOT EXISTS (SELECT 1 FROM agent_runs r
+                    WHERE r.tenant_id = k.tenant_id AND r.task_id = k.task_id
+                      AND (r.status NOT IN ('succeeded', 'failed', 'cancelled')
+                           OR r.updated_at >= clock_timestamp() - ($1::bigint * interval '1 millisecond')))
+   AND NOT EXISTS (SELECT 1 FROM agent_runs r JOIN tool_operations o ON o.run_id = r.run_id
+                    WHERE r.tenant_id = k.tenant_id AND r.task_id = k.task_id
+                      AND o.status IN ('prepared', 'dispatching', 'unknown'))
+   AND NOT EXISTS (SELECT 1 FROM agent_runs r JOIN outbox x ON x.run_id = r.run_id
+                    WHERE r.tenant_id = k.tenant_id AND r.task_id = k.task_id
+                      AND x.published_at IS NULL)
+ ORDER BY k.updated_at, k.task_id
+ LIMIT $2
+   FOR UPDATE OF k SKIP LOCKED`,
+		// The deletion of one picked task, with every row of its runs: the
+		// operator group's only way to delete (011_retention.sql), which
+		// judges the task again under its locks and answers the archive
+		// document of what it deleted (NULL: nothing deleted).
+		PurgeTask: `SELECT fencecheck.operator_purge($1, $2)`,
 		RunState: `SELECT run_id::text, task_id, status, revision, owner, epoch, lease_expires_at, current_step,
        checkpoint_schema_version, attempt_count, max_attempts, input, terminal_reason,
        COALESCE(lease_expires_at > clock_timestamp(), false)

@@ -58,7 +58,7 @@ func NewOps(rt *Runtime, out io.Writer) *Ops {
 		"deliver_callback": o.deliverCallback, "relay": o.relay, "consume": o.consume,
 		"read_checkpoint": o.readCheckpoint, "durability": o.durability, "heartbeat": o.heartbeat,
 		"run_state": o.runState, "legacy_checkpoint": o.legacyCheckpoint,
-		"resolve_indoubt": o.resolveInDoubt, "decide": o.decide, "converge_operation": o.convergeOperation,
+		"resolve_indoubt": o.resolveInDoubt, "decide": o.decide, "purge": o.purge, "converge_operation": o.convergeOperation,
 		"list_paused": o.listPaused, "operator_actions": o.operatorActions,
 	}
 	return o
@@ -508,6 +508,24 @@ func (o *Ops) decide(c *opCtx, args map[string]any) (any, error) {
 	out, err := o.rt.P.Decide(context.Background(), db, runID, decision, supplement, str(args, "reason"), optPtr(args, "ticket"))
 	done(err, ids{})
 	countDecision(decision, err)
+	return out, c.session.Check(err)
+}
+
+// purge is retention: archive, then delete, old finished tasks of the
+// tenant (protocol.Purge); archive names the file the documents are
+// appended to and synced in, before the deletion commits.
+func (o *Ops) purge(c *opCtx, args map[string]any) (any, error) {
+	db, err := c.conn()
+	if err != nil {
+		return nil, err
+	}
+	defLimit := int64(100)
+	olderThan, limit := num(args, "older_than_ms", nil), num(args, "limit", &defLimit)
+	archive := optStr(args, "archive", "")
+	done := record("purge", ids{}, map[string]any{"older_than_ms": olderThan, "limit": limit})
+	out, err := o.rt.P.Purge(context.Background(), db, olderThan, limit, str(args, "reason"), optPtr(args, "ticket"), archive)
+	done(err, ids{})
+	countDecision("purge", err)
 	return out, c.session.Check(err)
 }
 
