@@ -1,9 +1,11 @@
 """V[purge]: an operator's retention purge archives, then deletes, old
 finished tasks of its own tenant, and nothing else.
 
-Five tasks: two finished and relayed (eligible), one finished whose outbox is
-not relayed yet, one whose run is still queued, and a finished, relayed task
-of the other tenant under the same task name as an eligible one. The
+Six tasks: two finished and relayed (eligible), one finished whose outbox is
+not relayed yet, one whose run is still queued, one cancelled and relayed
+while its operation is dispatching (the tool may act: never purged until it
+converges), and a finished, relayed task of the other tenant under the same
+task name as an eligible one. The
 operator (tenant 1) purges four times: with a retention of an hour (all
 finished seconds ago: nothing goes), with limit 1 (one eligible task goes),
 while the harness holds the other eligible task's row locked (it is skipped,
@@ -15,7 +17,9 @@ harness reads itself and the archive file the worker wrote:
 * the archive holds, per purged task, exactly the rows the harness read
   before the purge;
 * every other task's rows, including the other tenant's, are unchanged;
-* each purge call is audited with the number of tasks it purged.
+* each purge call is audited with the number of tasks it purged, and one
+  with arguments out of bounds (a negative retention, a limit of 0) is
+  refused and audited nowhere.
 """
 
 from __future__ import annotations
@@ -25,7 +29,9 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, plain
-from scenarios.common import control_plane, finish, new_run
+from harness.parts.control import Hold
+from harness.parts.processes import WorkerProcess
+from scenarios.common import control_plane, finish, finish_or_kill, new_run
 
 # Per table of the model: the key that tells its rows apart within a run.
 ROW_KEYS = {
@@ -49,6 +55,8 @@ def run(ctx: ExperimentContext) -> None:
         for i, r in enumerate(eligible, 1)
     ]
     workers.append(ctx.env.start_worker("T2", "run", ["--run-id", theirs, "--once"], tenant_id=t2))
+    inflight, holder = _cancelled_in_flight(ctx)
+    tasks[inflight] = _task_of(ctx, inflight)
     codes = [finish(ctx, w) for w in workers]
     _relay_all(ctx, "R1", None)
     _relay_all(ctx, "R2", t2)
@@ -56,26 +64,32 @@ def run(ctx: ExperimentContext) -> None:
     tasks[unrelayed] = _task_of(ctx, unrelayed)
     last = ctx.env.start_worker("W3", "run", ["--run-id", unrelayed, "--once"])
     codes.append(finish(ctx, last))
-    mine = [*eligible, live, unrelayed]
-    before = _rows(ctx, [*mine, theirs], "every row of the five tasks before the purges")
+    mine = [*eligible, live, unrelayed, inflight]
+    before = _rows(ctx, [*mine, theirs], "every row of the six tasks before the purges")
     status = {r: _one(before["agent_runs"], r)["status"] for r in [*mine, theirs]}
     pending = {
         r: sum(1 for x in before["outbox"] if x["run_id"] == r and not x["published_at"])
         for r in [*mine, theirs]
     }
+    in_flight = [o["status"] for o in before["tool_operations"] if o["run_id"] == inflight]
     ctx.fault(
         "the tasks are in the states the purge must tell apart",
-        [status[r] for r in (*eligible, theirs, unrelayed, live)] == ["succeeded"] * 4 + ["queued"]
+        [status[r] for r in (*eligible, theirs, unrelayed, live, inflight)]
+        == ["succeeded"] * 4 + ["queued", "cancelled"]
         and pending[eligible[0]] == pending[eligible[1]] == pending[theirs] == 0
-        and pending[unrelayed] > 0,
+        and pending[inflight] == 0
+        and pending[unrelayed] > 0
+        and in_flight == ["dispatching"],
         expected="two finished relayed tasks, the other tenant's finished relayed task, a "
-        "finished task with unpublished outbox rows, a queued run",
-        observed=f"status {plain(status)}, unpublished outbox rows {plain(pending)} "
-        f"(exits {codes})",
+        "finished task with unpublished outbox rows, a queued run, a cancelled and relayed "
+        "run whose operation is still dispatching (its dispatcher held after its claim)",
+        observed=f"status {plain(status)}, unpublished outbox rows {plain(pending)}, the "
+        f"cancelled run's ledger {in_flight} (exits {codes})",
     )
     ctl = control_plane(ctx)
     archive = ctx.env.log_dir / "purge-archive.jsonl"
     args: dict[str, Any] = {"reason": "retention", "ticket": "RET-1", "archive": str(archive)}
+    _refused_out_of_bounds(ctx, ctl, args)
     first = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=HOUR_MS, limit=100, **args))
     ctx.equal(
         "nothing finished within the retention is purged",
@@ -102,7 +116,9 @@ def run(ctx: ExperimentContext) -> None:
         sorted(tasks[r] for r in eligible),
         what="task ids the purges reported",
     )
-    _judge_rows(ctx, before, eligible, [live, unrelayed, theirs], archive)
+    _judge_rows(ctx, before, eligible, [live, unrelayed, theirs, inflight], archive)
+    ctx.release("W4", "after_dispatch_claim_commit")
+    finish_or_kill(ctx, holder, 10.0)
     actions = ctx.sql(
         "the purges' audit",
         "SELECT action, ticket, (before->>'tasks')::int AS tasks FROM "
@@ -115,6 +131,35 @@ def run(ctx: ExperimentContext) -> None:
         [("purge", "RET-1", n) for n in counts],
         what="operator_actions (action, ticket, tasks)",
     )
+
+
+def _cancelled_in_flight(ctx: ExperimentContext) -> tuple[str, WorkerProcess]:
+    """A run cancelled while its operation is dispatching: W4 is held right
+    after its dispatch claim commits, and the control plane cancels the run
+    (a cancel leaves dispatching operations as they are: the tool may act).
+    Its task is terminal and, once relayed, held back only by that operation."""
+    run_id = new_run(ctx, tool="plain")
+    ctx.arm("W4", "after_dispatch_claim_commit", Hold())
+    holder = ctx.env.start_worker("W4", "run", ["--run-id", run_id, "--once"])
+    ctx.reached("W4", "after_dispatch_claim_commit")
+    ctx.ok(control_plane(ctx), "cancel", run_id=run_id)
+    return run_id, holder
+
+
+def _refused_out_of_bounds(ctx: ExperimentContext, ctl: Any, args: dict[str, Any]) -> None:
+    """A purge with arguments outside ops.schema.json's bounds is refused and
+    changes nothing: a negative retention would put the cut an hour in the
+    future (every finished task due), a limit of 0 is no purge at all."""
+    for bad in ({"older_than_ms": -HOUR_MS, "limit": 100}, {"older_than_ms": 0, "limit": 0}):
+        reply = ctx.op(ctl, "purge", **bad, **args)
+        ctx.invariant(
+            f"a purge with {plain(bad)} is refused",
+            not reply.ok and not (reply.result or {}).get("purged_tasks"),
+            expected="an error reply, nothing purged",
+            observed=f"{reply.error}: {reply.message}"
+            if not reply.ok
+            else f"ok, purged {plain(reply.result.get('purged_tasks'))}",
+        )
 
 
 def _purge_while_locked(
@@ -153,7 +198,7 @@ def _judge_rows(
     kept: list[str],
     archive: Any,
 ) -> None:
-    after = _rows(ctx, [*purged, *kept], "every row of the five tasks after the purges")
+    after = _rows(ctx, [*purged, *kept], "every row of the six tasks after the purges")
     left = {t: [_key(t, r) for r in rows if r["run_id"] in purged] for t, rows in after.items()}
     ctx.equal(
         "no row of a purged task is left",

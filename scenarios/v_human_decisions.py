@@ -32,7 +32,8 @@ SPEC = ExperimentSpec(
     "leaves every other row as it was",
     fault="the tool refuses the run's first create with 422 (definite, not retryable); "
     "purge: tasks finished and relayed, finished with the outbox pending, queued, and the "
-    "other tenant's under the same task name, one task row held locked by the harness",
+    "other tenant's under the same task name, cancelled while its operation is dispatching "
+    "(the dispatcher held after its claim), one task row held locked by the harness",
     rules=(4, 5),
     variants=("supplement", "terminate", "purge"),
     # V judges decisions, not timing: runs only have to finish, and at the
@@ -48,6 +49,7 @@ SPEC = ExperimentSpec(
         needs.capability("retention", "purge"),
         needs.capability("outbox", "purge"),
         needs.op("purge", "purge"),
+        needs.point("after_dispatch_claim_commit", "purge"),
     ),
 )
 
