@@ -15,7 +15,9 @@ their number: what the harness itself costs, whatever the parallelism.
 ``--hogs K`` starts K CPU-bound processes beside every round (the soundness
 check of a loaded machine: a correct worker must get no FAIL); ``--exec-too``
 adds a round with FENCECHECK_FORK_SERVER=0, so the fork server's share shows
-as a ratio taken in one run of the benchmark.
+as a ratio taken in one run of the benchmark. The archive of every run that
+did not pass is copied to reports/bench-harness-<time>/ (its evidence must
+outlive the benchmark's temporary reports) and named with its verdict.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import collections
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,7 +48,12 @@ def _children_cpu() -> float:
 
 
 def one_round(
-    label: str, run_args: list[str], jobs: int, env: dict[str, str], report_root: Path
+    label: str,
+    run_args: list[str],
+    jobs: int,
+    env: dict[str, str],
+    report_root: Path,
+    keep_dir: Path | None = None,
 ) -> dict[str, Any]:
     """One ``fencecheck run``: its figures, from its own results.json."""
     report_dir = report_root / label
@@ -83,11 +91,22 @@ def one_round(
         "phases": dict(phases),
         "not_pass": [
             f"{r['experiment']}{'[' + r['variant'] + ']' if r['variant'] else ''}: "
-            f"{r['verdict']}: {r['reason'][:160]}"
+            f"{r['verdict']}: {r['reason'][:160]}" + _kept(r, label, keep_dir)
             for r in results
             if r["verdict"] != "pass"
         ],
     }
+
+
+def _kept(result: dict[str, Any], label: str, keep_dir: Path | None) -> str:
+    """Copy a run's archive out of the temporary reports; where it went."""
+    source = Path(str(result.get("archive") or ""))
+    if keep_dir is None or not source.is_file():
+        return ""
+    target = keep_dir / label.replace(" ", "_").replace("(", "").replace(")", "") / source.name
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(source, target)
+    return f" [{target}]"
 
 
 def report(rounds: list[dict[str, Any]]) -> str:
@@ -133,16 +152,20 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.hogs)
     ]
     report_root = Path(tempfile.mkdtemp(prefix="fencecheck-bench-harness-"))
+    keep_dir = Path("reports") / time.strftime("bench-harness-%Y%m%dT%H%M%S")
     rounds: list[dict[str, Any]] = []
     try:
         env = dict(os.environ)
         for n in range(args.rounds):
             label = f"round {n + 1}" + (f" (+{args.hogs} hogs)" if args.hogs else "")
-            rounds.append(one_round(label, args.run_args, args.jobs, env, report_root))
-            print(report(rounds[-1:]).splitlines()[0], flush=True)
+            rounds.append(one_round(label, args.run_args, args.jobs, env, report_root, keep_dir))
+            # The round's line and its runs that did not pass (not the phases).
+            print(report(rounds[-1:]).split("\n\n")[0], flush=True)
         if args.exec_too:
             env = {**env, "FENCECHECK_FORK_SERVER": "0"}
-            rounds.append(one_round("exec'd workers", args.run_args, args.jobs, env, report_root))
+            rounds.append(
+                one_round("exec'd workers", args.run_args, args.jobs, env, report_root, keep_dir)
+            )
     finally:
         for hog in hogs:
             hog.kill()
