@@ -110,17 +110,20 @@ smoke: setup
 # the Go worker: go vet, go test (against a real PostgreSQL it starts with the
 # harness's binaries) and the whole matrix against the Go binary.
 # Two parts at once (each its own process: no state shared but the machine):
-# the mutants that prove the matrix can fail, then the Go worker's checks and
-# matrix, beside the rest of the suite. They mostly wait on leases, so side by
+# the mutants that prove the matrix can fail, the matrix on the other
+# PostgreSQL majors and the interrupt tests, then the Go worker's checks and
+# matrix, beside the rest of the suite (the parts are about equally long:
+# 650 s each on a 2-core machine). They mostly wait on leases, so side by
 # side they take little more than the longer part alone; the harness's
 # verdicts are meant to hold on a loaded machine, and this is one. The second
 # part's output is kept in reports/test-mutants-and-go.log and printed after.
+BESIDE_TESTS := tests/test_mutants_caught.py tests/test_pg_versions.py tests/harness/test_interrupts.py
 test: setup lint browser
 	@mkdir -p $(REPORT_DIR); log=$(REPORT_DIR)/test-mutants-and-go.log; \
-	( FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest tests/test_mutants_caught.py $(PYTEST_ARGS) \
+	( FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(BESIDE_TESTS) $(PYTEST_ARGS) \
 	  && $(MAKE) --no-print-directory go-check go-matrix ) > $$log 2>&1 & other=$$!; \
 	trap 'kill $$other 2>/dev/null; wait $$other 2>/dev/null' INT TERM; \
-	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest --ignore=tests/test_mutants_caught.py $(PYTEST_ARGS); main=$$?; \
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(addprefix --ignore=,$(BESIDE_TESTS)) $(PYTEST_ARGS); main=$$?; \
 	wait $$other; rc=$$?; \
 	echo "==== mutants and the Go worker (beside the suite; $$log) ===="; cat $$log; \
 	echo "make test: suite exit $$main, mutants and Go exit $$rc"; \

@@ -132,7 +132,12 @@ def clean_story() -> Story:
     s.tx(0.300)(
         "tool_operations",
         s.state("tool_operations", (OP,)),
-        {"status": "dispatching", "dispatch_owner": "A/1", "revision": 1},
+        {
+            "status": "dispatching",
+            "dispatch_owner": "A/1",
+            "revision": 1,
+            "first_dispatched_at": iso(T0 + 0.3),
+        },
     )
     tx = protected(s, 0.400, 3, "e3", status="running")
     tx("tool_operations", s.state("tool_operations", (OP,)), {"status": "succeeded", "revision": 2})
@@ -371,6 +376,16 @@ def purge(s: Story, *, publish: bool = True, task: bool = True, only: str = "") 
         tx("agent_tasks", TASK_ROW, None)
 
 
+def first_dispatch_moved(s: Story) -> None:
+    # A later ledger step restamps the first dispatch: the retention window
+    # a same-key resend is judged by would start late.
+    s.tx(0.45)(
+        "tool_operations",
+        s.state("tool_operations", (OP,)),
+        {"first_dispatched_at": iso(T0 + 0.45), "revision": 3},
+    )
+
+
 STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
     "lease.one_owner_per_epoch": second_owner,
@@ -392,6 +407,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "effect.ledger_revision_advances_by_one": ledger_step_without_revision,
     "harness.write_path_as_asked": stepped_write,
     "run.only_finished_tasks_are_purged": lambda s: purge(s, publish=False),
+    "effect.first_dispatch_is_kept": first_dispatch_moved,
 }
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.checking.invariants.model import Change, Evidence, Finding, group
+from harness.checking.invariants.model import Change, Evidence, Finding, group, ts
 from harness.checking.invariants.registry import invariant
 
 # Outcomes in the tool's log that prove it did not act (docs/mock-tool.md).
@@ -272,4 +272,60 @@ def ledger_revision_advances(ev: Evidence) -> Finding:
             row = c.brief("operation_id", "status")
             row.update(revision=(old["revision"], new["revision"]), was=old.get("status"))
             bad.append(row)
+    return Finding(judged, bad)
+
+
+@invariant(
+    "effect.first_dispatch_is_kept",
+    "SPEC rules 4, 6; English seed §9.2 (the tool's key retention is counted from the "
+    "first request)",
+    "an operation's first_dispatched_at is set when it first becomes dispatching, never "
+    "changes after, and is no later than the tool's receipt of any request for it: the "
+    "window a same-key resend is judged by (first_dispatched_at + the tool's retention) "
+    "never starts late",
+)
+def first_dispatch_is_kept(ev: Evidence) -> Finding:
+    ops = list(ev.of("tool_operations"))
+    if not any(c.row.get("first_dispatched_at") is not None for c in ops):
+        return Finding(0, [])  # a system without the column (its mapping has none)
+    bad: list[dict[str, Any]] = []
+    judged = 0
+    for c in ops:
+        if c.op != "UPDATE":
+            continue
+        was, now = c.before("first_dispatched_at"), c.after("first_dispatched_at")
+        if was is not None:
+            judged += 1
+            why = "changed after it was set" if now != was else ""
+        elif c.after("status") == "dispatching" and c.before("status") != "dispatching":
+            judged += 1
+            why = "not set by the first dispatch claim" if now is None else ""
+        else:
+            continue
+        if why:
+            row = c.brief("operation_id", "status")
+            row.update(first_dispatched_at=(was, now), why=why)
+            bad.append(row)
+    received: dict[str, float] = {}
+    for r in ev.requests():
+        at = ts(r.get("received_at"))
+        op = str(r.get("operation_id"))
+        if at is not None and (op not in received or at < received[op]):
+            received[op] = at
+    for row in ev.rows("tool_operations"):
+        first = ts(row.get("first_dispatched_at"))
+        op = str(row.get("operation_id"))
+        if first is None or op not in received:
+            continue
+        judged += 1
+        # Same kernel clock (the database's and the tool's); 1 ms for rounding.
+        if first > received[op] + 0.001:
+            bad.append(
+                {
+                    "operation_id": op,
+                    "first_dispatched_at": row.get("first_dispatched_at"),
+                    "tool_received_at": received[op],
+                    "why": "later than the tool's first receipt",
+                }
+            )
     return Finding(judged, bad)
