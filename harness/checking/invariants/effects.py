@@ -279,8 +279,8 @@ def ledger_revision_advances(ev: Evidence) -> Finding:
     "effect.first_dispatch_is_kept",
     "SPEC rules 4, 6; English seed §9.2 (the tool's key retention is counted from the "
     "first request)",
-    "an operation's first_dispatched_at is set when it first becomes dispatching, never "
-    "changes after, and is no later than the tool's receipt of any request for it: the "
+    "an operation's first_dispatched_at is set when it first becomes dispatching (and by "
+    "nothing else), never changes after, and is no later than the tool's receipt of any request for it: the "
     "window a same-key resend is judged by (first_dispatched_at + the tool's retention) "
     "never starts late",
 )
@@ -300,6 +300,9 @@ def first_dispatch_is_kept(ev: Evidence) -> Finding:
         elif c.after("status") == "dispatching" and c.before("status") != "dispatching":
             judged += 1
             why = "not set by the first dispatch claim" if now is None else ""
+        elif now is not None:
+            judged += 1
+            why = "set by a change that is no dispatch claim"
         else:
             continue
         if why:
