@@ -11,9 +11,14 @@ idle in autocommit when it comes back, so no transaction, lock or snapshot
 crosses queries. A session the server has ended while it sat idle (a server
 stop, ``pg_terminate_backend``, ``DROP DATABASE ... WITH (FORCE)``) has the
 server's goodbye or EOF waiting on its socket: :meth:`SessionPool.take`
-sees that without blocking and opens a fresh session instead, so a reused
-session never fails where a new one would not. Sessions that raised are
-closed, never reused. The cluster empties the pool whenever it stops a
+sees that without blocking and opens a fresh session instead. The goodbye
+can still be on its way (``pg_terminate_backend`` returns before the
+backend has sent it, and on a busy machine it arrives after the check): a
+statement on a reused session the server ended as it was sent
+(``AdminShutdown``, SQLSTATE 57P01: a backend that is dying runs no
+statement) is sent once more on a fresh session (:meth:`SessionPool.call`),
+so a reused session never fails where a new one would not. Sessions that
+raised are closed, never reused. The cluster empties the pool whenever it stops a
 server or drops a database.
 """
 
@@ -23,6 +28,7 @@ import contextlib
 import select
 import threading
 from collections.abc import Callable, Iterator
+from typing import TypeVar
 
 import psycopg
 from psycopg import pq
@@ -33,6 +39,7 @@ from psycopg import pq
 MAX_IDLE_PER_DB = 3
 
 Connect = Callable[[str], "psycopg.Connection[object]"]
+T = TypeVar("T")
 
 
 def _still_idle(conn: psycopg.Connection[object]) -> bool:
@@ -71,15 +78,44 @@ class SessionPool:
             raise
         self.give_back(dbname, conn)
 
+    def call(self, dbname: str, fn: Callable[[psycopg.Connection[object]], T]) -> T:
+        """``fn`` on a session to ``dbname``; once more on a fresh session when
+        a reused one turns out to have been ended by the server as it was sent."""
+        conn, reused = self._take(dbname)
+        try:
+            result = fn(conn)
+        except psycopg.errors.AdminShutdown:
+            with contextlib.suppress(Exception):
+                conn.close()
+            if not reused:
+                raise
+            conn = self._connect(dbname)
+            try:
+                result = fn(conn)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    conn.close()
+                raise
+        except BaseException:
+            with contextlib.suppress(Exception):
+                conn.close()
+            raise
+        self.give_back(dbname, conn)
+        return result
+
     def take(self, dbname: str) -> psycopg.Connection[object]:
+        return self._take(dbname)[0]
+
+    def _take(self, dbname: str) -> tuple[psycopg.Connection[object], bool]:
+        """A session to ``dbname``, and whether it was reused (not new)."""
         while True:
             with self._lock:
                 idle = self._idle.get(dbname)
                 conn = idle.pop() if idle else None
             if conn is None:
-                return self._connect(dbname)
+                return self._connect(dbname), False
             if _still_idle(conn):
-                return conn
+                return conn, True
             with contextlib.suppress(Exception):
                 conn.close()
 

@@ -414,14 +414,17 @@ class PostgresCluster:
     ) -> list[dict[str, Any]]:
         from psycopg.rows import dict_row
 
-        with self._sessions.session(dbname) as conn, conn.cursor(row_factory=dict_row) as cur:
-            cur.execute(statement.encode(), params)
-            return list(cur.fetchall()) if cur.description else []
+        def run(conn: psycopg.Connection[Any]) -> list[dict[str, Any]]:
+            with conn.cursor(row_factory=dict_row) as cur:
+                cur.execute(statement.encode(), params)
+                return list(cur.fetchall()) if cur.description else []
+
+        return self._sessions.call(dbname, run)
 
     def execute(self, statement: sql.Composed | str, dbname: str = "postgres") -> None:
         """Run one statement that returns nothing (DDL) on a harness session."""
-        with self._sessions.session(dbname) as conn:
-            conn.execute(statement if isinstance(statement, sql.Composed) else statement.encode())
+        text = statement if isinstance(statement, sql.Composed) else statement.encode()
+        self._sessions.call(dbname, lambda conn: conn.execute(text))
 
     def create_login_role(self, name: str, group: str) -> None:
         """``CREATE ROLE name LOGIN IN ROLE group`` (see create_login_roles)."""

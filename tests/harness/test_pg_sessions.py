@@ -8,7 +8,9 @@ import contextlib
 from pathlib import Path
 
 import psycopg
+import pytest
 
+from harness.parts import pg_sessions
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.postgres import Database, PostgresCluster
 
@@ -32,6 +34,20 @@ def test_a_session_the_server_ended_is_replaced_not_failed(
     second = _backend(fresh_db)
     assert second != first
     assert fresh_db.query("SELECT 1 AS one") == [{"one": 1}]
+
+
+def test_a_session_ended_before_its_goodbye_arrived_is_replaced(
+    fresh_db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of the test above, made certain: the idle check is told the
+    session is fine (the goodbye had not arrived yet, as on a busy machine),
+    and the backend is gone by the time the statement is sent."""
+    first = _backend(fresh_db)
+    with psycopg.connect(fresh_db.admin_dsn, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s, 5000)", [first])
+    monkeypatch.setattr(pg_sessions, "_still_idle", lambda conn: True)
+    second = _backend(fresh_db)
+    assert second != first
 
 
 def test_a_failing_statement_closes_its_session(fresh_db: Database) -> None:
