@@ -79,7 +79,7 @@ def test_the_image_runs_experiments_and_leaves_nothing(image: str, tmp_path: Pat
     (run_dir,) = [d for d in reports.iterdir() if d.is_dir() and not d.is_symlink()]
     record = json.loads((run_dir / "shard.json").read_text())
     assert record["git_commit"] == git_commit()
-    archive = yaml.safe_load((run_dir / "archives" / "K.yaml").read_text())
+    archive = yaml.safe_load((run_dir / "archives" / "K-fast.yaml").read_text())
     assert archive["deployment"]["inside_image"] == image
     assert archive["git_commit"] == git_commit()
     assert archive["postgres_version"].startswith("PostgreSQL 18.")
