@@ -17,10 +17,13 @@ it waited.
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.checking import checkers
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, LoggedOp
 from harness.parts.control import Hold
+from harness.parts.processes import WorkerProcess
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(
@@ -55,15 +58,7 @@ def run(ctx: ExperimentContext) -> None:
     a = ctx.env.start_worker("A", "ops")
     b = ctx.env.start_worker("B", "ops")
     c = ctx.env.start_worker("C", "ops")
-    lease = ctx.ok(a, "claim", run_id=run_id)
-    epoch_a, base = lease["epoch"], lease["revision"]
-    ctx.arm("A", "after_lease_row_locked", Hold())
-    write = ctx.op_async(
-        a,
-        "save_checkpoint",
-        {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
-        worker_async=True,
-    )
+    epoch_a, base, write = _a_writes_held_at_its_row_lock(ctx, a, run_id)
     hit = ctx.reached("A", "after_lease_row_locked")
     checkers.wait_lease_expired(ctx, run_id)
     # An untargeted claim (SKIP LOCKED) must pass A's locked row by at once,
@@ -133,12 +128,13 @@ def run(ctx: ExperimentContext) -> None:
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
-def _expires_while_waiting(ctx: ExperimentContext) -> None:
-    run_id = new_run(ctx)
-    a = ctx.env.start_worker("A", "ops")
-    b = ctx.env.start_worker("B", "ops")
+def _a_writes_held_at_its_row_lock(
+    ctx: ExperimentContext, a: WorkerProcess, run_id: str
+) -> tuple[Any, Any, LoggedOp]:
+    """A claims the run and sends a checkpoint that the barrier holds right
+    after it locked the run row: A's epoch, the revision it saw, the write."""
     lease = ctx.ok(a, "claim", run_id=run_id)
-    epoch_a, base = lease["epoch"], lease["revision"]
+    epoch_a, base = lease["epoch"], lease["revision"]  # null where a system has none
     ctx.arm("A", "after_lease_row_locked", Hold())
     write = ctx.op_async(
         a,
@@ -146,6 +142,14 @@ def _expires_while_waiting(ctx: ExperimentContext) -> None:
         {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
         worker_async=True,
     )
+    return epoch_a, base, write
+
+
+def _expires_while_waiting(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    b = ctx.env.start_worker("B", "ops")
+    epoch_a, base, write = _a_writes_held_at_its_row_lock(ctx, a, run_id)
     ctx.reached("A", "after_lease_row_locked")
     live = checkers.run_row(ctx, run_id, "the run as B's takeover is sent")
     takeover = ctx.op_async(b, "claim", {"run_id": run_id}, worker_async=True)

@@ -138,7 +138,7 @@ class Evidence:
         """Transactions that deleted a task row (a retention purge, contract
         op ``purge``): their deletions are judged by
         ``run.only_finished_tasks_are_purged``, not as history rewritten."""
-        return {c.txid for c in self.of("agent_tasks", "DELETE") if not c.by_harness}
+        return purge_txids(self.changes)
 
     def capability(self, tool: str) -> str | None:
         caps = self.tool.get("tools") or {}
@@ -192,13 +192,22 @@ PURGED_TABLES = {
 }
 
 
+def purge_txids(changes: Iterable[Change]) -> set[int]:
+    """The transactions (not the harness's) that deleted a task row."""
+    return {
+        c.txid
+        for c in changes
+        if c.table == "agent_tasks" and c.op == "DELETE" and not c.by_harness
+    }
+
+
 def with_purged(
     tables: dict[str, list[dict[str, Any]]], changes: list[Change]
 ) -> dict[str, list[dict[str, Any]]]:
     """The final rows plus the last image of every row a purge transaction
     deleted: the state a purged task ended in (its archive holds the same),
     so the invariants that read final rows judge it too."""
-    txids = {c.txid for c in changes if c.table == "agent_tasks" and c.op == "DELETE"}
+    txids = purge_txids(changes)
     out = {t: list(rows) for t, rows in tables.items()}
     for c in changes:
         if c.op == "DELETE" and c.txid in txids and c.old is not None and c.table in out:
