@@ -193,8 +193,10 @@ def request(signum: int | None = None, why: str | None = None) -> None:
         or f"{reason()}: stopping (nothing new starts; running experiments are aborted); "
         "a second signal kills everything at once"
     )
-    _state.event.set()
+    # Said before the event wakes anyone: a waiter that then exits at once
+    # (os._exit, a test's script) must not leave the stop unannounced.
     _say(announcement)
+    _state.event.set()
     for callback in callbacks:
         _call(callback, reason())
     if _wakeup is None:
