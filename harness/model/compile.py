@@ -20,6 +20,7 @@ Invariants:
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
 from harness.model.entities import COLUMNS, HOLDING, LEASE_COLUMNS, SCHEMA, TERMINAL
 from harness.model.spec import (
@@ -35,6 +36,10 @@ from harness.model.spec import (
 
 AUDIT = "fencecheck_audit"
 SETTINGS = f"{SCHEMA}.settings"
+#: Which model columns the mapping gives a value (relation, column): a column
+#: mapped to ``none`` reads as null, and an invariant must not take a system
+#: without the column for one whose column is never written.
+DECLARED = f"{SCHEMA}.declared"
 #: The last model row of every run whose row the system deleted (``deleted:``).
 DELETED_RUNS = f"{AUDIT}.deleted_runs"
 #: How much of the client's top-level statement is kept per change: enough to
@@ -285,11 +290,40 @@ END"""
     )
 
 
-def install_sql(model: ModelMap, present: set[str]) -> str:
+def declared_columns(model: ModelMap, catalog: Mapping[str, set[str]]) -> dict[str, list[str]]:
+    """The model columns each relation gives a value: a same-named relation the
+    contract's columns its table has, a mapped one those not mapped to none;
+    ``catalog`` is table -> its columns."""
+    out: dict[str, list[str]] = {}
+    for name, rel in model.relations.items():
+        if rel is None or rel.table not in catalog:
+            out[name] = []
+        elif rel.same_names:
+            out[name] = [c for c in COLUMNS[name] if c in catalog[rel.table]]
+        else:
+            out[name] = [c for c in COLUMNS[name] if rel.expr(c) is not None]
+    return out
+
+
+def declared_sql(declared: Mapping[str, list[str]]) -> str:
+    rows = ", ".join(
+        f"({literal(name)}, {literal(c)})" for name, cols in declared.items() for c in cols
+    )
+    insert = f"INSERT INTO {DECLARED} VALUES {rows};" if rows else ""
+    return (
+        f"CREATE TABLE IF NOT EXISTS {DECLARED} (relation text, column_name text, "
+        f"PRIMARY KEY (relation, column_name));\nREVOKE ALL ON {DECLARED} FROM PUBLIC;\n"
+        f"TRUNCATE {DECLARED};\n{insert}"
+    )
+
+
+def install_sql(model: ModelMap, catalog: Mapping[str, set[str]]) -> str:
     """Everything the harness adds after ``migrate``: the audit table, the model's
-    schema and views, and the triggers; ``present`` are the base tables that
-    exist (a same-named optional relation without its table is an empty view)."""
-    parts = [AUDIT_TABLE]
+    schema and views, the triggers, and the declared columns; ``catalog`` is
+    every base table that exists with its columns (a same-named optional
+    relation without its table is an empty view)."""
+    present = set(catalog)
+    parts = [AUDIT_TABLE, declared_sql(declared_columns(model, catalog))]
     for name, rel in model.relations.items():
         usable = rel if rel is None or rel.table in present else None
         parts.append(f"DROP VIEW IF EXISTS {SCHEMA}.{ident(name)};")

@@ -119,7 +119,7 @@ def install(conn: psycopg.Connection[Any], model: ModelMap) -> list[Problem]:
     found = problems(model, catalog)
     if found:
         return found
-    conn.execute(compile.install_sql(model, set(catalog)).encode())
+    conn.execute(compile.install_sql(model, catalog).encode())
     return []
 
 

@@ -678,3 +678,32 @@ def test_a_deletion_outside_a_purge_is_history_rewritten() -> None:
     purge(s, task=False, only="agent_checkpoints")
     results = {r.name: r for r in check(evidence(s))}
     assert not results["run.history_is_append_only"].ok
+
+
+def never_stamped() -> Story:
+    """The clean story by a system whose first-dispatch stamp is never written."""
+    s = clean_story()
+    for c in s.changes:
+        for row in (c.old, c.new):
+            if row is not None:
+                row.pop("first_dispatched_at", None)
+    return s
+
+
+@pytest.mark.parametrize(
+    ("declared", "broken"),
+    [
+        (None, False),  # not known: a column never seen reads as no column
+        (frozenset({"operation_id", "status"}), False),  # the mapping has none
+        (frozenset({"operation_id", "status", "first_dispatched_at"}), True),
+    ],
+)
+def test_a_declared_first_dispatch_never_stamped_breaks(
+    declared: frozenset[str] | None, broken: bool
+) -> None:
+    ev = evidence(never_stamped())
+    ev.declared = None if declared is None else {"tool_operations": declared}
+    result = {r.name: r for r in check(ev)}["effect.first_dispatch_is_kept"]
+    assert result.ok is not broken
+    if broken:
+        assert result.violations[0]["why"] == "not set by the first dispatch claim"

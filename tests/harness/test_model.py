@@ -87,6 +87,22 @@ def test_the_view_reads_the_lease_from_the_heartbeat_row(queue_db: Database) -> 
     assert q(queue_db, "SELECT count(*) AS n FROM fencecheck_model.outbox") == [{"n": 0}]
 
 
+def test_the_evidence_knows_which_model_columns_the_mapping_declares(queue_db: Database) -> None:
+    ev = gather(lambda s, p: q(queue_db, s, p), tool_export={}, history=[], lease_ttl_ms=1_000)
+    assert ev.declared is not None
+    assert ev.declared["agent_runs"] == {
+        "run_id",
+        "task_id",
+        "status",
+        "owner",
+        "attempt_count",
+        "lease_expires_at",
+    }
+    # A relation the mapping leaves out declares nothing: its invariants are not judged.
+    assert ev.declares("tool_operations", "first_dispatched_at") is False
+    assert ev.declares("agent_runs", "epoch") is False
+
+
 def test_a_heartbeat_is_audited_as_the_move_of_its_runs(queue_db: Database) -> None:
     set_lease_ttl(lambda s, p: q(queue_db, s, p), 1_000)
     q(queue_db, "INSERT INTO workers DEFAULT VALUES")

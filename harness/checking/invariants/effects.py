@@ -286,8 +286,13 @@ def ledger_revision_advances(ev: Evidence) -> Finding:
 )
 def first_dispatch_is_kept(ev: Evidence) -> Finding:
     ops = list(ev.of("tool_operations"))
-    if not any(c.row.get("first_dispatched_at") is not None for c in ops):
-        return Finding(0, [])  # a system without the column (its mapping has none)
+    declared = ev.declares("tool_operations", "first_dispatched_at")
+    if declared is False or (
+        declared is None and not any(c.row.get("first_dispatched_at") is not None for c in ops)
+    ):
+        # A system without the column (its mapping has none). Known from the
+        # mapping, a column that is declared but never written is judged.
+        return Finding(0, [])
     bad: list[dict[str, Any]] = []
     judged = 0
     for c in ops:

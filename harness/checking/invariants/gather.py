@@ -15,6 +15,7 @@ from typing import Any
 
 from harness.checking.history import Event
 from harness.checking.invariants.model import Change, Evidence, with_purged
+from harness.model.compile import DECLARED
 from harness.model.entities import RELATIONS, relation
 
 Query = Callable[[str, Sequence[Any] | None], list[dict[str, Any]]]
@@ -67,6 +68,18 @@ def tables(query: Query) -> dict[str, list[dict[str, Any]]]:
     }
 
 
+def declared(query: Query) -> dict[str, frozenset[str]] | None:
+    """The model columns the mapping declares, per relation (None: a database
+    whose model predates the record)."""
+    present = query(f"SELECT to_regclass('{DECLARED}') IS NOT NULL AS ok", None)
+    if not present or not present[0]["ok"]:
+        return None
+    out: dict[str, set[str]] = {name: set() for name in RELATIONS}
+    for r in query(f"SELECT relation, column_name FROM {DECLARED}", None):
+        out.setdefault(str(r["relation"]), set()).add(str(r["column_name"]))
+    return {name: frozenset(cols) for name, cols in out.items()}
+
+
 def gather(
     query: Query,
     *,
@@ -85,4 +98,5 @@ def gather(
         lease_ttl_ms=lease_ttl_ms,
         write_paths=dict(write_paths or {}),
         asked_write_path=asked_write_path,
+        declared=declared(query),
     )

@@ -118,6 +118,9 @@ class Evidence:
     # contains), and the one the experiment asked for (None: not judged).
     write_paths: dict[str, str] = field(default_factory=dict)
     asked_write_path: str | None = None
+    # Model columns the mapping gives a value, per relation (None: not known,
+    # an older database; invariants then go by the values they see).
+    declared: dict[str, frozenset[str]] | None = None
     # Index of changes by (txid, table), built on first use.
     _by_tx: dict[Any, list[Change]] | None = field(default=None, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
@@ -129,6 +132,12 @@ class Evidence:
 
     def rows(self, table: str) -> list[dict[str, Any]]:
         return self.tables.get(table, [])
+
+    def declares(self, table: str, column: str) -> bool | None:
+        """Whether the mapping gives ``column`` of ``table`` a value (None: not known)."""
+        if self.declared is None:
+            return None
+        return column in self.declared.get(table, frozenset())
 
     def requests(self) -> list[dict[str, Any]]:
         """Create requests the tool received (bad input excluded: it never acts)."""
