@@ -148,7 +148,8 @@ class RunControl:
         reason: str,
         ticket: str | None = None,
     ) -> dict[str, Any]:
-        """Manual convergence of an unknown operation (the run is not moved)."""
+        """Manual convergence of an unknown operation (a run paused in doubt with
+        nothing else in doubt goes back to the queue; any other run is not moved)."""
         rows = translated(
             conn,
             self.q.sql("converge_operation"),

@@ -11,6 +11,12 @@ resource found, resend nothing). The decision is audited. Before it, every
 operator decision of the contract is sent with every value outside its
 argument's enumeration (:func:`harness.contract.spec.invalid_choices`): each
 must change nothing, judged from the audit trail.
+
+Variant ``operator_converges``: the person records the fact by hand instead
+(``converge_operation``, the tool's console showed the resource). Nothing of
+the run is in doubt any more, so the run must go back to the queue in the
+same transaction (a run paused in doubt with nothing in doubt is resumed by
+nobody), and a worker must finish it from the recorded fact without resending.
 """
 
 from __future__ import annotations
@@ -36,11 +42,13 @@ SPEC = ExperimentSpec(
     needs=(
         *needs.capabilities("workflow", "ledger", "ledger_tool:none"),
         needs.capability("operator_actions", "operator_resolves"),
+        needs.capability("operator_actions", "operator_converges"),
         needs.point("after_tool_response_before_tx2_commit"),
         needs.point("after_operator_lock", "operator_resolves"),
         needs.op("resolve_indoubt", "operator_resolves"),
+        needs.op("converge_operation", "operator_converges"),
     ),
-    variants=("frozen", "operator_resolves"),
+    variants=("frozen", "operator_resolves", "operator_converges"),
     natural_wait_s=0.8,
 )
 
@@ -91,6 +99,8 @@ def run(ctx: ExperimentContext) -> None:
         ctx.equal("nobody holds the frozen run", row["owner"], None, what="owner")
     if ctx.variant == "operator_resolves":
         _operator_resolves(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
+    if ctx.variant == "operator_converges":
+        _operator_converges(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
@@ -199,6 +209,61 @@ def _operator_resolves(
         == [("resolve:executed", operator, "OPS-42", "paused_indoubt", "queued")],
         expected=f"one row: resolve:executed by {operator}, ticket OPS-42, paused_indoubt -> queued",
         observed=f"{[(a['action'], a['operator'], a['ticket'], a['before'], a['after']) for a in actions]}",
+    )
+
+
+def _operator_converges(
+    ctx: ExperimentContext, run_id: str, op_id: str, sent: list[dict[str, object]]
+) -> None:
+    remote = str(sent[0]["resource_id"]) if sent else None
+    before = checkers.run_row(ctx, run_id)["status"]
+    ctx.fault(
+        "the operator converges an operation of a run paused in doubt",
+        before == "paused_indoubt",
+        expected="the run paused in doubt before the convergence",
+        observed=f"run status {before}",
+    )
+    reply = ctx.op(
+        control_plane(ctx),
+        "converge_operation",
+        operation_id=op_id,
+        outcome="succeeded",
+        remote_id=remote,
+        reason="resource found in the tool's console",
+        ticket="OPS-43",
+    )
+    row = checkers.run_row(ctx, run_id, "the run after the convergence")
+    ops_after = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
+    # Safety, not timing: the same transaction converges and resumes.
+    ctx.invariant(
+        "a run with nothing left in doubt is not left paused in doubt",
+        reply.ok and ops_after == [("succeeded", remote)] and row["status"] == "queued",
+        expected=f"convergence accepted, ledger succeeded with {remote}, run queued at once",
+        observed=f"reply ok={reply.ok} ({reply.error or ''}); ledger {ops_after}; "
+        f"run status {row['status']}",
+    )
+    w = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
+    code_w = finish(ctx, w)
+    requests = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.equal("nothing resent after the convergence", len(requests), 1, what="tool requests")
+    ctx.progress_equal(
+        "the run finished from the recorded fact",
+        checkers.run_row(ctx, run_id, "the run at the end")["status"],
+        "succeeded",
+        what=f"run status (W2 exit {code_w})",
+    )
+    actions = ctx.sql(
+        "operator decisions on the run",
+        "SELECT action, ticket, before->>'status' AS before, after->>'status' AS after"
+        " FROM fencecheck_model.operator_actions WHERE run_id = %s ORDER BY id",
+        [run_id],
+    )
+    seen = [(a["action"], a["ticket"], a["before"], a["after"]) for a in actions]
+    ctx.invariant(
+        "the convergence is audited",
+        seen == [("converge", "OPS-43", "paused_indoubt", "queued")],
+        expected="one row: converge, ticket OPS-43, paused_indoubt -> queued",
+        observed=f"{seen}",
     )
 
 

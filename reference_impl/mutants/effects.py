@@ -237,6 +237,14 @@ MUTANTS = (
         SqlOverlay("resolve_unaudited.sql", "fencecheck.operator_resolve"),
     ),
     Mutant(
+        "converge_leaves_paused",
+        5,
+        ("J",),
+        "an operator's manual convergence leaves the run paused in doubt with nothing left "
+        "in doubt: nobody may resolve it any more and nothing resumes it",
+        SqlOverlay("converge_leaves_paused.sql", "fencecheck.operator_converge"),
+    ),
+    Mutant(
         "retry_ignores_retention",
         4,
         ("E",),

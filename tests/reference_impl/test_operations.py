@@ -157,6 +157,21 @@ def test_operator_resolves_in_doubt_with_an_audit_row(rt: Runtime, ref_db: Datab
     assert rt.runs.state(rt.conn, other)["status"] == "paused_indoubt"
 
 
+def test_an_operators_convergence_resumes_the_paused_run(rt: Runtime) -> None:
+    # Nothing of the run in doubt any more: left paused in doubt, resolve would
+    # refuse it (its operation is no longer unknown) and nothing would resume it.
+    run, op = _frozen_in_doubt(rt)
+    ctl = operator_of(rt)
+    ctl.runs.converge(ctl.conn, op, "succeeded", "res-1", "found in console", "OPS-8")
+    assert rt.runs.state(rt.conn, run)["status"] == "queued"
+    (act,) = ctl.runs.actions(ctl.conn, run)
+    assert (act["action"], act["before"]["status"], act["after"]["status"]) == (
+        "converge",
+        "paused_indoubt",
+        "queued",
+    )
+
+
 def test_reconciled_operation_resumes_the_paused_run(rt: Runtime) -> None:
     run, op = _frozen_in_doubt(rt)
     row = rt.ledger.get(rt.conn, op)

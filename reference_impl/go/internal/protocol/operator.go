@@ -224,8 +224,10 @@ func (p *Protocol) Decide(ctx context.Context, db DB, runID, decision string, su
 }
 
 // ConvergeOperation is a manual convergence of an unknown operation to a
-// fact a person established (the tool's console): the ledger records it,
-// the run is not moved (Resolve is for a run paused in doubt).
+// fact a person established (the tool's console): the ledger records it;
+// a run paused in doubt with nothing else in doubt goes back to the queue,
+// as the reconciler's convergence does (else nothing would ever resume it:
+// Resolve refuses an operation no longer unknown).
 func (p *Protocol) ConvergeOperation(ctx context.Context, db DB, opID, outcome string, remoteID *string,
 	reason string, ticket *string) (map[string]any, error) {
 	if outcome != "succeeded" && outcome != "failed_final" || (outcome == "succeeded" && remoteID == nil) {
@@ -250,6 +252,9 @@ func (p *Protocol) ConvergeOperation(ctx context.Context, db DB, opID, outcome s
 		}
 		if err := ledgerChange(ctx, tx, p.SQL.ResolveOperation, opID, "converge",
 			opID, runID, outcome, remoteID, "operator_converged", reason, ticket); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, p.SQL.ResumeRun, opID); err != nil {
 			return err
 		}
 		id, err := p.Audit(ctx, tx, p, AuditRow{RunID: &runID, OperationID: &opID, Action: "converge",
