@@ -26,6 +26,7 @@ and the database (ledger, run), never from the worker's account.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
@@ -122,7 +123,7 @@ def run(ctx: ExperimentContext) -> None:
     op_id = first.get("operation_id")
     resources = [r for r in checkers.tool_resources(ctx) if r["operation_id"] == op_id]
     late = (first.get("answered_at") or 0) - float(first.get("received_at") or 0)
-    ctx.fault(
+    took = ctx.fault(
         f"the tool answered {answer.mode}",
         first.get("outcome") == answer.logged
         and first.get("fault_mode") == answer.mode
@@ -134,6 +135,30 @@ def run(ctx: ExperimentContext) -> None:
         observed=f"first create {first.get('outcome')!r} by {first.get('fault_mode')!r}; "
         f"{len(resources)} resource(s); answered after {late * 1000:.0f} ms (A exit {code})",
     )
+    if not took:
+        # What the ledger and the run must show follows from the answer; the
+        # scheduled one was not given, so none of it is judged (the verdict is
+        # unknown). What holds whatever the answer is still judged below.
+        ctx.not_judged(
+            "the ledger, the run and the tool's log against the scheduled answer",
+            expected=f"judged once the tool answered {answer.mode}",
+            observed="the tool did not give the scheduled answer (see the fault check)",
+        )
+    else:
+        _judge_the_answer(ctx, answer, run_id, str(op_id), requests, resources, code)
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _judge_the_answer(
+    ctx: ExperimentContext,
+    answer: Answer,
+    run_id: str,
+    op_id: str,
+    requests: list[dict[str, Any]],
+    resources: list[dict[str, Any]],
+    code: int,
+) -> None:
     ledger = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
     op = ledger.get(str(op_id), {})
     row = checkers.run_row(ctx, run_id)
@@ -179,5 +204,3 @@ def run(ctx: ExperimentContext) -> None:
             resources[0]["resource_id"] if resources else None,
             what=f"remote_id of {op_id}",
         )
-    checkers.recorded_results_are_the_tools(ctx, run_id)
-    checkers.lease_history_is_sound(ctx, [run_id])
