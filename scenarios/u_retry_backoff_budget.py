@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Callable
 from typing import Any
 
 from harness.checking import checkers
@@ -58,6 +59,8 @@ ATTEMPTS = 3
 # beyond this stated tolerance, which is far below any jitter or growth the
 # contract asks for.
 DELAY_TOLERANCE_MS = 1.0
+#: Workers started after the first one exits while the budget is unfinished.
+SUCCESSORS = 4
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -78,9 +81,24 @@ def run(ctx: ExperimentContext) -> None:
         ctx.note_run(r)
     ctx.env.tool.client().set_fault("plain", "reject_429", count=0)
     ctx.command("tool: every create of 'plain' answers 429 until cleared")
-    worker = ctx.env.start_worker("W", "run")
-    seen = _watch_requeues(ctx, runs)
-    worker.stop(grace_s=2.0)
+    since = time.time()
+    workers = [ctx.env.start_worker("W", "run")]
+
+    def keep_one_working() -> None:
+        # A worker whose renewal timed out cancels itself (exit 10), as the
+        # protocol says, and a deployment starts another; so does U (a
+        # loaded machine left both runs unworked otherwise). Bounded, so a
+        # worker that dies at once still leaves the budget unfinished.
+        last = workers[-1]
+        if last.is_alive() or len(workers) > SUCCESSORS:
+            return
+        name = f"Ws{len(workers)}"
+        ctx.command(f"{last.worker_id} exited with code {last.returncode}; {name} takes over")
+        workers.append(ctx.env.start_worker(name, "run"))
+
+    seen = _watch_requeues(ctx, runs, keep_one_working)
+    for worker in workers:
+        worker.stop(grace_s=2.0)
     requests = checkers.tool_requests(ctx)
     ctx.fault(
         "the tool refused with 429",
@@ -90,17 +108,23 @@ def run(ctx: ExperimentContext) -> None:
     )
     trail = checkers.audit(ctx)
     for r in runs:
-        _judge(ctx, r, seen[r], trail, requests)
+        _judge(ctx, r, seen[r], trail, requests, since)
     delays = [[d for d, _ in seen[r]] for r in runs]
     apart = [abs(x - y) for x, y in zip(delays[0], delays[1], strict=False)]
-    ctx.invariant(
-        "jitter spreads the runs",
-        bool(apart) and max(apart) > DELAY_TOLERANCE_MS,
+    jitter = dict(
         expected=f"measured delays (next_attempt_at - updated_at, audit trail) of the two runs "
-        f"differ by more than {DELAY_TOLERANCE_MS:g} ms at one attempt at least",
+        f"differ by more than {DELAY_TOLERANCE_MS:g} ms at one of the {ATTEMPTS - 1} attempts "
+        "at least",
         observed=f"delays (ms): {[[round(d, 3) for d in ds] for ds in delays]}; apart by "
         f"{[round(a, 3) for a in apart]} ms",
     )
+    if len(apart) == ATTEMPTS - 1:
+        ctx.invariant("jitter spreads the runs", max(apart) > DELAY_TOLERANCE_MS, **jitter)
+    else:
+        # Two jittered delays may coincide by chance (about 3% at the first
+        # attempt); only every attempt's pair together makes it a finding.
+        # Fewer requeues are the budget's progress, judged above.
+        ctx.not_judged("jitter spreads the runs", **jitter)
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
     checkers.lease_history_is_sound(ctx, [*runs, *retried])
 
@@ -168,7 +192,9 @@ def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str
     return [new]
 
 
-def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[tuple[float, Any]]]:
+def _watch_requeues(
+    ctx: ExperimentContext, runs: list[str], keep_one_working: Callable[[], None]
+) -> dict[str, list[tuple[float, Any]]]:
     """Wait until both runs are paused for a human, then take every requeue
     of each from the audit trail (an UPDATE of agent_runs that changed the
     revision and left the run queued) as (delay ms, next_attempt_at). The
@@ -177,6 +203,7 @@ def _watch_requeues(ctx: ExperimentContext, runs: list[str]) -> dict[str, list[t
     first requeue of a run was missed)."""
 
     def paused() -> bool:
+        keep_one_working()
         rows = ctx.env.query(
             "SELECT status FROM fencecheck_model.agent_runs WHERE run_id::text = ANY(%s)",
             [runs],
@@ -218,30 +245,53 @@ def _judge(
     seen: list[tuple[float, Any]],
     trail: list[dict[str, Any]],
     requests: list[dict[str, Any]],
+    since: float,
 ) -> None:
+    """Safety: whatever the run got through, the budget was never overrun nor
+    cut short, each delay outgrew the one before, no claim came early.
+    Progress: the run got through its whole budget in the time given (on a
+    loaded machine renewals time out, workers cancel themselves and the
+    time may run out: unmet, not broken, when the timing shows why)."""
     short = run_id[:8]
     row = checkers.run_row(ctx, run_id)
     mine = [r for r in requests if r.get("run_id") == run_id]
-    ctx.equal(
-        f"{short}: the budget ends in a pause for a person",
-        (row["status"], row["attempt_count"], len(mine)),
-        ("paused_human", ATTEMPTS, ATTEMPTS),
-        what="(status, attempt_count, requests the tool received)",
-    )
+    status, attempts = row["status"], row["attempt_count"]
     delays = [d for d, _ in seen]
-    ctx.invariant(
-        f"{short}: the delay grows with every attempt",
-        len(delays) == ATTEMPTS - 1
-        and all(b > a + DELAY_TOLERANCE_MS for a, b in itertools.pairwise(delays)),
-        expected=f"{ATTEMPTS - 1} requeues, each measured delay more than "
-        f"{DELAY_TOLERANCE_MS:g} ms longer than the one before",
-        observed=f"delays (ms): {[round(d, 3) for d in delays]}",
-    )
     grants = [
         r["at"]
         for r in trail
         if str(r["run_id"]) == run_id and r["old_status"] == "queued" and r["status"] == "running"
     ]
+    shown = (
+        f"(status, attempt_count, requests the tool received, requeues, grants): "
+        f"({status!r}, {attempts}, {len(mine)}, {len(delays)}, {len(grants)})"
+    )
+    ctx.invariant(
+        f"{short}: the budget is never overrun nor cut short",
+        max(attempts, len(mine), len(delays) + 1, len(grants)) <= ATTEMPTS
+        and status in ("queued", "running", "waiting_tool", "paused_human")
+        and (status != "paused_human" or attempts == ATTEMPTS),
+        expected=f"at most {ATTEMPTS} attempts, requests, grants and {ATTEMPTS - 1} requeues; "
+        f"paused for a person only with all {ATTEMPTS} attempts spent; never ended otherwise "
+        "(the tool only ever answered 429)",
+        observed=shown,
+    )
+    ctx.progress(
+        f"{short}: the budget ends in a pause for a person",
+        (status, attempts, len(mine), len(delays), len(grants))
+        == ("paused_human", ATTEMPTS, ATTEMPTS, ATTEMPTS - 1, ATTEMPTS),
+        expected=f"('paused_human', {ATTEMPTS}, {ATTEMPTS}, {ATTEMPTS - 1}, {ATTEMPTS}) within "
+        "12 s",
+        observed=shown,
+        since=since,
+    )
+    ctx.invariant(
+        f"{short}: the delay grows with every attempt",
+        all(b > a + DELAY_TOLERANCE_MS for a, b in itertools.pairwise(delays)),
+        expected=f"each measured delay more than {DELAY_TOLERANCE_MS:g} ms longer than the one "
+        "before (judged on every requeue there was; their number is the budget's progress)",
+        observed=f"delays (ms): {[round(d, 3) for d in delays]}",
+    )
     early = [
         f"grant at {g} before {due}"
         for (_, due), g in zip(seen, grants[1:], strict=False)
@@ -249,7 +299,7 @@ def _judge(
     ]
     ctx.invariant(
         f"{short}: never claimed before next_attempt_at",
-        len(grants) == ATTEMPTS and not early,
-        expected=f"{ATTEMPTS} grants, each at or after the stored next_attempt_at",
+        not early,
+        expected="every grant after a requeue at or after the stored next_attempt_at",
         observed=f"{len(grants)} grant(s); early: {early or 'none'}",
     )
