@@ -113,6 +113,13 @@ def run(ctx: ExperimentContext) -> None:
         _retry_race(ctx)
         return
     moment = SETUPS[ctx.variant or "superseded"](ctx)
+    # A bystander: another run's operation, registered and never sent. A
+    # delivery that converges more than the operation it names (a WHERE
+    # clause lost) shows only where a second operation exists.
+    by_run = new_run(ctx, tool=TOOL)
+    by_op = intent_registered(ctx, ctx.env.start_worker("Y", "ops"), by_run, tool=TOOL,
+                              step_id="g.bystander")  # fmt: skip
+    by_before = _operation(ctx, by_op)
     ctl = control_plane(ctx)
     op_before = _operation(ctx, moment.op_id)
     run_before = checkers.run_row(ctx, moment.run_id, "the callback's run before it")
@@ -165,6 +172,12 @@ def run(ctx: ExperimentContext) -> None:
         all(r["tbl"] == "tool_operations" and r["operation_id"] == moment.op_id for r in touched),
         expected=f"audited changes by the delivery only on tool_operations row {moment.op_id}",
         observed=f"{[(r['seq'], r['tbl'], r['op'], r['operation_id']) for r in touched]}",
+    )
+    ctx.equal(
+        "the callback changed no other operation",
+        _key(_operation(ctx, by_op)),
+        _key(by_before),
+        what=f"(status, remote_id, revision) of the bystander operation {by_op}",
     )
     moment.then(op_after)
     checkers.recorded_results_are_the_tools(ctx, moment.run_id)
