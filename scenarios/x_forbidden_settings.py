@@ -24,7 +24,11 @@ from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from scenarios.common import finish, new_run
 
-LEASE_TTL_MS = 800
+# X judges refusals, not timing: the worker with sound settings gets timers a
+# loaded machine cannot break (with the matrix's 800 ms lease and 300 ms
+# renewal timeout, the Go worker's renewal queued behind its own checkpoint
+# commit timed out beside the fresh-clone CI, and it cancelled itself).
+LEASE_TTL_MS = 3000
 
 #: (what is wrong, the environment that says it).
 FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
@@ -50,6 +54,9 @@ SPEC = ExperimentSpec(
     rules=(1, 8, 11),
     layer="queue",
     lease_ttl_ms=LEASE_TTL_MS,
+    heartbeat_ms=500,
+    heartbeat_timeout_ms=1500,
+    dispatch_ttl_ms=5000,
     needs=needs.capabilities("workflow"),
 )
 

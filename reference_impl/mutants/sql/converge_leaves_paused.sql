@@ -29,6 +29,7 @@ BEGIN
            'operator', session_user, 'reason', p_reason, 'ticket', p_ticket)),
          revision = x.revision + 1, updated_at = clock_timestamp()
    WHERE x.operation_id = p_operation_id;
+  -- MUTANT: a run paused in doubt is not resumed, whatever is left in doubt
   RETURN QUERY SELECT p_outcome,
     fencecheck._audit(o.run_id, p_operation_id, 'converge', p_reason, p_ticket, v_before);
 END
