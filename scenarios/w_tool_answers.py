@@ -18,6 +18,15 @@ answers a worker must handle"):
 * ``late_answer``: the tool acts at once and answers after the worker's own
   tool timeout (a query tool). The timeout is unknown, not a refusal: converge
   by query, no resend, finish.
+* ``found_after_freeze``: the request reaches the tool only after the worker
+  gave up on it and its query found nothing (a query tool, `arrive_late`), so
+  the run is paused in doubt; then the tool acts. A reconciler cycle finds the
+  resource by query: the operation converges to it and, in the same
+  transaction, the run goes back to the queue (nothing else of it is in
+  doubt); a worker finishes it without resending. Beside it a bystander run
+  of the same tenant stays paused in doubt with its own unknown operation (a
+  tool with neither query nor key, its answer lost): another run's doubt
+  must neither block this run's resumption nor be touched.
 
 Judged from the tool's own log (requests, resources and their body digests)
 and the database (ledger, run), never from the worker's account.
@@ -31,13 +40,17 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from scenarios.common import finish, new_run, seen_within
+from scenarios.common import control_plane, finish, new_run, seen_within
 
 # The worker's tool-call timeout (FENCECHECK_TOOL_TIMEOUT_MS) and how late the
 # tool answers in variant late_answer: well past it, so that the worker has
 # given up on the call before the answer leaves.
 TOOL_TIMEOUT_MS = 300
 LATE_MS = 900
+# found_after_freeze: how long the request is on the network before the tool
+# sees it; the worker's timeout, its query and its freeze come before that.
+ARRIVE_LATE_MS = 1500
+FOUND_AFTER_FREEZE = "found_after_freeze"
 
 
 @dataclass(frozen=True)
@@ -85,20 +98,29 @@ SPEC = ExperimentSpec(
     seed_section="English seed §8, §9.2, §9.3 (capabilities, unknown); Chinese seed §8.3",
     invariant="a conflict with another body is no success; a 5xx or a late answer is unknown, "
     "never a failure or a refusal; a 202 is no result; the ledger records only the tool's "
-    "resource of our request, learnt by query; nothing is resent without a promise",
+    "resource of our request, learnt by query; nothing is resent without a promise; a "
+    "reconciler that learns the fact of a run paused in doubt converges it and resumes the "
+    "run in one transaction, whatever another run has in doubt",
     fault="the tool's one answer to the tool step, by schedule: 409 from another body, 500 "
-    "after acting, 202 without a result, or an answer after the worker's timeout",
+    "after acting, 202 without a result, or an answer after the worker's timeout; or the "
+    "request reaching the tool only after the run was paused in doubt, beside another run "
+    "in doubt",
     rules=(4, 5),
-    variants=tuple(ANSWERS),
+    variants=(*ANSWERS, FOUND_AFTER_FREEZE),
     needs=(
         *needs.capabilities("workflow", "ledger"),
         *(needs.capability(f"ledger_tool:{CAPABILITY[a.tool]}", v) for v, a in ANSWERS.items()),
+        needs.capability("ledger_tool:query", FOUND_AFTER_FREEZE),
+        needs.capability("ledger_tool:none", FOUND_AFTER_FREEZE),
     ),
-    variant_waits=(("late_answer", LATE_MS / 1000),),
+    variant_waits=(("late_answer", LATE_MS / 1000), (FOUND_AFTER_FREEZE, ARRIVE_LATE_MS / 1000)),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
+    if ctx.variant == FOUND_AFTER_FREEZE:
+        _found_after_freeze(ctx)
+        return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
     ctx.env.tool.client().set_fault(answer.tool, answer.mode, ms=answer.ms)
@@ -204,3 +226,98 @@ def _judge_the_answer(
             resources[0]["resource_id"] if resources else None,
             what=f"remote_id of {op_id}",
         )
+
+
+def _found_after_freeze(ctx: ExperimentContext) -> None:
+    """The reconciler learns the remote fact of a run already paused in doubt:
+    the operation converges and the run resumes in one transaction, whatever
+    another run of the tenant has in doubt."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="queryable")
+    bystander = new_run(ctx, tool="plain")
+    tool = ctx.env.tool.client()
+    tool.set_fault("queryable", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
+    tool.set_fault("plain", "drop_after_act", run_id=bystander)
+    ctx.command(
+        f"tool: run {run_id}'s create reaches the queryable tool {ARRIVE_LATE_MS} ms late; "
+        f"the bystander {bystander}'s create of the plain tool loses its answer"
+    )
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    z = ctx.env.start_worker("Z", "run", ["--run-id", bystander, "--once"], env=env)
+    code_a, code_z = finish(ctx, a), finish(ctx, z)
+    seen_within(
+        lambda: checkers.tool_requests(ctx, run_id=run_id) or None,
+        what=f"the tool to see run {run_id}'s late request",
+        timeout_s=ARRIVE_LATE_MS / 1000 + 5,
+    )
+    log = checkers.tool_log(ctx)
+    seen = [r for r in log["requests"] if r.get("run_id") == run_id]
+    op_id = str(seen[0]["operation_id"]) if seen else ""
+    queried = [q for q in log["queries"] if q.get("operation_id") == op_id]
+    row = checkers.run_row(ctx, run_id, "the run before the reconciler's cycle")
+    by_row = checkers.run_row(ctx, bystander, "the bystander before the reconciler's cycle")
+    by_ops = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, bystander)]
+    took = ctx.fault(
+        "the run was paused in doubt before the tool saw its request, beside a bystander in doubt",
+        row["status"] == "paused_indoubt"
+        and len(seen) == 1
+        and bool(queried)
+        and queried[0]["outcome"] == "not_found"
+        and queried[0]["received_at"] < seen[0]["received_at"]
+        and by_row["status"] == "paused_indoubt"
+        and [s for _, s in by_ops] == ["unknown"],
+        expected="run paused_indoubt; the worker's query found nothing before the tool saw the "
+        "one request; the bystander paused_indoubt with one unknown operation",
+        observed=f"run {row['status']} (A exit {code_a}); requests "
+        f"{[(r['outcome'], round(r['received_at'], 3)) for r in seen]}; queries "
+        f"{[(q['outcome'], round(q['received_at'], 3)) for q in queried]}; bystander "
+        f"{by_row['status']} with {by_ops} (Z exit {code_z})",
+    )
+    if not took:
+        ctx.not_judged(
+            "the reconciler's convergence of a run paused in doubt",
+            expected="judged once the run was paused in doubt before the tool acted",
+            observed="the state was not reached (see the fault check)",
+        )
+        checkers.lease_history_is_sound(ctx, [run_id, bystander])
+        return
+    resources = [r for r in checkers.tool_resources(ctx, run_id=run_id)]
+    remote = resources[0]["resource_id"] if len(resources) == 1 else None
+    ctl = control_plane(ctx)
+    reply = ctx.op(ctl, "reconcile")
+    row = checkers.run_row(ctx, run_id, "the run after the reconciler's cycle")
+    ops_after = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
+    # Safety, not timing: the cycle that converges the operation resumes the
+    # run in the same transaction (the contract's paused_indoubt -> queued when
+    # the reconciler learnt the remote fact); another run's doubt is no reason.
+    ctx.invariant(
+        "a run with nothing left in doubt is not left paused in doubt",
+        reply.ok and ops_after == [("succeeded", remote)] and row["status"] == "queued",
+        expected=f"reconcile ok, ledger succeeded with the tool's resource {remote}, run queued",
+        observed=f"reply ok={reply.ok} ({reply.error or ''}); ledger {ops_after}; "
+        f"run status {row['status']}",
+    )
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"], env=env)
+    code_b = finish(ctx, b)
+    ctx.equal(
+        "nothing resent",
+        [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)],
+        ["created"],
+        what="the run's create requests in the tool's log",
+    )
+    ctx.progress_equal(
+        "the run finished from the reconciled fact",
+        checkers.run_row(ctx, run_id, "the run at the end")["status"],
+        "succeeded",
+        what=f"run status (B exit {code_b})",
+    )
+    by_after = checkers.run_row(ctx, bystander, "the bystander at the end")
+    by_ops_after = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, bystander)]
+    ctx.invariant(
+        "the bystander's doubt untouched",
+        by_after["status"] == "paused_indoubt" and by_ops_after == by_ops,
+        expected=f"bystander paused_indoubt, its ledger {by_ops}",
+        observed=f"bystander {by_after['status']}, its ledger {by_ops_after}",
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id, bystander])
