@@ -280,11 +280,19 @@ def _invalid_decisions_change_nothing(
     mark = checkers.audit_mark(ctx)
     tried: list[str] = []
     skipped: set[str] = set()
-    for op, arg, value in spec.invalid_choices(list(ops.values())):
+    # Beside the values outside an enumeration, a finding the contract leaves
+    # incomplete: "executed" names the resource found (remote_id); without it
+    # there is nothing to converge the operation to.
+    probes = [
+        (op, arg, value, remote) for op, arg, value in spec.invalid_choices(list(ops.values()))
+    ]
+    if "resolve_indoubt" in ops:
+        probes.append(("resolve_indoubt", "decision", "executed", None))
+    for op, arg, value, remote_id in probes:
         if op in skipped:
             continue
-        args = {**spec.fill(dict(ops[op].example), values), arg: value, "remote_id": remote}
-        args["reason"] = f"refusal probe: {arg}={value}"
+        args = {**spec.fill(dict(ops[op].example), values), arg: value, "remote_id": remote_id}
+        args["reason"] = f"refusal probe: {arg}={value}, remote_id={remote_id}"
         reply = ctx.op_async(ctl, op, args).result(15)
         ctx.command(
             f"ctl: {op} {json.dumps(args, default=str)} -> "
@@ -293,13 +301,16 @@ def _invalid_decisions_change_nothing(
         if reply.unsupported:
             skipped.add(op)
             continue
-        tried.append(f"{op} {arg}={value}: {'accepted' if reply.ok else reply.error}")
+        tried.append(
+            f"{op} {arg}={value} remote_id={remote_id}: {'accepted' if reply.ok else reply.error}"
+        )
     changed = checkers.changes_by(ctx, ["ctl"], after_seq=mark)
     after = (checkers.run_row(ctx, run_id)["status"], checkers.ledger(ctx, run_id))
     ctx.invariant(
         "an operator decision outside its vocabulary changes nothing",
         bool(tried) and not changed and after == before,
-        expected="every decision and outcome outside the contract's enumeration refused: no "
+        expected="every decision and outcome outside the contract's enumeration, and a finding "
+        "'executed' without the resource found, refused: no "
         "audited change by the operator's session, run and ledger as before",
         observed=f"{len(tried)} probes ({'; '.join(tried)}); skipped (not implemented): "
         f"{sorted(skipped) or 'none'}; audited changes: "
