@@ -156,7 +156,14 @@ def evidence(s: Story) -> Evidence:
         tool={
             "tools": {"idem": "idempotent", "plain": "none"},
             "requests": [request(1, 0.35)],
-            "resources": [{"tool": "idem", "operation_id": OP, "resource_id": "res-1"}],
+            "resources": [
+                {
+                    "tool": "idem",
+                    "operation_id": OP,
+                    "resource_id": "res-1",
+                    "request": {"kind": "return_label", "customer_token": "ct_" + "0f" * 12},
+                }
+            ],
             "messages": [{"event_id": "e1", "received_at": T0 + 0.65}],
         },
         history=[
@@ -442,6 +449,14 @@ def marked_before_broker(ev: Evidence) -> None:
     ev.tool["messages"] = [{"event_id": "e1", "received_at": T0 + 0.75}]
 
 
+def sealed_value_sent(ev: Evidence) -> None:
+    planted = ev.tool["resources"][0]["request"]  # the clean history's one: in clear
+    sealed = {**planted, "customer_token": {"$sealed": "v1:AAAA"}}
+    ev.tool["resources"].append(
+        {"tool": "idem", "operation_id": OP2, "resource_id": "res-2", "request": sealed}
+    )
+
+
 def lying_account(ev: Evidence) -> None:
     ev.history.append(account("ok", "save_checkpoint", event_id="e-never"))
 
@@ -453,6 +468,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "effect.sent_only_under_a_dispatch_claim": sent_before_claim,
     "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
     "worker.accounts_match_the_evidence": lying_account,
+    "effect.sensitive_field_reaches_the_tool_in_clear": sealed_value_sent,
 }
 
 
@@ -491,6 +507,13 @@ def test_cancelled_intent_sent_afterwards() -> None:
     sent_after_cancel(ev)
     rows = broken_by(ev)["effect.cancelled_intent_never_sent"]
     assert rows[0]["operation_id"] == OP2 and rows[0]["request_seqs"] == [2]
+
+
+def test_only_the_sealed_value_is_named() -> None:
+    ev = clean()
+    sealed_value_sent(ev)
+    rows = broken_by(ev)["effect.sensitive_field_reaches_the_tool_in_clear"]
+    assert [r["resource_id"] for r in rows] == ["res-2"] and rows[0]["value_kind"] == "dict"
 
 
 def test_request_epoch_must_be_the_runs() -> None:

@@ -7,6 +7,7 @@ and the outcome (did it act?), and every real resource it made.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from harness.checking.invariants.model import Change, Evidence, Finding, group, ts
@@ -337,3 +338,38 @@ def first_dispatch_is_kept(ev: Evidence) -> Finding:
                 }
             )
     return Finding(judged, bad)
+
+
+# The sensitive field the harness plants in every run it creates (worker
+# contract §9): ``ct_`` and 24 hex digits. Sealed at rest, sent in clear only
+# to the tool: what the tool made from anything else is not what was asked.
+PLANTED_SENSITIVE = "customer_token"
+PLANTED_SHAPE = re.compile(r"ct_[0-9a-f]{24}")
+
+
+@invariant(
+    "effect.sensitive_field_reaches_the_tool_in_clear",
+    "worker contract §9 (sensitive data: sealed at rest, in clear only to the tool)",
+    "every resource the tool made from a request carrying the planted sensitive field "
+    "(customer_token) got its value in clear, as planted, never its sealed form",
+)
+def sensitive_field_reaches_the_tool_in_clear(ev: Evidence) -> Finding:
+    carrying = [
+        r
+        for r in ev.tool.get("resources", [])
+        if isinstance(r.get("request"), dict) and PLANTED_SENSITIVE in r["request"]
+    ]
+    bad = [
+        {
+            "resource_id": r.get("resource_id"),
+            "operation_id": r.get("operation_id"),
+            "value_kind": type(r["request"][PLANTED_SENSITIVE]).__name__,
+            "why": "not the planted value in clear (sealed, or changed on the way)",
+        }
+        for r in carrying
+        if not (
+            isinstance(r["request"][PLANTED_SENSITIVE], str)
+            and PLANTED_SHAPE.fullmatch(r["request"][PLANTED_SENSITIVE])
+        )
+    ]
+    return Finding(len(carrying), bad)
