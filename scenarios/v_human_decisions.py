@@ -10,6 +10,13 @@ taken through the control plane (operator role) and audited. For
 supplement, another task of the tenant has done the same step meanwhile
 (its create_label v1 succeeded): planning the effect again judges only this
 run's earlier versions, never another run's.
+
+Variant ``supplement_then_doubt``: the supplemented version 2 loses its
+answer (a tool with neither query nor key), so the run is paused in doubt
+with two operations, version 1 refused for good and version 2 unknown. The
+pause must still come about (freezing version 2 is not refused because of
+version 1), an operator's finding that names version 1, nothing in doubt,
+must change nothing, and the finding on version 2 resumes the run.
 """
 
 from __future__ import annotations
@@ -17,8 +24,11 @@ from __future__ import annotations
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
+from harness.parts.processes import WorkerProcess
 from scenarios import retention
-from scenarios.common import control_plane, finish, new_run
+from scenarios.common import control_plane, finish, finish_or_kill, new_run
+
+SUPPLEMENT_THEN_DOUBT = "supplement_then_doubt"
 
 SPEC = ExperimentSpec(
     id="V",
@@ -29,13 +39,15 @@ SPEC = ExperimentSpec(
     "fields (version 1 kept), one real resource; terminate fails the run and sends nothing; "
     "each decision audited; purge deletes exactly the old finished, relayed tasks of the "
     "operator's tenant, each archived whole first, skips a task another session holds, "
-    "leaves every other row as it was",
+    "leaves every other row as it was; a run paused in doubt on version 2 with version 1 "
+    "refused: a finding naming version 1 changes nothing, the one on version 2 resumes it",
     fault="the tool refuses the run's first create with 422 (definite, not retryable); "
     "purge: tasks finished and relayed, finished with the outbox pending, queued, and the "
     "other tenant's under the same task name, cancelled while its operation is dispatching "
-    "(the dispatcher held after its claim), one task row held locked by the harness",
+    "(the dispatcher held after its claim), one task row held locked by the harness; "
+    "supplement_then_doubt: the supplemented create's answer lost after the tool acted",
     rules=(4, 5),
-    variants=("supplement", "terminate", "purge"),
+    variants=("supplement", "terminate", "purge", SUPPLEMENT_THEN_DOUBT),
     # V judges decisions, not timing: runs only have to finish, and at the
     # matrix's 800 ms lease and 600 ms dispatch claim a busy machine lost them
     # (a lease lapsed, a claim expired into doubt) before the state was built.
@@ -45,7 +57,8 @@ SPEC = ExperimentSpec(
     dispatch_ttl_ms=5000,
     needs=(
         *needs.capabilities("workflow", "ledger", "operator_actions"),
-        needs.op("decide", "supplement", "terminate"),
+        needs.op("decide", "supplement", "terminate", SUPPLEMENT_THEN_DOUBT),
+        needs.op("resolve_indoubt", SUPPLEMENT_THEN_DOUBT),
         needs.capability("retention", "purge"),
         needs.capability("outbox", "purge"),
         needs.op("purge", "purge"),
@@ -59,6 +72,9 @@ def run(ctx: ExperimentContext) -> None:
     if variant == "purge":
         retention.run(ctx)
         return
+    doubt = variant == SUPPLEMENT_THEN_DOUBT
+    if doubt:
+        variant = "supplement"
     run_id = new_run(ctx, tool="plain")
     ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=run_id)
     ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 422 (for good)")
@@ -103,8 +119,15 @@ def run(ctx: ExperimentContext) -> None:
         reason="customer called support",
         ticket="CS-7",
     )
+    if doubt:
+        ctx.env.tool.client().set_fault("plain", "drop_after_act", count=1, run_id=run_id)
+        ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} loses its answer")
     last = ctx.env.start_worker("W3", "run", ["--run-id", run_id, "--once"])
-    code_last = finish(ctx, last)
+    # A worker that cannot freeze version 2 loops; what it left is judged.
+    code_last = finish_or_kill(ctx, last, 20) if doubt else finish(ctx, last)
+    resolved = False
+    if doubt:
+        code_last, resolved = _resolve_the_second_version(ctx, ctl, run_id, code_last)
     trail = checkers.audit(ctx, run_id)
     decided = next(
         (
@@ -177,18 +200,86 @@ def run(ctx: ExperimentContext) -> None:
         [run_id],
     )
     after = "queued" if variant == "supplement" else "failed"
+    operator = ctx.env.login_role(ctx.env.tenant_id, "operator")
     ctx.equal(
         "the decision is audited",
         [(a["action"], a["operator"], a["ticket"], a["before"], a["after"]) for a in actions],
-        [
-            (
-                variant,
-                ctx.env.login_role(ctx.env.tenant_id, "operator"),
-                "CS-7",
-                "paused_human",
-                after,
-            )
-        ],
+        [(variant, operator, "CS-7", "paused_human", after)]
+        + (
+            [("resolve:executed", operator, "CS-8", "paused_indoubt", "queued")] if resolved else []
+        ),
         what=f"operator_actions (decision reply {decision})",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _resolve_the_second_version(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str, code_w3: int | str
+) -> tuple[int | str, bool]:
+    """The run paused in doubt on version 2, version 1 refused for good: a
+    finding on version 1 changes nothing, the one on version 2 resumes the
+    run, and a worker finishes it. Returns the last worker's exit and whether
+    the finding on version 2 was taken."""
+    ops = checkers.ledger(ctx, run_id)
+    row = checkers.run_row(ctx, run_id, "the run after version 2's answer was lost")
+    versions = [(o["effect_version"], o["status"]) for o in ops]
+    sent = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.fault(
+        "version 2's answer was lost after the tool acted",
+        [r["outcome"] for r in sent] == ["rejected_final", "created_then_dropped"],
+        expected="creates logged rejected_final, then created_then_dropped",
+        observed=f"{[r['outcome'] for r in sent]} (W3 exit {code_w3})",
+    )
+    # Progress: W3 froze the run on version 2 (a worker that cannot, because
+    # version 1 is final, loops until it is killed and leaves it running).
+    ctx.progress_equal(
+        "the run paused in doubt on version 2",
+        (row["status"], versions),
+        ("paused_indoubt", [(1, "failed_final"), (2, "unknown")]),
+        what=f"(run status, ledger) (W3 exit {code_w3})",
+    )
+    if row["status"] != "paused_indoubt" or len(ops) != 2:
+        return code_w3, False
+    v1, v2 = (str(o["operation_id"]) for o in ops)
+    mark = checkers.audit_mark(ctx)
+    probe = ctx.op(
+        ctl,
+        "resolve_indoubt",
+        run_id=run_id,
+        operation_id=v1,
+        decision="executed",
+        remote_id="res-named-by-mistake",
+        reason="refusal probe: the version that is not in doubt",
+    )
+    changed = checkers.changes_by(ctx, ["ctl"], after_seq=mark)
+    after = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    ctx.invariant(
+        "a finding on an operation not in doubt changes nothing",
+        not probe.ok and not changed and after == versions,
+        expected=f"resolve_indoubt naming version 1 ({versions[0][1]}) refused: no audited "
+        "change by the operator's session, the ledger as before",
+        observed=f"reply {'ok' if probe.ok else probe.error}; audited changes "
+        f"{[(c['tbl'], c['op']) for c in changed] or 'none'}; ledger {plain(after)}",
+    )
+    if probe.ok or changed:
+        return code_w3, False  # the state moved under the probe: judged above
+    remote = sent[1].get("resource_id") if len(sent) == 2 else None
+    finding = ctx.op(
+        ctl,
+        "resolve_indoubt",
+        run_id=run_id,
+        operation_id=v2,
+        decision="executed",
+        remote_id=remote,
+        reason="resource found in the tool's console",
+        ticket="CS-8",
+    )
+    ctx.invariant(
+        "the finding on the operation in doubt is taken",
+        finding.ok,
+        expected="resolve_indoubt of version 2 (unknown, its run paused in doubt) accepted",
+        observed=f"reply {'ok' if finding.ok else f'{finding.error}: {finding.message}'}",
+    )
+    if not finding.ok:
+        return code_w3, False
+    return finish(ctx, ctx.env.start_worker("W4", "run", ["--run-id", run_id, "--once"])), True
