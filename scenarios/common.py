@@ -7,6 +7,7 @@ import secrets
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from harness.checking.checkers import writes
 from harness.engine.experiment import ExperimentContext
 from harness.parts.processes import ExitTimeout, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
@@ -62,6 +63,24 @@ def workflow_steps(extra_steps: int = 0) -> list[str]:
     extra work steps, finish."""
     work = [f"work_{i + 1}" for i in range(extra_steps)]
     return ["plan", "plan", "lookup", "create_label", "create_label", "notify", *work, "finish"]
+
+
+def writes_name_workflow_steps(
+    ctx: ExperimentContext, run_ids: list[str], extra_steps: int = 0
+) -> None:
+    """Every protected write of these built-in-workflow runs sets
+    ``current_step`` to the workflow step it belongs to (worker contract §6),
+    on the faulty paths too: a requeue, a pause or a freeze belongs to the
+    tool step, never to a reason or an outcome."""
+    steps = set(workflow_steps(extra_steps))
+    seen = [(r[:8], w["revision"], w["current_step"]) for r in run_ids for w in writes(ctx, r)]
+    odd = [s for s in seen if s[2] not in steps]
+    ctx.invariant(
+        "every protected write names its workflow step",
+        not odd,
+        expected=f"current_step of every protected write in {sorted(steps)}",
+        observed=f"{len(seen)} writes; others: {odd or 'none'}",
+    )
 
 
 def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -> T | None:

@@ -28,7 +28,13 @@ from harness.contract import needs, spec
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
-from scenarios.common import control_plane, finish, new_run, wait_claimable
+from scenarios.common import (
+    control_plane,
+    finish,
+    new_run,
+    wait_claimable,
+    writes_name_workflow_steps,
+)
 
 SPEC = ExperimentSpec(
     id="J",
@@ -101,6 +107,7 @@ def run(ctx: ExperimentContext) -> None:
         _operator_resolves(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     if ctx.variant == "operator_converges":
         _operator_converges(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
+    writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 
 

@@ -30,7 +30,7 @@ from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.processes import WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
-from scenarios.common import control_plane, finish
+from scenarios.common import control_plane, finish, writes_name_workflow_steps
 
 SPEC = ExperimentSpec(
     id="U",
@@ -126,6 +126,7 @@ def run(ctx: ExperimentContext) -> None:
         # Fewer requeues are the budget's progress, judged above.
         ctx.not_judged("jitter spreads the runs", **jitter)
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
+    writes_name_workflow_steps(ctx, [*runs, *retried])
     checkers.lease_history_is_sound(ctx, [*runs, *retried])
 
 

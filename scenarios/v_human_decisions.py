@@ -26,7 +26,13 @@ from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.processes import WorkerProcess
 from scenarios import retention
-from scenarios.common import control_plane, finish, finish_or_kill, new_run
+from scenarios.common import (
+    control_plane,
+    finish,
+    finish_or_kill,
+    new_run,
+    writes_name_workflow_steps,
+)
 
 SUPPLEMENT_THEN_DOUBT = "supplement_then_doubt"
 
@@ -210,6 +216,7 @@ def run(ctx: ExperimentContext) -> None:
         ),
         what=f"operator_actions (decision reply {decision})",
     )
+    writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 
 

@@ -40,7 +40,13 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from scenarios.common import control_plane, finish, new_run, seen_within
+from scenarios.common import (
+    control_plane,
+    finish,
+    new_run,
+    seen_within,
+    writes_name_workflow_steps,
+)
 
 # The worker's tool-call timeout (FENCECHECK_TOOL_TIMEOUT_MS) and how late the
 # tool answers in variant late_answer: well past it, so that the worker has
@@ -169,6 +175,7 @@ def run(ctx: ExperimentContext) -> None:
     else:
         _judge_the_answer(ctx, answer, run_id, str(op_id), requests, resources, code)
     checkers.recorded_results_are_the_tools(ctx, run_id)
+    writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
@@ -320,4 +327,5 @@ def _found_after_freeze(ctx: ExperimentContext) -> None:
         observed=f"bystander {by_after['status']}, its ledger {by_ops_after}",
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
+    writes_name_workflow_steps(ctx, [run_id, bystander])
     checkers.lease_history_is_sound(ctx, [run_id, bystander])
