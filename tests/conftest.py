@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.engine.run_records import RunRecord
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
 from harness.parts.postgres import Database, PostgresCluster
 from harness.parts.toxiproxy import ToxiproxyServer
@@ -21,12 +20,15 @@ def pg_binaries() -> PgBinaries:
 
 @pytest.fixture(scope="session")
 def session_tmp() -> Iterator[Path]:
-    """The session's own temp directory; removed at the end, whatever happened."""
-    path = Path(tempfile.mkdtemp(prefix="fencecheck-test-"))
+    """The session's own temp directory; removed at the end, whatever happened.
+    Written down as a run record first, like a run's, so that a session killed
+    with SIGKILL leaves nothing `fencecheck clean` (or the next run) does not
+    reap: the directory, the session cluster's server and its shared memory."""
+    record = RunRecord.create(base=None, kind="test")
     try:
-        yield path
+        yield record.temp_root
     finally:
-        shutil.rmtree(path, ignore_errors=True)
+        record.release()
 
 
 @pytest.fixture(scope="session")
