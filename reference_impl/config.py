@@ -39,8 +39,12 @@ class Settings:
         return f"{self.worker_id}/{self.session}"
 
     def check(self) -> None:
-        if self.lease_ttl_ms <= 0 or self.heartbeat_ms <= 0 or self.heartbeat_timeout_ms <= 0:
+        if min(self.lease_ttl_ms, self.heartbeat_ms, self.heartbeat_timeout_ms) <= 0:
             raise ValueError("lease TTL, heartbeat interval and timeout must be > 0 ms")
+        # A dispatch claim of no time expires as it is made: refused at start,
+        # not at the first tool step after the run was already claimed.
+        if self.dispatch_ttl_ms <= 0:
+            raise ValueError("FENCECHECK_DISPATCH_TTL_MS must be > 0 ms")
         if self.heartbeat_ms >= self.lease_ttl_ms:
             raise ValueError("the heartbeat interval must be shorter than the lease TTL")
         if self.require_durability not in (None, "none", "async", "sync"):

@@ -38,6 +38,7 @@ FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
     ("a heartbeat interval of 0 ms", {"FENCECHECK_HEARTBEAT_MS": "0"}),
     ("a heartbeat as long as the lease", {"FENCECHECK_HEARTBEAT_MS": str(LEASE_TTL_MS)}),
     ("a renewal timeout of 0 ms", {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "0"}),
+    ("a dispatch claim of 0 ms", {"FENCECHECK_DISPATCH_TTL_MS": "0"}),
     ("an unknown durability requirement", {"FENCECHECK_REQUIRE_DURABILITY": "quorum"}),
 )
 
@@ -46,8 +47,8 @@ SPEC = ExperimentSpec(
     title="settings the protocol forbids",
     seed_section="English seed §5.1 (validate the TTL, integer milliseconds), §7 "
     "(heartbeat parameters); Chinese seed §5",
-    invariant="a worker whose lease TTL, heartbeat interval or renewal timeout is not a "
-    "positive number of milliseconds, whose heartbeat is not shorter than its lease, or "
+    invariant="a worker whose lease TTL, heartbeat interval, renewal timeout or dispatch "
+    "claim is not a positive number of milliseconds, whose heartbeat is not shorter than its lease, or "
     "whose durability requirement is unknown, exits non-zero without changing anything; a "
     "worker with sound settings then claims and finishes the same run",
     fault="one run --once worker per forbidden setting, each with a claimable run of its own",
