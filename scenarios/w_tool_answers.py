@@ -264,18 +264,28 @@ def _found_after_freeze(ctx: ExperimentContext) -> None:
     row = checkers.run_row(ctx, run_id, "the run before the reconciler's cycle")
     by_row = checkers.run_row(ctx, bystander, "the bystander before the reconciler's cycle")
     by_ops = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, bystander)]
+    # The state is a run paused in doubt before the tool acted: the freeze's
+    # audited time (database clock) before the tool's receipt (same kernel
+    # clock). Whether the worker queried first is its own business.
+    frozen_at = next(
+        (
+            r["at"].timestamp()
+            for r in checkers.audit(ctx, run_id)
+            if r["status"] == "paused_indoubt" and r["old_status"] != "paused_indoubt"
+        ),
+        None,
+    )
     took = ctx.fault(
         "the run was paused in doubt before the tool saw its request, beside a bystander in doubt",
         row["status"] == "paused_indoubt"
         and len(seen) == 1
-        and bool(queried)
-        and queried[0]["outcome"] == "not_found"
-        and queried[0]["received_at"] < seen[0]["received_at"]
+        and frozen_at is not None
+        and frozen_at < float(seen[0]["received_at"])
         and by_row["status"] == "paused_indoubt"
         and [s for _, s in by_ops] == ["unknown"],
-        expected="run paused_indoubt; the worker's query found nothing before the tool saw the "
-        "one request; the bystander paused_indoubt with one unknown operation",
-        observed=f"run {row['status']} (A exit {code_a}); requests "
+        expected="run paused_indoubt, frozen before the tool saw its one request; the bystander "
+        "paused_indoubt with one unknown operation",
+        observed=f"run {row['status']} (A exit {code_a}), frozen at {frozen_at}; requests "
         f"{[(r['outcome'], round(r['received_at'], 3)) for r in seen]}; queries "
         f"{[(q['outcome'], round(q['received_at'], 3)) for q in queried]}; bystander "
         f"{by_row['status']} with {by_ops} (Z exit {code_z})",
@@ -288,7 +298,7 @@ def _found_after_freeze(ctx: ExperimentContext) -> None:
         )
         checkers.lease_history_is_sound(ctx, [run_id, bystander])
         return
-    resources = [r for r in checkers.tool_resources(ctx, run_id=run_id)]
+    resources = checkers.tool_resources(ctx, run_id=run_id)
     remote = resources[0]["resource_id"] if len(resources) == 1 else None
     ctl = control_plane(ctx)
     reply = ctx.op(ctl, "reconcile")
