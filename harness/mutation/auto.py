@@ -51,7 +51,13 @@ from harness.engine.runner import Job, jobs_for, run_job, run_jobs
 from harness.evidence.summary import ExperimentResult
 from harness.mutation.catalog import source_files
 from harness.mutation.ordering import CatcherOrder, result_label
-from harness.mutation.reach import FUNCTIONS_SQL, Reach, python_functions
+from harness.mutation.reach import (
+    FUNCTIONS_SQL,
+    SOURCES_SQL,
+    Reach,
+    python_functions,
+    sql_callees,
+)
 from harness.mutation.sites import AutoMutant
 from harness.mutation.traced_worker import TRACED_WORKER_CMD
 from harness.mutation.triage import Triage
@@ -435,6 +441,10 @@ def _baseline(
             progress=None,
         )
         assert view.primary is not None and view.template is not None
+        sources = {
+            str(r["f"]): str(r["src"] or "")
+            for r in view.primary.query(SOURCES_SQL, dbname=view.template)
+        }
         sql = [str(r["f"]) for r in view.primary.query(FUNCTIONS_SQL, dbname=view.template)]
     python_paths = [
         path for language, path in source_files(options.repo_root) if language == "python"
@@ -442,7 +452,7 @@ def _baseline(
     migrate_calls = report_dir / "template" / CALLS_FILE
     everywhere = migrate_calls.read_text().split() if migrate_calls.exists() else []
     functions = [*sql, *python_functions(options.repo_root, python_paths)]
-    return results, Reach.of(results, functions, everywhere)
+    return results, Reach.of(results, functions, everywhere, sql_callees(sources))
 
 
 def run_generated(

@@ -8,7 +8,11 @@ unmutated) records per experiment which functions ran:
 
 - SQL: the database server's own count (``track_functions``,
   ``pg_stat_user_functions``, read once every session but the harness's has
-  ended);
+  ended). The server counts a call when it returns, so a call that raised is
+  not counted: an experiment whose every call of a function was refused
+  (a freeze refused because the operation converged meanwhile, say) would
+  look as if it never ran it. So an experiment also counts as reaching every
+  function the functions it ran call, by their text (:func:`sql_callees`);
 - Python: the worker command is :mod:`.traced_worker`, which appends each
   function of the reference implementation to the experiment's logs the first
   time it runs, in every process (``migrate`` too).
@@ -27,6 +31,7 @@ catch it until one reaches it, and its reason says so.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +47,38 @@ FUNCTIONS_SQL = (
     "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') "
     "AND n.nspname NOT LIKE 'pg_toast%'"
 )
+# The same functions with their source text, for the call graph.
+SOURCES_SQL = (
+    "SELECT n.nspname || '.' || p.proname AS f, p.prosrc AS src FROM pg_proc p "
+    "JOIN pg_namespace n ON n.oid = p.pronamespace "
+    "WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') "
+    "AND n.nspname NOT LIKE 'pg_toast%'"
+)
+
+
+def sql_callees(sources: Mapping[str, str]) -> dict[str, frozenset[str]]:
+    """``schema.function`` -> the functions its source calls by their
+    qualified name (the implementation's functions run with a fixed
+    search_path, so a call names its schema). Over-approximate, never under:
+    a name in a comment counts as a call too."""
+    calls: dict[str, set[str]] = {}
+    for name in sources:
+        pattern = re.compile(re.escape(name) + r"\s*\(")
+        for caller, src in sources.items():
+            if caller != name and pattern.search(src or ""):
+                calls.setdefault(caller, set()).add(name)
+    return {caller: frozenset(callees) for caller, callees in calls.items()}
+
+
+def _with_callees(ran: frozenset[str], calls: Mapping[str, frozenset[str]]) -> frozenset[str]:
+    """``ran`` and every function reachable from it in the call graph."""
+    seen, todo = set(ran), list(ran)
+    while todo:
+        for callee in calls.get(todo.pop(), ()):
+            if callee not in seen:
+                seen.add(callee)
+                todo.append(callee)
+    return frozenset(seen)
 
 
 def python_functions(repo_root: Path, paths: Iterable[str]) -> frozenset[str]:
@@ -83,11 +120,14 @@ class Reach:
         baseline: Iterable[ExperimentResult],
         functions: Iterable[str],
         everywhere: Iterable[str] = (),
+        sql_calls: Mapping[str, frozenset[str]] | None = None,
     ) -> Reach:
         results = list(baseline)
         sql = {
             result_label(r): (
-                frozenset(f for f, n in r.functions_called.items() if n > 0)
+                _with_callees(
+                    frozenset(f for f, n in r.functions_called.items() if n > 0), sql_calls or {}
+                )
                 if r.functions_called is not None
                 else None
             )

@@ -13,7 +13,7 @@ import scenarios
 from harness.cli.common import REPO_ROOT
 from harness.engine.runner import jobs_for
 from harness.evidence.summary import ExperimentResult
-from harness.mutation.reach import Reach, python_functions
+from harness.mutation.reach import Reach, python_functions, sql_callees
 from harness.mutation.sites import AutoMutant
 from harness.mutation.traced_worker import CALLS_FILE_ENV, TRACED_WORKER_CMD
 from harness.verdict import Verdict
@@ -94,3 +94,28 @@ def test_the_traced_worker_records_what_ran_also_at_import(tmp_path: Path) -> No
     # Names as the reach looks them up (the rest are module and class bodies).
     known = python_functions(REPO_ROOT, sorted({line.split(":")[0] for line in ran}))
     assert {"reference_impl/worker.py:main", "reference_impl/worker.py:parser"} <= known
+
+
+def test_a_function_whose_calls_all_raised_is_reached_through_its_callers() -> None:
+    # The server counts a call when it returns: a freeze refused in every call
+    # is missing from the count, though the write that called it ran.
+    calls = sql_callees(
+        {
+            "fencecheck.write": "BEGIN PERFORM fencecheck._freeze (p_run, p_effect); END",
+            "fencecheck._freeze": "BEGIN RAISE EXCEPTION 'converged'; END",
+            "fencecheck.renew": "BEGIN RETURN fencecheck._ms(p_ttl); END",
+            "fencecheck._ms": "BEGIN RETURN p_ms * interval '1 ms'; END",
+        }
+    )
+    assert calls == {
+        "fencecheck.write": frozenset({"fencecheck._freeze"}),
+        "fencecheck.renew": frozenset({"fencecheck._ms"}),
+    }
+    reach = Reach.of(
+        [_result("A", None, {"fencecheck.write": 2}), _result("B", None, {"fencecheck.renew": 1})],
+        ["fencecheck.write", "fencecheck._freeze", "fencecheck.renew", "fencecheck._ms"],
+        sql_calls=calls,
+    )
+    jobs = [j for j in JOBS if not j.label.startswith("H")]
+    assert [j.label for j in reach.jobs_for(_mutant("sql", "fencecheck._freeze"), jobs)] == ["A"]
+    assert [j.label for j in reach.jobs_for(_mutant("sql", "fencecheck._ms"), jobs)] == ["B"]
