@@ -27,6 +27,12 @@ answers a worker must handle"):
   of the same tenant stays paused in doubt with its own unknown operation (a
   tool with neither query nor key, its answer lost): another run's doubt
   must neither block this run's resumption nor be touched.
+* ``converged_before_freeze``: the same late request, but the worker is held
+  after its query found nothing (``after_reconcile_query``) while another
+  reconciler's cycle finds the resource and converges the operation. The
+  worker's freeze that follows must not commit: nothing is in doubt any more
+  (a run paused in doubt with nothing in doubt is one nobody resumes); it
+  adopts the result and finishes.
 
 Judged from the tool's own log (requests, resources and their body digests)
 and the database (ledger, run), never from the worker's account.
@@ -40,6 +46,7 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Hold
 from scenarios.common import (
     control_plane,
     finish,
@@ -57,6 +64,7 @@ LATE_MS = 900
 # sees it; the worker's timeout, its query and its freeze come before that.
 ARRIVE_LATE_MS = 1500
 FOUND_AFTER_FREEZE = "found_after_freeze"
+CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
 
 
 @dataclass(frozen=True)
@@ -106,26 +114,38 @@ SPEC = ExperimentSpec(
     "never a failure or a refusal; a 202 is no result; the ledger records only the tool's "
     "resource of our request, learnt by query; nothing is resent without a promise; a "
     "reconciler that learns the fact of a run paused in doubt converges it and resumes the "
-    "run in one transaction, whatever another run has in doubt",
+    "run in one transaction, whatever another run has in doubt; a freeze never commits over "
+    "an operation that converged since the worker read it",
     fault="the tool's one answer to the tool step, by schedule: 409 from another body, 500 "
     "after acting, 202 without a result, or an answer after the worker's timeout; or the "
     "request reaching the tool only after the run was paused in doubt, beside another run "
-    "in doubt",
+    "in doubt, or while the worker is held after its empty query as another reconciler "
+    "converges the operation",
     rules=(4, 5),
-    variants=(*ANSWERS, FOUND_AFTER_FREEZE),
+    variants=(*ANSWERS, FOUND_AFTER_FREEZE, CONVERGED_BEFORE_FREEZE),
     needs=(
         *needs.capabilities("workflow", "ledger"),
         *(needs.capability(f"ledger_tool:{CAPABILITY[a.tool]}", v) for v, a in ANSWERS.items()),
         needs.capability("ledger_tool:query", FOUND_AFTER_FREEZE),
         needs.capability("ledger_tool:none", FOUND_AFTER_FREEZE),
+        needs.capability("ledger_tool:query", CONVERGED_BEFORE_FREEZE),
+        needs.point("after_reconcile_query", CONVERGED_BEFORE_FREEZE),
+        needs.op("reconcile", FOUND_AFTER_FREEZE, CONVERGED_BEFORE_FREEZE),
     ),
-    variant_waits=(("late_answer", LATE_MS / 1000), (FOUND_AFTER_FREEZE, ARRIVE_LATE_MS / 1000)),
+    variant_waits=(
+        ("late_answer", LATE_MS / 1000),
+        (FOUND_AFTER_FREEZE, ARRIVE_LATE_MS / 1000),
+        (CONVERGED_BEFORE_FREEZE, ARRIVE_LATE_MS / 1000),
+    ),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
     if ctx.variant == FOUND_AFTER_FREEZE:
         _found_after_freeze(ctx)
+        return
+    if ctx.variant == CONVERGED_BEFORE_FREEZE:
+        _converged_before_freeze(ctx)
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -339,3 +359,78 @@ def _found_after_freeze(ctx: ExperimentContext) -> None:
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id, bystander])
     checkers.lease_history_is_sound(ctx, [run_id, bystander])
+
+
+def _converged_before_freeze(ctx: ExperimentContext) -> None:
+    """Another reconciler converges the operation between the worker's query
+    (nothing found) and its freeze: the freeze must not commit."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="queryable")
+    ctx.env.tool.client().set_fault("queryable", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id}'s create reaches the queryable tool {ARRIVE_LATE_MS} ms late")
+    ctl = control_plane(ctx)  # ready before A sends: the window is ARRIVE_LATE_MS
+    ctx.arm("A", "after_reconcile_query", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    ctx.reached("A", "after_reconcile_query")
+    arrived = seen_within(
+        lambda: checkers.tool_requests(ctx, run_id=run_id) or None,
+        what=f"the tool to see run {run_id}'s late request",
+        timeout_s=ARRIVE_LATE_MS / 1000 + 5,
+    )
+    converged = ctx.op(ctl, "reconcile")
+    ops = checkers.ledger(ctx, run_id)
+    log = checkers.tool_log(ctx)
+    op_id = str(ops[0]["operation_id"]) if ops else ""
+    queried = [
+        (q["outcome"], q["received_at"]) for q in log["queries"] if q.get("operation_id") == op_id
+    ]
+    seen = [r for r in log["requests"] if r.get("run_id") == run_id]
+    took = ctx.fault(
+        "the operation converged while the worker held its empty query",
+        bool(arrived)
+        and len(seen) == 1
+        and bool(queried)
+        and queried[0][0] == "not_found"
+        and queried[0][1] < float(seen[0]["received_at"])
+        and [o["status"] for o in ops] == ["succeeded"],
+        expected="A's query found nothing before the tool saw the one request; then another "
+        "reconciler's cycle converged the operation to succeeded while A was held",
+        observed=f"queries {[(o, round(t, 3)) for o, t in queried]}; requests "
+        f"{[(r['outcome'], round(r['received_at'], 3)) for r in seen]}; reconcile "
+        f"{'ok' if converged.ok else converged.error}; ledger {[o['status'] for o in ops]}",
+    )
+    ctx.release("A", "after_reconcile_query")
+    code = finish(ctx, a)
+    trail = checkers.audit(ctx, run_id)
+    frozen = [r["seq"] for r in trail if r["status"] == "paused_indoubt"]
+    row = checkers.run_row(ctx, run_id, "the run at the end")
+    if took:
+        ctx.invariant(
+            "no freeze once nothing is in doubt",
+            not frozen,
+            expected="the run never paused in doubt: its one operation had converged before "
+            "the worker's freeze",
+            observed=f"paused_indoubt at audit seq {frozen or 'never'}; run {row['status']}; "
+            f"ledger {[o['status'] for o in checkers.ledger(ctx, run_id)]} (A exit {code})",
+        )
+        ctx.progress_equal(
+            "the run finished from the converged result",
+            row["status"],
+            "succeeded",
+            what=f"run status (A exit {code})",
+        )
+    else:
+        ctx.not_judged(
+            "no freeze once nothing is in doubt",
+            expected="judged once the operation converged while the worker held its query",
+            observed="the state was not reached (see the fault check)",
+        )
+    ctx.equal(
+        "nothing resent",
+        [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)],
+        ["created"],
+        what="the run's create requests in the tool's log",
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])

@@ -156,7 +156,12 @@ ON CONFLICT DO NOTHING`,
 		AdoptResult: `SELECT status FROM tool_operations WHERE operation_id = $1 AND run_id = $2`,
 		// Chinese seed section 8.3: our own live claim becomes unknown (never
 		// prepared; a new ledger revision); the freeze is kept as evidence
-		// either way.
+		// either way. Only while the operation is still in doubt: one that
+		// converged since the workflow read it (another reconciler, a
+		// callback, an operator) matches no row, and the whole write rolls
+		// back, as the Python worker's migration 011 does (found by
+		// W[converged_before_freeze]: this worker paused a run in doubt with
+		// nothing in doubt, which nobody resumes).
 		FreezeLedger: `UPDATE tool_operations
    SET status = CASE WHEN status = 'dispatching' AND dispatch_owner = $3 AND revision = $4
                      THEN 'unknown' ELSE status END,
@@ -169,7 +174,7 @@ ON CONFLICT DO NOTHING`,
        evidence = evidence || jsonb_build_array(jsonb_build_object(
                     'at', clock_timestamp(), 'event', 'run_frozen', 'error', $5::jsonb)),
        updated_at = clock_timestamp()
- WHERE operation_id = $1 AND run_id = $2`,
+ WHERE operation_id = $1 AND run_id = $2 AND status IN ('unknown', 'dispatching')`,
 
 		// Dispatcher claim, English seed section 9.2: prepared operations of
 		// live runs only, SKIP LOCKED, with a deadline.

@@ -332,7 +332,9 @@ func (w *Writer) ledger(ctx context.Context, tx pgx.Tx, wr *Write, tenant string
 			return "", err
 		}
 		if !ok {
-			return "", newErr("LedgerConflict", "missing", "operation %s of run %s not found", e.OperationID, wr.Lease.RunID)
+			return "", newErr("LedgerConflict", "not_in_doubt",
+				"operation %s of run %s is not in doubt (converged meanwhile, or missing): nothing to freeze",
+				e.OperationID, wr.Lease.RunID)
 		}
 		return "frozen", nil
 	}

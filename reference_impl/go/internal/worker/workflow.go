@@ -277,7 +277,13 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 				return "", conn.Check(err)
 			}
 			if change == nil || change.To == "unknown" {
-				return x.freeze(state, step, opID, nil, map[string]any{"reason": "unresolved"})
+				status, err := x.freeze(state, step, opID, nil, map[string]any{"reason": "unresolved"})
+				if protocol.ClassOf(err) == "LedgerConflict" {
+					// It converged since we read it: the freeze rolled back;
+					// go on from what the ledger says.
+					continue
+				}
+				return status, err
 			}
 		case "succeeded":
 			return x.finishTool(state, step, opID, row.Status, &protocol.Effect{Mode: "adopt", RemoteID: row.RemoteID})
