@@ -26,7 +26,7 @@ GO_WORKER = REPO / "reference_impl/go/bin/fencecheck-go-worker"
 
 
 #: The Go mutants `make test` runs (about 2 minutes at load 8 instead of about
-#: 8 for all 22): one per kind of rule, each with a short catcher. `make
+#: 8 for all 25): one per kind of rule, each with a short catcher. `make
 #: go-mutants` runs every one; FENCECHECK_GO_MUTANTS="all" (or names) here too.
 GO_MUTANTS_IN_MAKE_TEST = (
     "renew_rows_affected_ignored",

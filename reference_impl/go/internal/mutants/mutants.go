@@ -70,6 +70,11 @@ DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints`},
 			replace(&p.SQL.RecordResult, "AND status = 'dispatching'\n   AND dispatch_owner = $2 AND revision = $3 AND request_digest = $4",
 				"AND $2::text IS NOT NULL AND $3::bigint IS NOT NULL AND $4::text IS NOT NULL")
 		}},
+	{Name: "freeze_over_converged", Rule: 4, Catchers: []string{"W"}, Alters: "Statements.FreezeLedger",
+		Description: "the freeze's ledger half matches the operation whatever its status (this worker until 2026-12-02): one another reconciler converged since the workflow read it is frozen over, and the run stays paused in doubt with nothing in doubt, which nobody resumes",
+		apply: func(p *protocol.Protocol) {
+			replace(&p.SQL.FreezeLedger, " AND status IN ('unknown', 'dispatching')", "")
+		}},
 	{Name: "expired_claim_back_to_prepared", Rule: 4, Catchers: []string{"J", "E"}, Alters: "Statements.ExpireClaim",
 		Description: "the reconciler turns an expired dispatch claim back into prepared instead of unknown, so it is dispatched again",
 		apply: func(p *protocol.Protocol) {
