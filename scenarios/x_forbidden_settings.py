@@ -40,6 +40,9 @@ FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
     ("a renewal timeout of 0 ms", {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "0"}),
     ("a dispatch claim of 0 ms", {"FENCECHECK_DISPATCH_TTL_MS": "0"}),
     ("an unknown durability requirement", {"FENCECHECK_REQUIRE_DURABILITY": "quorum"}),
+    # Not a forbidden value but a deployment below it: X's primary has no
+    # standby, so a worker that requires sync must not work here (exit 13).
+    ("a durability requirement above the deployment's", {"FENCECHECK_REQUIRE_DURABILITY": "sync"}),
 )
 
 SPEC = ExperimentSpec(
@@ -49,7 +52,8 @@ SPEC = ExperimentSpec(
     "(heartbeat parameters); Chinese seed §5",
     invariant="a worker whose lease TTL, heartbeat interval, renewal timeout or dispatch "
     "claim is not a positive number of milliseconds, whose heartbeat is not shorter than its lease, or "
-    "whose durability requirement is unknown, exits non-zero without changing anything; a "
+    "whose durability requirement is unknown or above the deployment's, exits non-zero "
+    "without changing anything; a "
     "worker with sound settings then claims and finishes the same run",
     fault="one run --once worker per forbidden setting, each with a claimable run of its own",
     rules=(1, 8, 11),
