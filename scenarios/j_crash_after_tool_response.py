@@ -259,6 +259,27 @@ def _operator_converges(
         "succeeded",
         what=f"run status (W2 exit {code_w})",
     )
+    # A final operation converges no more: the same decision again, to the
+    # other outcome, must be refused and change nothing.
+    final = checkers.ledger(ctx, run_id)
+    again = ctx.op(
+        control_plane(ctx),
+        "converge_operation",
+        operation_id=op_id,
+        outcome="failed_final",
+        remote_id=None,
+        reason="refusal probe: an operation that is no longer unknown",
+        ticket="OPS-44",
+    )
+    after = checkers.ledger(ctx, run_id)
+    ctx.invariant(
+        "only an unknown operation converges",
+        not again.ok and after == final,
+        expected="converge_operation of the succeeded operation refused, the ledger as it was",
+        observed=f"reply {'ok' if again.ok else again.error}; ledger "
+        f"{[(o['status'], o['remote_id']) for o in final]} -> "
+        f"{[(o['status'], o['remote_id']) for o in after]}",
+    )
     actions = ctx.sql(
         "operator decisions on the run",
         "SELECT action, ticket, before->>'status' AS before, after->>'status' AS after"

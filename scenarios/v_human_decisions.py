@@ -81,13 +81,15 @@ def run(ctx: ExperimentContext) -> None:
     doubt = variant == SUPPLEMENT_THEN_DOUBT
     if doubt:
         variant = "supplement"
+    # The neighbour's row comes first in the table: a lookup of the run by
+    # anything less than its id finds the neighbour.
+    other = new_run(ctx, tool="plain") if variant == "supplement" else None
     run_id = new_run(ctx, tool="plain")
     ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=run_id)
     ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 422 (for good)")
     first = ctx.env.start_worker("W1", "run", ["--run-id", run_id, "--once"])
     neighbour = None
-    if variant == "supplement":
-        other = new_run(ctx, tool="plain")
+    if other is not None:
         neighbour = (other, ctx.env.start_worker("N", "run", ["--run-id", other, "--once"]))
     code_first = finish(ctx, first)
     if neighbour is not None:
