@@ -316,6 +316,9 @@ def _invalid_decisions_change_nothing(
     ]
     if "resolve_indoubt" in ops:
         probes.append(("resolve_indoubt", "decision", "executed", None))
+    # And an operation nobody registered: nothing to converge.
+    if "converge_operation" in ops:
+        probes.append(("converge_operation", "operation_id", f"{op_id}-nobody", remote))
     for op, arg, value, remote_id in probes:
         if op in skipped:
             continue
@@ -337,8 +340,9 @@ def _invalid_decisions_change_nothing(
     ctx.invariant(
         "an operator decision outside its vocabulary changes nothing",
         bool(tried) and not changed and after == before,
-        expected="every decision and outcome outside the contract's enumeration, and a finding "
-        "'executed' without the resource found, refused: no "
+        expected="every decision and outcome outside the contract's enumeration, a finding "
+        "'executed' without the resource found and a convergence of an operation nobody "
+        "registered, refused: no "
         "audited change by the operator's session, run and ledger as before",
         observed=f"{len(tried)} probes ({'; '.join(tried)}); skipped (not implemented): "
         f"{sorted(skipped) or 'none'}; audited changes: "
