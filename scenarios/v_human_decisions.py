@@ -31,10 +31,12 @@ from scenarios.common import (
     finish,
     finish_or_kill,
     new_run,
+    wait_claimable,
     writes_name_workflow_steps,
 )
 
 SUPPLEMENT_THEN_DOUBT = "supplement_then_doubt"
+CANCELLED = 10  # a run worker's exit after a lost or unconfirmed renewal (contract §1)
 
 SPEC = ExperimentSpec(
     id="V",
@@ -133,6 +135,13 @@ def run(ctx: ExperimentContext) -> None:
     last = ctx.env.start_worker("W3", "run", ["--run-id", run_id, "--once"])
     # A worker that cannot freeze version 2 loops; what it left is judged.
     code_last = finish_or_kill(ctx, last, 20) if doubt else finish(ctx, last)
+    if doubt and code_last == CANCELLED:
+        # Its renewal timed out (a busy machine) and it cancelled itself, as it
+        # must; a deployment starts another, and so does V, once the lease ran out.
+        ctx.command(f"W3 exited with code {code_last}; W3b takes over")
+        wait_claimable(ctx, run_id)
+        successor = ctx.env.start_worker("W3b", "run", ["--run-id", run_id, "--once"])
+        code_last = finish_or_kill(ctx, successor, 20)
     resolved = False
     if doubt:
         code_last, resolved = _resolve_the_second_version(ctx, ctl, run_id, code_last)
