@@ -7,9 +7,10 @@ import secrets
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from harness.checking import checkers
 from harness.checking.checkers import writes
 from harness.engine.experiment import ExperimentContext
-from harness.parts.processes import ExitTimeout, WorkerProcess
+from harness.parts.processes import ExitTimeout, OpReply, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 
 T = TypeVar("T")
@@ -80,6 +81,24 @@ def writes_name_workflow_steps(
         not odd,
         expected=f"current_step of every protected write in {sorted(steps)}",
         observed=f"{len(seen)} writes; others: {odd or 'none'}",
+    )
+
+
+def resumed_once_converged(
+    ctx: ExperimentContext, run_id: str, reply: OpReply, remote: str | None, by: str
+) -> None:
+    """Safety, not timing: the convergence of the last operation in doubt of a
+    run paused in doubt puts the run back in the queue in the same
+    transaction (a run paused with nothing in doubt is one nobody resumes).
+    ``by``: what converged it (a reconciler's cycle, an operator)."""
+    row = checkers.run_row(ctx, run_id, f"the run after {by}")
+    ops_after = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
+    ctx.invariant(
+        "a run with nothing left in doubt is not left paused in doubt",
+        reply.ok and ops_after == [("succeeded", remote)] and row["status"] == "queued",
+        expected=f"{by} accepted, ledger succeeded with {remote}, run queued at once",
+        observed=f"reply ok={reply.ok} ({reply.error or ''}); ledger {ops_after}; "
+        f"run status {row['status']}",
     )
 
 

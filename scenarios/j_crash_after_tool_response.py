@@ -32,6 +32,7 @@ from scenarios.common import (
     control_plane,
     finish,
     new_run,
+    resumed_once_converged,
     wait_claimable,
     writes_name_workflow_steps,
 )
@@ -239,16 +240,7 @@ def _operator_converges(
         reason="resource found in the tool's console",
         ticket="OPS-43",
     )
-    row = checkers.run_row(ctx, run_id, "the run after the convergence")
-    ops_after = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
-    # Safety, not timing: the same transaction converges and resumes.
-    ctx.invariant(
-        "a run with nothing left in doubt is not left paused in doubt",
-        reply.ok and ops_after == [("succeeded", remote)] and row["status"] == "queued",
-        expected=f"convergence accepted, ledger succeeded with {remote}, run queued at once",
-        observed=f"reply ok={reply.ok} ({reply.error or ''}); ledger {ops_after}; "
-        f"run status {row['status']}",
-    )
+    resumed_once_converged(ctx, run_id, reply, remote, "the operator's convergence")
     w = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
     code_w = finish(ctx, w)
     requests = checkers.tool_requests(ctx, run_id=run_id)

@@ -51,6 +51,7 @@ from scenarios.common import (
     control_plane,
     finish,
     new_run,
+    resumed_once_converged,
     seen_within,
     writes_name_workflow_steps,
 )
@@ -321,19 +322,10 @@ def _found_after_freeze(ctx: ExperimentContext) -> None:
     resources = checkers.tool_resources(ctx, run_id=run_id)
     remote = resources[0]["resource_id"] if len(resources) == 1 else None
     ctl = control_plane(ctx)
+    # The contract's paused_indoubt -> queued when the reconciler learnt the
+    # remote fact; another run's doubt is no reason to stay.
     reply = ctx.op(ctl, "reconcile")
-    row = checkers.run_row(ctx, run_id, "the run after the reconciler's cycle")
-    ops_after = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
-    # Safety, not timing: the cycle that converges the operation resumes the
-    # run in the same transaction (the contract's paused_indoubt -> queued when
-    # the reconciler learnt the remote fact); another run's doubt is no reason.
-    ctx.invariant(
-        "a run with nothing left in doubt is not left paused in doubt",
-        reply.ok and ops_after == [("succeeded", remote)] and row["status"] == "queued",
-        expected=f"reconcile ok, ledger succeeded with the tool's resource {remote}, run queued",
-        observed=f"reply ok={reply.ok} ({reply.error or ''}); ledger {ops_after}; "
-        f"run status {row['status']}",
-    )
+    resumed_once_converged(ctx, run_id, reply, remote, "the reconciler's cycle")
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"], env=env)
     code_b = finish(ctx, b)
     ctx.equal(
