@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from harness.checking import checkers
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
 from harness.parts.processes import WorkerProcess
 from scenarios import retention
 from scenarios.common import (
@@ -120,7 +120,7 @@ def run(ctx: ExperimentContext) -> None:
     code_early = finish(ctx, early)
     ctl = control_plane(ctx)
     supplement = {"address": "corrected by support"}
-    decision = ctx.ok(
+    reply = ctx.op(
         ctl,
         "decide",
         run_id=run_id,
@@ -129,6 +129,18 @@ def run(ctx: ExperimentContext) -> None:
         reason="customer called support",
         ticket="CS-7",
     )
+    if not reply.ok and paused["status"] != "paused_human":
+        raise Inconclusive(f"decide refused ({reply.error}) on a run that never paused: see above")
+    # A run paused for a human takes the person's decision (contract: decide).
+    ctx.invariant(
+        "the decision on the paused run is taken",
+        reply.ok,
+        expected=f"decide {variant} accepted on the run paused for a human",
+        observed=f"reply {'ok' if reply.ok else f'{reply.error}: {reply.message}'}",
+    )
+    if not reply.ok:
+        return
+    decision = reply.result
     if doubt:
         ctx.env.tool.client().set_fault("plain", "drop_after_act", count=1, run_id=run_id)
         ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} loses its answer")
