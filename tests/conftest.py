@@ -24,7 +24,8 @@ def session_tmp() -> Iterator[Path]:
     Written down as a run record first, like a run's, so that a session killed
     with SIGKILL leaves nothing `fencecheck clean` (or the next run) does not
     reap: the directory, the session cluster's server and its shared memory."""
-    record = RunRecord.create(base=None, kind="test")
+    # Not released by the end of a command a test runs in this process.
+    record = RunRecord.create(base=None, kind="test", released_by_command=False)
     try:
         yield record.temp_root
     finally:

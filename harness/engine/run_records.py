@@ -154,11 +154,15 @@ class RunRecord:
         kind: str,
         report_dir: Path | None = None,
         prefer_memory: bool = False,
+        released_by_command: bool = True,
     ) -> RunRecord:
         """Write the record, then make the run's temp root it names (so no moment
         exists where the root is there and no record says whose it is). The
         record stays in ``state_dir(base)`` wherever the root goes
-        (:func:`scratch_base`), so ``fencecheck clean`` finds it."""
+        (:func:`scratch_base`), so ``fencecheck clean`` finds it.
+        ``released_by_command``: :func:`release_unreleased` (a command's last
+        step) releases it too; False for a record that outlives the commands
+        its process runs (a test session's, whose tests run commands in it)."""
         directory = state_dir(base)
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         token = secrets.token_hex(4)
@@ -183,8 +187,9 @@ class RunRecord:
             "backend": {},
         }
         record = cls(directory / f"run-{me}-{token}.json", data)
-        with _UNRELEASED_LOCK:
-            _UNRELEASED.add(record)
+        if released_by_command:
+            with _UNRELEASED_LOCK:
+                _UNRELEASED.add(record)
         try:
             _write_json(record.path, data)
             root.mkdir(mode=0o700)

@@ -132,3 +132,17 @@ def test_another_hosts_record_and_an_unreadable_one_are_left_alone() -> None:
         assert sorted(p.name for p in state.iterdir()) == ["run-1-a.json", "run-2-b.json"]
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_a_record_kept_past_commands_is_not_released_by_their_end(tmp_path: Path) -> None:
+    # The test session's record: every in-process `fencecheck` command ends by
+    # releasing this process's records, which once killed the session cluster.
+    kept = run_records.RunRecord.create(base=tmp_path, kind="test", released_by_command=False)
+    mine = run_records.RunRecord.create(base=tmp_path, kind="run")
+    try:
+        run_records.release_unreleased()
+        assert kept.temp_root.is_dir() and kept.path.exists()
+        assert not mine.temp_root.exists() and not mine.path.exists()
+    finally:
+        kept.release()
+    assert not kept.temp_root.exists() and not kept.path.exists()
