@@ -65,7 +65,7 @@ def test_run_lifecycle_matches_the_state_table(make_rt: Callable[..., Runtime]) 
                 return
             assert allowed
             self.revision = out.revision
-            self.requeued = self.requeued or transition == "requeue"
+            self.requeued = transition == "requeue" or self.requeued
             target = states.target(transition, self.status)
             assert out.status == target
             self.status = out.status
@@ -79,6 +79,7 @@ def test_run_lifecycle_matches_the_state_table(make_rt: Callable[..., Runtime]) 
                 return  # never claimed before next_attempt_at: the backoff has not run out
             if self.status == "queued":
                 assert g.acquired, g
+                self.requeued = False  # granted: that backoff has run out
                 self.lease, self.status = g.lease, states.target("grant", "queued") or ""
             else:
                 assert not g.acquired
