@@ -94,7 +94,7 @@ def positive(value: str) -> int:
     return number
 
 
-def common_env_options(p: argparse.ArgumentParser) -> None:
+def common_env_options(p: argparse.ArgumentParser, *, jobs: int = 3) -> None:
     p.add_argument(
         "--worker-cmd",
         help="command of the worker under test (default: the reference implementation, "
@@ -113,8 +113,8 @@ def common_env_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--jobs",
         type=positive,
-        default=3,
-        help="experiments run at once (default 3; they mostly wait on leases)",
+        default=jobs,
+        help=f"experiments run at once (default {jobs}; they mostly wait on leases)",
     )
 
 

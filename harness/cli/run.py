@@ -50,6 +50,8 @@ if TYPE_CHECKING:
 
 NAME = "run"
 HELP = "run experiments and write evidence archives"
+# Experiments of one run at once by default (see add_arguments).
+RUN_JOBS = 4
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
@@ -83,7 +85,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     )
     shard_option(run, "experiment runs")
     add_gate_option(run)
-    common_env_options(run)
+    # Four: the matrix's runs mostly wait on leases (1.3 of 2 cores busy), and
+    # six CPU hogs beside four jobs left every verdict sound (docs/running.md).
+    common_env_options(run, jobs=RUN_JOBS)
 
 
 def _check_mutant(worker_cmd: tuple[str, ...], mutant: str) -> None:

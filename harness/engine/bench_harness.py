@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.cli.run import RUN_JOBS
+
 HOG = "while True: pass"
 
 
@@ -139,7 +141,12 @@ def report(rounds: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.engine.bench_harness")
     parser.add_argument("--rounds", type=int, default=1)
-    parser.add_argument("--jobs", type=int, default=int(os.environ.get("JOBS", "0")) or 6)
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=int(os.environ.get("JOBS", "0")) or RUN_JOBS,
+        help=f"experiments at once (default {RUN_JOBS}, as `fencecheck run`)",
+    )
     parser.add_argument("--hogs", type=int, default=0, help="CPU-bound processes beside the run")
     parser.add_argument(
         "--exec-too", action="store_true", help="one more round with exec'd workers"

@@ -46,6 +46,7 @@ from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
 from harness.explore import cell_coverage
+from harness.mutation.error_context import functions_in_error_context
 from harness.verdict import Verdict
 from harness.waiting import wait_for
 
@@ -123,6 +124,7 @@ def run_job(
     secrets: set[str] = set()
     stalls_judged = False
     called: dict[str, int] | None = None
+    raised: list[str] | None = None
     clock = phases.PhaseClock()
     try:
         with (
@@ -183,6 +185,8 @@ def run_job(
                     gather=interrupted is None and not stopping.requested(),
                 )  # fmt: skip
                 called = _functions_called(env) if interrupted is None else None
+                if called is not None and shared.settings.trace_calls:
+                    raised = _functions_raised(env)
             secrets = env.secrets
     except Exception as exc:
         harness_error = traceback.format_exc()
@@ -239,6 +243,7 @@ def run_job(
     result.functions_called = called
     if shared.settings.trace_calls and interrupted is None:
         result.python_calls = _python_calls(logs_dir / CALLS_FILE)
+        result.functions_raised = raised
     result.state_cells = (archive.get("state_cells") or {}).get("cells")
     stopping.trace(f"{job.label}: result ready")
     if progress is not None:
@@ -315,6 +320,17 @@ def _functions_called(env: Environment) -> dict[str, int] | None:
     except Exception:  # a server gone at the end: the reach is simply not known
         return None
     return {str(r["f"]): int(r["calls"]) for r in rows}
+
+
+def _functions_raised(env: Environment) -> list[str] | None:
+    """The database functions the server's log names in the context of an
+    error in this experiment's database (harness.mutation.error_context);
+    None when the log cannot be read."""
+    try:
+        with open(env.primary.log_path, errors="replace") as log:
+            return sorted(functions_in_error_context(log, env.db.name))
+    except OSError:
+        return None
 
 
 def _python_calls(path: Path) -> list[str] | None:

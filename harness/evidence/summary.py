@@ -39,6 +39,10 @@ class ExperimentResult:
     #: Calls of each database function the experiment's workers ran (None: not
     #: known, e.g. a database that failed over), for generated mutants' reach.
     functions_called: dict[str, int] | None = None
+    #: Database functions the server named in the context of an error it
+    #: logged for the experiment's database (a call that raised is not counted
+    #: above), when the worker was traced (Settings.trace_calls).
+    functions_raised: list[str] | None = None
     #: ``<file>:<function>`` of each reference implementation function its
     #: processes ran, when the worker was traced (Settings.trace_calls).
     python_calls: list[str] | None = None

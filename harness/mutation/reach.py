@@ -12,7 +12,10 @@ unmutated) records per experiment which functions ran:
   not counted: an experiment whose every call of a function was refused
   (a freeze refused because the operation converged meanwhile, say) would
   look as if it never ran it. So an experiment also counts as reaching every
-  function the functions it ran call, by their text (:func:`sql_callees`);
+  function the functions it ran call, by their text (:func:`sql_callees`),
+  and every function the server named in the context of an error it logged
+  for the experiment's database (:func:`functions_in_error_context`: a
+  function called directly whose every call raised);
 - Python: the worker command is :mod:`.traced_worker`, which appends each
   function of the reference implementation to the experiment's logs the first
   time it runs, in every process (``migrate`` too).
@@ -68,6 +71,20 @@ def sql_callees(sources: Mapping[str, str]) -> dict[str, frozenset[str]]:
             if caller != name and pattern.search(src or ""):
                 calls.setdefault(caller, set()).add(name)
     return {caller: frozenset(callees) for caller, callees in calls.items()}
+
+
+def _resolve(names: Iterable[str], functions: frozenset[str]) -> frozenset[str]:
+    """``names`` as ``schema.function`` of ``functions``: the server names a
+    function in an error's context with its schema only when the session's
+    search_path does not reach it (an SQL function never), so a bare name
+    stands for every schema's function of that name (over, never under)."""
+    resolved: set[str] = set()
+    for name in names:
+        if "." in name:
+            resolved.add(name)
+        else:
+            resolved.update(f for f in functions if f.rsplit(".", 1)[-1] == name)
+    return frozenset(resolved & functions)
 
 
 def _with_callees(ran: frozenset[str], calls: Mapping[str, frozenset[str]]) -> frozenset[str]:
@@ -126,7 +143,9 @@ class Reach:
         sql = {
             result_label(r): (
                 _with_callees(
-                    frozenset(f for f, n in r.functions_called.items() if n > 0), sql_calls or {}
+                    frozenset(f for f, n in r.functions_called.items() if n > 0)
+                    | _resolve(r.functions_raised or (), frozenset(functions)),
+                    sql_calls or {},
                 )
                 if r.functions_called is not None
                 else None

@@ -9,13 +9,18 @@ import os
 import subprocess
 from pathlib import Path
 
+import psycopg
+import pytest
+
 import scenarios
 from harness.cli.common import REPO_ROOT
 from harness.engine.runner import jobs_for
 from harness.evidence.summary import ExperimentResult
+from harness.mutation.error_context import functions_in_error_context
 from harness.mutation.reach import Reach, python_functions, sql_callees
 from harness.mutation.sites import AutoMutant
 from harness.mutation.traced_worker import CALLS_FILE_ENV, TRACED_WORKER_CMD
+from harness.parts.postgres import Database
 from harness.verdict import Verdict
 
 JOBS = jobs_for(scenarios.select(["A", "B", "H"]), 1)
@@ -119,3 +124,42 @@ def test_a_function_whose_calls_all_raised_is_reached_through_its_callers() -> N
     jobs = [j for j in JOBS if not j.label.startswith("H")]
     assert [j.label for j in reach.jobs_for(_mutant("sql", "fencecheck._freeze"), jobs)] == ["A"]
     assert [j.label for j in reach.jobs_for(_mutant("sql", "fencecheck._ms"), jobs)] == ["B"]
+
+
+def test_a_function_called_directly_whose_calls_all_raised_is_named_by_the_server_log(
+    fresh_db: Database,
+) -> None:
+    # The server's own log, not a sample of its format: a function called at
+    # top level that raises is in no count, but in the context of its error.
+    fresh_db.query("CREATE SCHEMA reach_t")
+    fresh_db.query(
+        "CREATE FUNCTION reach_t.inner_refuses() RETURNS void LANGUAGE plpgsql "
+        "AS $$ BEGIN RAISE EXCEPTION 'refused'; END $$"
+    )
+    fresh_db.query(
+        "CREATE FUNCTION reach_t.outer_calls() RETURNS void LANGUAGE plpgsql "
+        "AS $$ BEGIN PERFORM reach_t.inner_refuses(); END $$"
+    )
+    fresh_db.query(
+        "CREATE FUNCTION reach_t.sql_refuses() RETURNS int LANGUAGE sql AS $$ SELECT 1 / 0 $$"
+    )
+    for call in ("reach_t.outer_calls()", "reach_t.sql_refuses()"):
+        with pytest.raises(psycopg.Error):
+            fresh_db.query(f"SELECT {call}")
+    log = fresh_db.cluster.log_path.read_text(errors="replace").splitlines()
+    named = functions_in_error_context(log, fresh_db.name)
+    assert {"reach_t.inner_refuses", "reach_t.outer_calls"} <= named
+    assert "sql_refuses" in named or "reach_t.sql_refuses" in named
+    assert functions_in_error_context(log, fresh_db.name + "_other") == frozenset()
+    functions = ["reach_t.inner_refuses", "reach_t.outer_calls", "reach_t.sql_refuses", "x.other"]
+    reach = Reach.of(
+        [
+            dataclasses.replace(_result("A", None, {}), functions_raised=sorted(named)),
+            _result("B", None, {}),
+        ],
+        functions,
+    )
+    jobs = [j for j in JOBS if not j.label.startswith("H")]
+    for scope in ("reach_t.inner_refuses", "reach_t.outer_calls", "reach_t.sql_refuses"):
+        assert [j.label for j in reach.jobs_for(_mutant("sql", scope), jobs)] == ["A"]
+    assert reach.jobs_for(_mutant("sql", "x.other"), jobs) == []
