@@ -14,6 +14,11 @@ consumer applies them; one variant per thing that goes wrong on the way:
   timeout: no ack, so no mark; the next relay publishes it again.
 * ``duplicate_delivery``: the broker hands one message out twice in one read.
 * ``reordered_delivery``: the broker hands one read out in reverse order.
+* ``apply_fails``: the consumer's database link is cut after it read the
+  batch and before it applied any of it (held at after_consumer_read): that
+  pass fails, the consumer process lives on, and its next passes over the
+  healed link must apply every event of the batch (a consumer that moved its
+  read position past what it never applied loses them for good).
 
 In every variant the consumer is judged on every event the broker holds
 (its own delivery log, not only the repeated one): each handed out and
@@ -30,7 +35,8 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Crash
+from harness.parts.control import Crash, Hold
+from harness.parts.processes import WorkerProcess
 from scenarios.common import new_run, seen_within
 
 EVENTS = 3
@@ -49,12 +55,14 @@ SPEC = ExperimentSpec(
     "handed to the consumer and its business effect happens exactly once",
     fault="one per variant: the relay SIGKILLed between the broker's ack and the mark; the "
     "broker refuses one publish of a batch, acks after the relay's timeout, hands a message "
-    "out twice, hands a read out of order",
+    "out twice, hands a read out of order; the consumer's database link cut between its read "
+    "and its first apply",
     rules=(10,),
     injection_point="after_broker_ack_before_outbox_mark",
     needs=(
         *needs.capabilities("outbox", "consumer_dedupe"),
         needs.point("after_broker_ack_before_outbox_mark", "ack_then_crash"),
+        needs.point("after_consumer_read", "apply_fails"),
     ),
     variants=(
         "ack_then_crash",
@@ -62,12 +70,14 @@ SPEC = ExperimentSpec(
         "late_ack",
         "duplicate_delivery",
         "reordered_delivery",
+        "apply_fails",
     ),
     variant_points=(
         ("publish_fails", "none (broker fault)"),
         ("late_ack", "none (broker fault)"),
         ("duplicate_delivery", "none (broker fault)"),
         ("reordered_delivery", "none (broker fault)"),
+        ("apply_fails", "after_consumer_read"),
     ),
     variant_faults=(
         ("ack_then_crash", "SIGKILL at after_broker_ack_before_outbox_mark"),
@@ -79,6 +89,10 @@ SPEC = ExperimentSpec(
         ),
         ("duplicate_delivery", "the broker hands the first message of a read out twice"),
         ("reordered_delivery", "the broker hands a read out in reverse order"),
+        (
+            "apply_fails",
+            "the consumer's database link cut while it holds a read batch, none of it applied",
+        ),
     ),
     variant_waits=(("late_ack", LATE_ACK_MS / 1000),),
 )
@@ -88,7 +102,7 @@ def run(ctx: ExperimentContext) -> None:
     variant = VARIANTS[ctx.variant or "ack_then_crash"]
     run_id, events = _outbox_events(ctx)
     variant.publish(ctx, run_id, events)
-    consumer = ctx.env.start_worker("K", "ops")
+    consumer = variant.consume(ctx) if variant.consume else ctx.env.start_worker("K", "ops")
     ctx.ok(consumer, "consume", consumer=CONSUMER)
     ctx.ok(consumer, "consume", consumer=CONSUMER)  # a second pass sees nothing new
     variant.confirm(ctx, events)
@@ -218,14 +232,16 @@ def _late_ack(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
     ctx.ok(ctx.env.start_worker("R2", "ops"), "relay")
 
 
-def _relay_then_arm(mode: str) -> Callable[[ExperimentContext, str, list[str]], None]:
-    """Publish everything normally, then arm a delivery fault for the consumer's first read."""
+def _relay_then_arm(mode: str | None) -> Callable[[ExperimentContext, str, list[str]], None]:
+    """Publish everything normally, then arm a delivery fault (if any) for the
+    consumer's first read."""
 
     def publish(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
         del run_id, events
         ctx.ok(ctx.env.start_worker("R1", "ops"), "relay")
-        ctx.env.tool.client().set_fault("broker", mode)
-        ctx.command(f"broker: the next read that hands out messages: {mode}")
+        if mode is not None:
+            ctx.env.tool.client().set_fault("broker", mode)
+            ctx.command(f"broker: the next read that hands out messages: {mode}")
 
     return publish
 
@@ -258,13 +274,49 @@ def _copies(ctx: ExperimentContext, event_id: str) -> list[dict[str, Any]]:
     return [m for m in checkers.tool_log(ctx)["messages"] if m["event_id"] == event_id]
 
 
+def _apply_fails(ctx: ExperimentContext) -> WorkerProcess:
+    """The consumer reads the whole batch, then loses its database before it
+    applies any of it: that pass must fail, and the same process's later
+    passes (the caller's) must still apply every event of the batch."""
+    ctx.env.add_pg_link("pg_K")
+    consumer = ctx.env.start_worker("K", "ops", pg_link="pg_K")
+    ctx.arm("K", "after_consumer_read", Hold())
+    first = ctx.op_async(consumer, "consume", {"consumer": CONSUMER})
+    ctx.reached("K", "after_consumer_read")
+    ctx.cut("pg_K")
+    ctx.release("K", "after_consumer_read")
+    reply = first.result(timeout_s=15)
+    ctx.heal("pg_K")
+    applied = ctx.sql(
+        "business effects after the failed pass",
+        "SELECT count(*) AS n FROM fencecheck_model.consumer_effects WHERE consumer_name = %s",
+        [CONSUMER],
+    )[0]["n"]
+    handed = [d for d in checkers.tool_log(ctx)["deliveries"] if d.get("event_ids")]
+    ctx.fault(
+        "the consumer lost its database between its read and its first apply",
+        not reply.ok
+        and int(applied) == 0
+        and bool(handed)
+        and len(handed[0]["event_ids"]) == EVENTS,
+        expected=f"the broker handed the consumer all {EVENTS} events in one read; its pass "
+        "failed with the link cut and applied none of them; the process lives on",
+        observed=f"first read handed out {len(handed[0]['event_ids']) if handed else 0} "
+        f"event(s); the pass answered {'ok' if reply.ok else reply.error}; {applied} "
+        f"effect(s) committed; K alive: {consumer.is_alive()}",
+    )
+    return consumer
+
+
 @dataclass(frozen=True)
 class Variant:
     """How the events get to the broker (with the variant's fault), and how the
-    harness confirms the fault from the broker's log once the consumer read."""
+    harness confirms the fault from the broker's log once the consumer read;
+    ``consume``, when set, starts the consumer and runs its faulty first pass."""
 
     publish: Callable[[ExperimentContext, str, list[str]], None]
     confirm: Callable[[ExperimentContext, list[str]], None]
+    consume: Callable[[ExperimentContext], WorkerProcess] | None = None
 
 
 def _none(ctx: ExperimentContext, events: list[str]) -> None:
@@ -285,4 +337,5 @@ VARIANTS = {
         _relay_then_arm("deliver_reorder"),
         _delivered("deliver_reorder", "out of order", lambda s: s != sorted(s)),
     ),
+    "apply_fails": Variant(_relay_then_arm(None), _none, _apply_fails),
 }

@@ -174,6 +174,23 @@ def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str
         observed=f"run {new[:8]} (old {old[:8]}): (status, revision, epoch, attempt_count, "
         f"owner) = {fresh}",
     )
+    # The budget is the task's: a retry gets as many attempts as the run it
+    # retries was given (ATTEMPTS here, never the default), and its input.
+    given = {
+        str(r["run_id"]): (r["max_attempts"], r["input"])
+        for r in ctx.sql(
+            "the budget and input of the old run and of its retry",
+            "SELECT run_id, max_attempts, input FROM fencecheck_model.agent_runs "
+            "WHERE run_id = ANY(%s)",
+            [[old, new]],
+        )
+    }
+    ctx.equal(
+        "a retry keeps the task's attempt budget and input",
+        given.get(new),
+        given.get(old),
+        what=f"(max_attempts, input) of the retry's run (the old run's: max_attempts {ATTEMPTS})",
+    )
     worker = ctx.env.start_worker("W2", "run", ["--run-id", new, "--once"])
     code = finish(ctx, worker)
     after = checkers.run_row(ctx, new, "the retry's run after a worker")

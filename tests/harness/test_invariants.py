@@ -205,8 +205,10 @@ def test_clean_history_breaks_nothing() -> None:
     broken = {n: (r.observed, r.violations) for n, r in results.items() if not r.ok}
     assert broken == {}
     # Not vacuous: each invariant judged something of the clean run, except what
-    # the clean run has none of (a cancel, a return to prepared, a risky tool).
+    # the clean run has none of (a cancel, a return to prepared, a risky tool,
+    # a takeover).
     assert {n for n, r in results.items() if r.checked == 0} == {
+        "lease.takeover_counts_no_attempt",
         "effect.cancelled_intent_never_sent",
         "effect.no_resend_without_idempotency",
         "effect.claim_back_to_prepared_only_after_a_proven_rejection",
@@ -240,6 +242,17 @@ def grant_over_live_lease(s: Story) -> None:
         "agent_runs",
         {**held, "lease_expires_at": iso(T0 + 1.5)},
         {"epoch": 2, "owner": "B/1", "lease_expires_at": iso(T0 + 1.7)},
+    )
+
+
+def takeover_counted_as_attempt(s: Story) -> None:
+    # B takes over A's expired lease (the run was running, not queued) and
+    # counts an attempt: the run would spend its budget on a changed hand.
+    held = {**s.state("agent_runs", (RUN,)), "status": "running", "owner": "A/1"}
+    s.tx(0.9, app="B")(
+        "agent_runs",
+        {**held, "lease_expires_at": iso(T0 + 0.8), "attempt_count": 1},
+        {"epoch": 2, "owner": "B/1", "lease_expires_at": iso(T0 + 1.7), "attempt_count": 2},
     )
 
 
@@ -398,6 +411,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.one_owner_per_epoch": second_owner,
     "lease.granted_only_when_free_or_expired": grant_over_live_lease,
     "lease.live_lease_moved_only_by_its_holder": released_by_another_session,
+    "lease.takeover_counts_no_attempt": takeover_counted_as_attempt,
     "lease.expiry_within_lease_duration": lease_too_long,
     "write.only_under_the_current_unexpired_lease": stale_checkpoint,
     "write.revision_advances_by_one": revision_skips,

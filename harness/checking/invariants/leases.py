@@ -139,3 +139,25 @@ def live_lease_moved_only_by_its_holder(ev: Evidence) -> Finding:
             row["why"] = why
             bad.append(row)
     return Finding(checked, bad)
+
+
+@invariant(
+    "lease.takeover_counts_no_attempt",
+    "contract §6 (grants: a queued run's attempt_count grows by 1); English seed §5.1",
+    "a grant of a run that was not queued (a takeover of an expired lease) leaves attempt_count "
+    "as it was: an attempt is counted when a run leaves the queue, never when its work changes "
+    "hands, so a run taken over does not spend its budget faster",
+)
+def takeover_counts_no_attempt(ev: Evidence) -> Finding:
+    if ev.declares("agent_runs", "attempt_count") is False:
+        return Finding(0, [], "the mapping gives attempt_count no value: not judged")
+    bad = []
+    taken_over = [c for c in grants(ev) if c.before("status") != "queued" and not c.by_harness]
+    for c in taken_over:
+        before, after = c.before("attempt_count"), c.after("attempt_count")
+        if before is not None and after is not None and int(after) != int(before):
+            row = c.brief("run_id", "epoch", "owner", "status")
+            row["attempt_count"] = f"{before} -> {after}"
+            row["status_before"] = c.before("status")
+            bad.append(row)
+    return Finding(len(taken_over), bad)

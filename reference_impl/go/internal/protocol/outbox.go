@@ -98,14 +98,17 @@ func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]in
 	}
 	consumed, duplicates := 0, 0
 	for _, m := range msgs {
-		c.after[name] = max(c.after[name], m.Seq)
 		if t, ok := m.Payload["tenant_id"].(string); ok && t != c.Tenant {
+			c.after[name] = max(c.after[name], m.Seq)
 			continue // another tenant's event: not ours to apply
 		}
 		first, err := c.Process(ctx, db, name, m)
 		if err != nil {
+			// Not past this message: the next cycle reads it again (L[apply_fails]).
 			return nil, err
 		}
+		// Past a message only once its effect committed (or it was a duplicate).
+		c.after[name] = max(c.after[name], m.Seq)
 		if first {
 			consumed++
 		} else {
