@@ -9,6 +9,9 @@ moment the variant chose:
 
 * ``superseded``: run 1 called the tool and was cancelled; the task was
   retried as run 2, which made progress. Run 1's callback must not touch run 2.
+* ``other_runs_operation``: the same, but the callback names run 2 (the
+  task's active, live run) with run 1's operation, still in flight: a
+  callback converges only an operation of the run it names, so nothing moves.
 * ``terminal``: the run was cancelled while its operation was ``unknown``; the
   callback must not move the cancelled run's ledger.
 * ``live_prepared``: the run is live, its operation registered and never sent:
@@ -59,18 +62,25 @@ SPEC = ExperimentSpec(
     "(dispatching, unknown) of the task's active, live run, and only to the tool's resource; "
     "in any other state, and for an old run, it changes nothing",
     fault="the tool's callback is delivered while the run is superseded / terminal / live, "
-    "its operation prepared / dispatching / unknown / succeeded",
+    "its operation prepared / dispatching / unknown / succeeded, or naming the live run with "
+    "another run's operation",
     rules=(5, 7),
     injection_point="after_tool_response_before_tx2_commit",
     needs=(
         *needs.capabilities("workflow", "ledger"),
         needs.point(
-            "after_tool_response_before_tx2_commit", "terminal", "live_unknown", "live_dispatching"
+            "after_tool_response_before_tx2_commit",
+            "superseded",
+            "other_runs_operation",
+            "terminal",
+            "live_unknown",
+            "live_dispatching",
         ),
         needs.point("after_outbound_intent_commit", "live_prepared"),
     ),
     variants=(
         "superseded",
+        "other_runs_operation",
         "terminal",
         "live_prepared",
         "live_dispatching",
@@ -187,11 +197,16 @@ def run(ctx: ExperimentContext) -> None:
 # -------------------------------------------------------------- the moments
 
 
-def _superseded(ctx: ExperimentContext) -> Moment:
+def _superseded(ctx: ExperimentContext, *, name_the_new_run: bool = False) -> Moment:
+    """Run 1 called the tool and was cancelled; its task was retried as run 2,
+    which made progress. The callback is run 1's operation, naming run 1, or
+    (``name_the_new_run``) naming run 2, the task's active, live run."""
     old_run, a = _held(ctx, "after_tool_response_before_tx2_commit")
     ctl = control_plane(ctx)
     ctx.ok(ctl, "cancel", run_id=old_run)
-    ctx.release("A", "after_tool_response_before_tx2_commit")
+    # Naming the new run: A dies holding the tool's answer, so the operation
+    # stays in flight (a released A records the result, cancelled or not).
+    ctx.release("A", "after_tool_response_before_tx2_commit", Crash() if name_the_new_run else None)
     finish(ctx, a)
     cancelled = checkers.run_row(ctx, old_run, "the old run, before the retry")
     # Read cancelled from the database: a retry refused as still live is no timing.
@@ -244,7 +259,19 @@ def _superseded(ctx: ExperimentContext) -> Moment:
         )
         ctx.equal("task points at the new run", _active_run(ctx, task_id), new_run_id)
 
-    return Moment(old_run, op_id, _genuine(ctx, op_id), False, then)
+    if not name_the_new_run:
+        return Moment(old_run, op_id, _genuine(ctx, op_id), False, then)
+    # Only the run it names can refuse it: the operation is in flight and the
+    # named run is its task's active, live run, the two things a callback may
+    # converge under; the operation is merely another run's.
+    in_flight = _operation(ctx, op_id)["status"]
+    ctx.fault(
+        "the old run's operation is in flight when the new run's name comes with it",
+        in_flight in ("dispatching", "unknown"),
+        expected="run 1's operation dispatching or unknown (the tool acted; no result recorded)",
+        observed=f"run 1's operation {in_flight}",
+    )
+    return Moment(new_run_id, op_id, _genuine(ctx, op_id), False, then)
 
 
 def _unknown_after_crash(ctx: ExperimentContext) -> tuple[str, str]:
@@ -343,6 +370,7 @@ def _live_succeeded(ctx: ExperimentContext) -> Moment:
 
 SETUPS: dict[str, Callable[[ExperimentContext], Moment]] = {
     "superseded": _superseded,
+    "other_runs_operation": lambda ctx: _superseded(ctx, name_the_new_run=True),
     "terminal": _terminal,
     "live_prepared": _live_prepared,
     "live_dispatching": _live_dispatching,

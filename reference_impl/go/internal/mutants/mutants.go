@@ -75,6 +75,9 @@ DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints`},
 		apply: func(p *protocol.Protocol) {
 			replace(&p.SQL.FreezeLedger, " AND status IN ('unknown', 'dispatching')", "")
 		}},
+	{Name: "consumer_past_before_apply", Rule: 10, Catchers: []string{"L"}, Alters: "Protocol.ConsumerPastBeforeApply",
+		Description: "the consumer moves its read position past each message before applying it (this worker until 2026-12-02): an apply that fails (its database lost mid-batch) loses that message for good, though the process lives on",
+		apply:       func(p *protocol.Protocol) { p.ConsumerPastBeforeApply = true }},
 	{Name: "expired_claim_back_to_prepared", Rule: 4, Catchers: []string{"J", "E"}, Alters: "Statements.ExpireClaim",
 		Description: "the reconciler turns an expired dispatch claim back into prepared instead of unknown, so it is dispatched again",
 		apply: func(p *protocol.Protocol) {

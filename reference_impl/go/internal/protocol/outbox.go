@@ -98,6 +98,9 @@ func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]in
 	}
 	consumed, duplicates := 0, 0
 	for _, m := range msgs {
+		if c.P.ConsumerPastBeforeApply {
+			c.after[name] = max(c.after[name], m.Seq)
+		}
 		if t, ok := m.Payload["tenant_id"].(string); ok && t != c.Tenant {
 			c.after[name] = max(c.after[name], m.Seq)
 			continue // another tenant's event: not ours to apply

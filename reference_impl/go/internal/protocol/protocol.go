@@ -26,6 +26,10 @@ type Protocol struct {
 	// LockInOwnTx runs lock + validation in a transaction of its own,
 	// committed before the write's (only a mutant sets it).
 	LockInOwnTx bool
+	// ConsumerPastBeforeApply moves the consumer's read position past each
+	// message before applying it (only a mutant sets it; this worker did so
+	// until L[apply_fails] showed a failed apply losing its message).
+	ConsumerPastBeforeApply bool
 	// OnRenewUnconfirmed is what the heartbeat does with an unconfirmed
 	// renewal: cancel the execution with its cause (rule 8).
 	OnRenewUnconfirmed func(cancel context.CancelCauseFunc, cause error)
