@@ -77,7 +77,9 @@ SPEC = ExperimentSpec(
             "retention_expired",
         ),
         needs.point("after_dispatch_claim_commit", "stale_dispatcher", "frozen_dispatcher"),
-        needs.point("before_renew", "frozen_dispatcher"),
+        needs.point("before_renew", "frozen_dispatcher", "frozen_before_claim"),
+        needs.capability("ledger_tool:idempotent", "frozen_before_claim"),
+        needs.point("after_outbound_intent_commit", "frozen_before_claim"),
         needs.capability("ledger_tool:idempotent", "superseded_claim"),
         needs.point("after_tool_response_before_tx2_commit", "superseded_claim"),
     ),
@@ -87,12 +89,16 @@ SPEC = ExperimentSpec(
         "none",
         "stale_dispatcher",
         "frozen_dispatcher",
+        "frozen_before_claim",
         "retention_expired",
         "superseded_claim",
     ),
     natural_wait_s=0.8,
     variant_waits=(("stale_dispatcher", ARRIVE_LATE_MS / 1000), ("retention_expired", 1.2)),
-    variant_points=(("frozen_dispatcher", "after_dispatch_claim_commit"),),
+    variant_points=(
+        ("frozen_dispatcher", "after_dispatch_claim_commit"),
+        ("frozen_before_claim", "after_outbound_intent_commit"),
+    ),
     variant_faults=(
         (
             "superseded_claim",
@@ -106,6 +112,12 @@ SPEC = ExperimentSpec(
             "heartbeat parked between two renewals; B takes over and converges the "
             "operation; then SIGCONT A",
         ),
+        (
+            "frozen_before_claim",
+            "SIGSTOP of A right after its intent commits, before its dispatch claim, its "
+            "heartbeat parked; B takes the run's lease over (a newer epoch) and leaves the "
+            "intent prepared; then SIGCONT A",
+        ),
     ),
     tool_retention=(("retention_expired", RETENTION_S),),
 )
@@ -118,6 +130,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "frozen_dispatcher":
         _frozen_dispatcher(ctx)
+        return
+    if variant == "frozen_before_claim":
+        _frozen_before_claim(ctx)
         return
     if variant == "superseded_claim":
         _superseded_claim(ctx)
@@ -418,6 +433,72 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         run_row["status"],
         "succeeded",
         what=f"run status (B exit {code_b})",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _frozen_before_claim(ctx: ExperimentContext) -> None:
+    """A frozen after registering its intent, before claiming it for dispatch,
+    past its lease; B takes the run over and leaves the intent prepared. A
+    dispatch claim is not fenced by the run's lease (the ledger's claim is),
+    so A, resumed, may claim and send it: then its request must carry the
+    run's epoch as it stood at the claim, never A's own lapsed one (global
+    effect.sent_only_under_a_dispatch_claim), and the tool acts once. A that
+    gives up instead (its lease lost) is as good: nothing may be sent twice."""
+    run_id = new_run(ctx, tool="idem")
+    ctx.arm("A", "after_outbound_intent_commit", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    hit = ctx.reached("A", "after_outbound_intent_commit")
+    # Parked between two renewals, as in frozen_dispatcher: resumed, a refused
+    # renewal would cancel A before its dispatcher reaches the claim.
+    ctx.arm("A", "before_renew", Hold())
+    ctx.reached("A", "before_renew", held=True)
+    stopped = ctx.pause(a)
+    ctx.release("A", "after_outbound_intent_commit")
+    wait_claimable(ctx, run_id)
+    b = ctx.env.start_worker("B", "ops")
+    lease_b = ctx.ok(b, "claim", run_id=run_id)
+    before = next(
+        (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
+    )
+    state_a = a.kernel_state()
+    resumed = ctx.resume(a)
+    decided = _dispatcher_moved_on(ctx, a, run_id, resumed.sent_at)
+    ctx.release("A", "before_renew")
+    code_a = finish(ctx, a)
+    ctx.fault(
+        "A was frozen past its lease between its intent and its dispatch claim while B took over",
+        stopped.state == "stopped"
+        and state_a == "stopped"
+        and before is not None
+        and before["status"] == "prepared"
+        and int(lease_b["epoch"]) > (hit.epoch or 0),
+        expected="A stopped in the kernel right after its intent committed, still stopped when "
+        "B held the run at a newer epoch, the intent still prepared",
+        observed=f"A {stopped.state!r} then {state_a!r}; intent "
+        f"{before and before['status']}; B's epoch {lease_b['epoch']} (A's {hit.epoch})",
+    )
+    ctx.fault(
+        "A's workflow moved on while its renewals stayed parked",
+        decided is not None,
+        expected="after A resumed, and before its heartbeat was let go: A exited, sent a "
+        "request, or recorded a step other than a renewal",
+        observed=decided or "none of these within 5 s of the resume",
+    )
+    sent = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.invariant(
+        "a request sent after the takeover carries the run's epoch, not the sender's lapsed one",
+        all(int(r["epoch"]) >= int(lease_b["epoch"]) for r in sent),
+        expected=f"every create of the run at epoch {lease_b['epoch']} or later (B's), none at "
+        f"A's {hit.epoch}",
+        observed=f"requests {[(r['seq'], r['epoch'], r['outcome']) for r in sent]} (A exit {code_a})",
+    )
+    resources = [r for r in checkers.tool_resources(ctx, run_id=run_id)]
+    ctx.invariant(
+        "at most one real resource",
+        len(resources) <= 1,
+        expected="the tool made at most one resource for the run",
+        observed=f"{len(resources)} resource(s)",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
 
