@@ -109,6 +109,7 @@ def run(ctx: ExperimentContext) -> None:
     trail = checkers.audit(ctx)
     for r in runs:
         _judge(ctx, r, seen[r], trail, requests, since)
+    _delays_as_declared(ctx, runs)
     delays = [[d for d, _ in seen[r]] for r in runs]
     apart = [abs(x - y) for x, y in zip(delays[0], delays[1], strict=False)]
     jitter = dict(
@@ -128,6 +129,51 @@ def run(ctx: ExperimentContext) -> None:
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
     writes_name_workflow_steps(ctx, [*runs, *retried])
     checkers.lease_history_is_sound(ctx, [*runs, *retried])
+
+
+def _delays_as_declared(ctx: ExperimentContext, runs: list[str]) -> None:
+    """Every requeue's delay within the bounds the system declares for its
+    attempt (mapping ``capabilities.backoff``), give or take the stated
+    tolerance: a jitter that reaches past the exponential delay, or a delay
+    of the wrong attempt, is out of them. Declared values, not a comparison
+    of two measurements; not judged where nothing is declared."""
+    declared = ctx.system.capabilities.backoff
+    name = "every delay within the declared backoff for its attempt"
+    if declared is None:
+        ctx.not_judged(
+            name,
+            expected="judged where the mapping declares capabilities.backoff",
+            observed="the mapping declares no backoff",
+        )
+        return
+    rows = ctx.sql(
+        "each requeue's attempt and delay (audit trail)",
+        "SELECT new->>'run_id' AS run_id, (new->>'attempt_count')::int AS attempt,"
+        " extract(epoch FROM (new->>'next_attempt_at')::timestamptz"
+        "  - (new->>'updated_at')::timestamptz) * 1000 AS delay_ms"
+        " FROM fencecheck_audit.changes WHERE tbl = 'agent_runs' AND op = 'UPDATE'"
+        " AND new->>'run_id' = ANY(%s) AND new->>'status' = 'queued'"
+        " AND new->>'revision' IS DISTINCT FROM old->>'revision' ORDER BY seq",
+        [runs],
+    )
+    shown, outside = [], []
+    for row in rows:
+        low, high = declared.bounds_ms(int(row["attempt"]))
+        delay = float(row["delay_ms"])
+        item = f"{str(row['run_id'])[:8]} attempt {row['attempt']}: {delay:.3f} ms in [{low:g}, {high:g}]"
+        shown.append(item)
+        if not low - DELAY_TOLERANCE_MS <= delay <= high + DELAY_TOLERANCE_MS:
+            outside.append(item)
+    ctx.invariant(
+        name,
+        not outside,
+        expected=f"after attempt n a delay within the declared bounds (base {declared.base_ms} ms, "
+        f"cap {declared.cap_ms} ms, {declared.jitter} jitter: d = min(base * 2^(n-1), cap)), "
+        f"tolerance {DELAY_TOLERANCE_MS:g} ms",
+        observed="; ".join(outside) + " (out of bounds)"
+        if outside
+        else "; ".join(shown) or "no requeue",
+    )
 
 
 def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str) -> list[str]:

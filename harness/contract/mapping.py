@@ -106,6 +106,21 @@ class MappingError(ValueError):
 
 
 @dataclass(frozen=True)
+class Backoff:
+    """The requeue delays a system declares (section 14, ``capabilities.backoff``)."""
+
+    base_ms: int
+    cap_ms: int
+    jitter: Literal["equal", "full", "none"]
+
+    def bounds_ms(self, attempt: int) -> tuple[float, float]:
+        """The shortest and longest delay a requeue after ``attempt`` (from 1) may schedule."""
+        full = float(min(self.base_ms * 2 ** min(max(attempt, 1) - 1, 32), self.cap_ms))
+        low = {"equal": full / 2, "full": 0.0, "none": full}[self.jitter]
+        return low, full
+
+
+@dataclass(frozen=True)
 class Capabilities:
     """What the system declares it offers (section 14, ``capabilities``)."""
 
@@ -125,6 +140,8 @@ class Capabilities:
     contract_schema: bool = True
     #: Optional in the mapping (default false): a system that deletes nothing.
     retention: bool = False
+    #: Optional in the mapping: the requeue delays it schedules (None: not declared).
+    backoff: Backoff | None = None
 
     def offers(self, name: str) -> bool:
         """Whether the system offers capability ``name`` of :data:`CAPABILITIES`."""
@@ -230,6 +247,7 @@ def parse(text: str, source: str) -> Declaration:
         injection_points=frozenset(caps["injection_points"]),
         contract_schema=model.identity,
         retention=caps.get("retention", False),
+        backoff=Backoff(**caps["backoff"]) if "backoff" in caps else None,
     )
     return Declaration(
         system=data["system"]["name"],
