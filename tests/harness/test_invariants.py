@@ -10,6 +10,7 @@ violating history is the clean one with one thing changed.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
 from collections.abc import Callable
 from typing import Any
@@ -744,3 +745,21 @@ def test_a_declared_first_dispatch_never_stamped_breaks(
     assert result.ok is not broken
     if broken:
         assert result.violations[0]["why"] == "not set by the first dispatch claim"
+
+
+def test_a_claim_reported_refused_that_its_own_session_was_granted_is_a_lie() -> None:
+    # A's session got epoch 1 (the audit trail), and A said its claim was refused.
+    ev = clean()
+    ev.history = [e for e in ev.history if e.op != "claim"]
+    ev.history.append(account("fail", "claim", epoch=1))
+    (row,) = broken_by(ev)["worker.accounts_match_the_evidence"]
+    assert row["why"].startswith("reported a claim refused")
+    # Not when A had reported that grant ok before (a later claim of the run it
+    # holds is refused naming its epoch), nor for another session's grant.
+    ev = clean()
+    ev.history.append(account("fail", "claim", epoch=1))
+    assert "worker.accounts_match_the_evidence" not in broken_by(ev)
+    ev = clean()
+    ev.history = [e for e in ev.history if e.op != "claim"]
+    ev.history.append(dataclasses.replace(account("fail", "claim", epoch=1), worker="B"))
+    assert "worker.accounts_match_the_evidence" not in broken_by(ev)

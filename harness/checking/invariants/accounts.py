@@ -18,8 +18,9 @@ NOT_WRITES = frozenset({"relay", "consume"})
     "worker.accounts_match_the_evidence",
     "SPEC (evidence, not claims); worker contract §4",
     "every write a worker reported ok (by event_id) is in the outbox, none it reported fail "
-    "is (unless it later reported the same event_id ok or info), and every claim it reported "
-    "ok granted that epoch of that run in the audit trail",
+    "is (unless it later reported the same event_id ok or info), every claim it reported "
+    "ok granted that epoch of that run in the audit trail, and none it reported fail was "
+    "granted to its own session at the epoch it named (unless it reported that grant ok)",
 )
 def accounts_match(ev: Evidence) -> Finding:
     events = {str(r["event_id"]) for r in ev.rows("outbox")}
@@ -27,6 +28,15 @@ def accounts_match(ev: Evidence) -> Finding:
         (str(c.row.get("run_id")), int(c.after("epoch")))
         for c in ev.of("agent_runs")
         if c.after("epoch") is not None and c.after("owner") is not None
+    }
+    # The session each grant went to (application_name: the worker id).
+    granted_to = {
+        (str(c.row.get("run_id")), int(c.after("epoch"))): c.app
+        for c in ev.of("agent_runs", "UPDATE")
+        if c.changed("epoch") and c.after("epoch") is not None and c.after("owner") is not None
+    }
+    reported_ok = {
+        (e.worker, e.run_id, e.epoch) for e in ev.history if e.op == "claim" and e.type == "ok"
     }
     bad, checked = [], 0
     history = ev.history
@@ -48,6 +58,11 @@ def accounts_match(ev: Evidence) -> Finding:
             checked += 1
             if (e.run_id, e.epoch) not in granted:
                 why = "reported a claim the audit trail never granted"
+        elif e.op == "claim" and e.type == "fail" and e.run_id and e.epoch is not None:
+            checked += 1
+            mine = granted_to.get((e.run_id, int(e.epoch))) == e.worker
+            if mine and (e.worker, e.run_id, e.epoch) not in reported_ok:
+                why = "reported a claim refused, but the audit trail granted it to its own session"
         if why:
             bad.append(
                 {
