@@ -13,6 +13,13 @@ decision is B's to make once it has the lock, by the time then (the English
 seed §5.1: the waiting update re-evaluates its condition after the lock is
 released): B must take the run over, not refuse it on what it read before
 it waited.
+
+Variant ``write_waits_past_expiry``: A's protected write (the fast path, one
+statement) waits on its run's row lock, which the harness holds, until A's
+lease has expired by database time; then the harness lets go. A validates
+its lease only once it has the lock, so by the time then: the write must be
+refused as lease lost and change nothing (a write that validated by its
+transaction's start time, before it waited, commits under an expired lease).
 """
 
 from __future__ import annotations
@@ -39,8 +46,15 @@ SPEC = ExperimentSpec(
     lease_ttl_ms=600,
     natural_wait_s=0.6,
     write_path="stepped",
-    variants=("expired_first", "expires_while_waiting"),
+    variants=("expired_first", "expires_while_waiting", "write_waits_past_expiry"),
+    variant_write_paths=(("write_waits_past_expiry", "fast"),),
+    variant_points=(("write_waits_past_expiry", "none (the harness holds the row lock)"),),
     variant_faults=(
+        (
+            "write_waits_past_expiry",
+            "the harness holds the run's row lock while A's write waits on it, until A's lease "
+            "has expired by database time",
+        ),
         (
             "expires_while_waiting",
             "A holds the lease row lock at a barrier; B's takeover comes while A's lease is "
@@ -53,6 +67,9 @@ SPEC = ExperimentSpec(
 def run(ctx: ExperimentContext) -> None:
     if ctx.variant == "expires_while_waiting":
         _expires_while_waiting(ctx)
+        return
+    if ctx.variant == "write_waits_past_expiry":
+        _write_waits_past_expiry(ctx)
         return
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
@@ -178,5 +195,40 @@ def _expires_while_waiting(ctx: ExperimentContext) -> None:
         f"revision {seen}",
         observed=f"B: {b_reply.result if b_reply.ok else b_reply.error}; A's write "
         f"{'committed' if a_reply.ok else a_reply.error}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _write_waits_past_expiry(ctx: ExperimentContext) -> None:
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    lease = ctx.ok(a, "claim", run_id=run_id)
+    epoch_a, base = lease["epoch"], lease["revision"]
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        write = ctx.op_async(
+            a,
+            "save_checkpoint",
+            {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
+            worker_async=True,
+        )
+        waiting = lock.answered_or_waiting(write.pending, "A")
+        live = checkers.run_row(ctx, run_id, "the run while A's write waits")
+        checkers.wait_lease_expired(ctx, run_id)
+        still = not write.done()
+    ctx.fault(
+        "A's write waited on the run's row lock from before its lease expired until after",
+        waiting is not None and not live["lease_expired"] and still,
+        expected="A's session waiting on a lock while its lease was live, still waiting when "
+        "the lease had expired by database time",
+        observed=f"{waiting or 'A answered before waiting'}; lease expired when seen waiting: "
+        f"{live['lease_expired']}; still waiting at the expiry: {still}",
+    )
+    reply = write.result(15)
+    after = checkers.run_row(ctx, run_id, "the run after A's write")
+    ctx.invariant(
+        "a write that got the lock after its lease expired is refused",
+        not reply.ok and after["revision"] == base,
+        expected=f"A's write refused (lease lost), the run still at revision {base}",
+        observed=f"A: {'committed' if reply.ok else reply.error}; revision {after['revision']}",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
