@@ -14,6 +14,11 @@ consumer applies them; one variant per thing that goes wrong on the way:
   timeout: no ack, so no mark; the next relay publishes it again.
 * ``duplicate_delivery``: the broker hands one message out twice in one read.
 * ``reordered_delivery``: the broker hands one read out in reverse order.
+* ``concurrent_relays``: a relay holds its locked batch (held at
+  after_outbox_batch_locked, nothing published) while a second relay runs a
+  cycle: the second must neither publish nor mark a row of that batch (it
+  skips the locked rows, or waits for them); the broker holds no message of
+  the batch until the first relay goes on.
 * ``apply_fails``: the consumer's database link is cut after it read the
   batch and before it applied any of it (held at after_consumer_read): that
   pass fails, the consumer process lives on, and its next passes over the
@@ -63,6 +68,7 @@ SPEC = ExperimentSpec(
         *needs.capabilities("outbox", "consumer_dedupe"),
         needs.point("after_broker_ack_before_outbox_mark", "ack_then_crash"),
         needs.point("after_consumer_read", "apply_fails"),
+        needs.point("after_outbox_batch_locked", "concurrent_relays"),
     ),
     variants=(
         "ack_then_crash",
@@ -70,6 +76,7 @@ SPEC = ExperimentSpec(
         "late_ack",
         "duplicate_delivery",
         "reordered_delivery",
+        "concurrent_relays",
         "apply_fails",
     ),
     variant_points=(
@@ -77,6 +84,7 @@ SPEC = ExperimentSpec(
         ("late_ack", "none (broker fault)"),
         ("duplicate_delivery", "none (broker fault)"),
         ("reordered_delivery", "none (broker fault)"),
+        ("concurrent_relays", "after_outbox_batch_locked"),
         ("apply_fails", "after_consumer_read"),
     ),
     variant_faults=(
@@ -89,6 +97,10 @@ SPEC = ExperimentSpec(
         ),
         ("duplicate_delivery", "the broker hands the first message of a read out twice"),
         ("reordered_delivery", "the broker hands a read out in reverse order"),
+        (
+            "concurrent_relays",
+            "a second relay's cycle while the first holds its locked batch, nothing published",
+        ),
         (
             "apply_fails",
             "the consumer's database link cut while it holds a read batch, none of it applied",
@@ -232,6 +244,40 @@ def _late_ack(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
     ctx.ok(ctx.env.start_worker("R2", "ops"), "relay")
 
 
+def _concurrent_relays(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
+    """R1 locks the batch and is held there; R2 runs a cycle meanwhile. A row
+    R1 holds is R1's to publish: the broker must get none of them before R1
+    goes on, whether R2 skipped them or waited for R1's transaction."""
+    ctx.arm("R1", "after_outbox_batch_locked", Hold())
+    r1 = ctx.env.start_worker("R1", "ops")
+    first = ctx.op_async(r1, "relay", {})
+    ctx.reached("R1", "after_outbox_batch_locked")
+    r2 = ctx.env.start_worker("R2", "ops")
+    second = ctx.op_async(r2, "relay", {})
+    answered = seen_within(lambda: second.done() or None, what="R2's relay cycle", timeout_s=3)
+    waiting = False if answered else checkers.backend_waiting_on_lock(ctx, "R2", timeout_s=2)
+    early = [m for m in checkers.tool_log(ctx)["messages"] if m["event_id"] in events]
+    marked = [r for r in checkers.outbox(ctx, run_id) if r["published_at"] is not None]
+    ctx.fault(
+        "a second relay ran while the first held its locked batch",
+        bool(answered) or waiting,
+        expected="R1 held at after_outbox_batch_locked with the run's unpublished rows; R2's "
+        "cycle answered, or waited on R1's locks, meanwhile",
+        observed=f"R2 answered: {bool(answered)}; R2 waiting on a lock: {waiting}",
+    )
+    ctx.invariant(
+        "no row of a batch another relay holds is published or marked",
+        not early and not marked,
+        expected=f"none of the run's {EVENTS} events at the broker, none marked, while R1 "
+        "holds them",
+        observed=f"at the broker: {[m['event_id'][:8] for m in early]}; marked: "
+        f"{[str(r['event_id'])[:8] for r in marked]} (R2 answered: {bool(answered)})",
+    )
+    ctx.release("R1", "after_outbox_batch_locked")
+    first.result(15)
+    second.result(15)
+
+
 def _relay_then_arm(mode: str | None) -> Callable[[ExperimentContext, str, list[str]], None]:
     """Publish everything normally, then arm a delivery fault (if any) for the
     consumer's first read."""
@@ -337,5 +383,6 @@ VARIANTS = {
         _relay_then_arm("deliver_reorder"),
         _delivered("deliver_reorder", "out of order", lambda s: s != sorted(s)),
     ),
+    "concurrent_relays": Variant(_concurrent_relays, _none),
     "apply_fails": Variant(_relay_then_arm(None), _none, _apply_fails),
 }
