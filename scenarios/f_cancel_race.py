@@ -4,6 +4,10 @@ one did not happen.
 The run is cancelled through the control plane while its tool effect is
 (a) registered but not dispatched, (b) claimed by the dispatcher, about to be
 sent, or (c) unknown after the dispatcher died past the tool's answer.
+
+A bystander run of the tenant has an intent registered and never sent when
+the cancel comes: a cancel forbids the prepared effects of its own run only,
+so the bystander's stays prepared and its run untouched.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
-from scenarios.common import control_plane, finish, new_run, wait_claimable
+from scenarios.common import control_plane, finish, intent_registered, new_run, wait_claimable
 
 POINT = {
     "prepared": "after_outbound_intent_commit",
@@ -58,8 +62,19 @@ def run(ctx: ExperimentContext) -> None:
         expected=f"the run's tool effect is {variant}",
         observed=f"ledger: {[o['status'] for o in before]}",
     )
+    by_run = new_run(ctx, tool="plain")
+    by_op = intent_registered(ctx, ctx.env.start_worker("Y", "ops"), by_run, tool="plain",
+                              step_id="f.bystander")  # fmt: skip
+    by_before = (checkers.ledger(ctx, by_run), checkers.run_row(ctx, by_run)["revision"])
     cancel = ctx.op(ctl, "cancel", run_id=run_id)
     at_cancel = checkers.ledger(ctx, run_id)
+    by_after = (checkers.ledger(ctx, by_run), checkers.run_row(ctx, by_run)["revision"])
+    ctx.equal(
+        "the cancel left another run's prepared intent alone",
+        [(o["operation_id"], o["status"]) for o in by_after[0]] + [by_after[1]],
+        [(o["operation_id"], o["status"]) for o in by_before[0]] + [by_before[1]],
+        what=f"(operation, status) of the bystander's ledger ({by_op} prepared) and its revision",
+    )
     if variant != "unknown":
         ctx.release("A", point)
         finish(ctx, a)
