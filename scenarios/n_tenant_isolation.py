@@ -55,6 +55,7 @@ def run(ctx: ExperimentContext) -> None:
     theirs = _tenant_two_rows(ctx, t2)
     before = checkers.run_row(ctx, theirs, "tenant 2's run before the attempts")
     _through_the_worker(ctx, t1, theirs, before)
+    _consumer_applies_its_own_tenant(ctx, t1, t2)
     role = ctx.env.login_role(t1, "worker")
     _tables(ctx, role, t1, t2)
     _reach(ctx, role, ctx.env.login_role(t1, "operator"))
@@ -133,6 +134,41 @@ def _through_the_worker(
             expected="refused",
             observed="accepted" if reply.ok else str(reply.error),
         )
+
+
+def _consumer_applies_its_own_tenant(ctx: ExperimentContext, t1: str, t2: str) -> None:
+    """The broker is the deployment's, shared by tenants: tenant 2's events are
+    there (published above). Tenant 1's consumer reads them too and must apply
+    none: an event is applied only by a consumer of its own tenant."""
+    theirs = {
+        str(r["event_id"])
+        for r in ctx.sql(
+            "tenant 2's outbox events",
+            "SELECT event_id FROM fencecheck_model.outbox WHERE tenant_id = %s",
+            [t2],
+        )
+    }
+    at_broker = {str(m["event_id"]) for m in checkers.tool_log(ctx)["messages"]} & theirs
+    consumer = ctx.env.start_worker("K1", "ops", tenant_id=t1)
+    ctx.ok(consumer, "consume", consumer="n-consumer-1")
+    applied = ctx.sql(
+        "tenant 1's consumer's effects",
+        "SELECT event_id FROM fencecheck_model.consumer_effects WHERE consumer_name = %s",
+        ["n-consumer-1"],
+    )
+    wrong = sorted(str(r["event_id"])[:8] for r in applied if str(r["event_id"]) in theirs)
+    ctx.fault(
+        "tenant 2's events were at the broker when tenant 1's consumer read it",
+        bool(at_broker),
+        expected="tenant 2's published events among the broker's messages",
+        observed=f"{len(at_broker)} of tenant 2's {len(theirs)} event(s) at the broker",
+    )
+    ctx.invariant(
+        "a consumer applies no other tenant's event",
+        not wrong,
+        expected=f"no effect of tenant 1's consumer for tenant 2's events (tenant {t1[:8]})",
+        observed=f"applied for tenant 2: {wrong}" if wrong else "none",
+    )
 
 
 def _refused(outcome: tuple[str, Any]) -> bool:
