@@ -29,7 +29,9 @@ Invariants:
   absent = retried with the SAME input (same event_id), one present =
   CommitInconsistent (freeze and alert);
 - a COMMIT answered with a WARNING (the cancelled wait for synchronous
-  replication) is never a durable success: CommitOutcomeUnknown;
+  replication) is never a durable success: CommitOutcomeUnknown; nor is a
+  commit found by read-back where commits wait for a synchronous standby
+  (the lost answer may have been the standby's: H[sync_terminated_wait]);
 - 40001/40P01 retry the whole transaction within a budget.
 """
 
@@ -227,6 +229,17 @@ class ProtectedWriter:
             cause=repr(cause),
         )
         if outcome is ReadBack.COMMITTED:
+            # Committed on this primary; under synchronous replication the
+            # lost answer may have been the standby's wait (its backend ended
+            # while waiting): durability is not known, so neither is success.
+            waits = self.session.conn.execute(self.q.sql("commits_wait_for_standby")).fetchone()
+            if waits is not None and waits["waits"]:
+                metrics.commit_outcome_unknown_total.labels("durability_unconfirmed").inc()
+                raise e.CommitOutcomeUnknown(
+                    f"run {w.lease.run_id}: event {w.event_id} committed on the primary, but "
+                    "whether the synchronous standby has it is not known (read back after "
+                    f"{cause!r})"
+                )
             run = self.session.conn.execute(self.q.sql("run_state"), {"run_id": w.lease.run_id})
             row = run.fetchone()
             status = str(row["status"]) if row else "unknown"

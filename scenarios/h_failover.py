@@ -6,7 +6,12 @@ say so (declare the async contract) rather than claim the synchronous one.
 Under synchronous replication no acknowledged epoch may be lost. And when a
 synchronous commit's wait is cancelled, PostgreSQL reports success with only
 a warning although the standby never got it: the worker must treat that as
-outcome unknown, never as durable.
+outcome unknown, never as durable. When the waiting backend is terminated
+instead (``sync_terminated_wait``: pg_terminate_backend, SQLSTATE 57P01),
+the transaction has committed locally and the connection is gone: the worker
+must not answer that the write failed (it did not; its outcome is unknown to
+it until it reads back), nor that it is durable. No failover there: the
+primary the worker wrote is the one judged.
 
 What rests on the worker's word, and why: the declared contract (op
 ``durability``) and the answer to the write whose wait was cancelled are not
@@ -27,6 +32,7 @@ from harness.engine.experiment import (
     ExperimentContext,
     ExperimentSpec,
     Inconclusive,
+    LoggedOp,
 )
 from harness.parts.postgres import PostgresCluster, failover
 from harness.waiting import wait_for
@@ -43,7 +49,14 @@ SPEC = ExperimentSpec(
     needs=needs.capabilities("checkpoints", "ledger"),
     rules=(11,),
     replication="async",
-    variants=("async", "sync", "sync_cancelled_wait"),
+    variants=("async", "sync", "sync_cancelled_wait", "sync_terminated_wait"),
+    variant_faults=(
+        (
+            "sync_terminated_wait",
+            "terminate W's backend (pg_terminate_backend) while its COMMIT waits for the "
+            "synchronous standby, whose link is cut; no failover",
+        ),
+    ),
     natural_wait_s=0.0,
     exemptions=(
         Exemption(
@@ -110,6 +123,40 @@ def _wait_link_down(primary: PostgresCluster) -> None:
         what="the primary to see the replication link down",
         timeout_s=15,
     )
+
+
+def _terminated_in_the_wait(
+    ctx: ExperimentContext, primary: PostgresCluster, pid: int, pending: LoggedOp
+) -> None:
+    """W's backend, waiting for the standby after its commit went into the
+    local WAL, is terminated: the write committed on this primary, and W's
+    session ends without an answer. W may read back and answer ok (not
+    durable), or answer CommitOutcomeUnknown; a definite refusal is false."""
+    primary.query("SELECT pg_terminate_backend(%s)", [pid], dbname=ctx.env.db.name)
+    ctx.command(f"pg_terminate_backend({pid}): W's backend ends while it waits for the standby")
+    reply = pending.result(15)
+    run_id = str(pending.args["run_id"])
+    committed = ctx.sql(
+        "the terminated write's checkpoint on the primary",
+        "SELECT revision FROM fencecheck_model.agent_checkpoints WHERE run_id = %s "
+        "AND revision = %s",
+        [run_id, int(pending.args["expected_revision"]) + 1],
+    )
+    ctx.fault(
+        "the terminated write had committed locally",
+        bool(committed),
+        expected="the checkpoint W's backend committed before its wait, on the primary",
+        observed=f"checkpoint rows at the next revision: {len(committed)}",
+    )
+    durable = bool(reply.ok and reply.result.get("durable", True))
+    ctx.invariant(
+        "a write whose backend was terminated in its sync wait is neither refused nor durable",
+        (reply.ok and not durable) or reply.error == "CommitOutcomeUnknown",
+        expected="ok with durable=false (read back), or CommitOutcomeUnknown; never a refusal "
+        "(the write committed locally) and never durable (the standby never got it)",
+        observed=f"reply ok={reply.ok} {reply.result or reply.error}",
+    )
+    ctx.heal("replication")
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -194,6 +241,9 @@ def run(ctx: ExperimentContext) -> None:
         )
         if waiting is None:
             return  # nothing to cancel; the verdict is unknown already
+        if variant == "sync_terminated_wait":
+            _terminated_in_the_wait(ctx, primary, waiting[0]["pid"], pending)
+            return
         primary.query("SELECT pg_cancel_backend(%s)", [waiting[0]["pid"]], dbname=env.db.name)
         ctx.command(f"pg_cancel_backend({waiting[0]['pid']}): cancel W's wait for the standby")
         reply = pending.result(15)

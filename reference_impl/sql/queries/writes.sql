@@ -26,6 +26,11 @@ SELECT EXISTS (SELECT 1 FROM agent_checkpoints c
                   AND c.event_id = %(event_id)s) AS checkpoint,
        EXISTS (SELECT 1 FROM outbox o WHERE o.event_id = %(event_id)s) AS outbox;
 
+-- name: commits_wait_for_standby
+-- Whether a COMMIT here waits for a synchronous standby: then a commit found by read-back may not have reached it.
+SELECT current_setting('synchronous_standby_names') <> ''
+       AND current_setting('synchronous_commit') NOT IN ('off', 'local') AS waits;
+
 -- name: run_state
 -- The run row as the worker may read it (tenant-scoped by RLS).
 SELECT run_id, task_id, status, revision, owner, epoch, lease_expires_at, current_step,

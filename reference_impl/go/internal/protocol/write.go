@@ -356,6 +356,11 @@ func rollback(tx pgx.Tx) {
 	_ = tx.Rollback(ctx)
 }
 
+// commitsWaitForStandby: whether a COMMIT on this server waits for a
+// synchronous standby (H[sync_terminated_wait]).
+const commitsWaitForStandby = `SELECT current_setting('synchronous_standby_names') <> ''
+   AND current_setting('synchronous_commit') NOT IN ('off', 'local')`
+
 // readBackResolve is rule 9 (Chinese seed section 6.1): both rows = committed;
 // neither = not committed (nil, nil: the caller sends the same *Write again);
 // one = CommitInconsistent. It asks on fresh connections for up to 10 s, as
@@ -373,6 +378,15 @@ func readBackResolve(ctx context.Context, w *Writer, wr *Write) (*Written, error
 			if err == nil {
 				switch {
 				case ckpt && outbox:
+					// Committed on this primary; where commits wait for a
+					// synchronous standby the lost answer may have been that
+					// wait's (its backend ended in it): durability is not known.
+					var waits bool
+					if err := conn.QueryRow(ctx, commitsWaitForStandby).Scan(&waits); err != nil || waits {
+						return nil, newErr("CommitOutcomeUnknown", "durability_unconfirmed",
+							"run %s: event %s committed on the primary; whether the synchronous standby has it is not known",
+							wr.Lease.RunID, wr.EventID)
+					}
 					var status string
 					_ = conn.QueryRow(ctx, `SELECT status FROM agent_runs WHERE run_id = $1`, wr.Lease.RunID).Scan(&status)
 					return &Written{Revision: wr.ExpectedRevision + 1, Status: status, EventID: wr.EventID, ReadBack: true}, nil
