@@ -110,6 +110,7 @@ def run(ctx: ExperimentContext) -> None:
     for r in runs:
         _judge(ctx, r, seen[r], trail, requests, since)
     _delays_as_declared(ctx, runs)
+    _no_dispatch_while_paused(ctx, runs)
     delays = [[d for d, _ in seen[r]] for r in runs]
     apart = [abs(x - y) for x, y in zip(delays[0], delays[1], strict=False)]
     jitter = dict(
@@ -129,6 +130,42 @@ def run(ctx: ExperimentContext) -> None:
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
     writes_name_workflow_steps(ctx, [*runs, *retried])
     checkers.lease_history_is_sound(ctx, [*runs, *retried])
+
+
+def _no_dispatch_while_paused(ctx: ExperimentContext, runs: list[str]) -> None:
+    """Each run paused for a person holds its intent back in prepared (the
+    last 429 returned it): a dispatcher's cycle sends only a live run's
+    intent, so it sends neither, and the tool hears nothing more."""
+    paused = [
+        r
+        for r in runs
+        if checkers.run_row(ctx, r)["status"] == "paused_human"
+        and any(o["status"] == "prepared" for o in checkers.ledger(ctx, r))
+    ]
+    if not paused:
+        ctx.not_judged(
+            "a dispatcher sends no intent of a run paused for a person",
+            expected="judged once a run is paused for a person with its intent prepared",
+            observed="no run got there (the budget checks above say why)",
+        )
+        return
+    before = {r: len(checkers.tool_requests(ctx, run_id=r)) for r in paused}
+    ledger = {
+        r: [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, r)] for r in paused
+    }
+    dispatcher = ctx.env.start_worker("D", "ops")
+    cycles = [ctx.op(dispatcher, "dispatch") for _ in paused]
+    after = {r: len(checkers.tool_requests(ctx, run_id=r)) for r in paused}
+    moved = {r: [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, r)] for r in paused}
+    ctx.invariant(
+        "a dispatcher sends no intent of a run paused for a person",
+        after == before and moved == ledger,
+        expected=f"{len(paused)} paused run(s) with a prepared intent: no create reaches the tool "
+        "and no intent is claimed during dispatch cycles",
+        observed=f"tool requests per run before {list(before.values())}, after "
+        f"{list(after.values())}; ledgers {'unchanged' if moved == ledger else moved}; cycles "
+        f"{[c.result if c.ok else c.error for c in cycles]}",
+    )
 
 
 def _delays_as_declared(ctx: ExperimentContext, runs: list[str]) -> None:
