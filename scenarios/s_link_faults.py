@@ -42,9 +42,10 @@ from typing import Any, Literal
 
 from harness.checking import checkers
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Hold
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.parts.control import Hit, Hold
 from harness.parts.link_probe import HTTP_HEALTH, PG_SSL_REQUEST, ProbeResult, probe
+from harness.parts.processes import WorkerProcess
 from harness.parts.toxiproxy import FaultRecord, Link
 from scenarios.common import finish, finish_or_kill, new_run, seen_within, wait_claimable
 
@@ -391,13 +392,19 @@ def _tool_call(ctx: ExperimentContext, fault: LinkFault) -> None:
         ["--run-id", run_id, "--once"],
         env={"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)},
     )
-    hit = ctx.reached("A", HOLD_POINT)
+    hit = _reached_or_stuck_in_a_call(ctx, a, HOLD_POINT, env.links["worker_tool"])
+    if hit is None:
+        return
     op_id = hit.operation_id
     ctx.release("A", HOLD_POINT)
     if fault.kind == "latency":
         # A gave up on the slow answer and recorded unknown; heal before it
         # reconciles, so its query reaches the tool.
-        ctx.reached("A", OUTCOME_POINT, timeout_s=15)
+        if (
+            _reached_or_stuck_in_a_call(ctx, a, OUTCOME_POINT, env.links["worker_tool"], op_id)
+            is None
+        ):
+            return
         status_at_outcome = [o["status"] for o in checkers.ledger(ctx, run_id)]
         ctx.heal("worker_tool")
         ctx.release("A", OUTCOME_POINT)
@@ -433,6 +440,58 @@ def _tool_call(ctx: ExperimentContext, fault: LinkFault) -> None:
         _after_late_answer(ctx, run_id, op_id, creates)
     else:
         _after_no_answer(ctx, run_id, creates, code_a)
+
+
+def _reached_or_stuck_in_a_call(
+    ctx: ExperimentContext, a: WorkerProcess, point: str, link: Link, op_id: str | None = None
+) -> Hit | None:
+    """A reaching ``point``; or, when it does not, whether its tool call
+    outlived FENCECHECK_TOOL_TIMEOUT_MS: its connection to the tool's link
+    still open across the check (the kernel's socket table), or its claim
+    ended by the slow answer recorded as its result, later than the timeout
+    after the claim (the audit trail). Then the bound it broke is judged
+    (progress: a stall or starvation in the window excuses it) and None is
+    returned; otherwise not reaching the point stays inconclusive."""
+    try:
+        return ctx.reached("A", point, timeout_s=15)
+    except Inconclusive:
+        stuck = checkers.calls_outliving(ctx, a, link.listen_port, TOOL_TIMEOUT_MS)
+        waited = _answer_taken_late(ctx, op_id) if op_id and not stuck else None
+        if not stuck and waited is None:
+            raise
+    ctx.progress(
+        "A's tool call ended within its timeout",
+        False,
+        expected=f"a call without an answer ends (unknown) within FENCECHECK_TOOL_TIMEOUT_MS = "
+        f"{TOOL_TIMEOUT_MS} ms (contract: S)",
+        observed=f"A did not reach {point} in 15 s; "
+        + (
+            f"it still held {stuck} to the tool's link, open across the check (kernel socket table)"
+            if stuck
+            else f"it recorded the tool's answer as its result {waited:.0f} ms after its claim "
+            "(audit trail): it waited past its timeout"
+        ),
+    )
+    return None
+
+
+def _answer_taken_late(ctx: ExperimentContext, op_id: str) -> float | None:
+    """Milliseconds from A's dispatch claim of ``op_id`` to A's recording of
+    the tool's answer, when A recorded one more than the timeout (plus 200 ms
+    of slack) after its claim; else None."""
+    rows = ctx.sql(
+        "A's claim and result of the operation (audit trail)",
+        "SELECT extract(epoch FROM at)::float8 AS at, app, new->>'status' AS status "
+        "FROM fencecheck_audit.changes WHERE tbl = 'tool_operations' "
+        "AND new->>'operation_id' = %s ORDER BY seq",
+        [op_id],
+    )
+    claimed = [r["at"] for r in rows if r["app"] == "A" and r["status"] == "dispatching"]
+    recorded = [r["at"] for r in rows if r["app"] == "A" and r["status"] == "succeeded"]
+    if not claimed or not recorded:
+        return None
+    waited_ms = (recorded[0] - claimed[-1]) * 1000
+    return waited_ms if waited_ms > TOOL_TIMEOUT_MS + 200 else None
 
 
 _TOOL_PROBE = {

@@ -14,10 +14,12 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import psutil
 import psycopg
 from psycopg import sql
 
 from harness.engine.experiment import ExperimentContext, Inconclusive
+from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 
 # ----------------------------------------------------------------- database
@@ -449,3 +451,36 @@ def every_event_applied_once(ctx: ExperimentContext, consumer: str) -> None:
         or f"{len(held)} event(s), each delivered and applied once"
         + (" (the broker holds none)" if not held else ""),
     )
+
+
+def calls_outliving(
+    ctx: ExperimentContext, worker: WorkerProcess, port: int, bound_ms: int, margin_s: float = 1.0
+) -> list[str]:
+    """The TCP connections ``worker``'s process holds to local ``port`` (a
+    proxy of the run) that are still established ``margin_s`` later, the
+    margin longer than ``bound_ms``: calls waiting past the bound the worker
+    was given, as the kernel shows them (evidence, not the worker's word)."""
+
+    def open_to_port() -> set[tuple[str, int]]:
+        try:
+            conns = psutil.Process(worker.pid).net_connections(kind="tcp")
+        except psutil.Error:
+            return set()
+        return {
+            (c.laddr.ip, c.laddr.port)
+            for c in conns
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+        }
+
+    wait_s = max(margin_s, bound_ms / 1000 + 0.2)
+    first = open_to_port()
+    if not first:
+        return []
+    time.sleep(wait_s)
+    still = first & open_to_port()
+    found = [f"{ip}:{lport} -> :{port}" for ip, lport in sorted(still)]
+    ctx.command(
+        f"{worker.worker_id}'s connections to port {port}: {sorted(first)}; still open "
+        f"{wait_s:.1f} s later (its bound {bound_ms} ms): {found or 'none'}"
+    )
+    return found
