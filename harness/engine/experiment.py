@@ -342,12 +342,19 @@ class ExperimentContext:
         self.checks.append(Check(name, "not_judged", True, expected, observed))
 
     def progress(
-        self, name: str, ok: bool, *, expected: str, observed: str, since: float | None = None
+        self,
+        name: str,
+        ok: bool,
+        *,
+        expected: str,
+        observed: str,
+        since: float | None = None,
+        until: float | None = None,
     ) -> bool:
         """Record something the protocol expects only when no timer fired on the
         way (see :class:`Check`); its window runs from ``since`` (default: the
-        experiment's start) to now."""
-        at = time.time()
+        experiment's start) to ``until`` (default: now), where timing decided."""
+        at = until or time.time()
         self.checks.append(
             Check(name, "progress", bool(ok), expected, observed, since or self.started, at)
         )
