@@ -36,8 +36,8 @@ from harness.checking import checkers
 from harness.checking.history import load_history
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
-from harness.parts.control import Crash, Hold
-from harness.parts.processes import WorkerProcess
+from harness.parts.control import Crash, Hit, Hold
+from harness.parts.processes import SignalRecord, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import control_plane, finish, new_run, wait_claimable
 
@@ -356,23 +356,32 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     )
 
 
-def _frozen_dispatcher(ctx: ExperimentContext) -> None:
-    """A frozen right after its dispatch claim, before its call; resumed only
-    after B took over and converged the operation with a claim of its own."""
-    run_id = new_run(ctx, tool="idem")
-    ctx.arm("A", "after_dispatch_claim_commit", Hold())
+def _frozen_at(
+    ctx: ExperimentContext, run_id: str, point: str
+) -> tuple[WorkerProcess, Hit, SignalRecord]:
+    """A ``run`` worker A on ``run_id``, SIGSTOPped right after ``point`` with
+    its heartbeat parked between two renewals; A, its hit at ``point``, the
+    stop's record. Parked, because resumed, a renewal that was in flight when
+    A froze (it times out) or one refused at once would cancel A before its
+    dispatcher decides, and the state the variant probes would never be
+    reached (a worker without the deadline check went uncaught at load 8, its
+    heartbeat winning the race). Parked, a renewal can only wait."""
+    ctx.arm("A", point, Hold())
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
-    hit = ctx.reached("A", "after_dispatch_claim_commit")
-    # A's heartbeat is parked too, between two renewals: resumed, a renewal that
-    # was in flight when A froze (it times out) or one refused at once would
-    # cancel A before its dispatcher decides, and the deadline check this variant
-    # probes would never be reached (a worker without one went uncaught at load
-    # 8, its heartbeat winning the race). Parked, a renewal can only wait.
+    hit = ctx.reached("A", point)
     ctx.arm("A", "before_renew", Hold())
     ctx.reached("A", "before_renew", held=True)
     stopped = ctx.pause(a)
     # The barrier's answer waits in A's socket: A reads it the moment it runs.
-    ctx.release("A", "after_dispatch_claim_commit")
+    ctx.release("A", point)
+    return a, hit, stopped
+
+
+def _frozen_dispatcher(ctx: ExperimentContext) -> None:
+    """A frozen right after its dispatch claim, before its call; resumed only
+    after B took over and converged the operation with a claim of its own."""
+    run_id = new_run(ctx, tool="idem")
+    a, hit, stopped = _frozen_at(ctx, run_id, "after_dispatch_claim_commit")
     claim_a = next(
         (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
     )
@@ -446,15 +455,7 @@ def _frozen_before_claim(ctx: ExperimentContext) -> None:
     effect.sent_only_under_a_dispatch_claim), and the tool acts once. A that
     gives up instead (its lease lost) is as good: nothing may be sent twice."""
     run_id = new_run(ctx, tool="idem")
-    ctx.arm("A", "after_outbound_intent_commit", Hold())
-    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
-    hit = ctx.reached("A", "after_outbound_intent_commit")
-    # Parked between two renewals, as in frozen_dispatcher: resumed, a refused
-    # renewal would cancel A before its dispatcher reaches the claim.
-    ctx.arm("A", "before_renew", Hold())
-    ctx.reached("A", "before_renew", held=True)
-    stopped = ctx.pause(a)
-    ctx.release("A", "after_outbound_intent_commit")
+    a, hit, stopped = _frozen_at(ctx, run_id, "after_outbound_intent_commit")
     wait_claimable(ctx, run_id)
     b = ctx.env.start_worker("B", "ops")
     lease_b = ctx.ok(b, "claim", run_id=run_id)
