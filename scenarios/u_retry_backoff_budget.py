@@ -2,10 +2,10 @@
 attempt budget ends in a pause for a person, never in a loop.
 
 The tool answers every create with 429 (proof it did not act, "retry
-later"). Two runs of the same tenant are worked by one ``run``-mode worker.
-The harness reads every requeue of both rows from its audit trail (as
+later"). Three runs of the same tenant are worked by one ``run``-mode worker.
+The harness reads every requeue of each row from its audit trail (as
 superuser): each requeue stores ``next_attempt_at``; nothing may claim
-the run before it; the delay grows from attempt to attempt; the two runs'
+the run before it; the delay grows from attempt to attempt; the runs'
 delays differ (jitter); after ``max_attempts`` attempts the run is paused
 for a human and the tool hears no more of it. Delays are measured values,
 compared with a stated tolerance (``DELAY_TOLERANCE_MS``), never by their
@@ -37,8 +37,8 @@ SPEC = ExperimentSpec(
     title="retry backoff and budget",
     seed_section="Chinese seed §3.1, §10 (retries, attempt budget); English seed §7",
     invariant="a requeued run is not claimed before its next_attempt_at; the delay grows "
-    "with every attempt and differs between runs (jitter), measured delays compared with a "
-    "stated 1 ms tolerance; after max_attempts the run is "
+    "with every attempt (measured delays, 1 ms tolerance) and differs between runs (jitter: "
+    "three runs' delays not all within 0.5 ms at every attempt); after max_attempts the run is "
     "paused for a human and no further request reaches the tool",
     fault="the tool refuses every create with 429 (retry later); then a retry of a run whose "
     "attempt budget is spent",
@@ -59,6 +59,16 @@ ATTEMPTS = 3
 # beyond this stated tolerance, which is far below any jitter or growth the
 # contract asks for.
 DELAY_TOLERANCE_MS = 1.0
+# Jitter is judged on RUNS runs: a worker whose jitter is the same for every
+# run gives every run the same delay at every attempt. A correct one can too,
+# by chance: the reference's equal jitter, drawn in whole milliseconds, made
+# two runs' delays 1 ms apart at both attempts (104/105, 338/337 ms), once in
+# a CI run. With three runs, all three coinciding at both attempts has a
+# chance of 1/100^2 * 1/200^2 (2.5e-9) for it. Delays count as the same
+# within JITTER_SAME_MS: above the microseconds two clock readings of one
+# transaction differ by, below the 1 ms a millisecond-drawn jitter moves.
+RUNS = 3
+JITTER_SAME_MS = 0.5
 #: Workers started after the first one exits while the budget is unfinished.
 SUCCESSORS = 4
 
@@ -75,7 +85,7 @@ def run(ctx: ExperimentContext) -> None:
                 max_attempts=ATTEMPTS,
             )["run_id"]
         )
-        for _ in range(2)
+        for _ in range(RUNS)
     ]
     for r in runs:
         ctx.note_run(r)
@@ -112,20 +122,20 @@ def run(ctx: ExperimentContext) -> None:
     _delays_as_declared(ctx, runs)
     _no_dispatch_while_paused(ctx, runs)
     delays = [[d for d, _ in seen[r]] for r in runs]
-    apart = [abs(x - y) for x, y in zip(delays[0], delays[1], strict=False)]
+    spread = [max(at) - min(at) for at in zip(*delays, strict=False)]
     jitter = dict(
-        expected=f"measured delays (next_attempt_at - updated_at, audit trail) of the two runs "
-        f"differ by more than {DELAY_TOLERANCE_MS:g} ms at one of the {ATTEMPTS - 1} attempts "
+        expected=f"measured delays (next_attempt_at - updated_at, audit trail) of the {RUNS} "
+        f"runs differ by more than {JITTER_SAME_MS:g} ms at one of the {ATTEMPTS - 1} attempts "
         "at least",
-        observed=f"delays (ms): {[[round(d, 3) for d in ds] for ds in delays]}; apart by "
-        f"{[round(a, 3) for a in apart]} ms",
+        observed=f"delays (ms): {[[round(d, 3) for d in ds] for ds in delays]}; spread by "
+        f"{[round(a, 3) for a in spread]} ms",
     )
-    if len(apart) == ATTEMPTS - 1:
-        ctx.invariant("jitter spreads the runs", max(apart) > DELAY_TOLERANCE_MS, **jitter)
+    if all(len(ds) == ATTEMPTS - 1 for ds in delays):
+        ctx.invariant("jitter spreads the runs", max(spread) > JITTER_SAME_MS, **jitter)
     else:
-        # Two jittered delays may coincide by chance (about 3% at the first
-        # attempt); only every attempt's pair together makes it a finding.
-        # Fewer requeues are the budget's progress, judged above.
+        # Jittered delays may coincide by chance; only every attempt of
+        # every run together makes it a finding. Fewer requeues are the
+        # budget's progress, judged above.
         ctx.not_judged("jitter spreads the runs", **jitter)
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
     writes_name_workflow_steps(ctx, [*runs, *retried])
@@ -296,7 +306,7 @@ def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str
 def _watch_requeues(
     ctx: ExperimentContext, runs: list[str], keep_one_working: Callable[[], None]
 ) -> dict[str, list[tuple[float, Any]]]:
-    """Wait until both runs are paused for a human, then take every requeue
+    """Wait until every run is paused for a human, then take every requeue
     of each from the audit trail (an UPDATE of agent_runs that changed the
     revision and left the run queued) as (delay ms, next_attempt_at). The
     trail, not a poll: a worker that starts fast requeues and claims again
@@ -315,14 +325,14 @@ def _watch_requeues(
     try:
         wait_for(
             paused,
-            what="both runs to spend their attempts and pause for a human",
+            what="every run to spend its attempts and pause for a human",
             timeout_s=12,
             interval_s=0.02,
             max_interval_s=0.05,
         )
     except WaitTimeout:
         # Judged below from what the database shows: a budget that never ends is a fail.
-        ctx.command("the runs did not both pause for a human within 12 s")
+        ctx.command("the runs did not all pause for a human within 12 s")
     seen: dict[str, list[tuple[float, Any]]] = {}
     for r in runs:
         rows = ctx.sql(

@@ -281,11 +281,25 @@ class Check:
     since: float | None = None
     at: float | None = None
     excused_by: str | None = None
+    # Set for a bound one process broke (it did not answer or exit in time):
+    # only that process's slowness, or the harness's, can excuse it.
+    bound: Bound | None = None
+
+
+@dataclass(frozen=True)
+class Bound:
+    """Process ``pid`` was given ``bound_s`` seconds to answer or exit, and did not."""
+
+    pid: int
+    bound_s: float
 
 
 # What the harness measured about timing in a wall-clock window that could
 # have kept a correct worker from progressing (None: nothing).
 Excuse = Callable[[float, float], str | None]
+# The same for a missed bound: what kept that one process (or the harness)
+# from running for a large part of the time it was given.
+BoundExcuse = Callable[[float, float, Bound], str | None]
 
 
 @dataclass
@@ -324,6 +338,7 @@ class ExperimentContext:
     started: float = field(default_factory=time.time)
     # Set by the runner: what it measured about timing in a window.
     excuse: Excuse | None = None
+    bound_excuse: BoundExcuse | None = None
 
     # -------------------------------------------------------------- checks
     def fault(self, name: str, ok: bool, *, expected: str, observed: str) -> bool:
@@ -350,14 +365,20 @@ class ExperimentContext:
         observed: str,
         since: float | None = None,
         until: float | None = None,
+        bound: Bound | None = None,
     ) -> bool:
         """Record something the protocol expects only when no timer fired on the
         way (see :class:`Check`); its window runs from ``since`` (default: the
-        experiment's start) to ``until`` (default: now), where timing decided."""
+        experiment's start) to ``until`` (default: now), where timing decided.
+        With ``bound``, the check is one process's bound and only that
+        process's slowness or the harness's can excuse it."""
         at = until or time.time()
         self.checks.append(
-            Check(name, "progress", bool(ok), expected, observed, since or self.started, at)
-        )
+            Check(
+                name, "progress", bool(ok), expected, observed, since or self.started, at,
+                bound=bound,
+            )
+        )  # fmt: skip
         return bool(ok)
 
     def equal(self, name: str, actual: Any, wanted: Any, *, what: str = "") -> bool:
@@ -426,14 +447,23 @@ class ExperimentContext:
             reason += f" ({len(skipped)} not judged: {'; '.join(skipped)})"
         return Verdict.PASS, reason
 
+    def _excuse(self, check: Check) -> str | None:
+        """What the harness measured in the check's window that excuses it."""
+        since, until = check.since or self.started, check.at or time.time()
+        if check.bound is not None:
+            if self.bound_excuse is None:
+                return None
+            return self.bound_excuse(since, until, check.bound)
+        return self.excuse(since, until) if self.excuse is not None else None
+
     def _judge_unmet_progress(self) -> list[Check]:
         """The unmet progress checks, each with its excuse (if any) filled in."""
         unmet: list[Check] = []
         for i, c in enumerate(self.checks):
             if c.kind != "progress" or c.ok:
                 continue
-            if c.excused_by is None and self.excuse is not None:
-                why = self.excuse(c.since or self.started, c.at or time.time())
+            if c.excused_by is None:
+                why = self._excuse(c)
                 if why is not None:
                     c = dataclasses.replace(c, excused_by=why)
                     self.checks[i] = c

@@ -36,6 +36,8 @@ from harness.engine.environment import (
 )
 from harness.engine.experiment import (
     WORKER_BOUNDS,
+    Bound,
+    BoundExcuse,
     Excuse,
     ExperimentContext,
     ExperimentSpec,
@@ -47,6 +49,7 @@ from harness.evidence import archive as evidence
 from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
 from harness.explore import cell_coverage
 from harness.mutation.error_context import functions_in_error_context
+from harness.parts.processes import ProcessTimeout
 from harness.verdict import Verdict
 from harness.waiting import wait_for
 
@@ -149,6 +152,7 @@ def run_job(
         ):
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed, rng=rng)
             ctx.excuse = timing_excuse(env, spec)
+            ctx.bound_excuse = bound_excuse()
             with phases.phase("scenario"):
                 verdict, reason, harness_error = _run_scenario(job, ctx)
             # The stop's flag is up before its callbacks ran: either says so.
@@ -393,6 +397,61 @@ def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
     return excuse
 
 
+#: The share of a bound a process (or the harness) must have spent unable to
+#: run for that to excuse the missed bound: with more than half of it left, a
+#: correct process answers or exits (the same rule as for protocol timers).
+BOUND_SHARE = 0.5
+
+
+def bound_excuse(
+    stalled: stalls.StallMonitor | None = None,
+    starved: starvation.StarvationMonitor | None = None,
+) -> BoundExcuse:
+    """What can excuse a bound one process broke (it gave no answer, or did
+    not exit, within ``bound_s``): the harness stalled, or that very process
+    waited for a CPU, for at least half the bound in its window, in all. No
+    other process's starvation: a control-plane worker starved for 0.45 s
+    excused a worker that looped for 20 s. And nothing shorter: a process
+    that had more than half its bound to run in and did not answer broke it.
+    The process's own monitors unless others are given."""
+    stall_monitor = stalled or stalls.monitor()
+    starvation_monitor = starved or starvation.monitor()
+
+    def excuse(since: float, until: float, bound: Bound) -> str | None:
+        need = bound.bound_s * BOUND_SHARE
+        gaps = stall_monitor.stalls(since, until)
+        stalled_s = sum(_overlap(s.started_at, s.ended_at, since, until) for s in gaps)
+        if stalled_s >= need:
+            worst = max(gaps, key=lambda s: s.length_s)
+            return (
+                f"the harness stalled {stalled_s:.2f}s in all in the {bound.bound_s:g}s bound "
+                f"(at least half of it; longest {worst.describe()})"
+            )
+        episodes = [e for e in starvation_monitor.episodes(since, until) if e.pid == bound.pid]
+        waited_s = sum(e.waited_s for e in episodes)
+        if waited_s >= need:
+            return (
+                f"{episodes[0].process} (pid {bound.pid}) waited {waited_s:.2f}s for a CPU in "
+                f"the {bound.bound_s:g}s bound, at least half of it"
+            )
+        return None
+
+    return excuse
+
+
+def _bound_of(exc: Exception) -> tuple[Bound | None, float | None]:
+    """The bound a worker broke and when it began; a timeout names both, a
+    closed channel (the worker exited, perhaps cancelled by its own timer, so
+    judged like any progress) neither."""
+    if isinstance(exc, ProcessTimeout) and exc.pid is not None and exc.bound_s is not None:
+        return Bound(exc.pid, exc.bound_s), exc.since
+    return None, None
+
+
+def _overlap(start: float, end: float, since: float, until: float) -> float:
+    return max(0.0, min(end, until) - max(start, since))
+
+
 def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str | None]:
     """The scenario under its global timeout: verdict, reason, harness error."""
     env = ctx.env
@@ -426,12 +485,15 @@ def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str |
         held = [f"{h.worker} at {h.point}" for h in env.control.held()]
         if held:  # the harness itself keeps it waiting: nothing to judge
             return Verdict.UNKNOWN, f"harness error: {exc} (held by the harness: {held})", None
+        bound, since = _bound_of(exc)
         ctx.progress(
             "every worker kept its bounds (answered, exited)",
             False,
             expected="each ops request answered and each worker that must exit exited within "
             "the time the experiment gives it",
             observed=str(exc).splitlines()[0][:300],
+            since=since,
+            bound=bound,
         )
         verdict, reason = ctx.verdict()
         return verdict, reason, None

@@ -68,7 +68,25 @@ class ProcessError(Exception):
 
 
 class ProcessTimeout(ProcessError, TimeoutError):
-    """A bounded wait on a process ran out; the message says what was awaited."""
+    """A bounded wait on a process ran out; the message says what was awaited.
+
+    ``pid`` names the process that did not answer or exit, given ``bound_s``
+    from ``since`` (wall clock): the runner judges the missed bound against
+    that process's own starvation, not any other's (runner.timing_excuse).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pid: int | None = None,
+        bound_s: float | None = None,
+        since: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.pid = pid
+        self.bound_s = bound_s
+        self.since = since
 
 
 class OpTimeout(ProcessTimeout):
@@ -644,11 +662,15 @@ class ManagedProcess:
 
     def wait(self, timeout_s: float) -> int:
         """Wait for exit and reap; ProcessTimeout names the process."""
+        since = time.time()
         try:
             code = self.popen.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise ExitTimeout(
-                f"process {self.describe()} did not exit within {timeout_s}s"
+                f"process {self.describe()} did not exit within {timeout_s}s",
+                pid=self.popen.pid,
+                bound_s=timeout_s,
+                since=since,
             ) from None
         self._note_exit()
         return code
@@ -790,11 +812,15 @@ class PendingOp:
 
     def result(self, timeout_s: float) -> OpReply:
         """The reply; OpTimeout names op, id, worker and the worker's kernel state."""
+        since = time.time()
         if not self._event.wait(timeout_s):
             raise OpTimeout(
                 f"op {self.op!r} (id {self.id}) on worker {self.worker.worker_id!r} got no "
                 f"reply within {timeout_s}s (process {self.worker.describe()})"
-                + self.worker.channel_noise()
+                + self.worker.channel_noise(),
+                pid=self.worker.popen.pid,
+                bound_s=timeout_s,
+                since=since,
             )
         if self._error is not None:
             raise self._error

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from harness.engine import starvation
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import Bound, ExperimentContext, ExperimentSpec
+from harness.engine.runner import bound_excuse
 from harness.verdict import Verdict
 
 SPEC = ExperimentSpec(id="X", title="x", seed_section="-", invariant="-", fault="-", rules=(1,))
@@ -104,6 +105,61 @@ def test_a_process_starved_of_cpu_is_measured_and_a_stopped_one_is_not() -> None
     # Four spinners on one CPU: the victim waits about three quarters of the time.
     assert waited.get("X/victim", 0.0) >= 0.5, found
     assert "X/stopped" not in waited  # a stopped process waits on no run queue
+
+
+@pytest.mark.skipif(not starvation.monitor().available, reason="no schedstat in /proc")
+def test_a_missed_bound_is_excused_only_by_its_own_process_starved_for_half_of_it() -> None:
+    """A worker that loops past its 20 s bound is not excused by another
+    process's starvation, nor by its own when it had most of the bound to run
+    in (a control-plane worker starved 0.45 s once turned such a fail into
+    unknown); a process starved for half its bound is."""
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    spin = "while True: pass"
+    hogs = [_pinned(spin, cpu) for _ in range(2)]
+    victim = _pinned(spin, cpu)
+    bystander = _pinned("import time; time.sleep(60)", cpu)
+    monitor = starvation.StarvationMonitor()
+    procs: list[subprocess.Popen[Any]] = [*hogs, victim, bystander]
+    try:
+        time.sleep(0.3)  # everyone pinned
+        since = time.time()
+        monitor.watch(victim.pid, "X/worker V")
+        monitor.watch(bystander.pid, "X/worker B")
+        time.sleep(1.5)
+        until = time.time()
+        excuse = bound_excuse(starved=monitor)
+        waited = sum(e.waited_s for e in monitor.episodes(since, until) if e.pid == victim.pid)
+        # Three spinners on one CPU: the victim waits about two thirds of the time.
+        assert waited >= 0.6, monitor.episodes(since, until)
+        short = excuse(since, until, Bound(victim.pid, 1.0))
+        assert short is not None and "X/worker V" in short and "half" in short
+        assert excuse(since, until, Bound(victim.pid, 20.0)) is None
+        assert excuse(since, until, Bound(bystander.pid, 1.0)) is None
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+def test_a_bound_check_asks_the_bound_excuse_not_the_general_one() -> None:
+    ctx = _ctx("worker ctl (pid 9) waited 0.45s for a CPU")
+    asked: list[Bound] = []
+
+    def own(since: float, until: float, bound: Bound) -> str | None:
+        asked.append(bound)
+        return None
+
+    ctx.bound_excuse = own
+    ctx.progress(
+        "every worker kept its bounds (answered, exited)",
+        False,
+        expected="exited",
+        observed="did not exit within 20.0s",
+        bound=Bound(1234, 20.0),
+    )
+    verdict, reason = ctx.verdict()
+    assert verdict is Verdict.FAIL, reason
+    assert asked == [Bound(1234, 20.0)]
 
 
 def test_a_check_not_tried_is_not_judged_never_held() -> None:
