@@ -5,12 +5,13 @@ run-queue delays the harness reads (harness/engine/starvation.py) are real."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
 
 import pytest
 
@@ -78,27 +79,34 @@ def _pinned(code: str, cpu: int) -> subprocess.Popen[bytes]:
     )
 
 
-@pytest.mark.skipif(not starvation.monitor().available, reason="no schedstat in /proc")
-def test_a_process_starved_of_cpu_is_measured_and_a_stopped_one_is_not() -> None:
+@contextlib.contextmanager
+def _one_cpu(hogs: int) -> Iterator[tuple[int, int]]:
+    """A spinning victim and a sleeper, both pinned with ``hogs`` spinners to
+    one CPU: their pids, once everyone runs there; all killed after."""
     cpu = sorted(os.sched_getaffinity(0))[-1]
     spin = "while True: pass"
-    hogs = [_pinned(spin, cpu) for _ in range(3)]
     victim = _pinned(spin, cpu)
-    stopped = _pinned("import time; time.sleep(60)", cpu)
-    monitor = starvation.StarvationMonitor()
-    procs: list[subprocess.Popen[Any]] = [*hogs, victim, stopped]
+    sleeper = _pinned("import time; time.sleep(60)", cpu)
+    procs = [*(_pinned(spin, cpu) for _ in range(hogs)), victim, sleeper]
     try:
         time.sleep(0.3)  # everyone pinned
-        os.kill(stopped.pid, signal.SIGSTOP)
-        since = time.time()
-        monitor.watch(victim.pid, "X/victim")
-        monitor.watch(stopped.pid, "X/stopped")
-        time.sleep(1.5)
-        found = monitor.episodes(since, time.time())
+        yield victim.pid, sleeper.pid
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+@pytest.mark.skipif(not starvation.monitor().available, reason="no schedstat in /proc")
+def test_a_process_starved_of_cpu_is_measured_and_a_stopped_one_is_not() -> None:
+    monitor = starvation.StarvationMonitor()
+    with _one_cpu(hogs=3) as (victim, stopped):
+        os.kill(stopped, signal.SIGSTOP)
+        since = time.time()
+        monitor.watch(victim, "X/victim")
+        monitor.watch(stopped, "X/stopped")
+        time.sleep(1.5)
+        found = monitor.episodes(since, time.time())
     waited = {e.process: 0.0 for e in found}
     for e in found:
         waited[e.process] += e.waited_s
@@ -113,32 +121,21 @@ def test_a_missed_bound_is_excused_only_by_its_own_process_starved_for_half_of_i
     process's starvation, nor by its own when it had most of the bound to run
     in (a control-plane worker starved 0.45 s once turned such a fail into
     unknown); a process starved for half its bound is."""
-    cpu = sorted(os.sched_getaffinity(0))[-1]
-    spin = "while True: pass"
-    hogs = [_pinned(spin, cpu) for _ in range(2)]
-    victim = _pinned(spin, cpu)
-    bystander = _pinned("import time; time.sleep(60)", cpu)
     monitor = starvation.StarvationMonitor()
-    procs: list[subprocess.Popen[Any]] = [*hogs, victim, bystander]
-    try:
-        time.sleep(0.3)  # everyone pinned
+    with _one_cpu(hogs=2) as (victim, bystander):
         since = time.time()
-        monitor.watch(victim.pid, "X/worker V")
-        monitor.watch(bystander.pid, "X/worker B")
+        monitor.watch(victim, "X/worker V")
+        monitor.watch(bystander, "X/worker B")
         time.sleep(1.5)
         until = time.time()
-        excuse = bound_excuse(starved=monitor)
-        waited = sum(e.waited_s for e in monitor.episodes(since, until) if e.pid == victim.pid)
-        # Three spinners on one CPU: the victim waits about two thirds of the time.
-        assert waited >= 0.6, monitor.episodes(since, until)
-        short = excuse(since, until, Bound(victim.pid, 1.0))
-        assert short is not None and "X/worker V" in short and "half" in short
-        assert excuse(since, until, Bound(victim.pid, 20.0)) is None
-        assert excuse(since, until, Bound(bystander.pid, 1.0)) is None
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    excuse = bound_excuse(starved=monitor)
+    waited = sum(e.waited_s for e in monitor.episodes(since, until) if e.pid == victim)
+    # Three spinners on one CPU: the victim waits about two thirds of the time.
+    assert waited >= 0.6, monitor.episodes(since, until)
+    short = excuse(since, until, Bound(victim, 1.0))
+    assert short is not None and "X/worker V" in short and "half" in short
+    assert excuse(since, until, Bound(victim, 20.0)) is None
+    assert excuse(since, until, Bound(bystander, 1.0)) is None
 
 
 def test_a_bound_check_asks_the_bound_excuse_not_the_general_one() -> None:
