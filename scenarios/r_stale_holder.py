@@ -9,9 +9,13 @@ is sent by A's own session, after A's lease expired and B took the run over
 in every identity combination a stale holder may present: its old owner
 and old epoch; the new owner with the old epoch; its old owner with the new
 epoch; and, for operations that take one, at its own stale revision and at
-the run's current revision. Each must change nothing, judged from the
-harness's audit trail (no change by A's session) and B's lease row, never
-from the reply (which is kept as detail).
+the run's current revision. And every operation that takes a revision is
+sent once more with B's own identity (the current owner and epoch) at a
+revision the run has left behind: the lease would let it through, the
+revision must not (a retried write racing a checkpoint). Each must change
+nothing, judged from the harness's audit trail (no change by A's session,
+which sends every attempt) and B's lease row, never from the reply (which
+is kept as detail).
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ SPEC = ExperimentSpec(
     "seed §5, §13.2 (expired fence)",
     invariant="after B's takeover, every operation of the contract that changes a run, its "
     "checkpoints, its ledger or its outbox, sent by A with (old owner, old epoch), (new owner, "
-    "old epoch) or (old owner, new epoch), at its stale and at the current revision, changes "
-    "nothing: no audited change by A, B's lease and revision untouched",
+    "old epoch) or (old owner, new epoch), at its stale and at the current revision, and with "
+    "B's own identity at a revision the run has left behind, changes nothing: no audited change "
+    "by A's session, B's lease and revision untouched",
     fault="A's lease expires; B takes over and keeps its lease live; A's session sends every "
     "fenced operation with every stale identity",
     rules=(1, 2, 3),
@@ -52,6 +57,8 @@ SPEC = ExperimentSpec(
 
 #: The identities a stale holder may present, as (owner, epoch) of (A, B).
 IDENTITIES = ("old owner, old epoch", "new owner, old epoch", "old owner, new epoch")
+#: The current holder's own identity: only the revision is stale.
+HOLDER = "new owner, new epoch"
 REVISIONS = ("stale", "current")
 # Once one attempt changed the run, the takeover the rest need is gone.
 NOT_TRIED = "not tried"
@@ -78,10 +85,11 @@ def cases(ops: Sequence[Operation], *, fencing_token: bool = True) -> list[Case]
     identities = IDENTITIES if fencing_token else IDENTITIES[:1]
     out: list[Case] = []
     for o in spec.stale_holder_operations(ops):
-        revisions: Sequence[str | None] = (
-            REVISIONS if "expected_revision" in o.identity else (None,)
-        )
+        takes_revision = "expected_revision" in o.identity
+        revisions: Sequence[str | None] = REVISIONS if takes_revision else (None,)
         out += [Case(o.op, i, r) for i in identities for r in revisions]
+        if takes_revision:
+            out.append(Case(o.op, HOLDER, "stale"))
     return out
 
 
@@ -96,9 +104,14 @@ class Takeover:
     current_revision: int
 
     def values(self, case: Case) -> dict[str, Any]:
+        """The identity and revision a case presents. A stale revision is the
+        one A last wrote at; for B's own identity, one B's checkpoint moved
+        the run past (the current revision less one)."""
         owner = self.new["owner"] if case.identity.startswith("new owner") else self.old["owner"]
         epoch = self.new["epoch"] if case.identity.endswith("new epoch") else self.old["epoch"]
         revision = self.current_revision if case.revision == "current" else self.stale_revision
+        if case.identity == HOLDER:
+            revision = self.current_revision - 1
         return {
             "run_id": self.run_id,
             "owner": owner,
@@ -119,6 +132,8 @@ def run(ctx: ExperimentContext) -> None:
     a = ctx.env.start_worker("A", "ops")
     b = ctx.env.start_worker("B", "ops")
     takeover = _take_over(ctx, run_id, a, b)
+    if takeover.current_revision < 1:  # no revision the run has left behind
+        table = [c for c in table if c.identity != HOLDER]
     ops = spec.by_name()
     outcomes: dict[str, list[str]] = {}
     broken_by: str | None = None

@@ -83,11 +83,12 @@ def test_an_operation_added_to_the_contract_adds_stale_holder_cases() -> None:
     after = r_stale_holder.cases(spec.parse_operations(data))
     added = [c for c in after if c not in before]
     assert {c.op for c in added} == {"fail_run"}
-    # three identity combinations, each at the stale and at the current revision
-    assert len(added) == 6
+    # three identity combinations, each at the stale and at the current revision,
+    # and the current holder's own identity at a revision left behind
+    assert len(added) == 7
     assert {(c.identity, c.revision) for c in added} == {
         (i, r) for i in r_stale_holder.IDENTITIES for r in ("stale", "current")
-    }
+    } | {(r_stale_holder.HOLDER, "stale")}
 
 
 def test_fill_keeps_json_types() -> None:
