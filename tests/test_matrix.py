@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import scenarios
+from harness.cli.run import RETRY_UNKNOWN
 from harness.engine.environment import DEFAULT_WORKER_CMD, Settings, SharedServices
 from harness.engine.runner import Job, jobs_for, run_jobs
 from harness.evidence.summary import ExperimentResult
@@ -61,8 +62,15 @@ def matrix_results(
             selected.add(job.label)
     jobs = [j for j in JOBS if j.label in selected]
     parallel = int(os.environ.get("FENCECHECK_MATRIX_JOBS", "4"))
+    # As `fencecheck run` does: an unknown (it proved nothing) gets one more
+    # attempt, its evidence kept; a fail never does.
     results = run_jobs(
-        matrix_services, jobs, report_dir=matrix_report_dir, seed=20261129, parallel=parallel
+        matrix_services,
+        jobs,
+        report_dir=matrix_report_dir,
+        seed=20261129,
+        parallel=parallel,
+        retry_unknown=RETRY_UNKNOWN,
     )
     return {job.label: result for job, result in zip(jobs, results, strict=True)}
 

@@ -85,12 +85,20 @@ def worker_command(text: str | None) -> tuple[str, ...] | None:
 
 
 def positive(value: str) -> int:
+    return _at_least(value, 1)
+
+
+def non_negative(value: str) -> int:
+    return _at_least(value, 0)
+
+
+def _at_least(value: str, least: int) -> int:
     try:
         number = int(value)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected 1 or more, got {number}")
+    if number < least:
+        raise argparse.ArgumentTypeError(f"expected {least} or more, got {number}")
     return number
 
 

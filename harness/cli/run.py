@@ -27,6 +27,7 @@ from harness.cli.common import (
     REPO_ROOT,
     UsageError,
     common_env_options,
+    non_negative,
     positive,
     reap_and_report,
     report_root,
@@ -52,6 +53,10 @@ NAME = "run"
 HELP = "run experiments and write evidence archives"
 # Experiments of one run at once by default (see add_arguments).
 RUN_JOBS = 4
+# One more attempt for an unknown: beside six CPU hogs, 10 of 840 runs of the
+# Go worker ended unknown (a worker cancelled by its own renewal timeout
+# before the fault's point), at most 4 in one matrix (docs/running.md).
+RETRY_UNKNOWN = 1
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
@@ -82,6 +87,15 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         action="store_true",
         help="with --worker-cmd: run the matrix without checking the worker against the "
         "contract first (`fencecheck contract`)",
+    )
+    run.add_argument(
+        "--retry-unknown",
+        type=non_negative,
+        default=RETRY_UNKNOWN,
+        metavar="N",
+        help="run an experiment that ends unknown (it proved nothing: a fault that did not take "
+        "effect, a wait a loaded machine ran out) again, up to N more times; a fail is never "
+        f"retried, and every attempt's evidence is kept (default {RETRY_UNKNOWN}; 0: never)",
     )
     shard_option(run, "experiment runs")
     add_gate_option(run)
@@ -314,6 +328,7 @@ def _run(
             parallel=args.jobs,
             progress=progress,
             on_result=collected.append,
+            retry_unknown=args.retry_unknown,
         )
         interrupted = stopping.reason() if stopping.requested() else None
         code = reports(results, interrupted)

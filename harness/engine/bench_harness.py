@@ -97,6 +97,13 @@ def one_round(
             for r in results
             if r["verdict"] != "pass"
         ],
+        # Runs that ended unknown and ran again (fencecheck run --retry-unknown).
+        "again": [
+            f"{r['experiment']}{'[' + r['variant'] + ']' if r['variant'] else ''}: "
+            f"{r['verdict']} after {a[:160]}"
+            for r in results
+            for a in r.get("earlier_attempts") or []
+        ],
     }
 
 
@@ -122,6 +129,7 @@ def report(rounds: list[dict[str, Any]]) -> str:
             f"natural waits {r['natural_s']:.1f} s, overhead {r['overhead_per_run_s']:.2f} s/run"
         )
         lines.extend(f"    not pass: {line}" for line in r["not_pass"])
+        lines.extend(f"    ran again: {line}" for line in r["again"])
     first = rounds[0]
     lines.append(f"\nwhere the runs' time went ({first['label']}; seconds, summed over runs):")
     n = max(1, first["runs"])

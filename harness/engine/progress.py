@@ -93,6 +93,12 @@ class Progress:
             self._done += 1
         self.event(f"{label}: {text}")
 
+    def job_again(self, label: str, attempt: int) -> None:
+        """``label`` ended unknown and runs once more: not done yet."""
+        with self._lock:
+            self._done -= 1
+        self.event(f"{label}: unknown proves nothing; attempt {attempt}")
+
     def _redraw(self) -> None:
         while not self._stop.wait(REDRAW_S):
             with self._lock:

@@ -12,6 +12,7 @@ import collections
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import random
 import threading
 import time
@@ -46,7 +47,12 @@ from harness.engine.experiment import (
 )
 from harness.engine.progress import Progress
 from harness.evidence import archive as evidence
-from harness.evidence.summary import ExperimentResult, failed_check_lines, label_of
+from harness.evidence.summary import (
+    ATTEMPTS_DIR,
+    ExperimentResult,
+    failed_check_lines,
+    label_of,
+)
 from harness.explore import cell_coverage
 from harness.mutation.error_context import functions_in_error_context
 from harness.parts.processes import ProcessTimeout
@@ -741,9 +747,12 @@ def run_jobs(
     parallel: int,
     progress: Progress | None = None,
     on_result: Callable[[ExperimentResult], None] | None = None,
+    retry_unknown: int = 0,
 ) -> list[ExperimentResult]:
     """Run ``jobs``, ``parallel`` at a time; one result per job, in job order
-    (``on_result`` gets each as it comes, from the experiment's thread).
+    (``on_result`` gets each as it comes, from the experiment's thread). A job
+    that ends *unknown* runs again, up to ``retry_unknown`` more times
+    (:func:`again_while_unknown`); a *fail* never does.
 
     Invariants: once a stop was asked for (``harness.stopping``) no job starts,
     and each job that never started gets an *interrupted* result; the running
@@ -768,9 +777,21 @@ def run_jobs(
                         break
                     index = queue.popleft()
                     started_at[index] = time.time()
-                with shared.job_running(jobs[index].label):
-                    result = run_job(
-                        shared, jobs[index], report_dir=report_dir, seed=seed, progress=progress
+                job = jobs[index]
+                with shared.job_running(job.label):
+                    result = again_while_unknown(
+                        functools.partial(
+                            run_job,
+                            shared,
+                            job,
+                            report_dir=report_dir,
+                            seed=seed,
+                            progress=progress,
+                        ),
+                        job.label,
+                        report_dir,
+                        retry_unknown,
+                        progress,
                     )
                 with cond:
                     results[index] = result
@@ -800,6 +821,53 @@ def run_jobs(
             r if r is not None else interrupted_result(jobs[i], started_at.get(i), progress)
             for i, r in enumerate(results)
         ]
+
+
+def again_while_unknown(
+    attempt: Callable[[], ExperimentResult],
+    label: str,
+    report_dir: Path,
+    retries: int,
+    progress: Progress | None = None,
+) -> ExperimentResult:
+    """``attempt`` once, and again while it ends *unknown*, up to ``retries``
+    more times. An unknown proves nothing either way (a fault that did not
+    take effect, progress a measured stall excuses, a wait that ran out on a
+    loaded machine), so another attempt loses nothing; a *fail* is never
+    retried, and a stop ends the retries. Each earlier attempt's archive and
+    logs move to ``earlier-attempts/<label>/attempt-N*`` (sealed with the run),
+    and the last result names them in ``earlier_attempts`` and its reason."""
+    result = attempt()
+    earlier: list[str] = []
+    while result.verdict is Verdict.UNKNOWN and len(earlier) < retries and not stopping.requested():
+        n = len(earlier) + 1
+        kept = _set_aside(report_dir, label, n)
+        earlier.append(f"attempt {n}: unknown: {result.reason} (evidence {kept or 'none'})")
+        if progress is not None:
+            progress.job_again(label, n + 1)
+        result = attempt()
+    if earlier:
+        result.earlier_attempts = earlier
+        result.reason = (
+            f"{result.reason} (attempt {len(earlier) + 1}; the earlier one(s) ended unknown: "
+            f"{ATTEMPTS_DIR}/{label}/)"
+        )
+    return result
+
+
+def _set_aside(report_dir: Path, label: str, n: int) -> str | None:
+    """Move attempt ``n``'s archive and logs out of the way of the next one;
+    the archive's path relative to the run's folder (None: it wrote none)."""
+    into = report_dir / ATTEMPTS_DIR / label
+    into.mkdir(parents=True, exist_ok=True)
+    archive = report_dir / "archives" / f"{label}.yaml"
+    logs = report_dir / "logs" / label
+    if logs.exists():
+        logs.rename(into / f"attempt-{n}-logs")
+    if not archive.exists():
+        return None
+    moved = archive.rename(into / f"attempt-{n}.yaml")
+    return str(moved.relative_to(report_dir))
 
 
 def interrupted_result(

@@ -49,6 +49,7 @@ from harness.evidence.shard_record import (
     read_record,
 )
 from harness.evidence.summary import (
+    ATTEMPTS_DIR,
     ExperimentResult,
     failed_check_lines,
     write_junit,
@@ -258,6 +259,10 @@ def _take_item(item: ShardItem, part: Part | None, into: Path, count: int) -> Ex
     logs = part.path / "logs" / item.label
     if logs.is_dir():
         _copy_tree(logs, into / "logs" / item.label)
+    # The attempts that ended unknown before this one (--retry-unknown).
+    earlier = part.path / ATTEMPTS_DIR / item.label
+    if earlier.is_dir():
+        _copy_tree(earlier, into / ATTEMPTS_DIR / item.label)
     record = part.record
     stated: list[tuple[str, Any, Any]] = [
         ("git_commit", archive.get("git_commit"), record.git_commit)
@@ -279,13 +284,18 @@ def _take_item(item: ShardItem, part: Part | None, into: Path, count: int) -> Ex
             archive,
             target,
         )
-    return _result_of(
+    result = _result_of(
         item,
         Verdict(archive["pass_or_fail"]),
         str(archive.get("verdict_reason", "")),
         archive,
         target,
     )
+    if earlier.is_dir():
+        result.earlier_attempts = sorted(
+            f"{ATTEMPTS_DIR}/{item.label}/{f.name}" for f in earlier.glob("attempt-*.yaml")
+        )
+    return result
 
 
 def _take_mutant(

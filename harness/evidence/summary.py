@@ -19,6 +19,11 @@ def label_of(experiment_id: str, variant: str | None, repeat_index: int) -> str:
     return base + (f"-r{repeat_index}" if repeat_index else "")
 
 
+#: Where a run keeps the evidence of each experiment's attempts before its last
+#: one (``<label>/attempt-N.yaml`` and ``attempt-N-logs/``; runner.again_while_unknown).
+ATTEMPTS_DIR = "earlier-attempts"
+
+
 @dataclass
 class ExperimentResult:
     """The outcome of one experiment run (one variant, one repetition)."""
@@ -50,6 +55,9 @@ class ExperimentResult:
     state_cells: dict[str, int] | None = None
     #: The layer of the system it judges: queue or workflow ("" when not known).
     layer: str = ""
+    #: Attempts before this one that ended unknown (runner.again_while_unknown):
+    #: "attempt N: unknown: <reason> (evidence <archive>)".
+    earlier_attempts: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         # Every list a person reads shows the reason as one short line; the
@@ -260,6 +268,7 @@ def write_results_json(
                         "natural_wait_s": r.natural_wait_s,
                         "phases_s": r.phases_s,
                         "archive": str(r.archive_path) if r.archive_path else None,
+                        "earlier_attempts": r.earlier_attempts,
                     }
                     for r in results
                 ],
