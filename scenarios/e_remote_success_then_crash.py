@@ -302,7 +302,7 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     )
     ctx.arm("ctl", "after_dispatch_claim_commit", Hold())
     newer = ctx.op_async(ctl, "reconcile", {}, worker_async=True)
-    ctx.reached("ctl", "after_dispatch_claim_commit")
+    ctx.reached("ctl", "after_dispatch_claim_commit", held=True)  # not an earlier pass
     held = next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
     ctx.reached("D1", "after_tool_response_before_tx2_commit")
     log = checkers.tool_log(ctx)

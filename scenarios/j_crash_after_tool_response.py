@@ -147,7 +147,9 @@ def _operator_resolves(
             "ticket": "OPS-42",
         },
     )
-    ctx.reached("ctl", "after_operator_lock")
+    # The held arrival: the refusal probes above passed this point too, and
+    # under load their hits came first (the release then found nothing held).
+    ctx.reached("ctl", "after_operator_lock", held=True)
     racer = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
     waited = checkers.backend_waiting_on_lock(ctx, "W2")
     ctx.fault(
