@@ -40,6 +40,7 @@ KEYS = {
     "consumer_effects": ("consumer_name", "event_id", "n"),
     "consumed_events": ("consumer_name", "event_id"),
     "agent_tasks": ("tenant_id", "task_id"),
+    "operator_actions": ("id",),
 }
 
 
@@ -213,6 +214,7 @@ def test_clean_history_breaks_nothing() -> None:
         "effect.cancelled_intent_never_sent",
         "effect.no_resend_without_idempotency",
         "effect.claim_back_to_prepared_only_after_a_proven_rejection",
+        "effect.not_executed_only_where_the_tool_did_not_act",
         "run.only_finished_tasks_are_purged",
     }
 
@@ -313,6 +315,20 @@ def ledger_step_without_revision(s: Story) -> None:
     naming the revision it saw would still match."""
     op = s.state("tool_operations", (OP,))
     s.tx(0.9, app="D")("tool_operations", op, {"remote_id": "res-9", "revision": op["revision"]})
+
+
+def not_executed_though_acted(s: Story) -> None:
+    """A worker records failed_final for an operation the tool made a resource
+    for (a 5xx after acting taken for a refusal)."""
+    s.tx(0.9, app="D")("tool_operations", in_flight(s), {"status": "failed_final"})
+
+
+def test_an_operators_not_executed_finding_is_the_operators_call() -> None:
+    s = clean_story()
+    decide = s.tx(0.9, app="ctl")
+    decide("tool_operations", in_flight(s), {"status": "failed_final"})
+    decide("operator_actions", None, {"id": 1, "run_id": RUN, "action": "resolve:not_executed"})
+    assert "effect.not_executed_only_where_the_tool_did_not_act" not in broken_by(evidence(s))
 
 
 def back_to_prepared(s: Story) -> None:
@@ -420,6 +436,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "run.history_is_append_only": checkpoint_updated,
     "effect.in_flight_never_marked_cancelled": inflight_cancelled,
     "effect.claim_back_to_prepared_only_after_a_proven_rejection": back_to_prepared,
+    "effect.not_executed_only_where_the_tool_did_not_act": not_executed_though_acted,
     "run.nothing_advances_after_terminal": advanced_after_end,
     "run.one_live_run_per_task": two_live_runs,
     "run.every_run_can_progress_at_the_end": paused_without_doubt,

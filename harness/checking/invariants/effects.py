@@ -215,6 +215,36 @@ def in_flight_never_cancelled(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "effect.not_executed_only_where_the_tool_did_not_act",
+    "SPEC rules 4, 5; English seed §9.3 (unknown: query, or stay unknown)",
+    "an operation a worker records failed_final (the tool did not act) has no resource at the "
+    "tool, then or later: 'not found' while a request may still arrive is no proof (an "
+    "operator's finding, audited in the same transaction, is the operator's call)",
+)
+def not_executed_only_where_not_acted(ev: Evidence) -> Finding:
+    by_operator = {c.txid for c in ev.of("operator_actions", "INSERT")}
+    resources = group(ev.tool.get("resources", []), lambda r: str(r.get("operation_id")))
+    recorded = [
+        c
+        for c in ev.of("tool_operations", "UPDATE")
+        if c.after("status") == "failed_final"
+        and c.before("status") != "failed_final"
+        and not c.by_harness
+        and c.txid not in by_operator
+    ]
+    bad = [
+        {
+            **c.brief("operation_id", "status"),
+            "resources": [r.get("resource_id") for r in found],
+            "made_at_request_seqs": [r.get("request_seq") for r in found],
+        }
+        for c in recorded
+        if (found := resources.get(str(c.row.get("operation_id"))))
+    ]
+    return Finding(len(recorded), bad)
+
+
+@invariant(
     "effect.claim_back_to_prepared_only_after_a_proven_rejection",
     "SPEC rule 4; English seed §9.2 (never revert dispatching to prepared)",
     "a dispatching operation goes back to prepared only when the tool's log shows it refused "
