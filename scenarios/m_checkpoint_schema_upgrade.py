@@ -5,8 +5,11 @@ Variant ``malformed`` hands the worker checkpoints no code should have
 written: the worker's own older-version sample with one field missing or of
 another JSON type (a list where a string was, a string where a list was: a
 string is iterable, the classic way to parse garbage into values), a state
-that is no object, and a state that no longer matches its ``state_hash``.
-Each must be refused by name, and a worker resuming the run from the
+that is no object, and a state that no longer matches its ``state_hash``, in
+the current version and in the older one (the sample with one value changed
+after it was hashed: still a valid older state, so only the hash tells; a
+worker that checks the hash of its current version only would migrate it).
+Each must be refused by name, and a worker resuming the run from either
 tampered one must neither advance it nor call a tool.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
@@ -25,11 +29,12 @@ SPEC = ExperimentSpec(
     title="checkpoint schema upgrade",
     seed_section="Chinese seed §6, §13.2 (Schema 升级)",
     invariant="a known old version is migrated explicitly (its values kept); an unknown "
-    "version, a malformed state or one that does not match its hash is refused by name "
-    "(SchemaVersionUnknown, CheckpointCorrupt) and the run is not advanced",
+    "version, a malformed state or one that does not match its hash (in any version) is "
+    "refused by name (SchemaVersionUnknown, CheckpointCorrupt) and the run is not advanced",
     fault="the run's latest checkpoint is in an older schema version the worker names "
     "(op legacy_checkpoint) / in version 99, which no code knows / that older sample with a "
-    "field missing or retyped, no object, or a state changed after it was hashed",
+    "field missing or retyped, no object, or a value changed after it was hashed / a current "
+    "state changed after it was hashed",
     needs=needs.capabilities("workflow", "checkpoints", "contract_schema"),
     rules=(13,),
     variants=("old_version", "unknown_version", "malformed"),
@@ -255,6 +260,16 @@ def run_malformed(ctx: ExperimentContext) -> None:
     cases: list[tuple[str, int, object, object, str]] = [
         (what, version, state, None, "SchemaVersionUnknown") for what, state in _malformed(sample)
     ]
+    changed, legacy_tampered = _tampered(sample)
+    cases.append(
+        (
+            f"v{version} sample with {changed} after hashing",
+            version,
+            legacy_tampered,
+            sample,
+            "CheckpointCorrupt",
+        )
+    )
     mine = own["state_json"] if isinstance(own["state_json"], dict) else {}
     tampered = {**mine, "tampered": True}
     cases.append(
@@ -285,26 +300,83 @@ def run_malformed(ctx: ExperimentContext) -> None:
         expected=f"{len(cases)} plants, each the latest checkpoint",
         observed=f"{len(landed)} landed: {landed}",
     )
-    # The last one planted (the tampered state) is what a resuming worker meets.
-    planted = checkers.run_row(ctx, run_id)["revision"]
+    # A worker resuming from each tampered checkpoint in turn, planted again
+    # as the latest: the older version's (B), then the current one's (C).
+    tampered_cases = [c for c in cases if c[4] == "CheckpointCorrupt"]
+    for name, (what, v, state, hashed, _) in zip("BC", tampered_cases, strict=True):
+        _resume_refused(ctx, run_id, name, f"checkpoint {what}", v, state, hashed)
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _resume_refused(
+    ctx: ExperimentContext,
+    run_id: str,
+    worker: str,
+    what: str,
+    version: int,
+    state: object,
+    hashed: object,
+) -> None:
+    """Plant a tampered checkpoint as the run's latest, let a `run` worker take
+    the run: from the database, it wrote nothing after it, and the tool got no
+    request for the run while it ran (one sent earlier is an earlier worker's)."""
+    planted = _plant(ctx, run_id, version, state, hashed)
+    sent_before = len(checkers.tool_requests(ctx, run_id=run_id))
     wait_claimable(ctx, run_id)
-    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
-    code_b = finish(ctx, b)
+    w = ctx.env.start_worker(worker, "run", ["--run-id", run_id, "--once"])
+    code = finish(ctx, w)
     row = checkers.run_row(ctx, run_id)
     after = [c for c in checkers.checkpoints(ctx, run_id) if c["revision"] > planted]
     ctx.equal(
-        "run not advanced past the tampered checkpoint",
+        f"run not advanced past the {what}",
         (row["revision"], [c["revision"] for c in after]),
         (planted, []),
-        what=f"(agent_runs.revision, checkpoints after it) (B exit {code_b})",
+        what=f"(agent_runs.revision, checkpoints after it) ({worker} exit {code})",
     )
     ctx.equal(
-        "nothing done from the tampered checkpoint",
-        len(checkers.tool_requests(ctx, run_id=run_id)),
+        f"nothing done from the {what}",
+        len(checkers.tool_requests(ctx, run_id=run_id)[sent_before:]),
         0,
-        what=f"tool requests for the run (B exit {code_b})",
+        what=f"tool requests for the run while {worker} ran ({worker} exit {code})",
     )
-    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _tampered(sample: dict[str, object]) -> tuple[str, dict[str, object]]:
+    """The sample with one value changed and its JSON type kept, so it is still
+    a valid state of its version and only its hash tells: the first number
+    (depth first, keys in order) raised by one, else the first string with a
+    suffix; a sample with neither gains a field. Returns what was changed too."""
+    tampered = json.loads(json.dumps(sample))
+    for kinds in ((int, float), (str,)):
+        path = _first_leaf(tampered, kinds)
+        if path is None:
+            continue
+        *parents, last = path
+        holder = tampered
+        for part in parents:
+            holder = holder[part]
+        was = holder[last]
+        holder[last] = f"{was}-tampered" if isinstance(was, str) else was + 1
+        return ".".join(str(p) for p in path) + " changed", tampered
+    return "a field added", {**tampered, "tampered": True}
+
+
+def _first_leaf(
+    value: Any, kinds: tuple[type, ...], path: tuple[Any, ...] = ()
+) -> tuple[Any, ...] | None:
+    """The path of the first leaf of one of ``kinds`` (never a boolean)."""
+    if isinstance(value, dict):
+        children: list[tuple[Any, Any]] = [(k, value[k]) for k in sorted(value)]
+    elif isinstance(value, list):
+        children = list(enumerate(value))
+    else:
+        found = isinstance(value, kinds) and not isinstance(value, bool)
+        return path if found and path else None
+    for key, child in children:
+        hit = _first_leaf(child, kinds, (*path, key))
+        if hit is not None:
+            return hit
+    return None
 
 
 def _get(state: dict[str, object], path: str) -> object:

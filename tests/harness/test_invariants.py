@@ -216,6 +216,7 @@ def test_clean_history_breaks_nothing() -> None:
         "effect.claim_back_to_prepared_only_after_a_proven_rejection",
         "effect.not_executed_only_where_the_tool_did_not_act",
         "run.only_finished_tasks_are_purged",
+        "operator.audit_shows_the_rows_before_and_after",
     }
 
 
@@ -423,6 +424,55 @@ def first_dispatch_moved(s: Story) -> None:
     )
 
 
+# ------------------------------------------------------------ operator decisions
+RUN3, OP3 = "r-3", "x/r-3/create_label/v1"
+RUN_SNAPSHOT = ("status", "revision", "epoch", "owner", "attempt_count", "max_attempts")
+
+
+def snapshot(run: dict[str, Any], op: dict[str, Any] | None) -> dict[str, Any]:
+    """The run (and operation) as an operator_actions row keeps it (contract 7.7)."""
+    out: dict[str, Any] = {k: run.get(k) for k in RUN_SNAPSHOT}
+    out["operation"] = (
+        None
+        if op is None
+        else {k: op.get(k) for k in ("operation_id", "status", "remote_id", "revision")}
+    )
+    return out
+
+
+def paused_in_doubt(s: Story) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A second run paused in doubt on its unknown operation (planted by the harness)."""
+    run = run_row(run_id=RUN3, task_id="t-3", status="paused_indoubt", epoch=1)
+    op = {
+        "operation_id": OP3,
+        "run_id": RUN3,
+        "step_id": "create_label",
+        "status": "unknown",
+        "remote_id": None,
+        "revision": 2,
+    }
+    plant = s.tx(0.9, app="fencecheck-harness")
+    plant("agent_runs", None, run)
+    plant("tool_operations", None, op)
+    return run, op
+
+
+def operator_resolves(s: Story, *, before_taken_late: bool = False) -> None:
+    """An operator's resolve_indoubt: the operation converges, the run is queued
+    and the decision audited, in one transaction. ``before_taken_late``: the
+    ``before`` snapshot read after the ledger change (the operation already
+    succeeded)."""
+    run, op = paused_in_doubt(s)
+    tx = s.tx(1.0, app="ctl")
+    tx("tool_operations", op, {"status": "succeeded", "remote_id": "res-3", "revision": 3})
+    resolved = s.state("tool_operations", (OP3,))
+    tx("agent_runs", run, {"status": "queued"})
+    before = snapshot(run, resolved if before_taken_late else op)
+    after = snapshot(s.state("agent_runs", (RUN3,)), resolved)
+    audit = {"id": 1, "run_id": RUN3, "operation_id": OP3, "action": "resolve:executed"}
+    tx("operator_actions", None, {**audit, "before": before, "after": after})
+
+
 STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
     "lease.one_owner_per_epoch": second_owner,
@@ -447,6 +497,9 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "harness.write_path_as_asked": stepped_write,
     "run.only_finished_tasks_are_purged": lambda s: purge(s, publish=False),
     "effect.first_dispatch_is_kept": first_dispatch_moved,
+    "operator.audit_shows_the_rows_before_and_after": lambda s: operator_resolves(
+        s, before_taken_late=True
+    ),
 }
 
 
@@ -780,3 +833,67 @@ def test_a_claim_reported_refused_that_its_own_session_was_granted_is_a_lie() ->
     ev.history = [e for e in ev.history if e.op != "claim"]
     ev.history.append(dataclasses.replace(account("fail", "claim", epoch=1), worker="B"))
     assert "worker.accounts_match_the_evidence" not in broken_by(ev)
+
+
+OPERATOR_AUDIT = "operator.audit_shows_the_rows_before_and_after"
+
+
+def test_an_audited_decision_shows_the_rows_before_and_after() -> None:
+    s = clean_story()
+    operator_resolves(s)
+    results = {r.name: r for r in check(evidence(s))}
+    assert {n: r.violations for n, r in results.items() if not r.ok} == {}
+    assert results[OPERATOR_AUDIT].checked == 1
+    s = clean_story()
+    operator_resolves(s, before_taken_late=True)
+    (row,) = broken_by(evidence(s))[OPERATOR_AUDIT]
+    assert row["part"] == "before.operation" and row["action"] == "resolve:executed"
+    assert row["differs"] == {"status": ["succeeded", "unknown"], "remote_id": ["res-3", None],
+                              "revision": [3, 2]}  # fmt: skip
+
+
+def converge_while_the_run_moves(s: Story, *, after_epoch: int | None = None) -> None:
+    """converge_operation of an unknown operation of a queued run, while another
+    session's grant of that run commits during the decision: the run, which
+    the decision does not change, may show either image, and must show one."""
+    run, op = paused_in_doubt(s)
+    queued = {**run, "status": "queued"}
+    s.tx(0.95, app="ctl")("agent_runs", run, {"status": "queued"})
+    decision = s.tx(1.0, app="ctl")
+    s.tx(1.0, app="B")("agent_runs", queued, {"status": "running", "owner": "B/2", "epoch": 2})
+    granted = s.state("agent_runs", (RUN3,))
+    decision("tool_operations", op, {"status": "succeeded", "remote_id": "res-3", "revision": 3})
+    after = snapshot(granted, s.state("tool_operations", (OP3,)))
+    if after_epoch is not None:
+        after["epoch"] = after_epoch
+    audit = {"id": 1, "run_id": RUN3, "operation_id": OP3, "action": "converge"}
+    decision("operator_actions", None, {**audit, "before": snapshot(queued, op), "after": after})
+
+
+def test_a_run_the_decision_did_not_change_shows_an_image_it_had_meanwhile() -> None:
+    s = clean_story()
+    converge_while_the_run_moves(s)
+    assert OPERATOR_AUDIT not in broken_by(evidence(s))
+    s = clean_story()
+    converge_while_the_run_moves(s, after_epoch=7)  # an epoch the run never had
+    (row,) = broken_by(evidence(s))[OPERATOR_AUDIT]
+    assert row["part"] == "after" and row["differs"] == {"epoch": [7, 2]}
+
+
+def test_two_decisions_in_one_transaction_break() -> None:
+    s = clean_story()
+    operator_resolves(s)
+    last = s.changes[-1]
+    twin = {**(last.new or {}), "id": 2}
+    s.changes.append(Change(**{**last.__dict__, "seq": last.seq + 1, "new": twin}))
+    rows = broken_by(evidence(s))[OPERATOR_AUDIT]
+    assert {r["why"] for r in rows} == {"another decision shares its transaction"}
+
+
+def test_not_judged_where_the_system_keeps_no_before_after() -> None:
+    s = clean_story()
+    operator_resolves(s, before_taken_late=True)
+    ev = evidence(s)
+    ev.declared = {"operator_actions": frozenset()}
+    result = {r.name: r for r in check(ev)}[OPERATOR_AUDIT]
+    assert result.ok and result.checked == 0 and "not judged" in result.observed

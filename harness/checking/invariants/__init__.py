@@ -15,7 +15,16 @@ the experiment *fail*.
 from __future__ import annotations
 
 # Importing the area modules registers their invariants, in this order.
-from harness.checking.invariants import accounts, effects, leases, outbox, paths, runs, writes
+from harness.checking.invariants import (
+    accounts,
+    effects,
+    leases,
+    operators,
+    outbox,
+    paths,
+    runs,
+    writes,
+)
 from harness.checking.invariants.model import Change, Evidence, Finding, Result
 from harness.checking.invariants.registry import INVARIANTS, Invariant, check, invariant
 
@@ -31,6 +40,7 @@ __all__ = [
     "effects",
     "invariant",
     "leases",
+    "operators",
     "outbox",
     "paths",
     "runs",

@@ -4,7 +4,7 @@ An invariant is one small function ``(Evidence) -> Finding`` registered with
 :func:`invariant` under a dotted name, the SPEC rule it belongs to and the
 sentence it promises. To add one: write the function in the module of its
 area (``leases``, ``writes``, ``effects``, ``runs``, ``outbox``,
-``accounts``, ``paths``), decorate it, and give it a unit test with a
+``operators``, ``accounts``, ``paths``), decorate it, and give it a unit test with a
 violating and a clean hand-built history (tests/harness/test_invariants.py).
 """
 
