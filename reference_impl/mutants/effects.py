@@ -237,6 +237,14 @@ MUTANTS = (
         SqlOverlay("resolve_unaudited.sql", "fencecheck.operator_resolve"),
     ),
     Mutant(
+        "operator_audit_before_after_change",
+        4,
+        ("J", "V"),
+        "the operator's resolution takes the audit row's before snapshot after it changed "
+        "the operation: the audit shows a finding already made, never what was in doubt",
+        SqlOverlay("operator_audit_before_after_change.sql", "fencecheck.operator_resolve"),
+    ),
+    Mutant(
         "converge_leaves_paused",
         5,
         ("J",),

@@ -219,6 +219,16 @@ def decode_one_step_back(
     return dataclasses.replace(ck, state={**ck.state, "cursor": max(0, cursor - 1)})
 
 
+def decode_old_version_unhashed(
+    self: Protocol, revision: int, schema_version: int | None, state: Any, stored_hash: bytes | None
+) -> checkpoint_schema.Checkpoint:
+    """MUTANT: the state hash is checked for the current version only ("older
+    workers wrote no meaningful hash"): a changed older state is migrated."""
+    if schema_version != checkpoint_schema.CURRENT_VERSION:
+        stored_hash = None
+    return checkpoint_schema.decode(revision, schema_version, state, stored_hash)
+
+
 def decode_to_defaults(
     self: Protocol, revision: int, schema_version: int | None, state: Any, stored_hash: bytes | None
 ) -> checkpoint_schema.Checkpoint:
@@ -333,5 +343,14 @@ MUTANTS = (
         "a checkpoint of a schema version this code does not know is parsed as the "
         "current version, missing fields as zero values, instead of being refused",
         Method("decode_checkpoint", decode_to_defaults),
+    ),
+    Mutant(
+        "old_checkpoint_hash_unchecked",
+        13,
+        ("M",),
+        "a checkpoint's state hash is checked only for the current schema version: an older "
+        "checkpoint whose state was changed after it was hashed is migrated and resumed "
+        "instead of refused as corrupt (blind bug hunt round 3, #14, in Go)",
+        Method("decode_checkpoint", decode_old_version_unhashed),
     ),
 )

@@ -90,6 +90,17 @@ MUTANTS = (
         SqlOverlay("write_ignores_epoch.sql", "fencecheck.protected_write_fast"),
     ),
     Mutant(
+        "fast_write_without_revision_guard",
+        3,
+        ("R",),
+        "on the fast write path every transition but a checkpoint skips the revision guard: "
+        "the current holder's intent or completion at a revision the run has left behind "
+        "commits instead of being refused (a retried write racing a checkpoint)",
+        SqlOverlay(
+            "fast_write_without_revision_guard.sql", "fencecheck._protected_write_lock_first"
+        ),
+    ),
+    Mutant(
         "write_checks_owner_not_epoch",
         2,
         ("R",),

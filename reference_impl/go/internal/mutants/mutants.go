@@ -174,6 +174,16 @@ DROP TRIGGER tool_operations_intent_check ON public.tool_operations`},
 				return correct(state, rest)
 			}
 		}},
+	{Name: "old_checkpoint_hash_unchecked", Rule: 13, Catchers: []string{"M"}, Alters: "Protocol.Decode",
+		Description: "the state hash is checked for the current schema version only (\"older workers wrote no meaningful hash\"): an older checkpoint whose state was changed after it was hashed is migrated and resumed (blind bug hunt round 3, #14)",
+		apply: func(p *protocol.Protocol) {
+			p.Decode = func(rev int64, version *int32, raw []byte, hash []byte) (protocol.Checkpoint, error) {
+				if version != nil && *version != protocol.CurrentSchemaVersion {
+					hash = nil
+				}
+				return protocol.DecodeCheckpoint(rev, version, raw, hash)
+			}
+		}},
 	{Name: "unknown_schema_to_defaults", Rule: 13, Catchers: []string{"M"}, Alters: "Protocol.Decode",
 		Description: "a checkpoint of an unknown schema_version is read as the current one, missing fields as zero values",
 		apply: func(p *protocol.Protocol) {
