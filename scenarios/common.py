@@ -166,6 +166,30 @@ def finish(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float = 20.
     return code
 
 
+#: A ``run`` worker's exit after a lost or unconfirmed renewal (contract §1).
+CANCELLED = 10
+
+
+def finish_or_take_over(
+    ctx: ExperimentContext, worker: WorkerProcess, run_id: str, *, successors: int = 2
+) -> int:
+    """Wait for a ``run``-mode worker working ``run_id`` with ``--once``; if it
+    cancelled itself (its renewal timed out on a busy machine, as the protocol
+    says it must), let the lease run out and start a successor, as a
+    deployment does, up to ``successors`` times. The last exit code. A worker
+    that cancels itself for no reason still leaves the run unfinished, and
+    the caller's progress check says so."""
+    code = finish(ctx, worker)
+    for n in range(1, successors + 1):
+        if code != CANCELLED:
+            break
+        name = f"{worker.worker_id}s{n}"
+        ctx.command(f"{worker.worker_id} cancelled itself (exit {code}); {name} takes over")
+        wait_claimable(ctx, run_id)
+        code = finish(ctx, ctx.env.start_worker(name, "run", ["--run-id", run_id, "--once"]))
+    return code
+
+
 def finish_or_kill(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: float) -> int | str:
     """A ``run``-mode worker's exit code; one still running after ``timeout_s``
     is killed, and that is said (its exit code's place in the evidence names

@@ -27,6 +27,7 @@ from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconcl
 from harness.parts.processes import WorkerProcess
 from scenarios import retention
 from scenarios.common import (
+    CANCELLED,
     control_plane,
     finish,
     finish_or_kill,
@@ -36,7 +37,6 @@ from scenarios.common import (
 )
 
 SUPPLEMENT_THEN_DOUBT = "supplement_then_doubt"
-CANCELLED = 10  # a run worker's exit after a lost or unconfirmed renewal (contract §1)
 
 SPEC = ExperimentSpec(
     id="V",
