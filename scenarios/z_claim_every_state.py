@@ -82,6 +82,10 @@ def run(ctx: ExperimentContext) -> None:
     c = ctx.env.start_worker("C", "ops")
     first = {s: _make(ctx, s, ctl, h, e) for s in CLAIMABLE}
     second = {s: _make(ctx, s, ctl, h, e) for s in CLAIMABLE}
+    # A second queued run, its row not held: the claims of any run must take
+    # it only after both expired leases (a claim ordering queued runs first
+    # passed while the only queued one was held).
+    spare = _make(ctx, "queued, due", ctl, h, e)
     others = {
         s: _make(ctx, s, ctl, h, e)
         for s in (
@@ -98,6 +102,7 @@ def run(ctx: ExperimentContext) -> None:
         if "expired" in state:
             checkers.wait_lease_expired(ctx, run_id)
     states = {r: _state(ctx, r, s) for group in (first, second, others) for s, r in group.items()}
+    states[spare] = _state(ctx, spare, "queued, due")
     ctx.fault(
         "every run stood in its state before the claims",
         all(v["label"] == v["meant"] for v in states.values()),
@@ -145,7 +150,7 @@ def run(ctx: ExperimentContext) -> None:
     grants: list[str] = []
     waited: str | None = None
     with checkers.row_locked(ctx, "agent_runs", "run_id", held) as lock:
-        for _ in range(len(second) + 1):
+        for _ in range(len(second) + 2):
             pending = ctx.op_async(c, "claim", {})
             waited = lock.answered_or_waiting(pending, "C")
             if waited is not None:
@@ -169,7 +174,7 @@ def run(ctx: ExperimentContext) -> None:
         observed="; ".join(drifted) or "all",
     )
     want = [second["running, expired"], second["waiting_tool, expired"]]
-    name = {r: s for s, r in second.items()}
+    name = {r: s for s, r in second.items()} | {spare: "queued, due (not held)"}
     ctx.invariant(
         "a claim of any run skips a row another session holds",
         waited is None,
@@ -179,9 +184,10 @@ def run(ctx: ExperimentContext) -> None:
     )
     ctx.invariant(
         "a claim of any run takes exactly the claimable runs, expired leases first",
-        sorted(grants[:2]) == sorted(want) and grants[2:] == [held],
-        expected=f"the two expired leases ({', '.join(sorted(want))}), then once the lock is "
-        f"let go the queued run {held}, then nothing",
+        sorted(grants[:2]) == sorted(want) and grants[2:] == [spare, held],
+        expected=f"the two expired leases ({', '.join(sorted(want))}), then the queued run "
+        f"{spare} whose row nobody holds, then once the lock is let go the queued run {held}, "
+        "then nothing",
         observed=f"granted in turn: {[name.get(g, g) for g in grants]}",
     )
     untouched = [
