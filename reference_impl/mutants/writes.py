@@ -90,6 +90,14 @@ MUTANTS = (
         SqlOverlay("write_ignores_epoch.sql", "fencecheck.protected_write_fast"),
     ),
     Mutant(
+        "checkpoint_keeps_old_schema_version",
+        13,
+        ("A", "M"),
+        "the fast path's checkpoint leaves the run's checkpoint_schema_version as it was: "
+        "the run row names another version than its latest checkpoint's",
+        SqlOverlay("checkpoint_keeps_old_schema_version.sql", "fencecheck.protected_write_fast"),
+    ),
+    Mutant(
         "fast_write_without_revision_guard",
         3,
         ("R",),

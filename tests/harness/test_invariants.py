@@ -109,11 +109,18 @@ def protected(s: Story, at: float, rev: int, event: str, **run: Any) -> Callable
     """One protected write by A/1 at epoch 1: run revision + 1, checkpoint, outbox."""
     tx = s.tx(at, statement=FAST)
     old = s.state("agent_runs", (RUN,))
-    tx("agent_runs", old, {"revision": rev, **run})
+    tx("agent_runs", old, {"revision": rev, "checkpoint_schema_version": 2, **run})
     tx(
         "agent_checkpoints",
         None,
-        {"run_id": RUN, "revision": rev, "epoch": 1, "owner": "A/1", "event_id": event},
+        {
+            "run_id": RUN,
+            "revision": rev,
+            "epoch": 1,
+            "owner": "A/1",
+            "event_id": event,
+            "schema_version": 2,
+        },
     )
     tx("outbox", None, {"event_id": event, "run_id": RUN, "published_at": None})
     return tx
@@ -318,6 +325,14 @@ def ledger_step_without_revision(s: Story) -> None:
     s.tx(0.9, app="D")("tool_operations", op, {"remote_id": "res-9", "revision": op["revision"]})
 
 
+def run_names_an_older_version(s: Story) -> None:
+    """A checkpoint write that leaves the run naming the version it had before."""
+    first = next(c for c in s.changes if c.table == "agent_checkpoints")
+    i = next(i for i, c in enumerate(s.changes) if c.txid == first.txid and c.table == "agent_runs")
+    c = s.changes[i]
+    s.changes[i] = dataclasses.replace(c, new={**(c.new or {}), "checkpoint_schema_version": 1})
+
+
 def not_executed_though_acted(s: Story) -> None:
     """A worker records failed_final for an operation the tool made a resource
     for (a 5xx after acting taken for a refusal)."""
@@ -483,6 +498,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "write.only_under_the_current_unexpired_lease": stale_checkpoint,
     "write.revision_advances_by_one": revision_skips,
     "write.checkpoint_and_outbox_event_in_one_transaction": checkpoint_apart_from_outbox,
+    "write.run_names_its_checkpoints_schema_version": run_names_an_older_version,
     "run.history_is_append_only": checkpoint_updated,
     "effect.in_flight_never_marked_cancelled": inflight_cancelled,
     "effect.claim_back_to_prepared_only_after_a_proven_rejection": back_to_prepared,

@@ -127,6 +127,35 @@ def revisions_gapless(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "write.run_names_its_checkpoints_schema_version",
+    "SPEC rule 13; worker contract §6 (agent_runs.checkpoint_schema_version)",
+    "a protected write that inserts a checkpoint leaves the run, in the same transaction, "
+    "naming that checkpoint's schema_version: a reader that goes by the run row decodes the "
+    "latest checkpoint as the version it is",
+)
+def run_names_its_checkpoints_version(ev: Evidence) -> Finding:
+    if ev.declares("agent_runs", "checkpoint_schema_version") is False:
+        return Finding(0, [], "the mapping gives checkpoint_schema_version no value: not judged")
+    bad = []
+    writes = protected_writes(ev)
+    for w in writes:
+        run_id = str(w.row.get("run_id"))
+        rows = [
+            c
+            for c in ev.in_tx(w.txid, "agent_runs")
+            if c.op == "UPDATE" and str(c.row.get("run_id")) == run_id
+        ]
+        if not rows:
+            continue  # no run row in the trail of its transaction: judged by the write checks
+        named = rows[-1].after("checkpoint_schema_version")
+        if named != w.row.get("schema_version"):
+            row = w.brief("run_id", "revision", "schema_version")
+            row["run_names"] = named
+            bad.append(row)
+    return Finding(len(writes), bad)
+
+
+@invariant(
     "write.checkpoint_and_outbox_event_in_one_transaction",
     "SPEC rule 2; English seed §6, §9.1",
     "every checkpoint has exactly one outbox event with its event_id, inserted in the same "

@@ -174,6 +174,11 @@ DROP TRIGGER tool_operations_intent_check ON public.tool_operations`},
 				return correct(state, rest)
 			}
 		}},
+	{Name: "claim_queued_first", Rule: 1, Catchers: []string{"Z"}, Alters: "Statements.Claim",
+		Description: "a claim of any run orders due queued runs before expired leases (a sort direction flipped): work whose holder died waits behind new work (blind bug hunt round 4, #11)",
+		apply: func(p *protocol.Protocol) {
+			replace(&p.SQL.Claim, "ORDER BY status = 'queued', ", "ORDER BY status = 'queued' DESC, ")
+		}},
 	{Name: "old_checkpoint_hash_unchecked", Rule: 13, Catchers: []string{"M"}, Alters: "Protocol.Decode",
 		Description: "the state hash is checked for the current schema version only (\"older workers wrote no meaningful hash\"): an older checkpoint whose state was changed after it was hashed is migrated and resumed (blind bug hunt round 3, #14)",
 		apply: func(p *protocol.Protocol) {
