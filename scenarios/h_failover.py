@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from psycopg import sql
+
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import (
@@ -159,6 +161,47 @@ def _terminated_in_the_wait(
     ctx.heal("replication")
 
 
+def _local_commits_are_not_sync(ctx: ExperimentContext) -> None:
+    """With standby names set, a session whose ``synchronous_commit`` is
+    ``local`` commits without waiting for the standby: a worker that reads
+    its mode as ``sync`` promises what the server does not do (blind bug hunt
+    round 4, #08: any level but ``off`` taken for sync). The worker's login
+    role gets ``local`` for the probe's session only, reset at once."""
+    role = ctx.env.login_role(ctx.env.tenant_id, "worker")
+    target = sql.SQL("ALTER ROLE {} IN DATABASE {} ").format(
+        sql.Identifier(role), sql.Identifier(ctx.env.db.name)
+    )
+    ctx.env.primary.execute(target + sql.SQL("SET synchronous_commit = 'local'"))
+    ctx.command(f"ALTER ROLE {role} IN DATABASE ... SET synchronous_commit = 'local'")
+    try:
+        probe = ctx.env.start_worker("WL", "ops")
+        seen = ctx.sql(
+            "WL's session settings",
+            "SELECT unnest(s.setconfig) AS setting FROM pg_db_role_setting s "
+            "JOIN pg_roles r ON r.oid = s.setrole "
+            "WHERE r.rolname = %s",
+            [role],
+        )
+        declared = ctx.ok(probe, "durability")
+    finally:
+        ctx.env.primary.execute(target + sql.SQL("RESET synchronous_commit"))
+        ctx.command(f"ALTER ROLE {role} IN DATABASE ... RESET synchronous_commit")
+    ctx.fault(
+        "the probe's role commits locally",
+        any("synchronous_commit=local" in str(r["setting"]) for r in seen),
+        expected="synchronous_commit=local for the worker's login role in this database",
+        observed=f"{[r['setting'] for r in seen]}",
+    )
+    ctx.invariant(
+        "a session that commits locally is not declared sync",
+        declared.get("mode") == "async",
+        expected="mode async: the standby is named and streams, but this session's commits "
+        "do not wait for it",
+        observed=f"declared {declared}",
+    )
+    probe.stop()
+
+
 def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "async"
     env = ctx.env
@@ -169,6 +212,8 @@ def run(ctx: ExperimentContext) -> None:
     w = env.start_worker("W", "ops")
     declared = ctx.ok(w, "durability")
     mode = "async" if variant == "async" else "sync"
+    if variant == "sync":
+        _local_commits_are_not_sync(ctx)
     lease = ctx.ok(w, "claim", run_id=run_id)
     rev = ctx.ok(
         w,

@@ -188,4 +188,20 @@ MUTANTS = (
             " current_setting('server_version') AS server_version",
         ),
     ),
+    Mutant(
+        "local_commit_taken_for_sync",
+        11,
+        ("H",),
+        "any synchronous_commit level but off is taken for a synchronous one: with standby "
+        "names set and synchronous_commit = local (commits do not wait for the standby) the "
+        "worker declares sync (blind bug hunt round 4, #08)",
+        Statement(
+            "durability_settings",
+            "SELECT CASE current_setting('synchronous_commit') WHEN 'off' THEN 'off'"
+            " ELSE 'on' END AS synchronous_commit,"
+            " current_setting('synchronous_standby_names') AS synchronous_standby_names,"
+            " pg_is_in_recovery() AS in_recovery,"
+            " current_setting('server_version') AS server_version",
+        ),
+    ),
 )

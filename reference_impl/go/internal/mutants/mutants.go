@@ -130,6 +130,19 @@ DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints`},
 	{Name: "consumer_without_dedup", Rule: 10, Catchers: []string{"L"}, Alters: "Statements.ConsumeDedup",
 		Description: "the consumer applies its business effect for every delivery, without its dedup row",
 		apply:       func(p *protocol.Protocol) { p.SQL.ConsumeDedup = "" }},
+	{Name: "local_commit_taken_for_sync", Rule: 11, Catchers: []string{"H"}, Alters: "Protocol.DurabilityMode",
+		Description: "any synchronous_commit level but off is taken for a synchronous one: with standby names set and synchronous_commit = local the worker declares sync (blind bug hunt round 4, #08)",
+		apply: func(p *protocol.Protocol) {
+			p.DurabilityMode = func(level, names string, standbys int) string {
+				switch {
+				case names != "" && level != "off":
+					return "sync"
+				case names != "" || standbys > 0:
+					return "async"
+				}
+				return "none"
+			}
+		}},
 	{Name: "assumes_sync_replication", Rule: 11, Catchers: []string{"H"}, Alters: "Protocol.DurabilityMode",
 		Description: "the worker declares the synchronous guarantee without reading the settings",
 		apply:       func(p *protocol.Protocol) { p.DurabilityMode = func(string, string, int) string { return "sync" } }},
