@@ -46,6 +46,7 @@ RELAY_ROUNDS = 10
 
 def run(ctx: ExperimentContext) -> None:
     t2 = ctx.env.other_tenant_id
+    made = _db_now(ctx, "database time before the eligible tasks are made")
     eligible = [new_run(ctx, tool="plain") for _ in range(2)]
     live = new_run(ctx, tool="plain")
     tasks = {r: _task_of(ctx, r) for r in (*eligible, live)}
@@ -97,6 +98,7 @@ def run(ctx: ExperimentContext) -> None:
         [],
         what="tasks purged with a retention of an hour",
     )
+    middle = _purge_between_made_and_ended(ctx, ctl, made, eligible, args)
     second = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=0, limit=1, **args))
     ctx.invariant(
         "a purge takes at most its limit, and only eligible tasks",
@@ -130,7 +132,13 @@ def run(ctx: ExperimentContext) -> None:
         "SELECT action, ticket, (before->>'tasks')::int AS tasks FROM "
         "fencecheck_model.operator_actions WHERE action = 'purge' ORDER BY id",
     )
-    counts = [len(first), len(second), *([len(third)] if third is not None else []), len(fourth)]
+    counts = [
+        len(first),
+        *([len(middle)] if middle is not None else []),
+        len(second),
+        *([len(third)] if third is not None else []),
+        len(fourth),
+    ]
     ctx.equal(
         "each purge audited with the number of tasks it purged",
         [(a["action"], a["ticket"], a["tasks"]) for a in actions],
@@ -293,6 +301,50 @@ def _relay_all(ctx: ExperimentContext, name: str, tenant_id: str | None) -> None
 
 def _purged(ctx: ExperimentContext, result: dict[str, Any]) -> list[str]:
     return [str(t) for t in result.get("purged_tasks") or []]
+
+
+def _db_now(ctx: ExperimentContext, label: str) -> float:
+    return float(ctx.sql(label, "SELECT extract(epoch FROM clock_timestamp()) AS now")[0]["now"])
+
+
+def _purge_between_made_and_ended(
+    ctx: ExperimentContext,
+    ctl: WorkerProcess,
+    made: float,
+    eligible: list[str],
+    args: dict[str, Any],
+) -> list[str] | None:
+    """A purge whose cut-off falls after the eligible tasks were made and
+    before their runs ended: they ended within the retention, so nothing
+    goes (blind bug hunt round 4, #07: a cut-off judged by when a run was
+    created purged them). None when the gap is too short to place it."""
+    ended = max(
+        float(r["ended"])
+        for r in ctx.sql(
+            "when the eligible runs ended (updated_at)",
+            "SELECT extract(epoch FROM updated_at) AS ended FROM fencecheck_model.agent_runs "
+            "WHERE run_id = ANY(%s)",
+            [eligible],
+        )
+    )
+    now = _db_now(ctx, "database time before the purge between")
+    if ended - made < 0.2:  # no room for a cut-off between them
+        ctx.not_judged(
+            "nothing that ended within the retention is purged, however old",
+            expected="a cut-off between the eligible tasks' making and their end",
+            observed=f"made and ended {ended - made:.3f}s apart",
+        )
+        return None
+    older_than_ms = int(((now - made) + (now - ended)) / 2 * 1000)
+    middle = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=older_than_ms, limit=100, **args))
+    ctx.equal(
+        "nothing that ended within the retention is purged, however old",
+        middle,
+        [],
+        what=f"tasks purged with a cut-off {older_than_ms} ms back (the eligible tasks were "
+        f"made {int((now - made) * 1000)} ms and ended {int((now - ended) * 1000)} ms back)",
+    )
+    return middle
 
 
 def _task_of(ctx: ExperimentContext, run_id: str) -> str:

@@ -295,4 +295,12 @@ MUTANTS = (
         "is planned again with the refused request",
         SqlOverlay("supplement_dropped.sql", "fencecheck.operator_decide"),
     ),
+    Mutant(
+        "purge_cutoff_by_creation",
+        10,
+        ("V",),
+        "the retention purge judges a task's age by when its runs were created, not when they "
+        "ended: a task made long ago whose run just finished is purged inside the retention",
+        SqlOverlay("purge_cutoff_by_creation.sql", "fencecheck.operator_purge"),
+    ),
 )
