@@ -52,7 +52,8 @@ SPEC = ExperimentSpec(
     "(heartbeat parameters); Chinese seed §5",
     invariant="a worker whose lease TTL, heartbeat interval, renewal timeout or dispatch "
     "claim is not a positive number of milliseconds, whose heartbeat is not shorter than its lease, or "
-    "whose durability requirement is unknown or above the deployment's, exits non-zero "
+    "whose durability requirement is unknown or above the deployment's, or whose tenant is "
+    "not its login role's binding, exits non-zero "
     "without changing anything; a "
     "worker with sound settings then claims and finishes the same run",
     fault="one run --once worker per forbidden setting, each with a claimable run of its own",
@@ -70,7 +71,18 @@ def run(ctx: ExperimentContext) -> None:
     start = checkers.audit_mark(ctx)
     outcomes: list[tuple[str, str, str, int]] = []
     claimable: list[str] = []
-    for n, (what, env) in enumerate(FORBIDDEN, 1):
+    # The worker acts for one tenant and its login role is bound to another:
+    # it would work the bound tenant's runs under the other's name (operation
+    # ids, payloads), so it must not start (blind bug hunt round 4, #10: a
+    # binding checked for existence, not equality).
+    forbidden: tuple[tuple[str, dict[str, str | None]], ...] = (
+        *FORBIDDEN,
+        (
+            "a tenant other than its login role's binding",
+            {"FENCECHECK_TENANT": ctx.env.other_tenant_id},
+        ),
+    )
+    for n, (what, env) in enumerate(forbidden, 1):
         name, run_id = f"X{n}", new_run(ctx)
         row = checkers.run_row(ctx, run_id, f"run for {what}, before its worker")
         if row["status"] == "queued" and row["owner"] is None:
@@ -79,8 +91,8 @@ def run(ctx: ExperimentContext) -> None:
         outcomes.append((what, name, run_id, finish(ctx, worker)))
     ctx.fault(
         "each refused worker was handed a claimable run",
-        len(claimable) == len(FORBIDDEN),
-        expected=f"{len(FORBIDDEN)} runs, each queued with no owner when its worker started",
+        len(claimable) == len(forbidden),
+        expected=f"{len(forbidden)} runs, each queued with no owner when its worker started",
         observed=f"{len(claimable)} were: {claimable}",
     )
     for what, name, _run_id, code in outcomes:
