@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from harness.engine.experiment import ExperimentContext
+from harness.engine.experiment import ExperimentContext, Inconclusive
 from harness.explore.schedule import ANY, TOOL_MODES_WITH_MS, Fault, Schedule
 from harness.explore.workload import Workload
 from harness.parts.control import ANY_WORKER, Continue, ControlError, Crash, Hit, Hold
@@ -173,11 +173,14 @@ class Nemesis:
         )
         self.stop.wait(f.duration_ms / 1000)
         if proc in self._paused:
-            with contextlib.suppress(ProcessError):
+            try:
                 self.ctx.resume(proc)
+                effect.evidence += f"; SIGCONT after {f.duration_ms}ms"
+            except (ProcessError, Inconclusive) as exc:
+                # Another fault of the schedule killed it while stopped.
+                effect.evidence += f"; no SIGCONT after {f.duration_ms}ms: {exc}"
             with contextlib.suppress(ValueError):
                 self._paused.remove(proc)
-            effect.evidence += f"; SIGCONT after {f.duration_ms}ms"
 
     # ------------------------------------------------------------ timed steps
     def steps(self) -> list[Step]:

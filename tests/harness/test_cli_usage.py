@@ -45,6 +45,7 @@ def _script(path: Path, body: str, mode: int = 0o755) -> Path:
         (["run", "--repeat", "0"], ["--repeat", "expected 1 or more, got 0"]),
         (["run", "--repeat", "x"], ["--repeat", "expected a whole number"]),
         (["run", "--jobs", "0"], ["--jobs", "expected 1 or more"]),
+        (["run", "--retry-unknown", "-1"], ["--retry-unknown", "expected 0 or more, got -1"]),
         (["run", "--seed", "abc"], ["--seed", "expected a whole number such as 7, got 'abc'"]),
         (["run", "--backend", "foo"], ["--backend", "invalid choice: 'foo'"]),
         (["run", "--bogus"], ["unrecognized arguments: --bogus"]),
