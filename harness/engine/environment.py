@@ -911,6 +911,9 @@ def experiment_environment(
                 db = primary.create_database(template=shared.template, prefix=name.lower())
             if not shared.settings.keep:  # kept databases are listed by `run --keep`
                 stack.callback(_drop_database, primary, db.name)
+        for server in (primary, standby):
+            if server is not None:
+                _watch_backends(stack, server, db.name, name)
         toxi = shared.toxiproxy
         links: dict[str, Link] = {}
 
@@ -1034,6 +1037,19 @@ def _delete_link(toxi: ToxiproxyServer, name: str) -> None:
 def _remove_links(toxi: ToxiproxyServer, names: list[str]) -> None:
     for name in names:
         _delete_link(toxi, name)
+
+
+def _watch_backends(
+    stack: contextlib.ExitStack, server: PostgresCluster, database: str, name: str
+) -> None:
+    """Measure the CPU starvation of the backends ``server`` forks for the
+    experiment's database (harness/engine/starvation.py): a local server's
+    only; a container's processes are in another pid namespace."""
+    if server.process is None or server.process.poll() is not None:
+        return
+    postmaster = server.process.pid
+    starvation.monitor().watch_backends(postmaster, database, name, {server.superuser})
+    stack.callback(starvation.monitor().forget_backends, postmaster, database)
 
 
 def _replicated_pair(

@@ -365,12 +365,13 @@ def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
     (the renewal timeout, the lease slack, the dispatch deadline), or a
     process of this experiment whose thread waited for a CPU for at least
     half that timer: long enough that a correct worker's timer could fire.
-    Both are the harness's own measurements. The harness's stall stands for
-    the machine's, and so for what is not sampled: the database backends
-    serving the workers. (A successor's 300 ms renewal timed out inside a
-    0.56 s stall, under the lease slack of 0.65 s that was the limit here,
-    with no worker thread starved, and S[pg_blackhole] failed the correct Go
-    worker under six CPU hogs.)"""
+    Both are the harness's own measurements. "A process of this experiment"
+    includes the database backends serving its workers (a renewal is a
+    statement a backend must run): until they were watched, the harness's
+    stall stood for them, and a successor's 300 ms renewal that timed out
+    inside a 0.56 s stall, under the 0.65 s limit, with no worker thread
+    starved, failed the correct Go worker in S[pg_blackhole] under six CPU
+    hogs."""
     harness_limit = min(
         stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms),
         env.heartbeat_timeout_ms / 1000,

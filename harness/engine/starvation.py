@@ -12,6 +12,15 @@ half of a sampling interval in a row; a process stopped by SIGSTOP or
 blocked on I/O waits on no run queue, so a fault the harness injected never
 reads as starvation.
 
+The database backends serving an experiment are watched too
+(:meth:`StarvationMonitor.watch_backends`): a worker's renewal is a
+statement its backend must run, so a backend starved of CPU times out a
+correct worker as surely as its own thread would. The server forks one
+backend per connection and names it in its process title (``postgres:
+USER DATABASE HOST(PORT) STATE``); the monitor lists the postmaster's
+children every tick and watches those whose title names a watched
+database, under the experiment's name.
+
 Episodes are evidence of timing, measured by the harness itself: an unmet
 progress check whose window saw one long enough to fire a protocol timer is
 *unknown* naming it (harness/engine/experiment.py), never *fail*.
@@ -23,12 +32,17 @@ import datetime as dt
 import os
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 TICK_S = 0.05
 # A sample counts as starved when one thread waited this share of it.
 STARVED_SHARE = 0.5
 MAX_KEPT = 20_000
+# A forked backend keeps the postmaster's title until it has read the
+# client's startup packet: it is looked at again for this many ticks.
+UNTITLED_TICKS = 100
+TITLE_PREFIX = "postgres: "
 
 
 @dataclass(frozen=True)
@@ -71,6 +85,72 @@ def _thread_delays(pid: int) -> dict[int, int] | None:
     return delays
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children", "rb") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _title(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def backend_of(title: str) -> tuple[str, str] | None:
+    """(user, database) of a client backend's process title, or None for any
+    other title (the postmaster's own, a background process, a walsender)."""
+    if not title.startswith(TITLE_PREFIX):
+        return None
+    words = title[len(TITLE_PREFIX) :].split()
+    if len(words) < 3 or "(" not in words[2] or words[0] == "walsender":
+        return None
+    return words[0], words[1]
+
+
+@dataclass
+class _Server:
+    """A postmaster whose client backends on some databases are watched."""
+
+    postmaster: int
+    databases: dict[str, str]  # database -> the experiment's name
+    skip_users: frozenset[str]
+    settled: set[int]  # children already watched or known not to be ours
+    untitled: dict[int, int]  # child -> ticks seen without a backend's title
+
+    def scan(self) -> list[tuple[int, str]]:
+        """The new children to watch, with their names."""
+        found: list[tuple[int, str]] = []
+        children = _children(self.postmaster)
+        alive = set(children)
+        self.settled &= alive
+        self.untitled = {c: n for c, n in self.untitled.items() if c in alive}
+        for child in children:
+            if child in self.settled:
+                continue
+            title = _title(child)
+            backend = backend_of(title) if title is not None else None
+            if backend is None and not (title or "").startswith(TITLE_PREFIX):
+                # Still the postmaster's title: looked at again next tick.
+                self.untitled[child] = self.untitled.get(child, 0) + 1
+                if self.untitled[child] < UNTITLED_TICKS:
+                    continue
+            self.settled.add(child)
+            self.untitled.pop(child, None)
+            if backend is None:
+                continue  # a background process, a walsender
+            user, database = backend
+            name = self.databases.get(database)
+            if name is not None and user not in self.skip_users:
+                found.append((child, f"{name}/backend {user}"))
+        return found
+
+
 @dataclass
 class _Watched:
     name: str
@@ -87,6 +167,7 @@ class StarvationMonitor:
         self.tick_s = tick_s
         self._watched: dict[int, _Watched] = {}
         self._episodes: list[Starvation] = []
+        self._servers: dict[int, _Server] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.available = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat")
@@ -103,11 +184,43 @@ class StarvationMonitor:
             return
         with self._lock:
             self._watched[pid] = _Watched(name, pid, first)
-            if self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._run, name="starvation-monitor", daemon=True
-                )
-                self._thread.start()
+            self._ensure_thread()
+
+    def watch_backends(
+        self, postmaster: int, database: str, name: str, skip_users: Iterable[str] = ()
+    ) -> None:
+        """Watch, as ``NAME/backend USER``, every client backend the server
+        ``postmaster`` forks for ``database`` from now until
+        :meth:`forget_backends` (``skip_users``: the harness's own sessions)."""
+        if not self.available or not os.path.exists(
+            f"/proc/{postmaster}/task/{postmaster}/children"
+        ):
+            return
+        with self._lock:
+            server = self._servers.get(postmaster)
+            if server is None:
+                server = _Server(postmaster, {}, frozenset(skip_users), set(), {})
+                self._servers[postmaster] = server
+            server.databases[database] = name
+            self._ensure_thread()
+
+    def forget_backends(self, postmaster: int, database: str) -> None:
+        """Stop watching new backends of ``database`` (those watched stay
+        watched until they exit)."""
+        with self._lock:
+            server = self._servers.get(postmaster)
+            if server is None:
+                return
+            server.databases.pop(database, None)
+            if not server.databases:
+                del self._servers[postmaster]
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name="starvation-monitor", daemon=True
+            )
+            self._thread.start()
 
     def episodes(self, since: float, until: float) -> list[Starvation]:
         """Episodes overlapping the wall-clock window [since, until] (one still
@@ -130,12 +243,23 @@ class StarvationMonitor:
             interval = now_mono - last
             last = now_mono
             with self._lock:
-                watched = list(self._watched.values())
-                if not watched:
+                if not self._watched and not self._servers:
                     self._thread = None
                     return
+                # Under the lock: forget_backends changes the databases.
+                found = [f for server in self._servers.values() for f in server.scan()]
+            for pid, name in found:
+                self._watch_found(pid, name)
+            with self._lock:
+                watched = list(self._watched.values())
             for w in watched:
                 self._sample(w, interval)
+
+    def _watch_found(self, pid: int, name: str) -> None:
+        first = _thread_delays(pid)
+        if first is not None:
+            with self._lock:
+                self._watched.setdefault(pid, _Watched(name, pid, first))
 
     def _sample(self, w: _Watched, interval: float) -> None:
         now = time.time()

@@ -18,6 +18,7 @@ import pytest
 from harness.engine import starvation
 from harness.engine.experiment import Bound, ExperimentContext, ExperimentSpec
 from harness.engine.runner import bound_excuse
+from harness.parts.postgres import PostgresCluster
 from harness.verdict import Verdict
 
 SPEC = ExperimentSpec(id="X", title="x", seed_section="-", invariant="-", fault="-", rules=(1,))
@@ -73,9 +74,13 @@ def test_met_progress_passes_and_the_window_is_asked_for_unmet_ones_only() -> No
     assert asked and asked[0][0] == t0
 
 
-def _pinned(code: str, cpu: int) -> subprocess.Popen[bytes]:
+def _pinned(code: str, cpu: int, own_session: bool = False) -> subprocess.Popen[bytes]:
+    """``code`` run pinned to ``cpu``; in a session of its own when the
+    process it competes with is (the kernel shares a CPU between sessions'
+    autogroups first)."""
     return subprocess.Popen(
-        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}}); exec({code!r})"]
+        [sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{cpu}}}); exec({code!r})"],
+        start_new_session=own_session,
     )
 
 
@@ -218,3 +223,69 @@ def test_a_setup_op_refused_for_no_timing_reason_is_unmet_progress(
     assert (got, harness_error) == (verdict, None), reason
     if verdict is Verdict.FAIL:
         assert "ctl carried out 'create_run'" in reason
+
+
+def test_a_backend_title_names_its_user_and_database() -> None:
+    assert starvation.backend_of("postgres: worker_a fc_b_1 127.0.0.1(4242) idle") == (
+        "worker_a",
+        "fc_b_1",
+    )
+    for other in (
+        "postgres: checkpointer",
+        "postgres: autovacuum worker fc_b_1",
+        "postgres: walsender rep 127.0.0.1(4242) streaming 0/3000060",
+        "/usr/lib/postgresql/16/bin/postgres -D /tmp/pg -p 5432 -k",
+    ):
+        assert starvation.backend_of(other) is None, other
+
+
+@pytest.mark.skipif(not starvation.monitor().available, reason="no schedstat in /proc")
+def test_the_backends_serving_an_experiment_are_watched_and_their_starvation_measured(
+    pg_cluster: PostgresCluster,
+) -> None:
+    """A worker's renewal is a statement its backend must run: the backend
+    forked for the experiment's database (not the harness's superuser
+    session, not another database's) is found by its process title and its
+    wait for a CPU measured under the experiment's name."""
+    db = pg_cluster.create_database(prefix="starved")
+    other = pg_cluster.create_database(prefix="bystander")
+    role = f"starved_{os.getpid()}"
+    pg_cluster.execute(f"CREATE ROLE {role} LOGIN")
+    assert pg_cluster.process is not None
+    postmaster = pg_cluster.process.pid
+    monitor = starvation.StarvationMonitor()
+    monitor.watch_backends(postmaster, db.name, "X", {pg_cluster.superuser})
+    cpu = sorted(os.sched_getaffinity(0))[-1]
+    # The server runs in a session of its own: so does each hog.
+    hogs = [_pinned("while True: pass", cpu, own_session=True) for _ in range(2)]
+    time.sleep(0.3)  # the hogs pinned
+    try:
+        with (
+            pg_cluster.connect(db.name, user=role) as conn,
+            pg_cluster.connect(other.name, user=role) as bystander,
+            pg_cluster.connect(db.name) as harness_session,
+        ):
+            pids = {
+                c: c.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
+                for c in (conn, bystander, harness_session)
+            }
+            os.sched_setaffinity(pids[conn], {cpu})
+            since = time.time()
+            # Spins in the backend on the hogs' CPU for about 1.5 s.
+            conn.execute(
+                "DO $$ BEGIN PERFORM pg_sleep(0); "
+                "WHILE clock_timestamp() < now() + interval '1.5 s' LOOP END LOOP; END $$"
+            )
+            found = monitor.episodes(since, time.time())
+            watched = {w.pid: w.name for w in monitor._watched.values()}
+    finally:
+        for p in hogs:
+            p.kill()
+            p.wait()
+        monitor.forget_backends(postmaster, db.name)
+        pg_cluster.execute(f"DROP ROLE {role}")
+    assert watched.get(pids[conn]) == f"X/backend {role}", watched
+    assert pids[bystander] not in watched and pids[harness_session] not in watched
+    waited = sum(e.waited_s for e in found if e.pid == pids[conn])
+    # Three spinners on one CPU: the backend waits about two thirds of the time.
+    assert waited >= 0.5, found
