@@ -446,6 +446,10 @@ class Reconciler:
                 {"resource_id": found.resource_id, "resource_ids": list(found.resource_ids)},
                 {"source": "query", "count": len(found.resource_ids)},
             )
+            # One statement (fencecheck.ledger_converge) converged the operation
+            # and queued a run paused in doubt with nothing else in doubt: a
+            # crash here leaves both done.
+            injection.point("after_reconcile_converge", run_id=row["run_id"], operation_id=op_id)
             outcome_committed(row["run_id"], op_id)
             return {"operation_id": op_id, "from": "unknown", "to": status}
         # Not found is no proof of "not executed": a dispatcher whose claim

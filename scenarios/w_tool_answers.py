@@ -27,6 +27,11 @@ answers a worker must handle"):
   of the same tenant stays paused in doubt with its own unknown operation (a
   tool with neither query nor key, its answer lost): another run's doubt
   must neither block this run's resumption nor be touched.
+* ``crash_mid_converge``: the same, but the first reconciler is killed
+  between the convergence and the run's return to the queue
+  (``after_reconcile_converge``). Both halves or neither may be left; a run
+  paused in doubt with nothing in doubt is one nobody resumes. Another
+  reconciler's cycle must then find the run queued or resume it.
 * ``converged_before_freeze``: the same late request, but the worker is held
   after its query found nothing (``after_reconcile_query``) while another
   reconciler's cycle finds the resource and converges the operation. The
@@ -46,7 +51,7 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Hold
+from harness.parts.control import Crash, Hold
 from scenarios.common import (
     control_plane,
     finish,
@@ -65,6 +70,7 @@ LATE_MS = 900
 # sees it; the worker's timeout, its query and its freeze come before that.
 ARRIVE_LATE_MS = 1500
 FOUND_AFTER_FREEZE = "found_after_freeze"
+CRASH_MID_CONVERGE = "crash_mid_converge"
 CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
 
 
@@ -123,27 +129,29 @@ SPEC = ExperimentSpec(
     "in doubt, or while the worker is held after its empty query as another reconciler "
     "converges the operation",
     rules=(4, 5),
-    variants=(*ANSWERS, FOUND_AFTER_FREEZE, CONVERGED_BEFORE_FREEZE),
+    variants=(*ANSWERS, FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE, CONVERGED_BEFORE_FREEZE),
     needs=(
         *needs.capabilities("workflow", "ledger"),
         *(needs.capability(f"ledger_tool:{CAPABILITY[a.tool]}", v) for v, a in ANSWERS.items()),
-        needs.capability("ledger_tool:query", FOUND_AFTER_FREEZE),
-        needs.capability("ledger_tool:none", FOUND_AFTER_FREEZE),
+        needs.capability("ledger_tool:query", FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE),
+        needs.capability("ledger_tool:none", FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE),
+        needs.point("after_reconcile_converge", CRASH_MID_CONVERGE),
         needs.capability("ledger_tool:query", CONVERGED_BEFORE_FREEZE),
         needs.point("after_reconcile_query", CONVERGED_BEFORE_FREEZE),
-        needs.op("reconcile", FOUND_AFTER_FREEZE, CONVERGED_BEFORE_FREEZE),
+        needs.op("reconcile", FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE, CONVERGED_BEFORE_FREEZE),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
         (FOUND_AFTER_FREEZE, ARRIVE_LATE_MS / 1000),
+        (CRASH_MID_CONVERGE, ARRIVE_LATE_MS / 1000),
         (CONVERGED_BEFORE_FREEZE, ARRIVE_LATE_MS / 1000),
     ),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
-    if ctx.variant == FOUND_AFTER_FREEZE:
-        _found_after_freeze(ctx)
+    if ctx.variant in (FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE):
+        _found_after_freeze(ctx, crash_mid_converge=ctx.variant == CRASH_MID_CONVERGE)
         return
     if ctx.variant == CONVERGED_BEFORE_FREEZE:
         _converged_before_freeze(ctx)
@@ -256,10 +264,11 @@ def _judge_the_answer(
         )
 
 
-def _found_after_freeze(ctx: ExperimentContext) -> None:
+def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False) -> None:
     """The reconciler learns the remote fact of a run already paused in doubt:
     the operation converges and the run resumes in one transaction, whatever
-    another run of the tenant has in doubt."""
+    another run of the tenant has in doubt (and whatever a reconciler killed
+    between the two halves left)."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
     bystander = new_run(ctx, tool="plain")
@@ -321,6 +330,8 @@ def _found_after_freeze(ctx: ExperimentContext) -> None:
         return
     resources = checkers.tool_resources(ctx, run_id=run_id)
     remote = resources[0]["resource_id"] if len(resources) == 1 else None
+    if crash_mid_converge:
+        _reconciler_killed_mid_converge(ctx, run_id, remote)
     ctl = control_plane(ctx)
     # The contract's paused_indoubt -> queued when the reconciler learnt the
     # remote fact; another run's doubt is no reason to stay.
@@ -351,6 +362,47 @@ def _found_after_freeze(ctx: ExperimentContext) -> None:
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id, bystander])
     checkers.lease_history_is_sound(ctx, [run_id, bystander])
+
+
+def _reconciler_killed_mid_converge(
+    ctx: ExperimentContext, run_id: str, remote: str | None
+) -> None:
+    """A reconciler killed at ``after_reconcile_converge`` (its convergence
+    written, the run not yet queued) leaves both halves or neither: judged
+    from the database right after its death."""
+    ctx.arm("R", "after_reconcile_converge", Crash())
+    reconciler = ctx.env.start_worker("R", "ops")
+    pending = ctx.op_async(reconciler, "reconcile", {})
+    seen_within(
+        lambda: not reconciler.is_alive() or pending.done(),
+        what="R to die at after_reconcile_converge or answer reconcile",
+        timeout_s=15,
+    )
+    if reconciler.is_alive():
+        reconciler.stop(grace_s=1.0)
+    code = reconciler.wait(1.0)
+    hits = [
+        h
+        for h in ctx.env.control.hits()
+        if h.worker == "R" and h.point == "after_reconcile_converge" and h.run_id in (None, run_id)
+    ]
+    ctx.fault(
+        "the reconciler was killed between the convergence and the run's return to the queue",
+        bool(hits) and code == -9,
+        expected="R reached after_reconcile_converge for the run and died by SIGKILL (exit -9)",
+        observed=f"R's hits at the point: {len(hits)}; exit {code}",
+    )
+    row = checkers.run_row(ctx, run_id, "the run after the reconciler's death")
+    ops = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
+    neither = row["status"] == "paused_indoubt" and [st for st, _ in ops] == ["unknown"]
+    both = row["status"] == "queued" and ops == [("succeeded", remote)]
+    ctx.invariant(
+        "a reconciler killed mid-convergence leaves both halves or neither",
+        neither or both,
+        expected="run paused_indoubt with its operation unknown (rolled back), or run queued "
+        f"with its operation succeeded with {remote} (one statement)",
+        observed=f"run {row['status']}; ledger {ops}",
+    )
 
 
 def _converged_before_freeze(ctx: ExperimentContext) -> None:

@@ -84,7 +84,7 @@ POINTS = {
         "after_dispatch_claim_commit",
         "after_tool_response_before_tx2_commit",
     ),
-    "L": ("after_dispatch_outcome_commit", "after_reconcile_query"),
+    "L": ("after_dispatch_outcome_commit", "after_reconcile_query", "after_reconcile_converge"),
 }
 #: Points the check does not pass, with what it would take.
 POINTS_NOT_EXERCISED = {

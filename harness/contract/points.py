@@ -43,5 +43,5 @@ BOUNDARY = frozenset(
         "after_consumer_dedup_commit",
     }
 )
-OPTIONAL = frozenset({"after_operator_lock"} | (BOUNDARY - REQUIRED))
+OPTIONAL = frozenset({"after_operator_lock", "after_reconcile_converge"} | (BOUNDARY - REQUIRED))
 ALL = REQUIRED | BOUNDARY | OPTIONAL

@@ -75,6 +75,9 @@ DROP TRIGGER agent_checkpoints_guard ON public.agent_checkpoints`},
 		apply: func(p *protocol.Protocol) {
 			replace(&p.SQL.FreezeLedger, " AND status IN ('unknown', 'dispatching')", "")
 		}},
+	{Name: "converge_resume_apart", Rule: 4, Catchers: []string{"W"}, Alters: "Protocol.ConvergeApart",
+		Description: "the reconciler converges an operation learnt by query and queues its run paused in doubt in two statements, each committed alone: one that dies between them leaves the run paused in doubt with nothing in doubt, which nobody resumes (blind bug hunt round 4, #13)",
+		apply:       func(p *protocol.Protocol) { p.ConvergeApart = true }},
 	{Name: "consumer_past_before_apply", Rule: 10, Catchers: []string{"L"}, Alters: "Protocol.ConsumerPastBeforeApply",
 		Description: "the consumer moves its read position past each message before applying it (this worker until 2026-12-02): an apply that fails (its database lost mid-batch) loses that message for good, though the process lives on",
 		apply:       func(p *protocol.Protocol) { p.ConsumerPastBeforeApply = true }},

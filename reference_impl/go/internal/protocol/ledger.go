@@ -341,13 +341,15 @@ func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (
 			if err != nil {
 				return err
 			}
+			// Between the two halves: a crash here must leave both or neither.
+			injection.Point("after_reconcile_converge", u.RunID, nil, nil, u.OperationID)
 			// Nothing of a run paused in doubt left in doubt: back to the queue.
 			_, err = q.Exec(ctx, r.D.P.SQL.ResumeRun, u.OperationID)
 			return err
 		}
 		// One transaction: a crash between the two statements must not leave a
 		// run paused in doubt with nothing in doubt (nobody would resume it).
-		if db, ok := q.(DB); ok {
+		if db, ok := q.(DB); ok && !r.D.P.ConvergeApart {
 			err = pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error { return converge(tx) })
 		} else {
 			err = converge(q) // already inside the caller's transaction

@@ -30,6 +30,9 @@ type Protocol struct {
 	// message before applying it (only a mutant sets it; this worker did so
 	// until L[apply_fails] showed a failed apply losing its message).
 	ConsumerPastBeforeApply bool
+	// ConvergeApart writes the reconciler's convergence and the paused run's
+	// return to the queue as two statements, each committed alone.
+	ConvergeApart bool
 	// OnRenewUnconfirmed is what the heartbeat does with an unconfirmed
 	// renewal: cancel the execution with its cause (rule 8).
 	OnRenewUnconfirmed func(cancel context.CancelCauseFunc, cause error)
