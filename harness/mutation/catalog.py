@@ -135,8 +135,10 @@ def select(
         chosen = [m for m in mutants if m.id in picked]
     if language is not None:
         chosen = [m for m in chosen if m.language == language]
-    if sample is not None and sample < len(chosen):
-        chosen = stratified_sample(chosen, sample, seed)
+    if sample is not None:
+        # A sample of the whole selection is all of it, still in the seeded
+        # order, so that a --budget that runs out leaves a random part unrun.
+        chosen = stratified_sample(chosen, min(sample, len(chosen)), seed)
     return chosen
 
 

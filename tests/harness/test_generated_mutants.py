@@ -186,6 +186,17 @@ def test_a_sample_is_proportional_to_every_file_and_operator_and_shuffled() -> N
     assert sample == catalog.select(mutants, sample=150, seed=12)
 
 
+def test_a_sample_of_the_whole_selection_is_all_of_it_in_the_seeded_order() -> None:
+    """`--sample <all> --seed S` runs the whole set in a random order, so a
+    shard cut short by its --budget leaves a random part unrun, not the last
+    files (until 2026-12-03 a sample as large as the set kept file order)."""
+    mutants = catalog.select(catalog.generate(REPO), language="python")
+    whole = catalog.select(mutants, sample=len(mutants), seed=21)
+    assert sorted(m.id for m in whole) == sorted(m.id for m in mutants)
+    assert [m.id for m in whole] != [m.id for m in mutants]
+    assert catalog.select(mutants, sample=len(mutants) + 5, seed=21) == whole
+
+
 def test_the_repositorys_triage_file_is_valid_and_current() -> None:
     judged = triage.load(TRIAGE_FILE)
     assert judged.equivalent, "the triage file lists no equivalent mutant"
