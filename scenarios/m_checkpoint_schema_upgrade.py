@@ -22,6 +22,7 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.parts.processes import WorkerProcess
 from scenarios.common import finish, new_run, wait_claimable
 
 SPEC = ExperimentSpec(
@@ -125,7 +126,7 @@ def run(ctx: ExperimentContext) -> None:
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
     lease = ctx.ok(a, "claim", run_id=run_id)
-    ctx.ok(
+    written = ctx.ok(
         a,
         "save_checkpoint",
         run_id=run_id,
@@ -133,6 +134,8 @@ def run(ctx: ExperimentContext) -> None:
         expected_revision=lease["revision"],
         state={"step": "plan"},
     )
+    if not old:
+        _declared_version_kept(ctx, a, run_id, lease["epoch"], int(written["revision"]))
     keep: dict[str, object] = {}
     sample: dict[str, object] = {"cursor": 7, "step": "lookup", "total": 42}
     if old:
@@ -208,6 +211,35 @@ def run(ctx: ExperimentContext) -> None:
             what=f"tool requests for the run ({told})",
         )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _declared_version_kept(
+    ctx: ExperimentContext, a: WorkerProcess, run_id: str, epoch: int, revision: int
+) -> None:
+    """A checkpoint declared in schema_version 0 (below the contract's minimum
+    of 1: a version no code writes) is refused, or stored as declared; never
+    under another version. A worker that takes a falsy version for "none
+    given" and stores its current one would later parse, as its own format,
+    a state nobody checked against it."""
+    before = {c["revision"] for c in checkers.checkpoints(ctx, run_id)}
+    reply = ctx.op(
+        a,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch,
+        expected_revision=revision,
+        state={"step": "plan", "declared_version": 0},
+        schema_version=0,
+    )
+    new = [c for c in checkers.checkpoints(ctx, run_id) if c["revision"] not in before]
+    ctx.invariant(
+        "a checkpoint is stored in the schema version it declares, or refused",
+        all(c["schema_version"] == 0 for c in new),
+        expected="save_checkpoint declaring schema_version 0: refused, or stored with "
+        "schema_version 0",
+        observed=f"reply {'ok' if reply.ok else reply.error}; new checkpoints (revision, "
+        f"schema_version) {[(c['revision'], c['schema_version']) for c in new]}",
+    )
 
 
 #: A value of another JSON type for each type a sample field may hold: a list
