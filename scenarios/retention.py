@@ -15,7 +15,8 @@ harness reads itself and the archive file the worker wrote:
 * purged are exactly the eligible tasks, each with every row of its runs,
   checkpoints, operations and outbox (none left behind);
 * the archive holds, per task purged with one, exactly the rows the harness read
-  before the purge;
+  before the purge, and a purge whose archive cannot be written deletes
+  nothing;
 * every other task's rows, including the other tenant's, are unchanged;
 * each purge call is audited with the number of tasks it purged, and one
   with arguments out of bounds (a negative retention, a limit of 0) is
@@ -99,6 +100,7 @@ def run(ctx: ExperimentContext) -> None:
         what="tasks purged with a retention of an hour",
     )
     middle = _purge_between_made_and_ended(ctx, ctl, made, eligible, args)
+    _purge_without_room_for_its_archive(ctx, ctl, [tasks[r] for r in eligible], args)
     second = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=0, limit=1, **args))
     ctx.invariant(
         "a purge takes at most its limit, and only eligible tasks",
@@ -345,6 +347,37 @@ def _purge_between_made_and_ended(
         f"made {int((now - made) * 1000)} ms and ended {int((now - ended) * 1000)} ms back)",
     )
     return middle
+
+
+def _purge_without_room_for_its_archive(
+    ctx: ExperimentContext, ctl: WorkerProcess, eligible: list[str], args: dict[str, Any]
+) -> None:
+    """A purge whose archive cannot be written (its path runs through a
+    regular file) deletes nothing: every row of a purged task is in the
+    archive before the deletion commits (blind bug hunt round 5, #09: an
+    archive written after the commit lost the tasks it failed to write)."""
+    blocker = ctx.env.log_dir / "purge-archive-blocked"
+    blocker.write_text("a regular file: no archive can be made below it\n")
+    archive = blocker / "archive.jsonl"
+    reply = ctx.op(ctl, "purge", older_than_ms=0, limit=100, **{**args, "archive": str(archive)})
+    left = sorted(
+        str(r["task_id"])
+        for r in ctx.sql(
+            "the eligible tasks after the purge whose archive cannot be written",
+            "SELECT task_id FROM fencecheck_model.agent_tasks WHERE task_id = ANY(%s) "
+            "AND tenant_id = %s",
+            [eligible, ctx.env.tenant_id],
+        )
+    )
+    ctx.invariant(
+        "a purge whose archive cannot be written deletes nothing",
+        left == sorted(eligible),
+        expected=f"the eligible tasks {sorted(eligible)} still there after a purge whose "
+        f"archive path {archive} runs through a regular file",
+        observed=f"left {left}; reply "
+        + (f"ok, purged {plain(reply.result.get('purged_tasks'))}" if reply.ok else
+           f"{reply.error}: {reply.message}"),
+    )  # fmt: skip
 
 
 def _task_of(ctx: ExperimentContext, run_id: str) -> str:
