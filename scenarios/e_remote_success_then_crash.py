@@ -16,6 +16,13 @@ its own clock without a renewal. A's heartbeat is parked between two renewals
 for as long (it can only wait), so only that deadline check stands between A
 and a stale send: its cancellation cannot win the race for it.
 
+Variant ``frozen_reconciler``: the same for a reconciler's same-key
+resend. A dies after its dispatch claim, before its call (so the query
+finds nothing); a reconciler R1 claims the operation in doubt for a resend and is frozen right after the claim, before its call; its
+claim expires, R2's cycle expires it and converges the operation with a
+resend of its own; then R1 resumes. R1 must not send: its claim expired by
+its own clock.
+
 Variant ``superseded_claim``: A holds the run's lease (its heartbeat renews
 it) and the tool's answer, held before recording it until its dispatch claim
 expires; the reconciler turns the claim unknown and converges the operation
@@ -39,7 +46,7 @@ from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconcl
 from harness.parts.control import Crash, Hit, Hold
 from harness.parts.processes import SignalRecord, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
-from scenarios.common import control_plane, finish, new_run, wait_claimable
+from scenarios.common import control_plane, finish, new_run, seen_within, wait_claimable
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
 # How long D1's request stays on the network in variant stale_dispatcher: past
@@ -68,7 +75,10 @@ SPEC = ExperimentSpec(
     needs=(
         *needs.capabilities("workflow", "ledger"),
         *(needs.capability(f"ledger_tool:{CAPABILITY[t]}", v) for v, t in TOOL_FOR.items()),
-        needs.capability("ledger_tool:idempotent", "stale_dispatcher", "frozen_dispatcher"),
+        needs.capability(
+            "ledger_tool:idempotent", "stale_dispatcher", "frozen_dispatcher", "frozen_reconciler"
+        ),
+        needs.op("reconcile", "frozen_reconciler"),
         needs.point(
             "after_tool_response_before_tx2_commit",
             "idempotent",
@@ -76,7 +86,12 @@ SPEC = ExperimentSpec(
             "none",
             "retention_expired",
         ),
-        needs.point("after_dispatch_claim_commit", "stale_dispatcher", "frozen_dispatcher"),
+        needs.point(
+            "after_dispatch_claim_commit",
+            "stale_dispatcher",
+            "frozen_dispatcher",
+            "frozen_reconciler",
+        ),
         needs.point("before_renew", "frozen_dispatcher", "frozen_before_claim"),
         needs.capability("ledger_tool:idempotent", "frozen_before_claim"),
         needs.point("after_outbound_intent_commit", "frozen_before_claim"),
@@ -89,6 +104,7 @@ SPEC = ExperimentSpec(
         "none",
         "stale_dispatcher",
         "frozen_dispatcher",
+        "frozen_reconciler",
         "frozen_before_claim",
         "retention_expired",
         "superseded_claim",
@@ -97,6 +113,7 @@ SPEC = ExperimentSpec(
     variant_waits=(("stale_dispatcher", ARRIVE_LATE_MS / 1000), ("retention_expired", 1.2)),
     variant_points=(
         ("frozen_dispatcher", "after_dispatch_claim_commit"),
+        ("frozen_reconciler", "after_dispatch_claim_commit"),
         ("frozen_before_claim", "after_outbound_intent_commit"),
     ),
     variant_faults=(
@@ -111,6 +128,12 @@ SPEC = ExperimentSpec(
             "SIGSTOP of A right after its dispatch claim commits, before its call, its "
             "heartbeat parked between two renewals; B takes over and converges the "
             "operation; then SIGCONT A",
+        ),
+        (
+            "frozen_reconciler",
+            "SIGKILL of A after its dispatch claim; SIGSTOP of reconciler R1 right after its "
+            "same-key resend's claim commits, before its call; R2 expires that claim and "
+            "converges the operation; then SIGCONT R1",
         ),
         (
             "frozen_before_claim",
@@ -130,6 +153,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "frozen_dispatcher":
         _frozen_dispatcher(ctx)
+        return
+    if variant == "frozen_reconciler":
+        _frozen_reconciler(ctx)
         return
     if variant == "frozen_before_claim":
         _frozen_before_claim(ctx)
@@ -443,6 +469,74 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         "succeeded",
         what=f"run status (B exit {code_b})",
     )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _frozen_reconciler(ctx: ExperimentContext) -> None:
+    """R1 frozen right after its same-key resend's claim, before its call;
+    resumed only after R2 expired that claim and converged the operation
+    with a resend of its own (blind bug hunt round 5, #14: a resend claim
+    without the dispatcher's own deadline sent once resumed)."""
+    point = "after_dispatch_claim_commit"
+    run_id = new_run(ctx, tool="idem")
+    # Killed before its call: the tool knows nothing, so the reconciler's query
+    # finds nothing and only a same-key resend can converge the operation.
+    ctx.arm("A", point, Crash())
+    code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
+    wait_claimable(ctx, run_id)  # A's claim expired by database time
+    ctx.arm("R1", point, Hold())
+    r1 = ctx.env.start_worker("R1", "ops")
+    pending = ctx.op_async(r1, "reconcile", {})
+    hit = ctx.reached("R1", point)
+    op_id = str(hit.operation_id)
+    claim_r1 = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), None)
+    stopped = ctx.pause(r1)
+    # The barrier's answer waits in R1's socket: R1 reads it the moment it runs.
+    ctx.release("R1", point)
+    wait_claimable(ctx, run_id)  # R1's claim expired by database time
+    ctx.ok(ctx.env.start_worker("R2", "ops"), "reconcile")
+    converged = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), None)
+    state_r1 = r1.kernel_state()
+    resumed = ctx.resume(r1)
+    answered = seen_within(
+        lambda: pending.done() or not r1.is_alive(),
+        what="R1 to answer its reconcile once resumed",
+        timeout_s=10,
+    )
+    if answered and pending.done():
+        pending.result(1.0)  # logged with the experiment's requests
+    ctx.fault(
+        "R1 was frozen between its resend's claim and its call while R2 expired the claim and "
+        "converged the operation",
+        stopped.state == "stopped"
+        and state_r1 == "stopped"
+        and claim_r1 is not None
+        and claim_r1["status"] == "dispatching"
+        and converged is not None
+        and converged["status"] == "succeeded"
+        and converged["revision"] > claim_r1["revision"],
+        expected="A killed after its claim (exit -9); R1 stopped in the kernel right after "
+        "its claim (dispatching), still stopped when R2 had converged the operation "
+        "(succeeded, a later ledger revision)",
+        observed=f"A exit {code_a}; R1 {stopped.state!r} then {state_r1!r}; R1's claim "
+        f"{claim_r1 and (claim_r1['status'], claim_r1['dispatch_owner'], claim_r1['revision'])}"
+        f"; after R2 {converged and (converged['status'], converged['revision'])}",
+    )
+    late = [
+        r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= resumed.sent_at
+    ]
+    ctx.invariant(
+        "the frozen reconciler sent nothing once resumed",
+        not late,
+        expected="no create request reaches the tool after R1 resumed (its resend's claim "
+        "expired while it was frozen)",
+        observed=f"requests after R1 resumed: {[(r['seq'], r['epoch']) for r in late]}"
+        + ("" if answered else " (R1 had not answered within 10 s)"),
+    )
+    resources = [
+        r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id
+    ]
+    ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
