@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from typing import Any
 
@@ -75,6 +76,17 @@ class DeadlineBlindLedger(Ledger):
         # frozen between its claim and its call (SIGSTOP, a VM pause) sends on
         # resume, under a claim that expired while a successor holds a newer one.
         return Operation.from_row(row) if row else None
+
+
+class ResendDeadlineBlindLedger(Ledger):
+    """A same-key resend's claim without a local deadline (first claims keep theirs)."""
+
+    def claim_retry(self, conn: Conn, owner: str, op_id: str, revision: int) -> Operation | None:
+        op = super().claim_retry(conn, owner, op_id, revision)
+        # MUTANT: the resend's claim does not carry its deadline to the call: a
+        # reconciler frozen between that claim and its call sends on resume,
+        # under a claim another reconciler has since expired and replaced.
+        return None if op is None else dataclasses.replace(op, local_deadline=None)
 
 
 class ConflictAsSuccessDispatcher(Dispatcher):
@@ -161,6 +173,15 @@ MUTANTS = (
         "between its claim and its call, it sends on resume under a claim that expired "
         "while a successor took the run over and holds a newer claim",
         Component("ledger_cls", DeadlineBlindLedger),
+    ),
+    Mutant(
+        "resend_after_claim_deadline",
+        4,
+        ("E",),
+        "a reconciler's same-key resend does not check its claim's deadline right before "
+        "the call: frozen between that claim and its call, it sends on resume under a "
+        "claim another reconciler expired and replaced (blind bug hunt round 5, #14)",
+        Component("ledger_cls", ResendDeadlineBlindLedger),
     ),
     Mutant(
         "new_operation_id_on_retry",

@@ -379,7 +379,9 @@ func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (
 	if err != nil || op == nil {
 		return nil, err
 	}
-	op.LocalDeadline = sent.Add(time.Duration(r.TTLMS) * time.Millisecond)
+	if !r.D.P.ResendWithoutDeadline {
+		op.LocalDeadline = sent.Add(time.Duration(r.TTLMS) * time.Millisecond)
+	}
 	status, _, err := r.D.sendAndSettle(ctx, q, op)
 	if err != nil {
 		return nil, err

@@ -33,6 +33,9 @@ type Protocol struct {
 	// ConvergeApart writes the reconciler's convergence and the paused run's
 	// return to the queue as two statements, each committed alone.
 	ConvergeApart bool
+	// ResendWithoutDeadline leaves a same-key resend's claim without its
+	// local deadline, so Send never checks it (only a mutant sets it).
+	ResendWithoutDeadline bool
 	// OnRenewUnconfirmed is what the heartbeat does with an unconfirmed
 	// renewal: cancel the execution with its cause (rule 8).
 	OnRenewUnconfirmed func(cancel context.CancelCauseFunc, cause error)
