@@ -173,7 +173,7 @@ def evidence(s: Story) -> Evidence:
                     "request": {"kind": "return_label", "customer_token": "ct_" + "0f" * 12},
                 }
             ],
-            "messages": [{"event_id": "e1", "received_at": T0 + 0.65}],
+            "messages": [message("e1", 0.65)],
         },
         history=[
             account("ok", "claim", epoch=1),
@@ -184,6 +184,12 @@ def evidence(s: Story) -> Evidence:
         write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
         asked_write_path="fast",
     )
+
+
+def message(event_id: str, at: float, payload: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A message the broker logged, its payload naming its event and run."""
+    body = {"event_id": event_id, "run_id": RUN, **(payload or {})}
+    return {"event_id": event_id, "received_at": T0 + at, "payload": body}
 
 
 def request(seq: int, at: float, **kw: Any) -> dict[str, Any]:
@@ -547,7 +553,12 @@ def sent_after_cancel(ev: Evidence) -> None:
 
 
 def marked_before_broker(ev: Evidence) -> None:
-    ev.tool["messages"] = [{"event_id": "e1", "received_at": T0 + 0.75}]
+    ev.tool["messages"] = [message("e1", 0.75)]
+
+
+def payload_names_another_event(ev: Evidence) -> None:
+    # The outbox row's surrogate key in place of its event_id.
+    ev.tool["messages"] = [message("e1", 0.65, {"event_id": "17"})]
 
 
 def sealed_value_sent(ev: Evidence) -> None:
@@ -568,6 +579,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "effect.no_resend_without_idempotency": resent_without_promise,
     "effect.sent_only_under_a_dispatch_claim": sent_before_claim,
     "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
+    "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
     "effect.sensitive_field_reaches_the_tool_in_clear": sealed_value_sent,
 }
@@ -755,7 +767,7 @@ def test_a_purge_of_a_finished_task_breaks_nothing() -> None:
     s = clean_story()
     purge(s)
     ev = evidence(s)
-    ev.tool["messages"] += [{"event_id": e, "received_at": T0 + 0.85} for e in ("e2", "e3", "e4")]
+    ev.tool["messages"] += [message(e, 0.85) for e in ("e2", "e3", "e4")]
     results = {r.name: r for r in check(ev)}
     broken = {n: r.violations for n, r in results.items() if not r.ok}
     assert broken == {}

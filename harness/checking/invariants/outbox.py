@@ -97,3 +97,36 @@ def dedup_row_and_effect_together(ev: Evidence) -> Finding:
                 }
             )
     return Finding(len(set(dedups) | set(effects)), bad)
+
+
+@invariant(
+    "outbox.message_payload_names_its_event_and_run",
+    "SPEC rule 10; contract section 5 (relay)",
+    "every message the relay publishes for an outbox row carries, in its payload, that row's "
+    "event_id and run_id: a consumer that deduplicates on what it reads must read the event's "
+    "own identity",
+)
+def payload_names_its_event(ev: Evidence) -> Finding:
+    # Every outbox row ever written (the audit trail's inserts: a purge may
+    # have deleted some since), by event_id.
+    runs = {str(c.row.get("event_id")): str(c.row.get("run_id")) for c in ev.of("outbox", "INSERT")}
+    judged = [m for m in ev.tool.get("messages", []) if str(m.get("event_id")) in runs]
+    bad = []
+    for m in judged:
+        event_id = str(m.get("event_id"))
+        payload = m.get("payload")  # the tool's export decodes payload_json
+        carried = (
+            (str(payload.get("event_id")), str(payload.get("run_id")))
+            if isinstance(payload, dict)
+            else None
+        )
+        if carried != (event_id, runs[event_id]):
+            bad.append(
+                {
+                    "seq": m.get("seq"),
+                    "event_id": event_id,
+                    "run_id": runs[event_id],
+                    "payload": payload,
+                }
+            )
+    return Finding(len(judged), bad)
