@@ -15,8 +15,8 @@ harness reads itself and the archive file the worker wrote:
 * purged are exactly the eligible tasks, each with every row of its runs,
   checkpoints, operations and outbox (none left behind);
 * the archive holds, per task purged with one, exactly the rows the harness read
-  before the purge, and a purge whose archive cannot be written deletes
-  nothing;
+  before the purge (appended after a line an earlier purge wrote, which
+  stays), and a purge whose archive cannot be written deletes nothing;
 * every other task's rows, including the other tenant's, are unchanged;
 * each purge call is audited with the number of tasks it purged, and one
   with arguments out of bounds (a negative retention, a limit of 0) is
@@ -42,6 +42,8 @@ ROW_KEYS = {
     "outbox": ("event_id",),
 }
 HOUR_MS = 3_600_000
+#: The archive's line from an earlier purge, there before this experiment's.
+EARLIER_LINE = json.dumps({"task_id": "archived-by-an-earlier-purge", "runs": []})
 RELAY_ROUNDS = 10
 
 
@@ -90,6 +92,8 @@ def run(ctx: ExperimentContext) -> None:
     )
     ctl = control_plane(ctx)
     archive = ctx.env.log_dir / "purge-archive.jsonl"
+    # An archive an earlier purge already wrote to: purges append to it.
+    archive.write_text(EARLIER_LINE + "\n", encoding="utf-8")
     args: dict[str, Any] = {"reason": "retention", "ticket": "RET-1", "archive": str(archive)}
     _refused_out_of_bounds(ctx, ctl, args)
     first = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=HOUR_MS, limit=100, **args))
@@ -127,6 +131,13 @@ def run(ctx: ExperimentContext) -> None:
     )
     archived = [r for r in eligible if tasks[r] in [*second, *(third or [])]]
     _judge_rows(ctx, before, eligible, [live, unrelayed, theirs, inflight], archive, archived)
+    first_line = next(iter(archive.read_text(encoding="utf-8").splitlines()), None)
+    ctx.invariant(
+        "the archive is appended to, never rewritten",
+        first_line == EARLIER_LINE,
+        expected=f"the archive still begins with the line written before the purges: {EARLIER_LINE}",
+        observed=f"its first line: {first_line}",
+    )
     ctx.release("W4", "after_dispatch_claim_commit")
     finish_or_kill(ctx, holder, 10.0)
     actions = ctx.sql(
