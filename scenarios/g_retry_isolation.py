@@ -14,6 +14,11 @@ moment the variant chose:
   callback converges only an operation of the run it names, so nothing moves.
 * ``terminal``: the run was cancelled while its operation was ``unknown``; the
   callback must not move the cancelled run's ledger.
+* ``paused_in_doubt``: the run was paused in doubt (its operation
+  ``unknown``, a tool with neither query nor key): a paused run is no live
+  run, so the callback changes nothing (a person or the reconciler decides;
+  a callback that converged the operation would leave the run paused with
+  nothing in doubt, which nobody resumes).
 * ``live_prepared``: the run is live, its operation registered and never sent:
   the tool holds no resource, so no genuine callback exists; a forged one
   (a resource id the tool never made) must change nothing.
@@ -73,6 +78,7 @@ SPEC = ExperimentSpec(
             "superseded",
             "other_runs_operation",
             "terminal",
+            "paused_in_doubt",
             "live_unknown",
             "live_dispatching",
         ),
@@ -82,6 +88,7 @@ SPEC = ExperimentSpec(
         "superseded",
         "other_runs_operation",
         "terminal",
+        "paused_in_doubt",
         "live_prepared",
         "live_dispatching",
         "live_unknown",
@@ -97,11 +104,12 @@ SPEC = ExperimentSpec(
     ),
     variant_points=(
         ("terminal", "after_tool_response_before_tx2_commit (crash)"),
+        ("paused_in_doubt", "after_tool_response_before_tx2_commit (crash)"),
         ("live_prepared", "after_outbound_intent_commit"),
         ("live_unknown", "after_tool_response_before_tx2_commit (crash)"),
         ("live_succeeded", "none (ops: the result recorded)"),
     ),
-    variant_waits=(("terminal", 0.8), ("live_unknown", 0.8)),
+    variant_waits=(("terminal", 0.8), ("paused_in_doubt", 0.8), ("live_unknown", 0.8)),
 )
 
 
@@ -294,6 +302,20 @@ def _terminal(ctx: ExperimentContext) -> Moment:
     return Moment(run_id, op_id, _genuine(ctx, op_id), False, _nothing_more)
 
 
+def _paused_in_doubt(ctx: ExperimentContext) -> Moment:
+    run_id, op_id = _unknown_after_crash(ctx)
+    # The successor finds the operation unknown, with no query and no key to
+    # resend under: it pauses the run in doubt (blind bug hunt round 6, #07: a
+    # callback accepted then converged it, and nothing resumed the run).
+    code = finish(ctx, ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"]))
+    ctx.command(f"successor B exit {code}")
+    _in_state(
+        ctx, run_id, op_id, "the run paused in doubt, its operation unknown",
+        ("unknown", ("paused_indoubt",)),
+    )  # fmt: skip
+    return Moment(run_id, op_id, _genuine(ctx, op_id), False, _nothing_more)
+
+
 def _live_unknown(ctx: ExperimentContext) -> Moment:
     run_id, op_id = _unknown_after_crash(ctx)
     _in_state(ctx, run_id, op_id, "the run live, its operation unknown", ("unknown", LIVE))
@@ -372,6 +394,7 @@ SETUPS: dict[str, Callable[[ExperimentContext], Moment]] = {
     "superseded": _superseded,
     "other_runs_operation": lambda ctx: _superseded(ctx, name_the_new_run=True),
     "terminal": _terminal,
+    "paused_in_doubt": _paused_in_doubt,
     "live_prepared": _live_prepared,
     "live_dispatching": _live_dispatching,
     "live_unknown": _live_unknown,
