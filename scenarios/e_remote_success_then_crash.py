@@ -23,6 +23,13 @@ claim expires, R2's cycle expires it and converges the operation with a
 resend of its own; then R1 resumes. R1 must not send: its claim expired by
 its own clock.
 
+Variant ``resend_at_window_end``: A dies after its dispatch claim, before its
+call; a reconciler asks in the last claim length (dispatch TTL) before the
+idempotent tool's key window ends. A resend claimed then may reach the tool
+after the window (a new resource): the claim must be refused (the global
+``effect.resend_claim_ends_within_the_tools_retention``); a successor then
+pauses the run in doubt.
+
 Variant ``superseded_claim``: A holds the run's lease (its heartbeat renews
 it) and the tool's answer, held before recording it until its dispatch claim
 expires; the reconciler turns the claim unknown and converges the operation
@@ -49,6 +56,9 @@ from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import control_plane, finish, new_run, seen_within, wait_claimable
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
+# Variant resend_at_window_end: the tool's key memory, and where in it the
+# reconciler asks (the middle of the last claim length before the window ends).
+WINDOW_END_RETENTION_S = 1.5
 # How long D1's request stays on the network in variant stale_dispatcher: past
 # its dispatch claim's deadline (600 ms) plus the reconciler's claim, within
 # the worker's tool timeout (3 s).
@@ -78,7 +88,9 @@ SPEC = ExperimentSpec(
         needs.capability(
             "ledger_tool:idempotent", "stale_dispatcher", "frozen_dispatcher", "frozen_reconciler"
         ),
-        needs.op("reconcile", "frozen_reconciler"),
+        needs.op("reconcile", "frozen_reconciler", "resend_at_window_end"),
+        needs.capability("ledger_tool:idempotent", "resend_at_window_end"),
+        needs.point("after_dispatch_claim_commit", "resend_at_window_end"),
         needs.point(
             "after_tool_response_before_tx2_commit",
             "idempotent",
@@ -107,10 +119,15 @@ SPEC = ExperimentSpec(
         "frozen_reconciler",
         "frozen_before_claim",
         "retention_expired",
+        "resend_at_window_end",
         "superseded_claim",
     ),
     natural_wait_s=0.8,
-    variant_waits=(("stale_dispatcher", ARRIVE_LATE_MS / 1000), ("retention_expired", 1.2)),
+    variant_waits=(
+        ("stale_dispatcher", ARRIVE_LATE_MS / 1000),
+        ("retention_expired", 1.2),
+        ("resend_at_window_end", WINDOW_END_RETENTION_S),
+    ),
     variant_points=(
         ("frozen_dispatcher", "after_dispatch_claim_commit"),
         ("frozen_reconciler", "after_dispatch_claim_commit"),
@@ -142,7 +159,10 @@ SPEC = ExperimentSpec(
             "intent prepared; then SIGCONT A",
         ),
     ),
-    tool_retention=(("retention_expired", RETENTION_S),),
+    tool_retention=(
+        ("retention_expired", RETENTION_S),
+        ("resend_at_window_end", WINDOW_END_RETENTION_S),
+    ),
 )
 
 
@@ -156,6 +176,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "frozen_reconciler":
         _frozen_reconciler(ctx)
+        return
+    if variant == "resend_at_window_end":
+        _resend_at_window_end(ctx)
         return
     if variant == "frozen_before_claim":
         _frozen_before_claim(ctx)
@@ -538,6 +561,68 @@ def _frozen_reconciler(ctx: ExperimentContext) -> None:
     ]
     ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _resend_at_window_end(ctx: ExperimentContext) -> None:
+    """A reconciler asks when less than one claim length of the tool's key
+    window is left (blind bug hunt round 6, #02: the claim judged by its
+    start, not its end, was granted and the resend could land after it)."""
+    point = "after_dispatch_claim_commit"
+    run_id = new_run(ctx, tool="idem")
+    ctx.arm("A", point, Crash())  # before its call: the tool knows nothing
+    code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
+    op_id = _only_op(ctx, run_id)
+    ttl_s = ctx.env.dispatch_ttl_ms / 1000
+    ask_at = WINDOW_END_RETENTION_S - ttl_s / 2  # seconds after the first dispatch
+    wait_for(
+        lambda: ctx.env.query(
+            "SELECT clock_timestamp() >= first_dispatched_at + %s * interval '1 s' AS due "
+            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+            [ask_at, op_id],
+        )[0]["due"],
+        what=f"{ask_at:.2f}s after the first dispatch of {op_id} (database clock)",
+        timeout_s=10,
+    )
+    reply = ctx.op(ctx.env.start_worker("R", "ops"), "reconcile")
+    first = ctx.sql(
+        "the first dispatch, by the database clock",
+        "SELECT extract(epoch FROM first_dispatched_at) AS at FROM "
+        "fencecheck_model.tool_operations WHERE operation_id = %s",
+        [op_id],
+    )[0]["at"]
+    ends = float(first) + WINDOW_END_RETENTION_S
+    asked = [
+        float(q["received_at"])
+        for q in checkers.tool_log(ctx)["queries"]
+        if q.get("operation_id") == op_id
+    ]
+    ctx.fault(
+        "the reconciler asked within the last claim length of the tool's key window",
+        code_a == -9 and any(ends - ttl_s < at < ends for at in asked),
+        expected=f"A killed after its claim (exit -9); the reconciler's query of {op_id} between "
+        f"{ttl_s:g}s before the window's end and its end ({WINDOW_END_RETENTION_S:g}s after the "
+        "first dispatch)",
+        observed=f"A exit {code_a}; queries at {[round(at - ends, 3) for at in asked]}s from the "
+        f"window's end; reconcile reply {'ok' if reply.ok else reply.error}",
+    )
+    code_b = finish(ctx, ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"]))
+    resources = [
+        r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id
+    ]
+    ctx.invariant(
+        "at most one real resource",
+        len(resources) <= 1,
+        expected="the tool made at most one resource for the operation",
+        observed=f"{len(resources)} resource(s) (B exit {code_b})",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _only_op(ctx: ExperimentContext, run_id: str) -> str:
+    ops = checkers.ledger(ctx, run_id)
+    if len(ops) != 1:
+        raise Inconclusive(f"run {run_id} has {len(ops)} operations, not one")
+    return str(ops[0]["operation_id"])
 
 
 def _frozen_before_claim(ctx: ExperimentContext) -> None:

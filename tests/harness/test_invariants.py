@@ -221,11 +221,12 @@ def test_clean_history_breaks_nothing() -> None:
     assert broken == {}
     # Not vacuous: each invariant judged something of the clean run, except what
     # the clean run has none of (a cancel, a return to prepared, a risky tool,
-    # a takeover).
+    # a takeover, a resend).
     assert {n for n, r in results.items() if r.checked == 0} == {
         "lease.takeover_counts_no_attempt",
         "effect.cancelled_intent_never_sent",
         "effect.no_resend_without_idempotency",
+        "effect.resend_claim_ends_within_the_tools_retention",
         "effect.claim_back_to_prepared_only_after_a_proven_rejection",
         "effect.not_executed_only_where_the_tool_did_not_act",
         "run.only_finished_tasks_are_purged",
@@ -445,6 +446,22 @@ def first_dispatch_moved(s: Story) -> None:
     )
 
 
+def resend_past_retention(s: Story) -> None:
+    # The first call's outcome turned unknown; a same-key resend is claimed
+    # 0.2 s before the tool's 0.5 s key window (from the first dispatch at
+    # 0.3) ends, for 0.6 s: the resend may reach the tool after the window.
+    s.tx(0.31, app="ctl")(
+        "tool_operations",
+        s.state("tool_operations", (OP,)),
+        {"status": "unknown", "dispatch_owner": None, "revision": 2, "retention_ms": 500},
+    )
+    s.tx(0.60, app="ctl")(
+        "tool_operations",
+        s.state("tool_operations", (OP,)),
+        {"status": "dispatching", "dispatch_owner": "R/1", "dispatch_until": iso(T0 + 1.2)},
+    )
+
+
 # ------------------------------------------------------------ operator decisions
 RUN3, OP3 = "r-3", "x/r-3/create_label/v1"
 RUN_SNAPSHOT = ("status", "revision", "epoch", "owner", "attempt_count", "max_attempts")
@@ -519,6 +536,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "harness.write_path_as_asked": stepped_write,
     "run.only_finished_tasks_are_purged": lambda s: purge(s, publish=False),
     "effect.first_dispatch_is_kept": first_dispatch_moved,
+    "effect.resend_claim_ends_within_the_tools_retention": resend_past_retention,
     "operator.audit_shows_the_rows_before_and_after": lambda s: operator_resolves(
         s, before_taken_late=True
     ),

@@ -370,6 +370,37 @@ def first_dispatch_is_kept(ev: Evidence) -> Finding:
     return Finding(judged, bad)
 
 
+@invariant(
+    "effect.resend_claim_ends_within_the_tools_retention",
+    "SPEC rules 4, 5; English seed §9.2 (the tool's key retention)",
+    "a same-key resend's claim (an operation in doubt claimed again for dispatch) of a tool "
+    "that declares its key retention ends no later than first_dispatched_at + retention_ms: "
+    "the resend may reach the tool at any moment until its claim's deadline, and after the "
+    "window the tool makes a new resource of it",
+)
+def resend_claim_within_retention(ev: Evidence) -> Finding:
+    bad: list[dict[str, Any]] = []
+    judged = 0
+    for c in ev.of("tool_operations", "UPDATE"):
+        if c.before("status") != "unknown" or c.after("status") != "dispatching":
+            continue
+        retention, first = c.after("retention_ms"), ts(c.after("first_dispatched_at"))
+        until = ts(c.after("dispatch_until"))
+        if retention is None or first is None or until is None:
+            continue  # no declared window, or a system without the columns
+        judged += 1
+        ends = first + int(retention) / 1000
+        if until > ends + 0.001:  # one clock (the database's); 1 ms for rounding
+            row = c.brief("operation_id", "dispatch_owner")
+            row.update(
+                dispatch_until=c.after("dispatch_until"),
+                window_ends=ends,
+                past_by_s=round(until - ends, 3),
+            )
+            bad.append(row)
+    return Finding(judged, bad)
+
+
 # The sensitive field the harness plants in every run it creates (worker
 # contract §9): ``ct_`` and 24 hex digits. Sealed at rest, sent in clear only
 # to the tool: what the tool made from anything else is not what was asked.
