@@ -57,7 +57,7 @@ from scenarios.common import control_plane, finish, new_run, seen_within, wait_c
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
 # Variant resend_at_window_end: the tool's key memory, and where in it the
-# reconciler asks (the middle of the last claim length before the window ends).
+# reconciler asks (within the last claim length before the window ends).
 WINDOW_END_RETENTION_S = 1.5
 # How long D1's request stays on the network in variant stale_dispatcher: past
 # its dispatch claim's deadline (600 ms) plus the reconciler's claim, within
@@ -573,7 +573,9 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
     code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
     op_id = _only_op(ctx, run_id)
     ttl_s = ctx.env.dispatch_ttl_ms / 1000
-    ask_at = WINDOW_END_RETENTION_S - ttl_s / 2  # seconds after the first dispatch
+    # Three quarters of a claim length before the end: the query and the claim
+    # that follow it come a little later, still well inside the last claim length.
+    ask_at = WINDOW_END_RETENTION_S - ttl_s * 3 / 4  # seconds after the first dispatch
     wait_for(
         lambda: ctx.env.query(
             "SELECT clock_timestamp() >= first_dispatched_at + %s * interval '1 s' AS due "
