@@ -20,6 +20,12 @@ Two shapes of variant:
   the database's clock (a renewal that answered late must not keep it
   alive), and once it has, A, released, sends nothing to the tool and writes
   nothing; a successor on a healthy link takes over and finishes.
+* **blocked call** (``pg_blackhole_mid_step``): A's link black-holed right
+  after a checkpoint commits, A let go at once into its next statement,
+  which never answers. The heartbeat cancels the execution; A must still
+  exit within its bound (a ``run --once`` worker whose run was cancelled),
+  though its main thread is waiting on a dead connection: the link stays
+  black-holed until A has exited.
 * **tool call** (``tool_*``): A's one tool call meets the fault. A refused
   connection proves the request never left; a call that never answers, or
   whose connection is reset after the tool acted, or whose answer comes after
@@ -74,7 +80,7 @@ class LinkFault:
     variant: str
     link: LinkName
     kind: Kind
-    shape: Literal["heartbeat", "tool_call"]
+    shape: Literal["heartbeat", "tool_call", "blocked_call"]
     fault: str
     wait_s: float
     tool: str = "idem"
@@ -100,6 +106,12 @@ FAULTS: tuple[LinkFault, ...] = (
         "A's link to PostgreSQL black-holed while A holds a dispatch claim, A let go on one "
         "heartbeat interval plus its renewal timeout later, before its lease can expire", 1.1,
         release_early=True,
+    ),
+    LinkFault(
+        "pg_blackhole_mid_step", "pg", "blackhole", "blocked_call",
+        "A's link to PostgreSQL black-holed right after a checkpoint of A's commits, A let go "
+        "at once: its next statement and its renewals never answer, and the link stays "
+        "black-holed until A has exited", 3.0,
     ),
     LinkFault(
         "pg_reset", "pg", "reset", "heartbeat",
@@ -189,6 +201,8 @@ def run(ctx: ExperimentContext) -> None:
     fault = BY_VARIANT[ctx.variant or FAULTS[0].variant]
     if fault.shape == "heartbeat":
         _heartbeat(ctx, fault)
+    elif fault.shape == "blocked_call":
+        _blocked_call(ctx, fault)
     else:
         _tool_call(ctx, fault)
 
@@ -373,6 +387,51 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
         "until the end (link healed, the successor finished)",
         observed=f"changes by A {[(r['seq'], r['tbl'], r['op']) for r in stray]}; A exit "
         f"{code_a} (10 = cancelled)",
+    )
+
+
+#: The point A is held at before its link goes dark: its main thread's next
+#: act is a statement on that link.
+BLOCKED_POINT = "after_checkpoint_commit"
+
+
+def _blocked_call(ctx: ExperimentContext, fault: LinkFault) -> None:
+    """A's execution is cancelled while its main thread waits on a statement
+    that will never answer; A must exit within its bound anyway (blind bug
+    hunt round 6, #05: a watchdog whose grace, in milliseconds, was read as
+    seconds kept such a worker for twenty minutes)."""
+    env = ctx.env
+    run_id = new_run(ctx, tool="idem")
+    env.add_pg_link("pg_A")
+    ctx.arm("A", BLOCKED_POINT, Hold())
+    a = env.start_worker("A", "run", ["--run-id", run_id, "--once"], pg_link="pg_A")
+    ctx.reached("A", BLOCKED_POINT)
+    alive = a.is_alive()
+    record = _start_fault(ctx, "pg_A", fault)
+    ctx.release("A", BLOCKED_POINT)
+    seen = _probe(ctx, env.links["pg_A"], fault)
+    # The bound of a cancelled `run --once` worker (contract: the experiment's
+    # wait); missed, it is unmet progress named with its evidence.
+    code = finish(ctx, a, 20.0)
+    exited = time.time()
+    ctx.fault(
+        "A's link was black-holed from its release until it exited",
+        alive and _probe_shows(seen, fault, env.heartbeat_timeout_ms),
+        expected="A alive at its barrier when the black hole started; the probe through A's "
+        "link silent; the link healed only after A's exit",
+        observed=f"A alive: {alive}; {seen.describe()}; A exited {exited - record.started_at:.2f}s "
+        f"after the fault, code {code}",
+    )
+    _heal(ctx, "pg_A", fault)
+    stray = [
+        r for r in checkers.changes_by(ctx, ["A"], since=record.started_at) if not r["renewal"]
+    ]
+    ctx.invariant(
+        "nothing of A's reached the database after the fault",
+        not stray,
+        expected="no change by A in any contract table after the fault but lease renewals in "
+        "flight",
+        observed=f"changes by A {[(r['seq'], r['tbl'], r['op']) for r in stray]}",
     )
 
 
