@@ -67,6 +67,9 @@ TOOL_TIMEOUT_MS = 400
 PG_LATENCY_MS = 600
 TOOL_LATENCY_MS = 1000
 HOLD_POINT = "after_dispatch_claim_commit"
+# pg_blackhole_mid_step holds A here before its link goes dark: its main
+# thread's next act is a statement on that link.
+BLOCKED_POINT = "after_checkpoint_commit"
 # How long past one heartbeat interval plus the renewal timeout A is let go
 # in pg_blackhole_early (its lease lasts at least an interval longer).
 EARLY_SLACK_S = 0.1
@@ -181,6 +184,7 @@ SPEC = ExperimentSpec(
     needs=(
         *needs.capabilities("workflow", "ledger"),
         needs.point(HOLD_POINT),
+        needs.point(BLOCKED_POINT, "pg_blackhole_mid_step"),
         needs.point(
             OUTCOME_POINT, *(f.variant for f in FAULTS if f.kind == "latency" and f.link == "tool")
         ),
@@ -388,11 +392,6 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
         observed=f"changes by A {[(r['seq'], r['tbl'], r['op']) for r in stray]}; A exit "
         f"{code_a} (10 = cancelled)",
     )
-
-
-#: The point A is held at before its link goes dark: its main thread's next
-#: act is a statement on that link.
-BLOCKED_POINT = "after_checkpoint_commit"
 
 
 def _blocked_call(ctx: ExperimentContext, fault: LinkFault) -> None:
