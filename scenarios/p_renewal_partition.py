@@ -6,6 +6,14 @@ calling the tool. Its link to PostgreSQL (its own proxy) is cut. Its
 heartbeat thread can no longer renew; once the renewal is unconfirmed the
 execution must be cancelled, so when the barrier opens A must not call the
 tool. B, on a healthy link, takes over after the lease expires.
+
+Then the same rule for an `ops` session: O claims another run and starts
+its heartbeat while the harness holds the run's row locked, so O's renewal
+waits past its timeout (unconfirmed). The lease is still live by the
+database's clock when the harness lets go and asks O to write under it: the
+heartbeat has cancelled the session's work under that lease, so nothing may
+be written (blind bug hunt round 6, #01: the cancellation was looked up
+under a key it was never stored under).
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ import time
 from harness.checking import checkers
 from harness.checking.history import read_history
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Hold
 from harness.waiting import wait_for
 from scenarios.common import finish, finish_or_kill, new_run, wait_claimable
@@ -25,8 +33,10 @@ SPEC = ExperimentSpec(
     title="renewal partition",
     seed_section="English seed §5.2, §7 (heartbeat); Chinese seed §5",
     invariant="after the cut, A's execution is cancelled and A sends no new request to the "
-    "tool; B takes over with the next epoch and finishes the run",
-    fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool",
+    "tool; B takes over with the next epoch and finishes the run; an ops session whose "
+    "renewal went unconfirmed writes nothing more under that lease",
+    fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool; an ops "
+    "session's renewal held on the run's row lock past its timeout",
     rules=(8, 1),
     layer="queue",
     injection_point="after_dispatch_claim_commit",
@@ -121,4 +131,58 @@ def run(ctx: ExperimentContext) -> None:
         f" tool requests {[r['seq'] for r in late]}; A exit {code_a} (10 = cancelled)",
     )
     checkers.one_resource_per_operation(ctx, run_id)
-    checkers.lease_history_is_sound(ctx, [run_id])
+    other = _ops_session_renewal_unconfirmed(ctx)
+    checkers.lease_history_is_sound(ctx, [run_id, other])
+
+
+# The ops session's heartbeat interval and renewal timeout: short next to the
+# lease (the experiment's), so that it is still live when the harness writes.
+OPS_INTERVAL_MS = 50
+OPS_TIMEOUT_MS = 80
+
+
+def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
+    """O's heartbeat renewal waits on the run's row, which the harness holds,
+    past its timeout; then O is asked to write under the still live lease."""
+    run_id = new_run(ctx)
+    o = ctx.env.start_worker("O", "ops")
+    lease = ctx.ok(o, "claim", run_id=run_id)
+    timeout_s = OPS_TIMEOUT_MS / 1000
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        ctx.ok(o, "heartbeat", run_id=run_id, epoch=lease["epoch"], action="start",
+               interval_ms=OPS_INTERVAL_MS, timeout_ms=OPS_TIMEOUT_MS)  # fmt: skip
+        waiting = lock.wait_for_waiters(["O"])
+        waited_at = time.time()
+        # Past the renewal's timeout, with room for the heartbeat to act on it.
+        time.sleep(timeout_s + 0.1)
+    live = ctx.sql(
+        "O's lease after the harness let go",
+        "SELECT lease_expires_at > clock_timestamp() AS live, owner, epoch FROM "
+        "fencecheck_model.agent_runs WHERE run_id = %s",
+        [run_id],
+    )[0]
+    mark = checkers.audit_mark(ctx)
+    asked_at = time.time()
+    reply = ctx.op(o, "save_checkpoint", run_id=run_id, epoch=lease["epoch"],
+                   expected_revision=lease["revision"], state={"by": "O"})  # fmt: skip
+    answered_at = time.time()
+    ctx.fault(
+        "O's renewal waited on the run's row past its timeout, its lease still live after",
+        waiting is not None and bool(live["live"]) and live["epoch"] == lease["epoch"],
+        expected=f"a session of O's waiting on the run's row (the renewal, timeout "
+        f"{OPS_TIMEOUT_MS} ms) while the harness held it; the lease (epoch {lease['epoch']}) "
+        "live by database time when the harness let go",
+        observed=f"{waiting or 'no session of O waited'}; lease {plain(live)}",
+    )
+    changed = [r for r in checkers.changes_by(ctx, ["O"], after_seq=mark) if not r["renewal"]]
+    ctx.progress(
+        "an ops session writes nothing under a lease whose renewal went unconfirmed",
+        not changed,
+        expected="no change by O after its renewal timed out (the heartbeat cancels the "
+        "session's work under that lease, contract section 5, heartbeat)",
+        observed=f"changes by O {[(r['seq'], r['tbl'], r['op']) for r in changed]}; reply "
+        + (f"ok {plain(reply.result)}" if reply.ok else f"{reply.error}"),
+        since=waited_at + timeout_s,
+        until=max(asked_at, answered_at),
+    )
+    return run_id
