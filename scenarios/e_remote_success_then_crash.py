@@ -573,9 +573,11 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
     code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
     op_id = _only_op(ctx, run_id)
     ttl_s = ctx.env.dispatch_ttl_ms / 1000
-    # Three quarters of a claim length before the end: the query and the claim
-    # that follow it come a little later, still well inside the last claim length.
-    ask_at = WINDOW_END_RETENTION_S - ttl_s * 3 / 4  # seconds after the first dispatch
+    # Nine tenths of a claim length before the end: the query and the claim
+    # that follow it come later (a loaded machine: up to half a second),
+    # still inside the last claim length. R is up before the wait begins.
+    ask_at = WINDOW_END_RETENTION_S - ttl_s * 9 / 10  # seconds after the first dispatch
+    reconciler = ctx.env.start_worker("R", "ops")
     wait_for(
         lambda: ctx.env.query(
             "SELECT clock_timestamp() >= first_dispatched_at + %s * interval '1 s' AS due "
@@ -585,7 +587,7 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
         what=f"{ask_at:.2f}s after the first dispatch of {op_id} (database clock)",
         timeout_s=10,
     )
-    reply = ctx.op(ctx.env.start_worker("R", "ops"), "reconcile")
+    reply = ctx.op(reconciler, "reconcile")
     first = ctx.sql(
         "the first dispatch, by the database clock",
         "SELECT extract(epoch FROM first_dispatched_at) AS at FROM "
