@@ -131,6 +131,17 @@ def run(ctx: ExperimentContext) -> None:
         f" tool requests {[r['seq'] for r in late]}; A exit {code_a} (10 = cancelled)",
     )
     checkers.one_resource_per_operation(ctx, run_id)
+    caps = ctx.system.capabilities
+    if not (caps.offers_op("heartbeat") and caps.checkpoints):
+        # A system whose sessions renew no lease of their own (or write no
+        # checkpoint) has no ops-session case: said, not judged.
+        ctx.not_judged(
+            "an ops session writes nothing under a lease whose renewal went unconfirmed",
+            expected="judged where the system offers the heartbeat op and checkpoints",
+            observed="the system's mapping offers no heartbeat op or no checkpoints",
+        )
+        checkers.lease_history_is_sound(ctx, [run_id])
+        return
     other = _ops_session_renewal_unconfirmed(ctx)
     checkers.lease_history_is_sound(ctx, [run_id, other])
 
