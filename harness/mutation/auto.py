@@ -47,7 +47,7 @@ from typing import Any, Literal
 
 import scenarios
 from harness.engine.environment import CALLS_FILE, Settings, SharedServices
-from harness.engine.runner import Job, jobs_for, run_job, run_jobs
+from harness.engine.runner import Job, again_while_unknown, jobs_for, run_job, run_jobs
 from harness.evidence.summary import ExperimentResult
 from harness.mutation.catalog import source_files
 from harness.mutation.ordering import CatcherOrder, result_label
@@ -134,13 +134,30 @@ def run_until_fail(
         while running or more():
             while more() and len(running) < parallel:
                 job = queue.pop(0)
-                running.add(pool.submit(run_job, shared, job, report_dir=report_dir, seed=seed))
+                running.add(pool.submit(_run_job_again_if_unknown, shared, job, report_dir, seed))
             done, running = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 result = future.result()
                 results.append(result)
                 failed = failed or result.verdict is Verdict.FAIL
     return results
+
+
+#: How often an experiment that ended *unknown* against a mutant runs again:
+#: on a loaded machine a catcher excused by a stall proved nothing, and
+#: without another attempt the mutant would count as survived.
+RETRY_UNKNOWN = 1
+
+
+def _run_job_again_if_unknown(
+    shared: SharedServices, job: Job, report_dir: Path, seed: int
+) -> ExperimentResult:
+    return again_while_unknown(
+        lambda: run_job(shared, job, report_dir=report_dir, seed=seed),
+        job.label,
+        report_dir,
+        RETRY_UNKNOWN,
+    )
 
 
 class _Runner:
