@@ -469,16 +469,8 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         "request, or recorded a step other than a renewal",
         observed=decided or "none of these within 5 s of the resume",
     )
-    late = [
-        r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= resumed.sent_at
-    ]
-    ctx.invariant(
-        "the frozen dispatcher sent nothing once resumed",
-        not late,
-        expected="no create request reaches the tool after A resumed (its claim expired while "
-        "it was frozen)",
-        observed=f"requests after A resumed: {[(r['seq'], r['epoch']) for r in late]} "
-        f"(A exit {code_a})",
+    _sent_nothing_once_resumed(
+        ctx, run_id, resumed.sent_at, "the frozen dispatcher", "A", f" (A exit {code_a})"
     )
     resources = [
         r
@@ -545,22 +537,30 @@ def _frozen_reconciler(ctx: ExperimentContext) -> None:
         f"{claim_r1 and (claim_r1['status'], claim_r1['dispatch_owner'], claim_r1['revision'])}"
         f"; after R2 {converged and (converged['status'], converged['revision'])}",
     )
-    late = [
-        r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= resumed.sent_at
-    ]
-    ctx.invariant(
-        "the frozen reconciler sent nothing once resumed",
-        not late,
-        expected="no create request reaches the tool after R1 resumed (its resend's claim "
-        "expired while it was frozen)",
-        observed=f"requests after R1 resumed: {[(r['seq'], r['epoch']) for r in late]}"
-        + ("" if answered else " (R1 had not answered within 10 s)"),
-    )
+    _sent_nothing_once_resumed(
+        ctx, run_id, resumed.sent_at, "the frozen reconciler", "R1",
+        "" if answered else " (R1 had not answered within 10 s)",
+    )  # fmt: skip
     resources = [
         r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id
     ]
     ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _sent_nothing_once_resumed(
+    ctx: ExperimentContext, run_id: str, since: float, who: str, name: str, note: str
+) -> None:
+    """No create request of the run reached the tool after ``since`` (when the
+    frozen ``name`` was resumed: its claim expired while it was frozen)."""
+    late = [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= since]
+    ctx.invariant(
+        f"{who} sent nothing once resumed",
+        not late,
+        expected=f"no create request reaches the tool after {name} resumed (its claim expired "
+        "while it was frozen)",
+        observed=f"requests after {name} resumed: {[(r['seq'], r['epoch']) for r in late]}{note}",
+    )
 
 
 def _resend_at_window_end(ctx: ExperimentContext) -> None:
