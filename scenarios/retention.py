@@ -94,6 +94,7 @@ def run(ctx: ExperimentContext) -> None:
     archive = ctx.env.log_dir / "purge-archive.jsonl"
     # An archive an earlier purge already wrote to: purges append to it.
     archive.write_text(EARLIER_LINE + "\n", encoding="utf-8")
+    archive.chmod(0o666)  # the worker may run as another OS user than the harness
     args: dict[str, Any] = {"reason": "retention", "ticket": "RET-1", "archive": str(archive)}
     _refused_out_of_bounds(ctx, ctl, args)
     first = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=HOUR_MS, limit=100, **args))
