@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 from harness.checking import checkers
 from harness.checking.checkers import writes
 from harness.engine.experiment import ExperimentContext
+from harness.parts.control import Crash
 from harness.parts.processes import ExitTimeout, OpReply, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 
@@ -114,6 +115,31 @@ def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -
         return wait_for(probe, what=what, timeout_s=timeout_s)
     except WaitTimeout:
         return None
+
+
+def crash_in_op(
+    ctx: ExperimentContext, name: str, point: str, op: str, args: dict[str, Any]
+) -> int:
+    """Start ``name`` as an ops process with a crash armed at ``point``, send it
+    ``op`` and wait for it to die there (it never answers); its exit code. One
+    that answers instead never reached the point: it is stopped and its code
+    (not -9) lets the caller's fault check say the crash did not take effect.
+    One that does neither in 15 s breaks the bound (ExitTimeout names it)."""
+    ctx.arm(name, point, Crash())
+    worker = ctx.env.start_worker(name, "ops")
+    pending = ctx.op_async(worker, op, args)
+    ended = seen_within(
+        lambda: not worker.is_alive() or pending.done(),
+        what=f"{name} to die at {point} or answer {op}",
+        timeout_s=15,
+    )
+    if ended and worker.is_alive():
+        ctx.command(f"{name} answered {op} without reaching {point}")
+        worker.stop(grace_s=1.0)
+        return worker.returncode or 0
+    code = worker.wait(1 if ended else 0.1)
+    ctx.command(f"{name} ({op}) exited with code {code}")
+    return code
 
 
 def wait_claimable(ctx: ExperimentContext, run_id: str, timeout_s: float = 10.0) -> None:

@@ -36,7 +36,7 @@ from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash
 from harness.parts.processes import WorkerProcess
-from scenarios.common import finish, new_run, seen_within, wait_claimable
+from scenarios.common import crash_in_op, finish, new_run, wait_claimable
 
 Stage = Literal["run", "relay", "consume"]
 CONSUMER = "billing"
@@ -212,21 +212,7 @@ def _crash_ops(
     if not at_stage:
         return []
     b = at_stage[0]
-    ctx.arm(name, b.point, Crash())
-    worker = ctx.env.start_worker(name, "ops")
-    pending = ctx.op_async(worker, stage, args)
-    ended = seen_within(
-        lambda: not worker.is_alive() or pending.done(),
-        what=f"{name} to die at {b.point} or answer {stage}",
-        timeout_s=15,
-    )
-    if ended and worker.is_alive():
-        ctx.command(f"{name} answered {stage} without reaching {b.point}")
-        worker.stop(grace_s=1.0)
-        return [(name, b.point, worker.returncode or 0)]
-    code = worker.wait(1 if ended else 0.1)
-    ctx.command(f"{name} ({stage}) exited with code {code}")
-    return [(name, b.point, code)]
+    return [(name, b.point, crash_in_op(ctx, name, b.point, stage, args))]
 
 
 def _confirm(

@@ -51,9 +51,10 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Crash, Hold
+from harness.parts.control import Hold
 from scenarios.common import (
     control_plane,
+    crash_in_op,
     finish,
     new_run,
     resumed_once_converged,
@@ -370,17 +371,7 @@ def _reconciler_killed_mid_converge(
     """A reconciler killed at ``after_reconcile_converge`` (its convergence
     written, the run not yet queued) leaves both halves or neither: judged
     from the database right after its death."""
-    ctx.arm("R", "after_reconcile_converge", Crash())
-    reconciler = ctx.env.start_worker("R", "ops")
-    pending = ctx.op_async(reconciler, "reconcile", {})
-    seen_within(
-        lambda: not reconciler.is_alive() or pending.done(),
-        what="R to die at after_reconcile_converge or answer reconcile",
-        timeout_s=15,
-    )
-    if reconciler.is_alive():
-        reconciler.stop(grace_s=1.0)
-    code = reconciler.wait(1.0)
+    code = crash_in_op(ctx, "R", "after_reconcile_converge", "reconcile", {})
     hits = [
         h
         for h in ctx.env.control.hits()
