@@ -72,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="list the selected mutants (named, or generated with --auto), run nothing",
     )
+    parser.add_argument(
+        "--no-pages",
+        action="store_true",
+        help="write no HTML pages for each mutant's runs (the index and mutants.json, or "
+        "with --auto results.json and summary.md, are always written; `fencecheck report "
+        "DIR` builds the pages later)",
+    )
     shard_option(parser, "mutants")
     add_gate_option(parser)
     common_env_options(parser)
@@ -127,12 +134,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--run-equivalent", action="store_true", help="run mutants triaged equivalent too"
     )
     auto.add_argument(
-        "--no-pages",
-        action="store_true",
-        help="write no HTML pages for each mutant's runs (the index, results.json and "
-        "summary.md are always written)",
-    )
-    auto.add_argument(
         "--rebuild-report",
         metavar="DIR",
         help="write the report of an earlier --auto run in DIR again (results.json, "
@@ -179,6 +180,7 @@ def main(args: argparse.Namespace) -> int:
             parallel=args.jobs or 3,
             shard=shard_from_args(args),
             fail_on=args.fail_on,
+            run_pages=not args.no_pages,
         )
     except (MutantListUnavailable, ValueError) as exc:
         raise UsageError(str(exc)) from exc

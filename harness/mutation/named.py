@@ -9,8 +9,9 @@ matrix. A mutant no experiment fails is a failure of the harness itself.
 
 Only a *fail* verdict counts as caught: an *unknown* (fault not confirmed)
 proves nothing about the mutant. And a fail counts only when it is
-*confirmed*: the catching experiments, rerun at once against the unmutated
-implementation (up for the whole campaign), pass. A catch they do not pass
+*confirmed*: a catching experiment, rerun at once against the unmutated
+implementation (up for the whole campaign), passes (as ``mutants --auto``
+confirms: one is enough, the quickest first). A catch none of them passes
 (a loaded machine, a flaky experiment, a mutant whose code never ran) is
 reported unconfirmed and is no catch.
 """
@@ -74,11 +75,10 @@ class Confirmation:
     """The unmutated implementation, up for a whole campaign, against which every
     catch is rerun: a fail counts only if the same experiment passes here."""
 
-    def __init__(self, settings: Settings, report_dir: Path, *, seed: int, parallel: int) -> None:
+    def __init__(self, settings: Settings, report_dir: Path, *, seed: int) -> None:
         self.settings = dataclasses.replace(settings, mutant=None, keep=False)
         self.report_dir = report_dir
         self.seed = seed
-        self.parallel = parallel
         self._stack = contextlib.ExitStack()
         self.shared: SharedServices | None = None
 
@@ -90,40 +90,52 @@ class Confirmation:
         self._stack.close()
 
     def confirm(self, outcome: MutantOutcome, attempts: int = 2) -> None:
-        """Rerun the catching experiments unmutated; an unknown there (a fault
-        that did not take effect) is retried, up to ``attempts`` runs."""
+        """Rerun a catching experiment unmutated, as ``mutants --auto`` does: one
+        that passes there is enough, the quickest (by its run against the
+        mutant) first, since catchers that failed side by side all count and
+        each rerun costs its whole wall time. An unknown there (a fault that did
+        not take effect) is retried, up to ``attempts`` runs each; a fail there
+        moves on to the next catcher."""
         assert self.shared is not None
-        caught = {r.label for r in outcome.results if r.verdict is Verdict.FAIL}
-        jobs = [j for j in jobs_for(scenarios.all_modules(), 1) if j.label in caught]
+        caught = sorted(
+            (r for r in outcome.results if r.verdict is Verdict.FAIL), key=lambda r: r.duration_s
+        )
+        all_jobs = jobs_for(scenarios.all_modules(), 1)
         bad: list[ExperimentResult] = []
-        for attempt in range(attempts):
-            if stopping.requested():
-                return
-            bad = [
-                r
-                for r in run_jobs(
+        runs = 0
+        for failed in caught:
+            job = [j for j in all_jobs if j.label == failed.label]
+            if not job:  # never trivially confirmed: nothing ran
+                continue
+            results: list[ExperimentResult] = []
+            for _ in range(attempts):
+                if stopping.requested():
+                    return
+                runs += 1
+                results = run_jobs(
                     self.shared,
-                    jobs,
-                    report_dir=self.report_dir / "confirm" / outcome.mutant.name / str(attempt + 1),
+                    job,
+                    report_dir=self.report_dir / "confirm" / outcome.mutant.name / str(runs),
                     seed=self.seed,
-                    parallel=self.parallel,
+                    parallel=1,
                 )
-                if r.verdict is not Verdict.PASS
-            ]
-            if not bad or any(r.verdict is Verdict.FAIL for r in bad):
-                break
-            jobs = [j for j in jobs if j.label in {r.label for r in bad}]
-        if bad:
-            outcome.unconfirmed = "; ".join(
+                if all(r.verdict is Verdict.PASS for r in results):
+                    outcome.detail += (
+                        f" (confirmed: {failed.label} passes against the unmutated implementation)"
+                    )
+                    return
+                if any(r.verdict is Verdict.FAIL for r in results):
+                    break
+            bad.extend(r for r in results if r.verdict is not Verdict.PASS)
+        outcome.unconfirmed = (
+            "; ".join(
                 f"{r.name} gave {r.verdict.value} against the unmutated implementation too "
                 f"({r.reason[:120]})"
                 for r in bad
             )
-            outcome.detail = (
-                f"UNCONFIRMED: {outcome.unconfirmed}; the mutant's own: {outcome.detail}"
-            )
-        else:
-            outcome.detail += " (confirmed: passes against the unmutated implementation)"
+            or "no catching experiment could be rerun"
+        )
+        outcome.detail = f"UNCONFIRMED: {outcome.unconfirmed}; the mutant's own: {outcome.detail}"
 
 
 def list_mutants(worker_cmd: Sequence[str]) -> list[Mutant]:
@@ -162,31 +174,26 @@ def _failed(results: Sequence[ExperimentResult]) -> list[ExperimentResult]:
 
 
 def check_mutant(
-    mutant: Mutant, base: Settings, report_dir: Path, *, parallel: int, seed: int
+    mutant: Mutant, base: SharedServices, report_dir: Path, *, parallel: int, seed: int
 ) -> MutantOutcome:
-    """Run ``mutant`` against its catchers, then (if uncaught) the rest of the matrix."""
+    """Run ``mutant`` against its catchers, then (if uncaught) the rest of the
+    matrix: on the campaign's servers (``base``), with a template database the
+    mutant's worker migrated (its SQL overlays), dropped when it is done."""
     started = time.monotonic()
-    settings = dataclasses.replace(base, mutant=mutant.name, keep=False)
+    settings = dataclasses.replace(base.settings, mutant=mutant.name, keep=False)
     all_modules = scenarios.all_modules()
     expected = [m for m in all_modules if m.SPEC.id in mutant.catchers]
     rest = [m for m in all_modules if m.SPEC.id not in mutant.catchers]
     results: list[ExperimentResult] = []
-    with SharedServices(settings) as shared:
+    own = report_dir / mutant.name
+    with base.worker_view(settings, f"fc_mutant_{mutant.name}"[:63], own / "logs") as shared:
         results += run_jobs(
-            shared,
-            jobs_for(expected, 1),
-            report_dir=report_dir / mutant.name,
-            seed=seed,
-            parallel=parallel,
+            shared, jobs_for(expected, 1), report_dir=own, seed=seed, parallel=parallel
         )
         expected_caught = bool(_failed(results))
         if not expected_caught and not stopping.requested():
             results += run_jobs(
-                shared,
-                jobs_for(rest, 1),
-                report_dir=report_dir / mutant.name,
-                seed=seed,
-                parallel=parallel,
+                shared, jobs_for(rest, 1), report_dir=own, seed=seed, parallel=parallel
             )
     failed = _failed(results)
     detail = (
@@ -234,6 +241,7 @@ def run_mutants(
     concurrent_mutants: int = 2,
     shard: Shard | None = None,
     fail_on: str = "fail",
+    run_pages: bool = True,
 ) -> int:
     """The CLI's ``mutants`` command; exit 0 only when every mutant was caught.
 
@@ -246,6 +254,9 @@ def run_mutants(
     running ones' experiments are aborted, every mutant not checked is listed
     in ``mutants.json`` as not run (never caught), shard.json says what cut
     the run, and it returns the stop's exit status.
+
+    ``run_pages`` False leaves each mutant's run pages out (the index links to
+    how to build them): a score in CI need not render a few hundred pages.
     """
     known = list_mutants(settings.worker_cmd)
     by_name = {m.name: m for m in known}
@@ -278,13 +289,14 @@ def run_mutants(
     part = f", part {shard} of {len(items)}" if shard.count > 1 else ""
     out.say(f"fencecheck mutants: {len(chosen)} mutant(s){part}; reports in {report_dir}")
 
-    confirmation = Confirmation(settings, report_dir, seed=seed, parallel=parallel)
+    confirmation = Confirmation(settings, report_dir, seed=seed)
 
     def one(m: Mutant) -> MutantOutcome | None:
         if stopping.requested():
             return None
         try:
-            outcome = check_mutant(m, settings, report_dir, parallel=parallel, seed=seed)
+            assert confirmation.shared is not None
+            outcome = check_mutant(m, confirmation.shared, report_dir, parallel=parallel, seed=seed)
             if outcome.caught_by:
                 confirmation.confirm(outcome)
         except stopping.Interrupted:
@@ -375,15 +387,16 @@ def run_mutants(
         _publish(report_dir, out, pages=False)
         return stopping.exit_status()
     write_record(report_dir, record.finished(wall))
-    _publish(report_dir, out, pages=True)
+    _publish(report_dir, out, pages=True, run_pages=run_pages)
     code, last_line = mutants_gate(entries, fail_on)
     out.say(last_line)
     return code
 
 
-def _publish(report_dir: Path, out: Progress, *, pages: bool) -> None:
-    """Pages for every mutant's runs and the folder's index, then the seal (last).
-    A stopped run seals without pages (no time: `fencecheck report` builds them)."""
+def _publish(report_dir: Path, out: Progress, *, pages: bool, run_pages: bool = True) -> None:
+    """Pages for every mutant's runs (unless ``run_pages`` is False) and the
+    folder's index, then the seal (last). A stopped run seals without pages
+    (no time: `fencecheck report` builds them)."""
     from harness.evidence.html.mutants import write_mutants_pages
     from harness.evidence.manifest import run_digest, write_manifest
 
@@ -391,7 +404,7 @@ def _publish(report_dir: Path, out: Progress, *, pages: bool) -> None:
         if not pages:
             out.say(f"pages NOT WRITTEN (stopped; rebuild: fencecheck report {report_dir})")
         else:
-            out.say(f"pages: {write_mutants_pages(report_dir)}")
+            out.say(f"pages: {write_mutants_pages(report_dir, run_pages=run_pages)}")
     except Exception as exc:  # the score stands on mutants.json; say why pages are missing
         out.say(f"pages NOT WRITTEN ({type(exc).__name__}: {exc})")
     write_manifest(report_dir)

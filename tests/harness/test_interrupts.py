@@ -156,3 +156,31 @@ def test_second_signal_kills_everything_at_once(tmp_path: Path) -> None:
         run.close()
     results = json.loads((_run_dir(run.reports) / "results.json").read_text())
     assert results["run"]["status"] == "interrupted"
+
+
+def test_sigterm_stops_a_named_mutants_campaign(tmp_path: Path) -> None:
+    """The campaign's servers are shared by every mutant's template: a stop in
+    the middle of a mutant's experiment leaves none of them behind, and the
+    mutants not judged are listed as not run, never caught."""
+    run = outside.start(["mutants", "lease_check_separate_tx", "write_ignores_epoch"], tmp_path)
+    try:
+        # A mutant's worker migrated its own template and an experiment's
+        # worker is running on it.
+        run.wait_file("mutants-*/*/logs/*-*/*.events.jsonl")
+        sent = run.signal(signal.SIGTERM, group=False)
+        code, ended, seen = run.finish()
+    except BaseException:
+        run.close()
+        raise
+    assert code == 128 + signal.SIGTERM, run.output
+    assert ended - sent < STOP_BOUND_S, f"stopped in {ended - sent:.2f}s:\n{run.output}"
+    try:
+        assert outside.leftovers(seen, run.tmpdir) == [], run.output
+    finally:
+        run.close()
+    run_dir = _run_dir(run.reports)
+    entries = json.loads((run_dir / "mutants.json").read_text())
+    assert {e["mutant"] for e in entries} == {"lease_check_separate_tx", "write_ignores_epoch"}
+    assert all(not e["caught_by"] for e in entries if e.get("not_run")), entries
+    assert any(e.get("not_run") for e in entries), "the stop cut nothing"
+    _check_part_and_seal(run_dir, "interrupted by SIGTERM", run.output)

@@ -57,6 +57,9 @@ def test_mutants_folder_pages(run_fail: Path, tmp_path: Path) -> None:
             ]
         )
     )
+    index = parse(write_mutants_pages(folder, run_pages=False))
+    assert not (folder / "write_ignores_epoch" / "experiments").exists()
+    assert f"not built: fencecheck report {folder}" in (folder / "index.html").read_text()
     index = parse(write_mutants_pages(folder))
     rows = {
         r.attrib["data-mutant"]: r.attrib["data-verdict"] for r in by_attr(index, "data-mutant")

@@ -24,8 +24,9 @@ def _caught_badge(caught: bool) -> Any:
     return el("span", words, class_=f"verdict verdict-{verdict.value}", data_verdict=verdict.value)
 
 
-def write_mutants_pages(folder: Path) -> Path:
-    """Pages for every mutant's run folder, then ``folder/index.html``; returns it."""
+def write_mutants_pages(folder: Path, *, run_pages: bool = True) -> Path:
+    """Pages for every mutant's run folder (unless ``run_pages`` is False: then
+    the index says how to build them), then ``folder/index.html``; returns it."""
     outcomes: list[dict[str, Any]] = []
     listing = folder / "mutants.json"
     if listing.exists():
@@ -37,8 +38,11 @@ def write_mutants_pages(folder: Path) -> Path:
         sub = folder / name
         link = None
         try:
-            write_run_pages(sub, title=f"mutant {name}")
-            link = el("a", "runs", href=f"{name}/index.html")
+            if run_pages:
+                write_run_pages(sub, title=f"mutant {name}")
+                link = el("a", "runs", href=f"{name}/index.html")
+            else:
+                link = el("span", f"not built: fencecheck report {folder}", class_="muted")
         except NotARunDirectory:
             link = el("span", "no archives", class_="muted")
         caught = bool(o.get("caught_by"))
