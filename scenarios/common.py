@@ -9,7 +9,7 @@ from typing import Any, TypeVar
 
 from harness.checking import checkers
 from harness.checking.checkers import writes
-from harness.engine.experiment import ExperimentContext
+from harness.engine.experiment import ExperimentContext, plain
 from harness.parts.control import Crash
 from harness.parts.processes import ExitTimeout, OpReply, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
@@ -26,6 +26,45 @@ def control_plane(ctx: ExperimentContext, tenant_id: str | None = None) -> Worke
     if existing is not None and existing.is_alive():
         return existing
     return ctx.env.start_worker(name, "ops", tenant_id=tenant_id, role="operator")
+
+
+def paused_list_is_the_databases(ctx: ExperimentContext, ctl: WorkerProcess) -> None:
+    """``list_paused`` (optional) names the tenant's runs paused in doubt or for a
+    person exactly as the database has them, each with its own operations:
+    what an operator decides on. A system without it is not judged."""
+    reply = ctx.op(ctl, "list_paused")
+    name = "list_paused names the paused runs and their operations as the database has them"
+    if not reply.ok:
+        ctx.not_judged(name, expected="an answer to list_paused", observed=f"{reply.error}")
+        return
+    tenant = ctl.tenant_id or ctx.env.tenant_id
+    rows = ctx.sql(
+        "the tenant's paused runs and their operations",
+        "SELECT r.run_id::text AS run_id, r.status, coalesce(array_agg(o.operation_id "
+        "ORDER BY o.operation_id) FILTER (WHERE o.operation_id IS NOT NULL), '{}') AS ops "
+        "FROM fencecheck_model.agent_runs r LEFT JOIN fencecheck_model.tool_operations o "
+        "ON o.run_id = r.run_id WHERE r.tenant_id = %s "
+        "AND r.status IN ('paused_indoubt', 'paused_human') GROUP BY r.run_id, r.status",
+        [tenant],
+    )
+    wanted = sorted((r["run_id"], r["status"], tuple(r["ops"])) for r in rows)
+    listed: list[tuple[str, str, tuple[str, ...]]] = []
+    for run in reply.result.get("runs") or []:
+        if not isinstance(run, dict):
+            listed.append((plain(run), "", ()))
+            continue
+        ops = run.get("operations")
+        ids = tuple(
+            sorted(str(o.get("operation_id")) for o in ops if isinstance(o, dict))
+            if isinstance(ops, list)
+            else ()
+        )
+        # Operations are optional in the reply: judged where the system lists them.
+        want_ops = next((w[2] for w in wanted if w[0] == str(run.get("run_id"))), ())
+        listed.append(
+            (str(run.get("run_id")), str(run.get("status")), want_ops if ops is None else ids)
+        )
+    ctx.equal(name, sorted(listed), wanted, what="(run_id, status, operation ids)")
 
 
 def new_run(
@@ -230,10 +269,18 @@ def finish_or_kill(ctx: ExperimentContext, worker: WorkerProcess, timeout_s: flo
 
 
 def intent_registered(
-    ctx: ExperimentContext, worker: WorkerProcess, run_id: str, *, tool: str, step_id: str
+    ctx: ExperimentContext,
+    worker: WorkerProcess,
+    run_id: str,
+    *,
+    tool: str,
+    step_id: str,
+    conflict_probe: bool = False,
 ) -> str:
     """Claim the run with ``worker`` (an ``ops`` process) and register one tool
-    intent (effect_version 1) under that lease; the operation_id."""
+    intent (effect_version 1) under that lease; the operation_id. With
+    ``conflict_probe`` the same step is then registered again with another
+    request body, which must be refused and write nothing."""
     lease = ctx.ok(worker, "claim", run_id=run_id)
     intent = ctx.ok(
         worker,
@@ -246,4 +293,42 @@ def intent_registered(
         tool=tool,
         request={"kind": "return_label"},
     )
+    if conflict_probe:
+        _another_body_refused(ctx, worker, run_id, lease["epoch"], intent, tool, step_id)
     return str(intent["operation_id"])
+
+
+def _another_body_refused(
+    ctx: ExperimentContext,
+    worker: WorkerProcess,
+    run_id: str,
+    epoch: int,
+    intent: dict[str, Any],
+    tool: str,
+    step_id: str,
+) -> None:
+    """The operation_id names the step and its version, not the request: one
+    registered again with another body is another intent under a taken id
+    (contract section 5, register_intent), refused, never the first's."""
+    mark = checkers.audit_mark(ctx)
+    reply = ctx.op(
+        worker,
+        "register_intent",
+        run_id=run_id,
+        epoch=epoch,
+        expected_revision=intent["revision"],
+        step_id=step_id,
+        effect_version=1,
+        tool=tool,
+        request={"kind": "store_credit"},
+    )
+    changed = [r for r in checkers.changes_by(ctx, [worker.name], after_seq=mark)
+               if not r["renewal"]]  # fmt: skip
+    ctx.invariant(
+        "an operation_id registered again with another request is refused",
+        not reply.ok and not changed,
+        expected=f"register_intent of {intent['operation_id']} with another request body "
+        "refused (IntentConflict) and nothing written",
+        observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; changes "
+        f"{[(r['seq'], r['tbl'], r['op']) for r in changed]}",
+    )

@@ -68,6 +68,20 @@ def run(ctx: ExperimentContext) -> None:
     by_before = (checkers.ledger(ctx, by_run), checkers.run_row(ctx, by_run)["revision"])
     cancel = ctx.op(ctl, "cancel", run_id=run_id)
     at_cancel = checkers.ledger(ctx, run_id)
+    if cancel.ok:
+        # What the control plane is told is in flight: the run's own ledger
+        # as the cancel left it (the bystander's intent makes a lost run
+        # match show); nothing moves the ledger between the two.
+        ctx.equal(
+            "the cancel's reply lists the run's ledger",
+            sorted(
+                (str(o.get("operation_id")), str(o.get("status")))
+                for o in cancel.result.get("operations") or []
+                if isinstance(o, dict)
+            ),
+            sorted((str(o["operation_id"]), str(o["status"])) for o in at_cancel),
+            what="(operation_id, status) in the reply's operations vs the run's ledger rows",
+        )
     by_after = (checkers.ledger(ctx, by_run), checkers.run_row(ctx, by_run)["revision"])
     ctx.equal(
         "the cancel left another run's prepared intent alone",

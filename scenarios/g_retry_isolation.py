@@ -23,10 +23,11 @@ moment the variant chose:
   the tool holds no resource, so no genuine callback exists; a forged one
   (a resource id the tool never made) must change nothing.
 * ``live_dispatching``: the tool acted, the dispatcher holds its answer before
-  recording it; the callback may converge the operation, only to the tool's
-  resource; the dispatcher then finishes.
+  recording it; the callback converges the operation, only to the tool's
+  resource (refusing it is a progress failure: it is the only news of the
+  effect); the dispatcher then finishes.
 * ``live_unknown``: the dispatcher died after the tool acted and the claim
-  became ``unknown``; the callback may converge it, only to the tool's
+  became ``unknown``; the callback converges it, only to the tool's
   resource; a successor finishes without resending.
 * ``live_succeeded``: the result is recorded, the run still live: a repeated
   callback changes nothing.
@@ -44,6 +45,7 @@ the database (the operation, the run, any newer run) and the tool's log.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -136,12 +138,13 @@ def run(ctx: ExperimentContext) -> None:
     # clause lost) shows only where a second operation exists.
     by_run = new_run(ctx, tool=TOOL)
     by_op = intent_registered(ctx, ctx.env.start_worker("Y", "ops"), by_run, tool=TOOL,
-                              step_id="g.bystander")  # fmt: skip
+                              step_id="g.bystander", conflict_probe=True)  # fmt: skip
     by_before = _operation(ctx, by_op)
     ctl = control_plane(ctx)
     op_before = _operation(ctx, moment.op_id)
     run_before = checkers.run_row(ctx, moment.run_id, "the callback's run before it")
     mark = checkers.audit_mark(ctx)
+    delivered_at = time.time()
     reply = ctx.op(
         ctl,
         "deliver_callback",
@@ -159,11 +162,23 @@ def run(ctx: ExperimentContext) -> None:
     resource = _resource(ctx, moment.op_id)
     moved = _key(op_after) != _key(op_before)
     if moment.may_converge:
+        converged = (op_after["status"], op_after["remote_id"]) == ("succeeded", resource)
         ctx.invariant(
             "the callback converged only to the tool's resource",
-            not moved or (op_after["status"], op_after["remote_id"]) == ("succeeded", resource),
+            not moved or converged,
             expected=f"the operation unchanged, or succeeded with the tool's resource {resource}",
             observed=f"{_key(op_before)} -> {_key(op_after)}",
+        )
+        # Refusing a genuine callback breaks no safety rule, but it is the only
+        # news of the effect from a tool without query or key: the contract
+        # accepts it here, in one statement, whatever the timing.
+        ctx.progress(
+            "a genuine callback for an operation in flight of the active, live run converged it",
+            converged and reply.ok and (reply.result or {}).get("accepted") is True,
+            expected=f"accepted: true; the operation succeeded with the tool's resource {resource}",
+            observed=f"reply ok={reply.ok} {reply.result or reply.error}; "
+            f"{_key(op_before)} -> {_key(op_after)}",
+            since=delivered_at,
         )
     else:
         ctx.equal(

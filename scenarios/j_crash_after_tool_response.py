@@ -32,6 +32,7 @@ from scenarios.common import (
     control_plane,
     finish,
     new_run,
+    paused_list_is_the_databases,
     resumed_once_converged,
     wait_claimable,
     writes_name_workflow_steps,
@@ -104,6 +105,7 @@ def run(ctx: ExperimentContext) -> None:
     )
     if row["status"] == "paused_indoubt":
         ctx.equal("nobody holds the frozen run", row["owner"], None, what="owner")
+        paused_list_is_the_databases(ctx, control_plane(ctx))
     if ctx.variant == "operator_resolves":
         _operator_resolves(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     if ctx.variant == "operator_converges":

@@ -154,7 +154,8 @@ OPS_TIMEOUT_MS = 80
 
 def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
     """O's heartbeat renewal waits on the run's row, which the harness holds,
-    past its timeout; then O is asked to write under the still live lease."""
+    past its timeout; then O is asked to write under the still live lease:
+    a checkpoint, an intent and the completion, each of which must be refused."""
     run_id = new_run(ctx)
     o = ctx.env.start_worker("O", "ops")
     lease = ctx.ok(o, "claim", run_id=run_id)
@@ -174,8 +175,22 @@ def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
     )[0]
     mark = checkers.audit_mark(ctx)
     asked_at = time.time()
-    reply = ctx.op(o, "save_checkpoint", run_id=run_id, epoch=lease["epoch"],
-                   expected_revision=lease["revision"], state={"by": "O"})  # fmt: skip
+    # Every write under the lease, each at the revision the lease was granted
+    # at (a refused one changes nothing, so the next still matches it).
+    identity = {"run_id": run_id, "epoch": lease["epoch"], "expected_revision": lease["revision"]}
+    replies = [
+        ctx.op(o, "save_checkpoint", **identity, state={"by": "O"}),
+        ctx.op(
+            o,
+            "register_intent",
+            **identity,
+            step_id="p.after_unconfirmed",
+            effect_version=1,
+            tool="idem",
+            request={"kind": "return_label"},
+        ),
+        ctx.op(o, "complete", **identity, result={"by": "O"}),
+    ]
     answered_at = time.time()
     ctx.fault(
         "O's renewal waited on the run's row past its timeout, its lease still live after",
@@ -191,8 +206,10 @@ def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
         not changed,
         expected="no change by O after its renewal timed out (the heartbeat cancels the "
         "session's work under that lease, contract section 5, heartbeat)",
-        observed=f"changes by O {[(r['seq'], r['tbl'], r['op']) for r in changed]}; reply "
-        + (f"ok {plain(reply.result)}" if reply.ok else f"{reply.error}"),
+        observed=f"changes by O {[(r['seq'], r['tbl'], r['op']) for r in changed]}; replies "
+        + "; ".join(
+            f"{r.op} " + (f"ok {plain(r.result)}" if r.ok else f"{r.error}") for r in replies
+        ),
         since=waited_at + timeout_s,
         until=max(asked_at, answered_at),
     )
