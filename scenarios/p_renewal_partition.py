@@ -26,7 +26,7 @@ from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Hold
 from harness.waiting import wait_for
-from scenarios.common import finish, finish_or_kill, new_run, wait_claimable
+from scenarios.common import finish, finish_or_kill, new_run, seen_within, wait_claimable
 
 SPEC = ExperimentSpec(
     id="P",
@@ -34,9 +34,11 @@ SPEC = ExperimentSpec(
     seed_section="English seed §5.2, §7 (heartbeat); Chinese seed §5",
     invariant="after the cut, A's execution is cancelled and A sends no new request to the "
     "tool; B takes over with the next epoch and finishes the run; an ops session whose "
-    "renewal went unconfirmed writes nothing more under that lease",
+    "renewal went unconfirmed writes nothing more under that lease; a renewal held past the "
+    "lease's expiry never commits",
     fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool; an ops "
-    "session's renewal held on the run's row lock past its timeout",
+    "session's renewal held on the run's row lock past its timeout, and another's until its "
+    "lease expired",
     rules=(8, 1),
     layer="queue",
     injection_point="after_dispatch_claim_commit",
@@ -44,7 +46,7 @@ SPEC = ExperimentSpec(
         *needs.capabilities("workflow", "ledger"),
         needs.point("after_dispatch_claim_commit"),
     ),
-    natural_wait_s=0.8 + 0.3,
+    natural_wait_s=0.8 + 0.3 + 0.8,  # the cut, its successor; an ops lease running out
 )
 
 
@@ -143,7 +145,8 @@ def run(ctx: ExperimentContext) -> None:
         checkers.lease_history_is_sound(ctx, [run_id])
         return
     other = _ops_session_renewal_unconfirmed(ctx)
-    checkers.lease_history_is_sound(ctx, [run_id, other])
+    expired = _renewal_held_past_expiry(ctx)
+    checkers.lease_history_is_sound(ctx, [run_id, other, expired])
 
 
 # The ops session's heartbeat interval and renewal timeout: short next to the
@@ -212,5 +215,70 @@ def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
         ),
         since=waited_at + timeout_s,
         until=max(asked_at, answered_at),
+    )
+    return run_id
+
+
+def _renewal_held_past_expiry(ctx: ExperimentContext) -> str:
+    """Q's heartbeat renewal waits on the run's row, which the harness holds
+    until Q's lease has expired by database time. A renewal bounded by its
+    timeout on the server is cancelled long before; one that is not, and whose
+    expiry check ran before its wait (an UPDATE's WHERE is not evaluated again
+    when the row was only locked), commits over the expired lease once the
+    harness lets go, which rule 1 forbids whatever the timing."""
+    run_id = new_run(ctx)
+    q = ctx.env.start_worker("Q", "ops")
+    lease = ctx.ok(q, "claim", run_id=run_id)
+
+    def lease_expired() -> bool:
+        rows = ctx.env.query(
+            "SELECT lease_expires_at < clock_timestamp() AS expired FROM "
+            "fencecheck_model.agent_runs WHERE run_id = %s",
+            [run_id],
+        )
+        return bool(rows and rows[0]["expired"])
+
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        mark = checkers.audit_mark(ctx)
+        ctx.ok(q, "heartbeat", run_id=run_id, epoch=lease["epoch"], action="start",
+               interval_ms=OPS_INTERVAL_MS, timeout_ms=OPS_TIMEOUT_MS)  # fmt: skip
+        waiting = lock.wait_for_waiters(["Q"])
+        expired = seen_within(
+            lease_expired, what="Q's lease to expire by database time", timeout_s=30.0
+        )
+        at_release = ctx.sql(
+            "Q's lease as the harness lets go",
+            "SELECT lease_expires_at, clock_timestamp() AS now, epoch, owner FROM "
+            "fencecheck_model.agent_runs WHERE run_id = %s",
+            [run_id],
+        )[0]
+    # A renewal still waiting on the server goes on now: until Q has no
+    # statement running, within a bound.
+    seen_within(
+        lambda: (
+            not ctx.env.query(
+                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'Q' AND state = 'active'"
+            )
+        ),
+        what="Q to have no statement running once the harness let go",
+        timeout_s=10.0,
+    )
+    ctx.op(q, "heartbeat", run_id=run_id, epoch=lease["epoch"], action="stop")
+    ctx.fault(
+        "Q's renewal waited on the run's row until its lease had expired by database time",
+        waiting is not None and bool(expired),
+        expected="a session of Q's waiting on the run's row (its renewal) while the harness "
+        "held it, and the lease expired by database time before the harness let go",
+        observed=f"{waiting or 'no session of Q waited'}; lease at the release {plain(at_release)}",
+    )
+    changed = [
+        r for r in checkers.changes_by(ctx, ["Q"], after_seq=mark) if r["tbl"] == "agent_runs"
+    ]
+    ctx.invariant(
+        "a renewal never commits over an expired lease",
+        not changed,
+        expected="no change of the run by Q after the harness took the row: every renewal in "
+        "that time waited until the lease had expired (rule 1: an expired lease is not renewed)",
+        observed=f"changes by Q {[(r['seq'], r['at'], r['op'], r['renewal']) for r in changed]}",
     )
     return run_id
