@@ -42,9 +42,18 @@ second only, and the successor comes after that: the tool no longer knows
 the key (its query answers "not found", a repeat would create anew), so a
 same-key retry is no longer safe and must not be sent: the run freezes in
 doubt with one real resource.
+
+Variant ``slow_claim_answer``: an ``ops`` dispatcher's database link answers
+late while it claims an intent; it is held right after the claim and let go
+past the claim's deadline by database time, but within that delay. Its
+deadline counts from when it sent the claim, which is before the database
+made it: it must send nothing. One that counts from the answer still
+believes it holds the claim.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from harness.checking import checkers
 from harness.checking.history import load_history
@@ -53,7 +62,14 @@ from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconcl
 from harness.parts.control import Crash, Hit, Hold
 from harness.parts.processes import SignalRecord, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
-from scenarios.common import control_plane, finish, new_run, seen_within, wait_claimable
+from scenarios.common import (
+    control_plane,
+    finish,
+    intent_registered,
+    new_run,
+    seen_within,
+    wait_claimable,
+)
 
 RETENTION_S = 1.0  # the idempotent tool's key memory in variant retention_expired
 # Variant resend_at_window_end: the tool's key memory, and where in it the
@@ -63,6 +79,11 @@ WINDOW_END_RETENTION_S = 1.5
 # its dispatch claim's deadline (600 ms) plus the reconciler's claim, within
 # the worker's tool timeout (3 s).
 ARRIVE_LATE_MS = 2000
+# slow_claim_answer: how late the database's answers reach the dispatcher while
+# it claims (toxiproxy latency on its link, downstream), and how far past the
+# claim's deadline (database time) the harness lets it go on: inside that delay.
+CLAIM_ANSWER_LATE_MS = 250
+RELEASE_PAST_DEADLINE_S = 0.1
 
 TOOL_FOR = {
     "idempotent": "idem",
@@ -107,7 +128,8 @@ SPEC = ExperimentSpec(
         needs.point("before_renew", "frozen_dispatcher", "frozen_before_claim"),
         needs.capability("ledger_tool:idempotent", "frozen_before_claim"),
         needs.point("after_outbound_intent_commit", "frozen_before_claim"),
-        needs.capability("ledger_tool:idempotent", "superseded_claim"),
+        needs.capability("ledger_tool:idempotent", "superseded_claim", "slow_claim_answer"),
+        needs.point("after_dispatch_claim_commit", "slow_claim_answer"),
         needs.point("after_tool_response_before_tx2_commit", "superseded_claim"),
     ),
     variants=(
@@ -121,6 +143,7 @@ SPEC = ExperimentSpec(
         "retention_expired",
         "resend_at_window_end",
         "superseded_claim",
+        "slow_claim_answer",
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -132,8 +155,15 @@ SPEC = ExperimentSpec(
         ("frozen_dispatcher", "after_dispatch_claim_commit"),
         ("frozen_reconciler", "after_dispatch_claim_commit"),
         ("frozen_before_claim", "after_outbound_intent_commit"),
+        ("slow_claim_answer", "after_dispatch_claim_commit"),
     ),
     variant_faults=(
+        (
+            "slow_claim_answer",
+            f"the dispatcher's database answers delayed {CLAIM_ANSWER_LATE_MS} ms (toxiproxy) "
+            "while it claims; it is held right after the claim and let go past the claim's "
+            "deadline by database time, within that delay",
+        ),
         (
             "superseded_claim",
             "A, its lease kept live by its heartbeat, held with the tool's answer before "
@@ -185,6 +215,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "superseded_claim":
         _superseded_claim(ctx)
+        return
+    if variant == "slow_claim_answer":
+        _slow_claim_answer(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -805,3 +838,72 @@ def _outlive_retention(ctx: ExperimentContext, op_id: str) -> None:
         f"{int(RETENTION_S * 1000)}",
         observed=f"query not found: {forgotten}; ledger {plain(row)}",
     )
+
+
+def _slow_claim_answer(ctx: ExperimentContext) -> None:
+    """D's dispatch claim is answered CLAIM_ANSWER_LATE_MS late (its database
+    link slowed downstream); D is held right after the claim and let go once
+    the claim's deadline has passed by database time, sooner after it than
+    the answer was late. A dispatcher that counts its deadline from when it
+    sent the claim sees it passed and sends nothing; one that counts from the
+    answer (blind bug hunt round 6, #14) believes it still holds the claim and
+    sends, after the database's deadline (the global
+    ``effect.sent_only_under_a_dispatch_claim`` fails it)."""
+    run_id = new_run(ctx, tool="idem")
+    op_id = intent_registered(
+        ctx, ctx.env.start_worker("W", "ops"), run_id, tool="idem", step_id="e.label"
+    )
+    ctx.env.add_pg_link("pg_D")
+    d = ctx.env.start_worker("D", "ops", pg_link="pg_D")
+    link = ctx.env.links["pg_D"]
+    ctx.arm("D", "after_dispatch_claim_commit", Hold())
+    slow = link.latency(CLAIM_ANSWER_LATE_MS)
+    ctx.command(f"toxiproxy: {slow.detail}")
+    pending = ctx.op_async(d, "dispatch", {"operation_id": op_id}, worker_async=True)
+    hit = ctx.reached("D", "after_dispatch_claim_commit")
+    link.stop(slow)
+    late_s = CLAIM_ANSWER_LATE_MS / 1000
+
+    def claim_row() -> dict[str, Any]:
+        return ctx.env.query(
+            "SELECT dispatch_until, extract(epoch FROM dispatch_until) AS until_s, "
+            "extract(epoch FROM clock_timestamp()) AS now_s, status, dispatch_owner "
+            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+            [op_id],
+        )[0]
+
+    claim = claim_row()
+    until_s = float(claim["until_s"] or 0)
+    # Let go RELEASE_PAST_DEADLINE_S past the deadline by database time.
+    seen_within(
+        lambda: float(claim_row()["now_s"]) >= until_s + RELEASE_PAST_DEADLINE_S,
+        what="the claim's deadline to pass by database time",
+        timeout_s=10.0,
+    )
+    released = claim_row()
+    ctx.release("D", "after_dispatch_claim_commit")
+    reply = pending.result(15)
+    claimed_at_s = until_s - ctx.env.dispatch_ttl_ms / 1000
+    answer_late_s = hit.received_at - claimed_at_s
+    past_s = float(released["now_s"]) - until_s
+    ctx.fault(
+        "D's claim was answered late and D let go past its deadline, within that delay",
+        claim["status"] == "dispatching"
+        and answer_late_s >= late_s
+        and 0 < past_s < answer_late_s - 0.05,
+        expected=f"D's claim (dispatching) reached D at least {late_s:.2f} s after the database "
+        "made it; D let go after the claim's deadline by database time, by less than that "
+        "delay",
+        observed=f"claim {claim['status']} by {claim['dispatch_owner']} until "
+        f"{claim['dispatch_until']}; D at the point {answer_late_s:.3f} s after the claim; let go "
+        f"{past_s:.3f} s past the deadline; D answered "
+        + (f"ok {plain(reply.result)}" if reply.ok else f"{reply.error}"),
+    )
+    sent = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.equal(
+        "a dispatcher past its claim's deadline sends nothing",
+        [r["outcome"] for r in sent],
+        [],
+        what="requests the tool received for the run (its claim expired before D went on)",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 import uuid
 from typing import Any
 
@@ -87,6 +88,20 @@ class ResendDeadlineBlindLedger(Ledger):
         # reconciler frozen between that claim and its call sends on resume,
         # under a claim another reconciler has since expired and replaced.
         return None if op is None else dataclasses.replace(op, local_deadline=None)
+
+
+class DeadlineFromAnswerLedger(Ledger):
+    """A dispatch claim whose local deadline counts from the claim's answer."""
+
+    def claim(self, conn: Conn, owner: str, operation_id: str | None = None) -> Operation | None:
+        row = conn.execute(
+            self.q.sql("dispatch_claim"),
+            {"dispatch_owner": owner, "ttl_ms": self.dispatch_ttl_ms, "operation_id": operation_id},
+        ).fetchone()
+        # MUTANT: the clock is read once the answer is in, not before the claim
+        # was sent: an answer that came late makes the local deadline later than
+        # the database's, and a dispatcher let go in between still sends.
+        return self._claimed(row, time.monotonic())
 
 
 class ConflictAsSuccessDispatcher(Dispatcher):
@@ -182,6 +197,15 @@ MUTANTS = (
         "the call: frozen between that claim and its call, it sends on resume under a "
         "claim another reconciler expired and replaced (blind bug hunt round 5, #14)",
         Component("ledger_cls", ResendDeadlineBlindLedger),
+    ),
+    Mutant(
+        "claim_deadline_from_answer",
+        4,
+        ("E",),
+        "a dispatch claim's local deadline counts from the claim's answer, not from when it "
+        "was sent: an answer that came late leaves the dispatcher believing it holds a claim "
+        "the database has expired, and it sends (blind bug hunt round 6, #14, in Go)",
+        Component("ledger_cls", DeadlineFromAnswerLedger),
     ),
     Mutant(
         "new_operation_id_on_retry",

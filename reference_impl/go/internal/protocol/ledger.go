@@ -106,6 +106,9 @@ func (p *Protocol) DispatchClaim(ctx context.Context, q Querier, owner string, t
 	if op == nil || err != nil {
 		return op, err
 	}
+	if p.DeadlineFromAnswer {
+		sent = time.Now()
+	}
 	op.LocalDeadline = sent.Add(time.Duration(ttlMS) * time.Millisecond)
 	// The request carries the run's epoch as it stands after the claim, never
 	// the sender's lease: a dispatch claim is not fenced by the lease, and a

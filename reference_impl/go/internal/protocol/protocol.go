@@ -36,6 +36,9 @@ type Protocol struct {
 	// ResendWithoutDeadline leaves a same-key resend's claim without its
 	// local deadline, so Send never checks it (only a mutant sets it).
 	ResendWithoutDeadline bool
+	// DeadlineFromAnswer counts a dispatch claim's local deadline from the
+	// claim's answer instead of from when it was sent (only a mutant sets it).
+	DeadlineFromAnswer bool
 	// OnRenewUnconfirmed is what the heartbeat does with an unconfirmed
 	// renewal: cancel the execution with its cause (rule 8).
 	OnRenewUnconfirmed func(cancel context.CancelCauseFunc, cause error)
