@@ -3,9 +3,17 @@
 Baseline: the protected-write path must not reject the legitimate owner, and
 each write must advance the revision by exactly one, with its checkpoint row
 and outbox row committed together.
+
+Then two writes of one holder in a row, pipelined: the harness holds the
+run's row while the holder sends a write at the run's revision N and, before
+it is answered, one at N + 1. Let go, both must commit, N + 1 then N + 2:
+the second's expected revision is the run's once the first has committed,
+whichever way each write waited (one statement, or the row locked first).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
@@ -17,11 +25,15 @@ SPEC = ExperimentSpec(
     title="continuous checkpoints",
     seed_section="English seed §11 A; §6",
     invariant="two sequential writes in one epoch both succeed; revision +1 each, consecutive; "
-    "each checkpoint and its outbox event commit together",
+    "each checkpoint and its outbox event commit together; two pipelined writes (N, then "
+    "N + 1) both commit",
     fault="two sequential protected writes by the same owner in the same epoch",
     rules=(2, 3),
     injection_point="after_checkpoint_commit",
     needs=needs.capabilities("checkpoints", "revision_check", "outbox"),
+    # No expiry plays a part: the pipelined writes wait on the harness's lock
+    # as long as a loaded machine makes it, under a lease that outlasts that.
+    lease_ttl_ms=10_000,
 )
 
 
@@ -81,4 +93,54 @@ def run(ctx: ExperimentContext) -> None:
         if apart
         else "2 of 2 writes: checkpoint and outbox event in one transaction",
     )
-    checkers.lease_history_is_sound(ctx, [run_id])
+    pipelined = _pipelined_writes(ctx)
+    checkers.lease_history_is_sound(ctx, [run_id, pipelined])
+
+
+def _pipelined_writes(ctx: ExperimentContext) -> str:
+    run_id = new_run(ctx)
+    p = ctx.env.start_worker("P", "ops")
+    lease = ctx.ok(p, "claim", run_id=run_id)
+    base = lease["revision"]
+    event_ids = [ctx.uuid(), ctx.uuid()]
+
+    def write(n: int) -> Any:
+        return ctx.op_async(
+            p,
+            "save_checkpoint",
+            {
+                "run_id": run_id,
+                "epoch": lease["epoch"],
+                "expected_revision": base + n,
+                "state": {"pipelined": n},
+                "event_id": event_ids[n],
+            },
+            worker_async=True,
+        )
+
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        first = write(0)
+        one = lock.wait_for_sessions("P", 1)
+        second = write(1)
+        both = lock.wait_for_sessions("P", 2)
+    replies = [first.result(15), second.result(15)]
+    after = checkers.run_row(ctx, run_id, "the lease once both writes answered")
+    ctx.fault(
+        "two writes of one holder queued on the run's row, the second at the first's result",
+        one is not None and both is not None and not after["lease_expired"],
+        expected=f"a session of P waiting on the row (the write at revision {base}), then a "
+        f"second (the write at {base + 1}), while the harness held it; the lease live once "
+        "both answered",
+        observed=f"{one or 'the first never waited'}; {both or 'the second never waited'}; "
+        f"lease expired: {after['lease_expired']}",
+    )
+    committed = {str(w["event_id"]): w["revision"] for w in checkers.writes(ctx, run_id)}
+    told = [r.result.get("revision") if r.ok else f"{r.error}: {r.message}" for r in replies]
+    ctx.equal(
+        "pipelined writes both commit, in order",
+        [committed.get(e) for e in event_ids],
+        [base + 1, base + 2],
+        what=f"revisions committed by the writes at {base} and {base + 1} (the worker "
+        f"answered {told}; the lease outlasts the wait)",
+    )
+    return run_id

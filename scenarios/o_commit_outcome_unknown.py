@@ -39,7 +39,10 @@ def run(ctx: ExperimentContext) -> None:
     run_id = new_run(ctx)
     w = ctx.env.start_worker("W", "ops")
     lease = ctx.ok(w, "claim", run_id=run_id)
-    base = lease["revision"]
+    # One write committed first: the tenant then holds an event already, so a
+    # read-back that matches more than the write's own event_id shows.
+    base = ctx.ok(w, "save_checkpoint", run_id=run_id, epoch=lease["epoch"],
+                  expected_revision=lease["revision"], state={"step": "before"})["revision"]  # fmt: skip
     event_id = ctx.uuid()
     ctx.arm("W", "before_commit", Hold())
     pending = ctx.op_async(
@@ -54,7 +57,7 @@ def run(ctx: ExperimentContext) -> None:
         },
         worker_async=True,
     )
-    ctx.reached("W", "before_commit")
+    ctx.reached("W", "before_commit", held=True)  # not the first write's passage
     sessions = [
         r["pid"]
         for r in ctx.env.query("SELECT pid FROM pg_stat_activity WHERE application_name = 'W'")

@@ -211,6 +211,24 @@ class RowLock:
             return f"{app}'s request neither answered nor waiting on a lock in {timeout_s:.0f} s"
         return None if seen == "answered" else seen
 
+    def wait_for_sessions(self, app: str, count: int, timeout_s: float = 10.0) -> str | None:
+        """Wait until ``count`` sessions of ``app`` wait on a lock (requests
+        queued behind one another); what the harness saw, or None."""
+
+        def probe() -> str | None:
+            rows = self.ctx.env.query(
+                "SELECT count(*) AS n FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock' AND application_name = %s",
+                [app],
+            )
+            n = int(rows[0]["n"])
+            return f"{n} sessions of {app} waiting on {self.what}" if n >= count else None
+
+        try:
+            return wait_for(probe, what=f"{count} sessions of {app} to wait", timeout_s=timeout_s)
+        except TimeoutError:
+            return None
+
     def _waiting(self, apps: Sequence[str]) -> str | None:
         rows = self.ctx.env.query(
             "SELECT application_name AS app FROM pg_stat_activity "
