@@ -125,19 +125,30 @@ def _pipelined_writes(ctx: ExperimentContext) -> str:
         both = lock.wait_for_sessions("P", 2)
     replies = [first.result(15), second.result(15)]
     after = checkers.run_row(ctx, run_id, "the lease once both writes answered")
+    name = "pipelined writes both commit, in order"
+    expected = (
+        f"a session of P waiting on the row (the write at revision {base}), then a second "
+        f"(the write at {base + 1}), while the harness held it; the lease live once both answered"
+    )
+    observed = (
+        f"{one or 'the first never waited'}; {both or 'the second never waited'}; "
+        f"lease expired: {after['lease_expired']}"
+    )
+    if one is None or both is None or after["lease_expired"]:
+        # A probe of its own: not reached, it is said, and A's first two
+        # writes keep their verdict (an unknown here would hide their fail).
+        ctx.not_judged(name, expected=expected, observed=f"not reached: {observed}")
+        return run_id
     ctx.fault(
         "two writes of one holder queued on the run's row, the second at the first's result",
-        one is not None and both is not None and not after["lease_expired"],
-        expected=f"a session of P waiting on the row (the write at revision {base}), then a "
-        f"second (the write at {base + 1}), while the harness held it; the lease live once "
-        "both answered",
-        observed=f"{one or 'the first never waited'}; {both or 'the second never waited'}; "
-        f"lease expired: {after['lease_expired']}",
+        True,
+        expected=expected,
+        observed=observed,
     )
     committed = {str(w["event_id"]): w["revision"] for w in checkers.writes(ctx, run_id)}
     told = [r.result.get("revision") if r.ok else f"{r.error}: {r.message}" for r in replies]
     ctx.equal(
-        "pipelined writes both commit, in order",
+        name,
         [committed.get(e) for e in event_ids],
         [base + 1, base + 2],
         what=f"revisions committed by the writes at {base} and {base + 1} (the worker "

@@ -264,18 +264,28 @@ def _renewal_held_past_expiry(ctx: ExperimentContext) -> str:
         timeout_s=10.0,
     )
     ctx.op(q, "heartbeat", run_id=run_id, epoch=lease["epoch"], action="stop")
+    name = "a renewal never commits over an expired lease"
+    expected = (
+        "a session of Q's waiting on the run's row (its renewal) while the harness held it, "
+        "and the lease expired by database time before the harness let go"
+    )
+    observed = f"{waiting or 'no session of Q waited'}; lease at the release {plain(at_release)}"
+    if waiting is None or not expired:
+        # A probe of its own: not reached, it is said, and the cut's verdict
+        # above stands (an unknown here would hide its fail).
+        ctx.not_judged(name, expected=expected, observed=f"not reached: {observed}")
+        return run_id
     ctx.fault(
         "Q's renewal waited on the run's row until its lease had expired by database time",
-        waiting is not None and bool(expired),
-        expected="a session of Q's waiting on the run's row (its renewal) while the harness "
-        "held it, and the lease expired by database time before the harness let go",
-        observed=f"{waiting or 'no session of Q waited'}; lease at the release {plain(at_release)}",
+        True,
+        expected=expected,
+        observed=observed,
     )
     changed = [
         r for r in checkers.changes_by(ctx, ["Q"], after_seq=mark) if r["tbl"] == "agent_runs"
     ]
     ctx.invariant(
-        "a renewal never commits over an expired lease",
+        name,
         not changed,
         expected="no change of the run by Q after the harness took the row: every renewal in "
         "that time waited until the lease had expired (rule 1: an expired lease is not renewed)",
