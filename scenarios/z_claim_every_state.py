@@ -43,7 +43,7 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.processes import WorkerProcess
-from scenarios.common import control_plane, new_run
+from scenarios.common import control_plane, intent_registered, new_run
 
 SHORT_TTL_MS = 300
 LONG_TTL_MS = 60_000
@@ -57,10 +57,12 @@ SPEC = ExperimentSpec(
     invariant="a claim by run id is granted only for a queued run whose next_attempt_at has "
     "come or a running / waiting_tool run whose lease expired by database time, and changes "
     "nothing otherwise; a claim of any run takes exactly those, expired leases first, skips a "
-    "row another session holds instead of waiting for it, and touches no other run",
+    "row another session holds instead of waiting for it, and touches no other run; a "
+    "dispatch cycle skips a prepared intent whose ledger row another session holds",
     fault="one run in each state (queued due / not due, running and waiting_tool live and "
     "expired, paused for a person, succeeded, cancelled, missing); one claimable run's row "
-    "held locked by the harness during the claims of any run",
+    "held locked by the harness during the claims of any run, and one prepared intent's ledger "
+    "row during a dispatch cycle",
     rules=(1,),
     layer="queue",
     lease_ttl_ms=LONG_TTL_MS,
@@ -201,7 +203,42 @@ def run(ctx: ExperimentContext) -> None:
         expected="queued-not-due, live, paused and finished runs as they were",
         observed=f"changed: {untouched}" if untouched else "all as they were",
     )
+    _dispatch_skips_a_held_intent(ctx)
     checkers.lease_history_is_sound(ctx)
+
+
+def _dispatch_skips_a_held_intent(ctx: ExperimentContext) -> None:
+    """A dispatcher's claim of any intent skips a ledger row another session
+    holds (SKIP LOCKED), as a claim of any run does: in the other tenant, two
+    live runs each with an intent prepared, the older one's row held by the
+    harness; the dispatcher's cycle must answer without waiting on it."""
+    tenant = ctx.env.other_tenant_id
+    runs = [new_run(ctx, tool="plain", tenant_id=tenant) for _ in range(2)]
+    ops = []
+    for i, run in enumerate(runs):
+        worker = ctx.env.start_worker(f"I{i}", "ops", tenant_id=tenant)
+        ops.append(intent_registered(ctx, worker, run, tool="plain", step_id="z.intent"))
+    d = ctx.env.start_worker("D", "ops", tenant_id=tenant)
+    with checkers.row_locked(ctx, "tool_operations", "operation_id", ops[0]) as lock:
+        pending = ctx.op_async(d, "dispatch", {})
+        waited = lock.answered_or_waiting(pending, "D")
+    reply = pending.result(15.0)
+    name = "a dispatcher's claim of any intent skips a ledger row another session holds"
+    if reply.error == "Unsupported":
+        ctx.not_judged(name, expected="a dispatch cycle", observed="the system has none")
+        return
+    statuses = [
+        next((o["status"] for o in checkers.ledger(ctx, run) if o["operation_id"] == op), None)
+        for run, op in zip(runs, ops, strict=True)
+    ]
+    ctx.invariant(
+        name,
+        waited is None,
+        expected="the dispatch cycle answered while the harness held the older intent's "
+        "ledger row, none of its sessions waiting on it",
+        observed=(waited or "answered without waiting")
+        + f"; reply {reply.result if reply.ok else reply.error}; the two intents now {statuses}",
+    )
 
 
 def _make(
