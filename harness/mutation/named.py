@@ -72,8 +72,10 @@ class MutantOutcome:
 
 
 class Confirmation:
-    """The unmutated implementation, up for a whole campaign, against which every
-    catch is rerun: a fail counts only if the same experiment passes here."""
+    """The campaign's servers with the unmutated template, up for the whole
+    campaign: every mutant runs on a template of its own beside it
+    (:func:`check_mutant`), and every catch is rerun here: a fail counts only
+    if a catching experiment passes against the unmutated implementation."""
 
     def __init__(self, settings: Settings, report_dir: Path, *, seed: int) -> None:
         self.settings = dataclasses.replace(settings, mutant=None, keep=False)
