@@ -65,8 +65,12 @@ class Watcher:
                 children = []
             for child in children:
                 try:
-                    if child.pid not in self.seen.pids:
-                        self.seen.pids[child.pid] = " ".join(child.cmdline())[:160]
+                    # Read again each time: a child caught between fork and exec
+                    # still shows its parent's command line (a loaded machine
+                    # widens that window); an exited one shows none.
+                    cmdline = " ".join(child.cmdline())[:160]
+                    if cmdline or child.pid not in self.seen.pids:
+                        self.seen.pids[child.pid] = cmdline
                     if "postgres" in self.seen.pids[child.pid]:
                         self.seen.postgres_pids.add(child.pid)
                         self._note_maps(child.pid)
