@@ -45,8 +45,11 @@ def matrix_services() -> Iterator[SharedServices]:
 @pytest.fixture(scope="session")
 def matrix_report_dir() -> Path:
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
-    path = REPORTS / f"pytest-{time.strftime('%Y%m%dT%H%M%S')}-{worker}"
-    path.mkdir(parents=True, exist_ok=True)
+    # The pid too: `make test` runs this file's matrix for two workers at once,
+    # and two sessions that started in one second shared a folder (and their
+    # workers' histories) before.
+    path = REPORTS / f"pytest-{time.strftime('%Y%m%dT%H%M%S')}-{worker}-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=False)
     return path
 
 

@@ -63,7 +63,9 @@ def test_required_majors_are_installed() -> None:
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("binaries", OTHERS, ids=[f"pg{b.major}" for b in OTHERS])
 def test_whole_matrix_passes_on(binaries: PgBinaries) -> None:
-    report_dir = REPORTS / f"pytest-pg{binaries.major}-{time.strftime('%Y%m%dT%H%M%S')}"
+    report_dir = (
+        REPORTS / f"pytest-pg{binaries.major}-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}"
+    )
     proc = subprocess.run(
         [
             sys.executable,
