@@ -134,17 +134,14 @@ def _pipelined_writes(ctx: ExperimentContext) -> str:
         f"{one or 'the first never waited'}; {both or 'the second never waited'}; "
         f"lease expired: {after['lease_expired']}"
     )
-    if one is None or both is None or after["lease_expired"]:
-        # A probe of its own: not reached, it is said, and A's first two
-        # writes keep their verdict (an unknown here would hide their fail).
-        ctx.not_judged(name, expected=expected, observed=f"not reached: {observed}")
-        return run_id
-    ctx.fault(
+    if not ctx.probe_reached(
         "two writes of one holder queued on the run's row, the second at the first's result",
-        True,
+        one is not None and both is not None and not after["lease_expired"],
+        judges=name,
         expected=expected,
         observed=observed,
-    )
+    ):
+        return run_id
     committed = {str(w["event_id"]): w["revision"] for w in checkers.writes(ctx, run_id)}
     told = [r.result.get("revision") if r.ok else f"{r.error}: {r.message}" for r in replies]
     ctx.equal(

@@ -257,7 +257,8 @@ def _renewal_held_past_expiry(ctx: ExperimentContext) -> str:
     seen_within(
         lambda: (
             not ctx.env.query(
-                "SELECT 1 FROM pg_stat_activity WHERE application_name = 'Q' AND state = 'active'"
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = 'Q' AND state = 'active'"
             )
         ),
         what="Q to have no statement running once the harness let go",
@@ -270,17 +271,14 @@ def _renewal_held_past_expiry(ctx: ExperimentContext) -> str:
         "and the lease expired by database time before the harness let go"
     )
     observed = f"{waiting or 'no session of Q waited'}; lease at the release {plain(at_release)}"
-    if waiting is None or not expired:
-        # A probe of its own: not reached, it is said, and the cut's verdict
-        # above stands (an unknown here would hide its fail).
-        ctx.not_judged(name, expected=expected, observed=f"not reached: {observed}")
-        return run_id
-    ctx.fault(
+    if not ctx.probe_reached(
         "Q's renewal waited on the run's row until its lease had expired by database time",
-        True,
+        waiting is not None and bool(expired),
+        judges=name,
         expected=expected,
         observed=observed,
-    )
+    ):
+        return run_id
     changed = [
         r for r in checkers.changes_by(ctx, ["Q"], after_seq=mark) if r["tbl"] == "agent_runs"
     ]

@@ -346,6 +346,19 @@ class ExperimentContext:
         self.checks.append(Check(name, "fault", bool(ok), expected, observed))
         return bool(ok)
 
+    def probe_reached(
+        self, fault: str, reached: bool, *, judges: str, expected: str, observed: str
+    ) -> bool:
+        """For a probe of its own inside an experiment (a second case beside the
+        experiment's fault): reached, its fault is recorded as in effect; not
+        reached, the property it ``judges`` is recorded not judged, with why,
+        and the experiment's own verdict stands (a fault check not in effect
+        would turn the whole run unknown and hide a fail found before)."""
+        if not reached:
+            self.not_judged(judges, expected=expected, observed=f"not reached: {observed}")
+            return False
+        return self.fault(fault, True, expected=expected, observed=observed)
+
     def invariant(self, name: str, ok: bool, *, expected: str, observed: str) -> bool:
         """Record one property of the protocol, judged from harness evidence."""
         self.checks.append(Check(name, "invariant", bool(ok), expected, observed))

@@ -196,6 +196,20 @@ class _Refusing:
         raise SetupRefused("ctl", "create_run", self.error, "insert or update violates ...")
 
 
+def test_a_probe_not_reached_is_not_judged_and_leaves_the_fail_before_it() -> None:
+    ctx = _ctx()
+    ctx.invariant("both writes committed", False, expected="2", observed="0")
+    assert not ctx.probe_reached("rows queued", False, judges="pipelined", expected="-",
+                                 observed="nothing waited")  # fmt: skip
+    assert ctx.verdict() == (Verdict.FAIL, "invariant broken: both writes committed")
+    assert [(c.name, c.kind) for c in ctx.checks][-1] == ("pipelined", "not_judged")
+    reached = _ctx()
+    assert reached.probe_reached("rows queued", True, judges="pipelined", expected="-",
+                                 observed="2 waiting")  # fmt: skip
+    reached.invariant("pipelined", True, expected="-", observed="-")
+    assert reached.verdict()[0] is Verdict.PASS
+
+
 @pytest.mark.parametrize(
     ("error", "excuse", "verdict"),
     [
