@@ -282,14 +282,45 @@ def owner_alive(labels: dict[str, str]) -> bool:
     return actual is not None and abs(actual - started) < 1.0
 
 
+def listed_containers(client: Any, filters: dict[str, Any]) -> list[dict[str, Any]]:
+    """The containers matching ``filters`` as the engine lists them, in one call.
+
+    Not ``containers.list``: it inspects each listed container afterwards, and a
+    container its own run removes meanwhile (an interrupted run's teardown races
+    the next run's sweep) makes that inspection fail: Podman answers 500 "no such
+    container", not 404."""
+    return list(client.api.containers(all=True, filters=filters))
+
+
+def container_name(entry: dict[str, Any]) -> str:
+    names = entry.get("Names") or [entry["Id"]]
+    return str(names[0]).lstrip("/")
+
+
+def _already_gone(exc: docker.errors.APIError) -> bool:
+    # Podman reports a container removed under us as a 500, Docker as a 404.
+    return isinstance(exc, docker.errors.NotFound) or "no such container" in str(exc).lower()
+
+
+def remove_listed(client: Any, entry: dict[str, Any]) -> str | None:
+    """Remove a listed container; its name, or None if it was gone already."""
+    try:
+        client.api.remove_container(entry["Id"], force=True, v=True)
+    except docker.errors.APIError as exc:
+        if _already_gone(exc):
+            return None
+        raise
+    return container_name(entry)
+
+
 def cleanup_leftovers(client: Any, *, everything: bool = False) -> list[str]:
     """Remove containers and networks of dead runs (all of ours with ``everything``)."""
     removed: list[str] = []
-    for container in client.containers.list(all=True, filters={"label": LABEL_RUN}):
-        if everything or not owner_alive(container.labels):
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True, v=True)
-                removed.append(str(container.name))
+    for entry in listed_containers(client, {"label": LABEL_RUN}):
+        if everything or not owner_alive(entry.get("Labels") or {}):
+            name = remove_listed(client, entry)
+            if name is not None:
+                removed.append(name)
     for network in client.networks.list(filters={"label": LABEL_RUN}):
         labels = network.attrs.get("Labels") or {}
         if everything or not owner_alive(labels):
@@ -310,10 +341,10 @@ def remove_run(run_id: str, engine: str | None = None) -> list[str]:
     removed: list[str] = []
     try:
         flt = {"label": f"{LABEL_RUN}={run_id}"}
-        for container in client.containers.list(all=True, filters=flt):
-            with contextlib.suppress(docker.errors.NotFound):
-                container.remove(force=True, v=True)
-                removed.append(str(container.name))
+        for entry in listed_containers(client, flt):
+            name = remove_listed(client, entry)
+            if name is not None:
+                removed.append(name)
         for network in client.networks.list(filters=flt):
             with contextlib.suppress(docker.errors.NotFound, docker.errors.APIError):
                 network.remove()
@@ -712,11 +743,8 @@ class ContainerBackend:
             thread.join(timeout=30)
         # By label too: whatever was created but never registered.
         with contextlib.suppress(Exception):
-            for container in self.client.containers.list(
-                all=True, filters={"label": f"{LABEL_RUN}={self.run_id}"}
-            ):
-                with contextlib.suppress(docker.errors.NotFound):
-                    container.remove(force=True, v=True)
+            for entry in listed_containers(self.client, {"label": f"{LABEL_RUN}={self.run_id}"}):
+                remove_listed(self.client, entry)
         if self.network is not None:
             with contextlib.suppress(Exception):
                 self.network.remove()
@@ -764,7 +792,7 @@ class ContainerBackend:
     def leftovers(self) -> list[str]:
         """Names of this run's containers and networks still in the engine."""
         flt = {"label": f"{LABEL_RUN}={self.run_id}"}
-        return [str(c.name) for c in self.client.containers.list(all=True, filters=flt)] + [
+        return [container_name(e) for e in listed_containers(self.client, flt)] + [
             str(n.name) for n in self.client.networks.list(filters=flt)
         ]
 

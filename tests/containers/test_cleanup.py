@@ -7,6 +7,7 @@ the next backend start removes whatever belongs to a dead owner.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -27,10 +28,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def _ours(client: Any, **labels: str) -> list[str]:
-    from harness.backends.containers import LABEL_RUN
+    from harness.backends.containers import LABEL_RUN, container_name, listed_containers
 
     filters = [LABEL_RUN] + [f"{k}={v}" for k, v in labels.items()]
-    return sorted(str(c.name) for c in client.containers.list(all=True, filters={"label": filters}))
+    return sorted(container_name(e) for e in listed_containers(client, {"label": filters}))
 
 
 def test_close_removes_every_container_and_the_network(
@@ -145,3 +146,26 @@ def test_interrupted_cli_run_leaves_no_container(client: Any, tmp_path: Path) ->
 def test_engine_problem_is_none_here() -> None:
     require_engine()
     assert engine_problem() is None
+
+
+def test_a_container_removed_after_the_listing_counts_as_removed(client: Any) -> None:
+    """An interrupted run's own teardown can remove a container between the next
+    sweep's listing and its removal: the sweep takes it as gone, not as something
+    it could not remove. (Podman answers 404 once it is gone and 500 "no such
+    container" while its removal is under way; the sweep lists without inspecting
+    each container, where a CI run met the 500.)"""
+    from harness.backends import containers_images as images
+    from harness.backends.containers import LABEL_RUN, listed_containers, remove_listed
+
+    label = f"{LABEL_RUN}=race-{os.getpid()}"
+    created = client.containers.create(
+        images.python_image(), command=["true"], labels={LABEL_RUN: f"race-{os.getpid()}"}
+    )
+    try:
+        (entry,) = listed_containers(client, {"label": label})
+        created.remove(force=True)  # the other party wins the race
+        assert remove_listed(client, entry) is None
+        assert listed_containers(client, {"label": label}) == []
+    finally:
+        with contextlib.suppress(Exception):
+            created.remove(force=True)
