@@ -1014,6 +1014,28 @@ class ContainerPostgres(PostgresCluster):
         self.backend.remove_container(self.container_name)
         self.container = None
 
+    def postmaster_pid(self) -> int | None:
+        """The container's first process as a pid of this host, when it is the
+        postmaster (the image's entrypoint execs postgres): its backends are the
+        host's processes too, and their CPU waits can be measured like a local
+        server's (a CI run's containers matrix failed Q on correct code: every
+        renewal timed out while the database's backends, not watched, waited)."""
+        if self.container is None:
+            return None
+        wrapped = self.container.get_wrapped_container()
+        try:
+            wrapped.reload()
+        except docker.errors.APIError:
+            return None
+        pid = int((wrapped.attrs.get("State") or {}).get("Pid") or 0)
+        if pid <= 0:
+            return None
+        try:
+            title = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        except OSError:
+            return None  # another pid namespace than this host's view
+        return pid if title.endswith(b"postgres") else None
+
     # ------------------------------------------------ extra fault: pause
     def pause(self) -> FaultRecord:
         """Freeze the whole server (cgroup freezer); returns once the engine says paused."""

@@ -1043,11 +1043,11 @@ def _watch_backends(
     stack: contextlib.ExitStack, server: PostgresCluster, database: str, name: str
 ) -> None:
     """Measure the CPU starvation of the backends ``server`` forks for the
-    experiment's database (harness/engine/starvation.py): a local server's
-    only; a container's processes are in another pid namespace."""
-    if server.process is None or server.process.poll() is not None:
+    experiment's database (harness/engine/starvation.py): a local server's,
+    and a container's whose postmaster this host sees."""
+    postmaster = server.postmaster_pid()
+    if postmaster is None:
         return
-    postmaster = server.process.pid
     starvation.monitor().watch_backends(postmaster, database, name, {server.superuser})
     stack.callback(starvation.monitor().forget_backends, postmaster, database)
 

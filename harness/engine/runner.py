@@ -359,6 +359,35 @@ def _ours(episode: starvation.Starvation, label: str) -> bool:
     return episode.process.startswith((f"{label}/", "run/"))
 
 
+def _worst_starvation(
+    episodes: list[starvation.Starvation], timer_s: float
+) -> tuple[float, list[starvation.Starvation]] | None:
+    """The most one process waited for a CPU within one timer's span, and the
+    episodes that make it up. Summed, not the longest single episode: the
+    sampler closes an episode at a tick without delay, and a renewal timer
+    fires on the waits it spans (a CI run's worker waited 0.146 s and, 0.05 s
+    later, 0.082 s: 0.23 s within one 0.3 s renewal timeout, each under the
+    0.15 s the rule asked of one episode)."""
+    best: tuple[float, list[starvation.Starvation]] | None = None
+    for pid_episodes in group_by_pid(episodes).values():
+        pid_episodes.sort(key=lambda e: e.started_at)
+        for i, first in enumerate(pid_episodes):
+            window = [e for e in pid_episodes[i:] if e.started_at < first.started_at + timer_s]
+            waited = sum(e.waited_s for e in window)
+            if window and (best is None or waited > best[0]):
+                best = (waited, window)
+    return best
+
+
+def group_by_pid(
+    episodes: list[starvation.Starvation],
+) -> dict[int, list[starvation.Starvation]]:
+    out: dict[int, list[starvation.Starvation]] = {}
+    for e in episodes:
+        out.setdefault(e.pid, []).append(e)
+    return out
+
+
 def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
     """What can excuse unmet progress in a window (ExperimentContext.verdict):
     a stall of the harness of at least the workers' shortest protocol timer
@@ -388,16 +417,16 @@ def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
         if long_stalls:
             worst = max(long_stalls, key=lambda s: s.length_s)
             return f"the harness stalled {worst.describe()}"
-        starved = [
-            e
-            for e in starvation.monitor().episodes(since, until)
-            if _ours(e, env.name) and e.waited_s >= starved_limit
-        ]
-        if starved:
-            worst_episode = max(starved, key=lambda e: e.waited_s)
+        ours = [e for e in starvation.monitor().episodes(since, until) if _ours(e, env.name)]
+        worst_run = _worst_starvation(ours, 2 * starved_limit)
+        if worst_run is not None and worst_run[0] >= starved_limit:
+            waited_s, episodes = worst_run
+            first, last = episodes[0], episodes[-1]
+            span = last.ended_at - first.started_at
             return (
-                f"{worst_episode.describe()}, at least the {starved_limit:.2f}s that can fire a "
-                "protocol timer"
+                f"{first.process} (pid {first.pid}) waited {waited_s:.2f}s for a CPU in "
+                f"{len(episodes)} episode(s) within {span:.2f}s from {first.describe()}, at least "
+                f"the {starved_limit:.2f}s that can fire a protocol timer"
             )
         return None
 

@@ -379,6 +379,12 @@ class PostgresCluster:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def postmaster_pid(self) -> int | None:
+        """The server's postmaster as a pid of this host (None: not running)."""
+        if self.process is None or self.process.poll() is not None:
+            return None
+        return self.process.pid
+
     def log_tail(self, lines: int = 30) -> str:
         try:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

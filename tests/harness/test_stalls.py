@@ -183,3 +183,31 @@ def test_a_short_stall_leaves_a_mutants_fail_a_fail(tmp_path: Path) -> None:
         pytest.skip(f"the machine itself stalled the harness ({recorded}); rerun when less loaded")
     assert archive["pass_or_fail"] == "fail", archive["verdict_reason"]
     assert code == 1
+
+
+def _episode(pid: int, at: float, length: float, waited: float) -> Any:
+    from harness.engine.starvation import Starvation
+
+    return Starvation(f"Q/worker w{pid}", pid, at, length, waited)
+
+
+def test_starvation_is_summed_within_one_timer_per_process() -> None:
+    """The CI case: one worker waited 0.146 s, then 0.082 s 0.05 s later, within
+    one 0.3 s renewal timeout: 0.23 s, enough to fire it, though neither
+    episode alone reached the 0.15 s half of the timer."""
+    from harness.engine.runner import _worst_starvation
+
+    episodes = [
+        _episode(2, 100.049, 0.123, 0.146),
+        _episode(2, 100.224, 0.053, 0.082),
+        _episode(3, 100.0, 0.05, 0.1),  # another process: never added to pid 2's
+        _episode(2, 101.0, 0.05, 0.1),  # a second later: outside the timer
+    ]
+    worst = _worst_starvation(episodes, timer_s=0.3)
+    assert worst is not None
+    waited, window = worst
+    assert round(waited, 3) == 0.228
+    assert [e.started_at for e in window] == [100.049, 100.224]
+    # Spread over more than one timer, the same waits excuse nothing.
+    spread = [_episode(2, 100.0, 0.05, 0.1), _episode(2, 100.5, 0.05, 0.1)]
+    assert _worst_starvation(spread, timer_s=0.3) == (0.1, [spread[0]])
