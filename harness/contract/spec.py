@@ -123,8 +123,10 @@ def stale_holder_operations(ops: Sequence[Operation]) -> list[Operation]:
 
 
 #: Values a wrong caller plausibly sends for a decision or an outcome besides
-#: the contract's other enumerated values: the ledger's non-final statuses
-#: and a word that names nothing.
+#: the contract's other enumerated values: the ledger's non-final statuses, a
+#: word that names nothing, and (in invalid_choices) the verbs of the other
+#: control-plane operations: an implementation that maps a decision straight
+#: onto its own action table must not apply "resolve" or "cancel" as one.
 _PLAUSIBLY_WRONG = ("prepared", "dispatching", "unknown", "cancelled", "bogus")
 
 
@@ -142,9 +144,11 @@ def invalid_choices(ops: Sequence[Operation]) -> list[tuple[str, str, str]]:
     nothing (experiment J[operator_resolves]); an enumeration added to the
     schema is probed without any code change."""
     controls = [o for o in ops if o.plane == "control" and "audit" in o.changes]
+    verbs = {o.op.split("_")[0] for o in ops if o.plane == "control"}
     everything = sorted(
         {v for o in ops for values in enumerated_args(o.op).values() for v in values}
         | set(_PLAUSIBLY_WRONG)
+        | verbs
     )
     return [
         (o.op, arg, value)
@@ -182,8 +186,8 @@ def ops_schema() -> dict[str, Any]:
     return _load(OPS_SCHEMA_FILE)
 
 
-def _problems(schema: Mapping[str, Any], instance: Any) -> list[str]:
-    validator = jsonschema.Draft202012Validator(schema)
+def _problems(schema: Mapping[str, Any], instance: Any, validator: Any | None = None) -> list[str]:
+    validator = validator or jsonschema.Draft202012Validator(schema)
     return [
         f"{'/'.join(str(p) for p in err.absolute_path) or '(top)'}: {err.message}"
         for err in sorted(validator.iter_errors(instance), key=lambda e: list(e.absolute_path))
@@ -195,12 +199,23 @@ def _ref(name: str) -> dict[str, Any]:
     return {"$defs": root["$defs"], "$ref": f"#/$defs/{name}"}
 
 
+@cache
+def _ref_validator(name: str) -> jsonschema.Draft202012Validator | None:
+    # Built once per definition: every reply of every experiment is checked.
+    if name not in ops_schema()["$defs"]:
+        return None
+    return jsonschema.Draft202012Validator(_ref(name))
+
+
 def reply_problems(op: str, reply: Mapping[str, Any]) -> list[str]:
     """Why one ``ops`` reply line breaks the schema (envelope, then the op's result)."""
-    problems = _problems(_ref("reply"), reply)
+    problems = _problems({}, reply, _ref_validator("reply"))
     if problems or reply.get("ok") is not True:
         return problems
-    return [f"result/{p}" for p in _problems(_ref(f"{op}.result"), reply.get("result"))]
+    result = _ref_validator(f"{op}.result")
+    if result is None:
+        return [f"result: {op!r} is no operation of the contract"]
+    return [f"result/{p}" for p in _problems({}, reply.get("result"), result)]
 
 
 def history_problems(line: Mapping[str, Any]) -> list[str]:

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import psycopg
 
-from harness.contract import mapping
+from harness.contract import mapping, spec
 from harness.contract.needs import Need
 from harness.engine import phases
 from harness.parts.control import Action, Continue, ControlError, Hit, Hold
@@ -748,6 +748,11 @@ class ExperimentContext:
                 "done": time.time(),
                 "seq_before": seq_before,
                 "seq_after": self.audit_seq(),
+                # The reply line against ops.schema.json (judged globally:
+                # worker.replies_match_the_contract).
+                "schema_problems": spec.reply_problems(op, reply.raw)
+                if reply is not None and reply.raw
+                else [],
             }
         )
 

@@ -20,6 +20,7 @@ import pytest
 from harness.checking.history import Event
 from harness.checking.invariants import INVARIANTS, Change, Evidence, check
 from harness.checking.invariants.model import with_purged
+from harness.contract.spec import reply_problems
 
 RUN, RUN2, TASK, TENANT = "r-1", "r-2", "t-1", "x"
 OP, OP2 = "x/r-1/create_label/v1", "x/r-1/notify/v1"
@@ -183,7 +184,18 @@ def evidence(s: Story) -> Evidence:
         lease_ttl_ms=800,
         write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
         asked_write_path="fast",
+        replies=[reply_entry("reconcile", {"id": 1, "ok": True, "result": {"changes": []}})],
     )
+
+
+def reply_entry(op: str, line: dict[str, Any]) -> dict[str, Any]:
+    """An entry of the harness's ops log, judged against ops.schema.json."""
+    return {
+        "worker": "ctl",
+        "op": op,
+        "ok": line.get("ok"),
+        "schema_problems": reply_problems(op, line),
+    }
 
 
 def message(event_id: str, at: float, payload: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -323,6 +335,64 @@ def in_flight(s: Story) -> dict[str, Any]:
 
 def inflight_cancelled(s: Story) -> None:
     s.tx(0.9, app="ctl")("tool_operations", in_flight(s), {"status": "cancelled"})
+
+
+RUN2 = "00000000-0000-0000-0000-0000000000b2"
+
+
+def result_after_cancel(s: Story, *, compensated: bool) -> None:
+    """A second run, cancelled while its operation was in flight; the tool's
+    success recorded afterwards (with the compensation event, or without)."""
+    s.tx(0.81, app="ctl")("agent_runs", None, run_row(run_id=RUN2, task_id="task-2"))
+    op = {"operation_id": "op-2", "run_id": RUN2, "step_id": "x", "effect_version": 1}
+    s.tx(0.82, app="B")(
+        "tool_operations", None, {**op, "tool_name": "idem", "status": "dispatching", "revision": 1}
+    )
+    s.tx(0.83, app="ctl")("agent_runs", s.state("agent_runs", (RUN2,)), {"status": "cancelled"})
+    tx = s.tx(0.90, app="B")
+    tx(
+        "tool_operations",
+        s.state("tool_operations", ("op-2",)),
+        {"status": "succeeded", "revision": 2},
+    )
+    if compensated:
+        payload = {"run_id": RUN2, "operation_id": "op-2"}
+        tx("outbox", None, compensation_row("e-comp", RUN2, payload))
+
+
+def compensation_row(event: str, run: str, payload: dict[str, Any]) -> dict[str, Any]:
+    return {"event_id": event, "run_id": run, "event_type": "agent.compensation_required",
+            "payload": payload, "published_at": None}  # fmt: skip
+
+
+def compensation_for_a_live_runs_success(s: Story) -> None:
+    """The clean run's own success (its run never cancelled) asks for compensation."""
+    success = next(
+        c for c in s.changes if c.table == "tool_operations" and c.after("status") == "succeeded"
+    )
+    payload = {"run_id": RUN, "operation_id": OP}
+    s.changes.append(
+        dataclasses.replace(
+            success, seq=len(s.changes) + 1, table="outbox", op="INSERT", old=None,
+            new=compensation_row("e-comp", RUN, payload),
+        )
+    )  # fmt: skip
+
+
+def test_a_success_after_the_cancel_with_its_compensation_breaks_nothing() -> None:
+    s = clean_story()
+    result_after_cancel(s, compensated=True)
+    broken = broken_by(evidence(s))
+    assert "effect.compensation_required_exactly_for_a_cancelled_runs_success" not in broken
+
+
+def test_compensation_for_a_live_runs_success_is_named() -> None:
+    s = clean_story()
+    compensation_for_a_live_runs_success(s)
+    (row,) = broken_by(evidence(s))[
+        "effect.compensation_required_exactly_for_a_cancelled_runs_success"
+    ]
+    assert row["why"] == "its run was not cancelled"
 
 
 def ledger_step_without_revision(s: Story) -> None:
@@ -533,6 +603,9 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "consumer.effect_only_for_a_delivered_event": effect_of_undelivered,
     "consumer.dedup_row_and_effect_in_one_transaction": dedup_apart_from_effect,
     "effect.ledger_revision_advances_by_one": ledger_step_without_revision,
+    "effect.compensation_required_exactly_for_a_cancelled_runs_success": lambda s: (
+        result_after_cancel(s, compensated=False)
+    ),
     "harness.write_path_as_asked": stepped_write,
     "run.only_finished_tasks_are_purged": lambda s: purge(s, publish=False),
     "effect.first_dispatch_is_kept": first_dispatch_moved,
@@ -591,6 +664,12 @@ def lying_account(ev: Evidence) -> None:
     ev.history.append(account("ok", "save_checkpoint", event_id="e-never"))
 
 
+def null_reconcile_item(ev: Evidence) -> None:
+    # A reconcile reply listing an operation it learnt nothing about as null.
+    line = {"id": 2, "ok": True, "result": {"changes": [None]}}
+    ev.replies.append(reply_entry("reconcile", line))
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "write.revisions_gapless": gap,
     "effect.one_real_resource_per_operation": duplicate_resource,
@@ -599,6 +678,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
+    "worker.replies_match_the_contract": null_reconcile_item,
     "effect.sensitive_field_reaches_the_tool_in_clear": sealed_value_sent,
 }
 

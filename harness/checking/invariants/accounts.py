@@ -77,3 +77,23 @@ def accounts_match(ev: Evidence) -> Finding:
                 }
             )
     return Finding(checked, bad)
+
+
+@invariant(
+    "worker.replies_match_the_contract",
+    "worker contract §5 (one reply line per request, as ops.schema.json has it)",
+    "every reply line a worker's ops session gave matches ops.schema.json: the envelope, "
+    "and for an ok reply its operation's result (a reply that misstates what the operation "
+    "did in a field the schema fixes, a null item say, is caught here)",
+)
+def replies_match(ev: Evidence) -> Finding:
+    broken = [
+        {"worker": r.get("worker"), "op": r.get("op"), "problems": r["schema_problems"][:3]}
+        for r in ev.replies
+        if r.get("schema_problems")
+    ]
+    return Finding(
+        len(ev.replies),
+        broken,
+        f"{len(ev.replies)} repl(ies), {len(broken)} breaking the schema",
+    )

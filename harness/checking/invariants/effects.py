@@ -434,3 +434,59 @@ def sensitive_field_reaches_the_tool_in_clear(ev: Evidence) -> Finding:
         )
     ]
     return Finding(len(carrying), bad)
+
+
+COMPENSATION = "agent.compensation_required"
+
+
+def _cancels(ev: Evidence) -> dict[str, list[Change]]:
+    """Per run, the changes that made it cancelled."""
+    return group(
+        (c for c in ev.of("agent_runs", "UPDATE") if c.changed("status")
+         and c.after("status") == "cancelled"),
+        lambda c: str(c.row.get("run_id")),
+    )  # fmt: skip
+
+
+@invariant(
+    "effect.compensation_required_exactly_for_a_cancelled_runs_success",
+    "English seed §9.3 (a result after the cancel is recorded, never hides; a success asks "
+    "for compensation); worker contract section 5 `cancel`",
+    "an operation that becomes succeeded once its run's cancel is committed gets an outbox "
+    "event agent.compensation_required naming it (payload operation_id) in the same "
+    "transaction; no such event names an operation that did not become succeeded in its "
+    "transaction, or whose run had not been cancelled",
+)
+def compensation_exactly_for_cancelled_success(ev: Evidence) -> Finding:
+    cancels = _cancels(ev)
+    successes = [
+        c
+        for c in ev.of("tool_operations", "UPDATE")
+        if c.changed("status") and c.after("status") == "succeeded" and not c.by_harness
+    ]
+    events = [
+        c
+        for c in ev.of("outbox", "INSERT")
+        if c.row.get("event_type") == COMPENSATION and not c.by_harness
+    ]
+    written = {(c.txid, str((c.row.get("payload") or {}).get("operation_id"))): c for c in events}
+    bad: list[dict[str, Any]] = []
+    succeeded_in = {(c.txid, str(c.row.get("operation_id"))) for c in successes}
+    for c in successes:
+        run = str(c.row.get("run_id"))
+        # Committed before the result's transaction began: any statement of
+        # it saw the run cancelled (one committed later, a race, is not judged).
+        seen = [x for x in cancels.get(run, []) if x.visible_at <= c.tx_start]
+        if seen and (c.txid, str(c.row.get("operation_id"))) not in written:
+            bad.append({**c.brief("operation_id", "status", "run_id"),
+                        "why": f"no {COMPENSATION} in its transaction; run cancelled at seq "
+                               f"{seen[0].seq}"})  # fmt: skip
+    for (txid, op_id), e in written.items():
+        run = str(e.row.get("run_id"))
+        cancelled_before = any(x.at <= e.at for x in cancels.get(run, []))
+        if (txid, op_id) not in succeeded_in or not cancelled_before:
+            bad.append({**e.brief("event_id", "run_id", "payload"),
+                        "why": "names an operation that did not become succeeded in its "
+                               "transaction" if (txid, op_id) not in succeeded_in
+                               else "its run was not cancelled"})  # fmt: skip
+    return Finding(len(successes) + len(events), bad)

@@ -62,6 +62,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
     worker_cmd: Sequence[str] = env.shared.settings.worker_cmd
     exempt = exemptions(ctx)
     try:
+        ctx.flush_ops()  # an answer nobody read is judged too
         evidence = gather(
             lambda q, p: env.query(q, p),
             tool_export=env.tool.client().export(),
@@ -69,6 +70,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
             lease_ttl_ms=env.lease_ttl_ms,
             write_paths=declared_write_paths(tuple(worker_cmd)),
             asked_write_path=ctx.spec.write_path_for(ctx.variant),
+            replies=ctx.ops_log,
         )
         results = check(evidence, exempt)
     except Exception as exc:

@@ -88,6 +88,7 @@ def gather(
     lease_ttl_ms: int,
     write_paths: dict[str, str] | None = None,
     asked_write_path: str | None = None,
+    replies: list[dict[str, Any]] | None = None,
 ) -> Evidence:
     trail = changes(query)
     return Evidence(
@@ -99,4 +100,5 @@ def gather(
         write_paths=dict(write_paths or {}),
         asked_write_path=asked_write_path,
         declared=declared(query),
+        replies=list(replies or []),
     )

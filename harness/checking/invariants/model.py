@@ -121,6 +121,10 @@ class Evidence:
     # Model columns the mapping gives a value, per relation (None: not known,
     # an older database; invariants then go by the values they see).
     declared: dict[str, frozenset[str]] | None = None
+    # The harness's log of every ops request and its reply (worker, op, ok,
+    # error, schema_problems): what the worker answered, judged against the
+    # contract's reply schema.
+    replies: list[dict[str, Any]] = field(default_factory=list)
     # Index of changes by (txid, table), built on first use.
     _by_tx: dict[Any, list[Change]] | None = field(default=None, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)

@@ -373,6 +373,27 @@ BEGIN
 END
 $$;
 
+-- Cancel and in-flight effects: an operation of a cancelled run that becomes
+-- succeeded (a reconciler's convergence, say) asks the owning service to
+-- compensate, in the same transaction: one outbox event
+-- agent.compensation_required naming it. A trigger, so every path writes it.
+CREATE OR REPLACE FUNCTION fencecheck.ledger_compensation() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+  IF NEW.status = 'succeeded' AND OLD.status <> 'succeeded' AND EXISTS (
+       SELECT 1 FROM public.agent_runs r WHERE r.run_id = NEW.run_id AND r.status = 'cancelled') THEN
+    INSERT INTO public.outbox (event_id, tenant_id, run_id, event_type, payload)
+    VALUES (gen_random_uuid(), NEW.tenant_id, NEW.run_id, 'agent.compensation_required',
+            jsonb_build_object('run_id', NEW.run_id, 'operation_id', NEW.operation_id,
+                               'remote_id', NEW.remote_id));
+  END IF;
+  RETURN NULL;
+END
+$$;
+DROP TRIGGER IF EXISTS tool_operations_compensation ON public.tool_operations;
+CREATE TRIGGER tool_operations_compensation AFTER UPDATE OF status ON public.tool_operations
+  FOR EACH ROW EXECUTE FUNCTION fencecheck.ledger_compensation();
+
 -- ------------------------------------------------------------ privileges
 DO $$
 DECLARE

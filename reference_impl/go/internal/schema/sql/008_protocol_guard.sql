@@ -273,6 +273,11 @@ BEGIN
           WHERE r.run_id = NEW.run_id AND r.xmin = pg_current_xact_id()::xid) THEN
       RETURN NEW;
     END IF;
+  ELSIF NEW.event_type = 'agent.compensation_required' AND EXISTS (
+         SELECT 1 FROM public.tool_operations o
+          WHERE o.operation_id = NEW.payload->>'operation_id' AND o.run_id = NEW.run_id
+            AND o.status = 'succeeded' AND o.xmin = pg_current_xact_id()::xid) THEN
+    RETURN NEW;  -- the compensation of the success this transaction recorded (012)
   ELSIF EXISTS (SELECT 1 FROM public.agent_checkpoints c
                  WHERE c.event_id = NEW.event_id AND c.run_id = NEW.run_id
                    AND c.xmin = pg_current_xact_id()::xid) THEN
