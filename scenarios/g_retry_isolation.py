@@ -583,4 +583,37 @@ def _retry_race(ctx: ExperimentContext) -> None:
         ([bystander], bystander),
         what="(its runs, its active run)",
     )
+    _create_run_of_an_existing_task(ctx, ctl, {task_id: made[0] if made else None, by_task: None})
     checkers.lease_history_is_sound(ctx)
+
+
+def _create_run_of_an_existing_task(
+    ctx: ExperimentContext, ctl: WorkerProcess, tasks: dict[str, str | None]
+) -> None:
+    """create_run makes a new task: one that exists is refused (TaskExists)
+    whatever its run's state, live or cancelled, and gains no run; a retry is
+    the only way to a task's next run. ``tasks``: task id -> its live run."""
+    before = {t: _runs_of(ctx, t) for t in tasks}
+    replies = {t: ctx.op(ctl, "create_run", task_id=t, input={"tool": "idem"}) for t in tasks}
+    after = {t: _runs_of(ctx, t) for t in tasks}
+    ctx.invariant(
+        "create_run of an existing task is refused and adds no run",
+        all(not r.ok and r.error == "TaskExists" for r in replies.values()) and after == before,
+        expected="TaskExists for the task whose retried run is live and for the cancelled one; "
+        "their runs as before",
+        observed="; ".join(
+            f"{t} (live run {tasks[t]}): {'ok ' + str(r.result) if r.ok else r.error}, "
+            f"runs {len(before[t])} -> {len(after[t])}"
+            for t, r in replies.items()
+        ),
+    )
+
+
+def _runs_of(ctx: ExperimentContext, task_id: str) -> list[tuple[str, str]]:
+    rows = ctx.sql(
+        f"the runs of task {task_id}",
+        "SELECT run_id, status FROM fencecheck_model.agent_runs WHERE task_id = %s "
+        "ORDER BY created_at, run_id",
+        [task_id],
+    )
+    return [(str(r["run_id"]), str(r["status"])) for r in rows]

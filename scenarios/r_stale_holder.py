@@ -187,7 +187,7 @@ def run(ctx: ExperimentContext) -> None:
             observed="; ".join(lines),
         )
     if caps.offers_op("heartbeat"):
-        ctx.ok(b, "heartbeat", run_id=run_id, epoch=takeover.new["epoch"], action="stop")
+        _heartbeat_stops(ctx, b, run_id, takeover.new["epoch"])
     ctx.command(
         f"{len(table)} stale-holder case(s) from the contract: {len(outcomes)} operation(s)"
     )
@@ -281,6 +281,49 @@ def _stale_heartbeat(ctx: ExperimentContext, a: WorkerProcess, args: dict[str, A
         f"start {'ok' if started.ok else started.error}, "
         f"{'renewal tried' if tried else 'no renewal seen within 5 s'}, "
         f"stop {plain(stopped.result) if stopped.ok else stopped.error}"
+    )
+
+
+def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoch: int) -> None:
+    """``heartbeat stop`` ends the renewals: once its reply came, and a renewal
+    already on its way had its own timeout to end, B's session renews the lease
+    no more (judged over two intervals, by the audit trail: a lease its holder
+    stopped renewing must be able to run out)."""
+
+    def renewals(after: int = 0) -> list[dict[str, Any]]:
+        return [
+            c
+            for c in checkers.changes_by(ctx, [b.worker_id], after_seq=after)
+            if c["renewal"] and c["run_id"] == run_id
+        ]
+
+    try:
+        before = wait_for(
+            renewals,
+            what="B's heartbeat to renew its lease once before the stop (audit trail)",
+            timeout_s=5.0 + 2 * ctx.env.heartbeat_ms / 1000,
+        )
+    except WaitTimeout:
+        before = []
+    ctx.fault(
+        "B's heartbeat renewed the lease before it was stopped",
+        bool(before),
+        expected="at least one renewal of B's lease by B's session (audit trail)",
+        observed=f"{len(before)} renewal(s) by B before the stop",
+    )
+    ctx.ok(b, "heartbeat", run_id=run_id, epoch=epoch, action="stop")
+    time.sleep(ctx.env.heartbeat_timeout_ms / 1000)  # a renewal already on its way
+    mark = checkers.audit_mark(ctx)
+    # Two intervals, at least a second: a busy machine's stall must not hide one.
+    window_s = max(2 * ctx.env.heartbeat_ms / 1000, 1.0)
+    time.sleep(window_s)
+    after = renewals(mark)
+    ctx.invariant(
+        "no renewal after heartbeat stop",
+        not after,
+        expected=f"no renewal of the lease by B's session from one renewal timeout after the "
+        f"stop's reply for {window_s:.1f} s (two heartbeat intervals, at least 1 s)",
+        observed=f"{len(after)} renewal(s): {[(c['seq'], str(c['at'])) for c in after] or 'none'}",
     )
 
 

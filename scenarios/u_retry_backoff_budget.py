@@ -142,6 +142,8 @@ def run(ctx: ExperimentContext) -> None:
         # budget's progress, judged above.
         ctx.not_judged("jitter spreads the runs", **jitter)
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
+    if ctx.system.capabilities.offers_op("decide"):
+        _terminate_keeps_the_budget(ctx, ctl, runs[1])
     writes_name_workflow_steps(ctx, [*runs, *retried])
     checkers.lease_history_is_sound(ctx, [*runs, *retried])
 
@@ -224,6 +226,38 @@ def _delays_as_declared(ctx: ExperimentContext, runs: list[str]) -> None:
         observed="; ".join(outside) + " (out of bounds)"
         if outside
         else "; ".join(shown) or "no requeue",
+    )
+
+
+def _terminate_keeps_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, run_id: str) -> None:
+    """An operator's ``decide terminate`` of a run paused with its budget spent
+    ends it (failed) and leaves its budget as it was: a decision spends and
+    grants no attempt, and a later retry copies max_attempts from this run."""
+
+    def budget(why: str) -> dict[str, Any]:
+        return ctx.sql(
+            why,
+            "SELECT status, attempt_count, max_attempts FROM fencecheck_model.agent_runs "
+            "WHERE run_id = %s",
+            [run_id],
+        )[0]
+
+    before = budget("the second run, before the operator's terminate")
+    if (before["status"], before["attempt_count"]) != ("paused_human", before["max_attempts"]):
+        ctx.not_judged(
+            "terminate leaves the attempt budget as it was",
+            expected="a run paused for a person with attempt_count at max_attempts",
+            observed=f"not tried: {before['status']}, attempt_count {before['attempt_count']} "
+            f"of {before['max_attempts']}",
+        )
+        return
+    ctx.ok(ctl, "decide", run_id=run_id, decision="terminate", reason="budget spent: give up")
+    after = budget("the second run after the terminate")
+    ctx.equal(
+        "terminate leaves the attempt budget as it was",
+        (after["status"], after["attempt_count"], after["max_attempts"]),
+        ("failed", ATTEMPTS, ATTEMPTS),
+        what="(status, attempt_count, max_attempts) of the terminated run",
     )
 
 
