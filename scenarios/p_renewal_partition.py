@@ -45,6 +45,7 @@ SPEC = ExperimentSpec(
     needs=(
         *needs.capabilities("workflow", "ledger"),
         needs.point("after_dispatch_claim_commit"),
+        needs.point("after_tool_response_before_tx2_commit"),
     ),
     natural_wait_s=0.8 + 0.3 + 0.8,  # the cut, its successor; an ops lease running out
 )
@@ -133,6 +134,7 @@ def run(ctx: ExperimentContext) -> None:
         f" tool requests {[r['seq'] for r in late]}; A exit {code_a} (10 = cancelled)",
     )
     checkers.one_resource_per_operation(ctx, run_id)
+    held = _run_renewal_unconfirmed_before_its_write(ctx)
     caps = ctx.system.capabilities
     if not (caps.offers_op("heartbeat") and caps.checkpoints):
         # A system whose sessions renew no lease of their own (or write no
@@ -142,17 +144,71 @@ def run(ctx: ExperimentContext) -> None:
             expected="judged where the system offers the heartbeat op and checkpoints",
             observed="the system's mapping offers no heartbeat op or no checkpoints",
         )
-        checkers.lease_history_is_sound(ctx, [run_id])
+        checkers.lease_history_is_sound(ctx, [run_id, held])
         return
     other = _ops_session_renewal_unconfirmed(ctx)
     expired = _renewal_held_past_expiry(ctx)
-    checkers.lease_history_is_sound(ctx, [run_id, other, expired])
+    checkers.lease_history_is_sound(ctx, [run_id, held, other, expired])
 
 
 # The ops session's heartbeat interval and renewal timeout: short next to the
 # lease (the experiment's), so that it is still live when the harness writes.
 OPS_INTERVAL_MS = 50
 OPS_TIMEOUT_MS = 80
+
+
+def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
+    """The `run` twin of the ops case: R holds the tool's answer before the
+    step's write (its barrier) while the harness holds the run's row, so R's
+    heartbeat renewal waits past its timeout, unconfirmed. The harness lets go
+    while the lease is still live by the database's clock, then lets R go on:
+    its execution was cancelled, so the step's write (and anything after it)
+    must not come, though the lease would still take it."""
+    run_id = new_run(ctx, tool="idem")
+    point = "after_tool_response_before_tx2_commit"
+    ctx.arm("R", point, Hold())
+    r = ctx.env.start_worker("R", "run", ["--run-id", run_id, "--once"])
+    ctx.reached("R", point)
+    timeout_s = ctx.env.heartbeat_timeout_ms / 1000
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        waiting = lock.wait_for_waiters(["R"])
+        waited_at = time.time()
+        time.sleep(timeout_s + 0.1)  # past the renewal's timeout, room to act on it
+    live = ctx.sql(
+        "R's lease after the harness let go",
+        "SELECT lease_expires_at > clock_timestamp() AS live, epoch FROM "
+        "fencecheck_model.agent_runs WHERE run_id = %s",
+        [run_id],
+    )[0]
+    mark = checkers.audit_mark(ctx)
+    released_at = time.time()
+    ctx.release("R", point)
+    code = finish_or_kill(ctx, r, 20)
+    name = "a run worker writes nothing after its renewal went unconfirmed"
+    if not ctx.probe_reached(
+        "R's renewal waited on the run's row past its timeout, its lease still live after",
+        waiting is not None and bool(live["live"]),
+        judges=name,
+        expected=f"a session of R's waiting on the run's row (its renewal, timeout "
+        f"{ctx.env.heartbeat_timeout_ms} ms) while the harness held it; the lease live by "
+        "database time when the harness let go",
+        observed=f"{waiting or 'no session of R waited'}; lease {plain(live)}",
+    ):
+        return run_id
+    changed = [r for r in checkers.changes_by(ctx, ["R"], after_seq=mark) if not r["renewal"]]
+    # Progress, not safety: the heartbeat thread must have had a CPU to act on
+    # the timeout before the step went on (starvation in the window excuses).
+    ctx.progress(
+        name,
+        not changed,
+        expected="no change by R once the harness let its barrier go (rule 8: an "
+        "unconfirmed renewal cancels the execution; nothing more under that lease)",
+        observed=f"changes by R {[(c['seq'], c['tbl'], c['op']) for c in changed]}; R exit "
+        f"{code} (10 = cancelled)",
+        since=waited_at + timeout_s,
+        until=released_at + 1.0,
+    )
+    return run_id
 
 
 def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
