@@ -290,6 +290,12 @@ func (w *Writer) ledger(ctx context.Context, tx pgx.Tx, wr *Write, tenant string
 		}
 		tag, err := tx.Exec(ctx, w.P.SQL.RegisterIntent, e.OperationID, tenant, wr.Lease.RunID, e.StepID,
 			e.EffectVersion, e.Tool, e.Capability, e.Digest, string(body), e.RetentionMS)
+		var pg *pgconn.PgError
+		if errors.As(err, &pg) && pg.Code == "FC006" {
+			// The ledger guard (008): an earlier version of the step may have
+			// happened, so this one is another intent for the step: refused.
+			return "", newErr("IntentConflict", "intent", "%s", pg.Message)
+		}
 		if err != nil {
 			return "", err
 		}
