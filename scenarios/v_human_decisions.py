@@ -21,10 +21,12 @@ must change nothing, and the finding on version 2 resumes the run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
-from harness.parts.processes import WorkerProcess
+from harness.parts.processes import OpReply, WorkerProcess
 from scenarios import retention
 from scenarios.common import (
     CANCELLED,
@@ -120,15 +122,17 @@ def run(ctx: ExperimentContext) -> None:
     code_early = finish(ctx, early)
     ctl = control_plane(ctx)
     supplement = {"address": "corrected by support"}
-    reply = ctx.op(
-        ctl,
-        "decide",
-        run_id=run_id,
-        decision=variant,
-        supplement=supplement if variant == "supplement" else None,
-        reason="customer called support",
-        ticket="CS-7",
-    )
+    decide_args: dict[str, Any] = {
+        "run_id": run_id,
+        "decision": variant,
+        "supplement": supplement if variant == "supplement" else None,
+        "reason": "customer called support",
+        "ticket": "CS-7",
+    }
+    if variant == "terminate":
+        reply = _two_operators_decide_together(ctx, ctl, decide_args)
+    else:
+        reply = ctx.op(ctl, "decide", **decide_args)
     if not reply.ok and paused["status"] != "paused_human":
         raise Inconclusive(f"decide refused ({reply.error}) on a run that never paused: see above")
     # A run paused for a human takes the person's decision (contract: decide).
@@ -241,6 +245,40 @@ def run(ctx: ExperimentContext) -> None:
     )
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _two_operators_decide_together(
+    ctx: ExperimentContext, ctl: WorkerProcess, args: dict[str, Any]
+) -> OpReply:
+    """Two operators send the same decision at once (the harness holds the run's
+    row until both wait on it): a decision holds the run while it decides, so
+    exactly one is taken and the other, finding the run no longer paused, is
+    refused; one audit row (judged below), one move. The reply that was taken."""
+    other = ctx.env.start_worker("ctl2", "ops", role="operator")
+    with checkers.row_locked(ctx, "agent_runs", "run_id", args["run_id"]) as lock:
+        first = ctx.op_async(ctl, "decide", args)
+        second = ctx.op_async(other, "decide", args)
+        waiting = lock.wait_for_waiters(["ctl", "ctl2"])
+    replies = [first.result(15.0), second.result(15.0)]
+    ctx.fault(
+        "both operators' decisions waited on the run together",
+        waiting is not None,
+        expected="a session of each control plane waiting on the run's row while the harness "
+        "held it",
+        observed=waiting or "not both waited",
+    )
+    taken = [r for r in replies if r.ok]
+    ctx.invariant(
+        "exactly one of two simultaneous decisions is taken",
+        len(taken) == 1,
+        expected=f"one decide {args['decision']} accepted, the other refused (the run is no "
+        "longer paused for a person once the first is taken)",
+        observed="; ".join(
+            f"{w}: {'ok ' + plain(r.result) if r.ok else f'{r.error}: {r.message}'}"
+            for w, r in zip(("ctl", "ctl2"), replies, strict=True)
+        ),
+    )
+    return taken[0] if taken else replies[0]
 
 
 def _resolve_the_second_version(
