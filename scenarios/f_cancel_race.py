@@ -8,6 +8,11 @@ sent, or (c) unknown after the dispatcher died past the tool's answer.
 A bystander run of the tenant has an intent registered and never sent when
 the cancel comes: a cancel forbids the prepared effects of its own run only,
 so the bystander's stays prepared and its run untouched.
+
+Variant ``held_write``: the cancel comes while a protected write of the run
+(stepped path) holds the run's row with everything written, before its
+COMMIT. The cancel waits for it, and its audit row's ``before`` must be the
+run as that write left it (contract section 7.7), never as it was before.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
 from scenarios.common import control_plane, finish, intent_registered, new_run, wait_claimable
 
+HELD_WRITE = "held_write"
 POINT = {
     "prepared": "after_outbound_intent_commit",
     "dispatching": "after_dispatch_claim_commit",
@@ -33,17 +39,31 @@ SPEC = ExperimentSpec(
     "effect is never marked cancelled (it may have happened)",
     fault="cancel while the effect is prepared / dispatching / unknown",
     rules=(4, 6),
-    variants=("prepared", "dispatching", "unknown"),
+    variants=("prepared", "dispatching", "unknown", HELD_WRITE),
     variant_waits=(("unknown", 0.8),),
+    variant_faults=(
+        (
+            HELD_WRITE,
+            "cancel while a stepped protected write of the run holds its row before COMMIT",
+        ),
+    ),
+    variant_points=((HELD_WRITE, "before_commit"),),
+    variant_write_paths=((HELD_WRITE, "stepped"),),
     needs=(
         *needs.capabilities("workflow", "ledger"),
         *(needs.point(p, v) for v, p in POINT.items()),
+        needs.capability("checkpoints", HELD_WRITE),
+        needs.capability("operator_actions", HELD_WRITE),
+        needs.point("before_commit", HELD_WRITE),
     ),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "prepared"
+    if variant == HELD_WRITE:
+        _cancel_while_a_write_holds_the_run(ctx)
+        return
     run_id = new_run(ctx, tool="plain")
     ctl = control_plane(ctx)
     point = POINT[variant]
@@ -131,4 +151,50 @@ def run(ctx: ExperimentContext) -> None:
             what="ledger status after cancel",
         )
         ctx.equal("not resent", len(requests), 1, what="requests the tool received for it")
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _cancel_while_a_write_holds_the_run(ctx: ExperimentContext) -> None:
+    """W's checkpoint (stepped write) holds the run's row at before_commit; the
+    operator's cancel is sent then and must wait for it. Its audit `before` is
+    judged by the global operator.audit_shows_the_rows_before_and_after, and
+    here against the revision W's write left."""
+    run_id = new_run(ctx)
+    ctl = control_plane(ctx)
+    w = ctx.env.start_worker("W", "ops")
+    lease = ctx.ok(w, "claim", run_id=run_id)
+    ctx.arm("W", "before_commit", Hold())
+    write = ctx.op_async(
+        w,
+        "save_checkpoint",
+        {"run_id": run_id, "epoch": lease["epoch"], "expected_revision": lease["revision"],
+         "state": {"by": "W"}},
+    )  # fmt: skip
+    ctx.reached("W", "before_commit")
+    cancel = ctx.op_async(ctl, "cancel", {"run_id": run_id, "reason": "customer withdrew"})
+    waited = checkers.backend_waiting_on_lock(ctx, "ctl")
+    ctx.release("W", "before_commit")
+    written, cancelled = write.result(15.0), cancel.result(15.0)
+    ctx.fault(
+        "the cancel waited on the run while W's write held it",
+        waited and written.ok,
+        expected="ctl's cancel waiting on a lock while W's checkpoint held the run's row "
+        "before its COMMIT; the checkpoint then committed",
+        observed=f"ctl waited: {waited}; checkpoint "
+        f"{'ok ' + str(written.result) if written.ok else written.error}",
+    )
+    audited = ctx.sql(
+        "the cancel's audit row",
+        "SELECT (before->>'revision')::bigint AS before_revision, before->>'status' AS before, "
+        "after->>'status' AS after FROM fencecheck_model.operator_actions WHERE run_id = %s "
+        "ORDER BY id",
+        [run_id],
+    )
+    ctx.equal(
+        "the cancel's audit starts from the run as the write left it",
+        [(a["before_revision"], a["before"], a["after"]) for a in audited],
+        [(written.result.get("revision") if written.ok else None, "running", "cancelled")],
+        what=f"(before revision, before status, after status) of operator_actions (cancel "
+        f"{'ok' if cancelled.ok else cancelled.error})",
+    )
     checkers.lease_history_is_sound(ctx, [run_id])
