@@ -332,7 +332,9 @@ class Dispatcher:
         except ToolConflict as exc:
             same = exc.body.get("same_request") is True and exc.resource_id is not None
             if not same:
-                return Answer("conflict", error=_error(exc) | {"body": exc.body})
+                # The tool's answer names its resource, whose request may carry a
+                # sensitive field: kept on the ledger, so sealed (contract §9).
+                return Answer("conflict", error=_error(exc) | {"body": self.sealer.seal(exc.body)})
             answer = Answer(
                 "succeeded", exc.resource_id, {"resource_id": exc.resource_id, "conflict": True}
             )

@@ -28,6 +28,7 @@ from reference_impl.checkpoint_schema import CURRENT_VERSION, migrate_v1
 from reference_impl.db import Session
 from reference_impl.durability import read_contract
 from reference_impl.heartbeat import Heartbeat
+from reference_impl.ids import request_digest
 from reference_impl.leases import Lease
 from reference_impl.ledger import intent_effect
 from reference_impl.logs import log
@@ -295,7 +296,8 @@ class OpsServer:
             lease,
             int(args["expected_revision"]),
             "checkpoint",
-            dict(args["state"]),
+            # Sensitive fields are stored sealed, as run mode's are (contract §9).
+            self.rt.sealer.seal(dict(args["state"])),
             int(args.get("schema_version", CURRENT_VERSION)),
             "agent.checkpoint",
             self._payload(lease),
@@ -314,7 +316,13 @@ class OpsServer:
             self.rt.settings.tenant, str(lease.run_id), step, version
         )
         cap = str(args.get("capability") or self.rt.tools.capability(tool))
-        effect = intent_effect(op_id, step, version, tool, cap, dict(args["request"]))
+        request = dict(args["request"])
+        # Stored sealed, its digest of the request as the tool will see it
+        # (as the workflow's, reference_impl/workflow.py).
+        sealed = self.rt.sealer.seal(request)
+        effect = intent_effect(
+            op_id, step, version, tool, cap, sealed, digest=request_digest(request)
+        )
         state = {
             **self._current_state(ctx, lease.run_id),
             "pending": {"operation_id": op_id, "tool": tool, "step": step},

@@ -67,6 +67,15 @@ def paused_list_is_the_databases(ctx: ExperimentContext, ctl: WorkerProcess) -> 
     ctx.equal(name, sorted(listed), wanted, what="(run_id, status, operation ids)")
 
 
+def planted_secret(ctx: ExperimentContext) -> str:
+    """A sensitive value in the planted shape (``ct_`` and 24 hex digits, which
+    the global invariants look for), masked in the archives. A secret, not a
+    choice of the schedule: never derived from the seed."""
+    value = f"ct_{secrets.token_hex(12)}"
+    ctx.env.secrets.add(value)
+    return value
+
+
 def new_run(
     ctx: ExperimentContext,
     *,
@@ -83,11 +92,18 @@ def new_run(
     # Every run carries a sensitive field (contract: sealed at rest, sent to the
     # tool, never logged); the harness masks its value wherever it shows up.
     # A secret, not a choice of the schedule: never derived from the seed.
-    token = f"ct_{secrets.token_hex(12)}"
-    ctx.env.secrets.add(token)
+    token, nested, listed = (planted_secret(ctx) for _ in range(3))
+    # And two more, one nested in an object, one in a list: sealed wherever
+    # they appear (the global effect.sensitive_field_stored_sealed).
     args: dict[str, Any] = {
         "task_id": task_id,
-        "input": {"tool": tool, "customer_token": token, **(input or {})},
+        "input": {
+            "tool": tool,
+            "customer_token": token,
+            "billing": {"payment_token": nested},
+            "contacts": [{"customer_email": listed}],
+            **(input or {}),
+        },
     }
     if tenant_id is not None:
         args["tenant_id"] = tenant_id
@@ -291,7 +307,8 @@ def intent_registered(
         step_id=step_id,
         effect_version=1,
         tool=tool,
-        request={"kind": "return_label"},
+        # A sensitive field in the request: stored sealed (contract section 9).
+        request={"kind": "return_label", "customer_token": planted_secret(ctx)},
     )
     if conflict_probe:
         _another_body_refused(ctx, worker, run_id, lease["epoch"], intent, tool, step_id)

@@ -664,6 +664,12 @@ def lying_account(ev: Evidence) -> None:
     ev.history.append(account("ok", "save_checkpoint", event_id="e-never"))
 
 
+def stored_in_clear(ev: Evidence) -> None:
+    # A checkpoint whose state keeps a nested sensitive field unsealed.
+    row = ev.tables["agent_checkpoints"][0]
+    row["state"] = {"billing": {"payment_token": "ct_" + "0f" * 12}}
+
+
 def null_reconcile_item(ev: Evidence) -> None:
     # A reconcile reply listing an operation it learnt nothing about as null.
     line = {"id": 2, "ok": True, "result": {"changes": [None]}}
@@ -679,6 +685,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
     "worker.replies_match_the_contract": null_reconcile_item,
+    "effect.sensitive_field_stored_sealed": stored_in_clear,
     "effect.sensitive_field_reaches_the_tool_in_clear": sealed_value_sent,
 }
 

@@ -240,6 +240,15 @@ func (d *Dispatcher) Send(ctx context.Context, op *Operation, epoch int64) (tool
 		return tool.Answer{}, sensitiveErr(err)
 	}
 	a := d.Tools.Create(op.Tool, op.OperationID, op.RunID, epoch, request)
+	if body, ok := a.Error["body"]; ok {
+		// The tool's answer names its resource, whose request may carry a
+		// sensitive field: kept on the ledger, so sealed (contract section 9).
+		sealed, err := d.Seal.Seal(body)
+		if err != nil {
+			return tool.Answer{}, sensitiveErr(err)
+		}
+		a.Error["body"] = sealed
+	}
 	if a.Kind == "rejected_retryable" || a.Kind == "unknown" || a.Kind == "conflict" {
 		return a, nil
 	}
