@@ -20,6 +20,7 @@ from harness.engine.experiment import Bound, ExperimentContext, ExperimentSpec
 from harness.engine.runner import bound_excuse
 from harness.parts.postgres import PostgresCluster
 from harness.verdict import Verdict
+from harness.waiting import wait_for
 
 SPEC = ExperimentSpec(id="X", title="x", seed_section="-", invariant="-", fault="-", rules=(1,))
 
@@ -107,6 +108,13 @@ def test_a_process_starved_of_cpu_is_measured_and_a_stopped_one_is_not() -> None
     monitor = starvation.StarvationMonitor()
     with _one_cpu(hogs=3) as (victim, stopped):
         os.kill(stopped, signal.SIGSTOP)
+        # The stop takes effect when the process next runs, and on a busy CPU it
+        # waits in the run queue for that: measure only once it is stopped.
+        wait_for(
+            lambda: _state(stopped) == "T",
+            what=f"process {stopped} to be stopped (state T)",
+            timeout_s=10,
+        )
         since = time.time()
         monitor.watch(victim, "X/victim")
         monitor.watch(stopped, "X/stopped")
@@ -303,3 +311,10 @@ def test_the_backends_serving_an_experiment_are_watched_and_their_starvation_mea
     waited = sum(e.waited_s for e in found if e.pid == pids[conn])
     # Three spinners on one CPU: the backend waits about two thirds of the time.
     assert waited >= 0.5, found
+
+
+def _state(pid: int) -> str:
+    """The process's state letter from /proc/<pid>/stat (R, S, T, ...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    return stat.rsplit(")", 1)[1].split()[0]
