@@ -17,11 +17,21 @@ run as that write left it (contract section 7.7), never as it was before.
 
 from __future__ import annotations
 
+import time
+
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
-from scenarios.common import control_plane, finish, intent_registered, new_run, wait_claimable
+from harness.parts.processes import WorkerProcess
+from scenarios.common import (
+    control_plane,
+    finish,
+    intent_registered,
+    new_run,
+    seen_within,
+    wait_claimable,
+)
 
 HELD_WRITE = "held_write"
 POINT = {
@@ -151,7 +161,49 @@ def run(ctx: ExperimentContext) -> None:
             what="ledger status after cancel",
         )
         ctx.equal("not resent", len(requests), 1, what="requests the tool received for it")
-    checkers.lease_history_is_sound(ctx, [run_id])
+    found = _reconciled_after_the_cancel(ctx, ctl) if variant == "unknown" else None
+    checkers.lease_history_is_sound(ctx, [run_id] + ([found] if found else []))
+
+
+def _reconciled_after_the_cancel(ctx: ExperimentContext, ctl: WorkerProcess) -> str:
+    """Another run's dispatcher dies after a queryable tool acted; the run is
+    cancelled with its operation dispatching; once the claim's deadline passed,
+    the control plane's reconcile learns the fact by query: the operation
+    converges to the tool's resource (a cancel never hides an effect), and that
+    success asks for compensation in the same transaction (the global
+    effect.compensation_required_exactly_for_a_cancelled_runs_success)."""
+    run_id = new_run(ctx, tool="queryable")
+    ctx.arm("A2", "after_tool_response_before_tx2_commit", Crash())
+    code = finish(ctx, ctx.env.start_worker("A2", "run", ["--run-id", run_id, "--once"]))
+    ctx.ok(ctl, "cancel", run_id=run_id, reason="customer withdrew")
+    expired = seen_within(
+        lambda: ctx.env.query(
+            "SELECT 1 FROM fencecheck_model.tool_operations WHERE run_id = %s "
+            "AND status = 'dispatching' AND dispatch_until < clock_timestamp()",
+            [run_id],
+        ),
+        what="the dead dispatcher's claim to pass its deadline by database time",
+        timeout_s=30.0,
+    )
+    made = checkers.tool_resources(ctx, run_id=run_id)
+    ctx.fault(
+        "the tool acted, the dispatcher died and the run was cancelled with its claim expired",
+        code == -9 and len(made) == 1 and bool(expired),
+        expected="A2 killed after one resource; the run cancelled; its operation dispatching "
+        "past the claim's deadline",
+        observed=f"A2 exit {code}; resources {len(made)}; claim expired: {bool(expired)}",
+    )
+    since = time.time()
+    ctx.ok(ctl, "reconcile")
+    ops = checkers.ledger(ctx, run_id)
+    ctx.progress_equal(
+        "the control plane's reconcile converges the cancelled run's operation",
+        [(o["status"], o["remote_id"]) for o in ops],
+        [("succeeded", made[0]["resource_id"] if made else None)],
+        what="(status, remote_id) of the run's operations",
+        since=since,
+    )
+    return run_id
 
 
 def _cancel_while_a_write_holds_the_run(ctx: ExperimentContext) -> None:

@@ -266,6 +266,14 @@ BEGIN
   IF NEW.published_at IS NOT NULL THEN
     RAISE EXCEPTION 'an outbox row is published by the relay, not born published' USING ERRCODE = 'FC012';
   END IF;
+  IF NEW.event_type = 'agent.compensation_required' AND EXISTS (
+       SELECT 1 FROM public.tool_operations o
+        WHERE o.operation_id = NEW.payload->>'operation_id' AND o.run_id = NEW.run_id
+          AND o.status = 'succeeded' AND o.xmin = pg_current_xact_id()::xid) THEN
+    -- the compensation of the success this transaction recorded (012), by a
+    -- worker's result or a control plane's reconcile, callback or convergence
+    RETURN NEW;
+  END IF;
   IF pg_has_role(session_user, 'fencecheck_operator', 'MEMBER') THEN
     -- a control-plane move's event: the move is in this transaction
     IF NEW.event_type LIKE 'agent.%' AND EXISTS (
@@ -273,11 +281,6 @@ BEGIN
           WHERE r.run_id = NEW.run_id AND r.xmin = pg_current_xact_id()::xid) THEN
       RETURN NEW;
     END IF;
-  ELSIF NEW.event_type = 'agent.compensation_required' AND EXISTS (
-         SELECT 1 FROM public.tool_operations o
-          WHERE o.operation_id = NEW.payload->>'operation_id' AND o.run_id = NEW.run_id
-            AND o.status = 'succeeded' AND o.xmin = pg_current_xact_id()::xid) THEN
-    RETURN NEW;  -- the compensation of the success this transaction recorded (012)
   ELSIF EXISTS (SELECT 1 FROM public.agent_checkpoints c
                  WHERE c.event_id = NEW.event_id AND c.run_id = NEW.run_id
                    AND c.xmin = pg_current_xact_id()::xid) THEN
