@@ -278,13 +278,43 @@ def _concurrent_relays(ctx: ExperimentContext, run_id: str, events: list[str]) -
     second.result(15)
 
 
+def _relay_keeps_its_limit(
+    ctx: ExperimentContext, relay: WorkerProcess, run_id: str, events: list[str]
+) -> None:
+    """A cycle with limit 1 over the run's unpublished rows publishes and marks
+    one of them at most (contract section 5, relay: "up to limit"), and one at
+    least: nothing else holds them."""
+    mark = checkers.audit_mark(ctx)
+    reply = ctx.ok(relay, "relay", limit=1)
+    marked = [
+        c for c in checkers.changes_by(ctx, [relay.worker_id], after_seq=mark)
+        if c["tbl"] == "outbox"
+    ]  # fmt: skip
+    sent = [m for m in checkers.tool_log(ctx)["messages"] if str(m["event_id"]) in events]
+    published = reply.get("published") or []
+    ctx.invariant(
+        "a relay cycle publishes no more than its limit",
+        len(published) <= 1 and len(marked) <= 1 and len(sent) <= 1,
+        expected=f"relay limit 1 over {len(events)} unpublished rows: at most one event in the "
+        "reply, marked (audit trail) and at the broker",
+        observed=f"reply {len(published)}, rows marked {len(marked)}, broker copies {len(sent)}",
+    )
+    ctx.progress(
+        "a relay cycle publishes what it may",
+        len(published) == 1,
+        expected="one event published by the limit-1 cycle (nothing else holds the rows)",
+        observed=f"reply {published}",
+    )
+
+
 def _relay_then_arm(mode: str | None) -> Callable[[ExperimentContext, str, list[str]], None]:
     """Publish everything normally, then arm a delivery fault (if any) for the
     consumer's first read."""
 
     def publish(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
-        del run_id, events
-        ctx.ok(ctx.env.start_worker("R1", "ops"), "relay")
+        r1 = ctx.env.start_worker("R1", "ops")
+        _relay_keeps_its_limit(ctx, r1, run_id, events)
+        ctx.ok(r1, "relay")
         if mode is not None:
             ctx.env.tool.client().set_fault("broker", mode)
             ctx.command(f"broker: the next read that hands out messages: {mode}")

@@ -105,11 +105,16 @@ def run(ctx: ExperimentContext) -> None:
             + (f": {[(r['tbl'], r['op']) for r in changed]}" if changed else ""),
         )
     first = outcomes[0][2]
-    ok = ctx.env.start_worker("OK", "run", ["--run-id", first, "--once"])
+    # Sound settings include a durability requirement the deployment meets
+    # exactly (none: X's primary has no standby): "below" is strict.
+    ok = ctx.env.start_worker(
+        "OK", "run", ["--run-id", first, "--once"], env={"FENCECHECK_REQUIRE_DURABILITY": "none"}
+    )
     code = finish(ctx, ok)
     done = checkers.run_row(ctx, first, "the first run after the worker with sound settings")
     ctx.progress_equal(
-        "a worker with sound settings finished a run the first refused",
+        "a worker with sound settings (requiring exactly the deployment's durability) finished "
+        "a run the first refused",
         done["status"],
         "succeeded",
         what=f"run status (OK exit {code})",
