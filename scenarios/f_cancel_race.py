@@ -203,6 +203,16 @@ def _reconciled_after_the_cancel(ctx: ExperimentContext, ctl: WorkerProcess) -> 
         what="(status, remote_id) of the run's operations",
         since=since,
     )
+    caps = ctx.system.capabilities
+    if caps.offers_op("relay") and caps.offers_op("consume"):
+        # The compensation event reaches the owning service like any other: the
+        # consumer applies each event the broker holds once, whatever its type
+        # and payload (a compensation's names no tenant of its own).
+        k = ctx.env.start_worker("K", "ops")
+        ctx.ok(k, "relay", limit=100)
+        for _ in range(2):  # a second pass sees nothing new
+            ctx.ok(k, "consume", consumer="billing")
+        checkers.every_event_applied_once(ctx, "billing")
     return run_id
 
 
