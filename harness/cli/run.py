@@ -83,6 +83,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--mutant", help="start the reference worker with this named mutant")
     run.add_argument("--quiet", action="store_true", help="no per-experiment progress lines")
     run.add_argument(
+        "--no-pages",
+        action="store_true",
+        help="write no HTML pages (the archives, summary.md, results.json and JUnit are always "
+        "written and sealed; `fencecheck report DIR` builds the pages later)",
+    )
+    run.add_argument(
         "--skip-contract",
         action="store_true",
         help="with --worker-cmd: run the matrix without checking the worker against the "
@@ -336,7 +342,9 @@ def _run(
         progress.close()
         _print_outcome(progress, results, report_dir, time.monotonic() - started, interrupted)
         pages: str | None = None
-        if settings.keep and not interrupted:
+        if args.no_pages:
+            pages = f"not written (--no-pages; fencecheck report {report_dir} builds them)"
+        elif settings.keep and not interrupted:
             pages = write_pages(report_dir)
             _keep_up(shared, progress)
     # Last resort: anything still a child of this process was started by this

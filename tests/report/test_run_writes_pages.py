@@ -39,6 +39,22 @@ def test_a_real_run_writes_pages_and_a_manifest(tmp_path: Path) -> None:
     assert main(["verify", str(run), "--digest", digest]) == 0
 
 
+@pytest.mark.slow
+def test_no_pages_seals_the_evidence_and_report_builds_them_later(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "run", "A", "--quiet", "--no-pages",
+         "--report-dir", str(tmp_path)],
+        capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    run = (tmp_path / "latest").resolve()
+    assert not (run / "index.html").exists()
+    assert "pages not written (--no-pages" in done.stdout
+    assert manifest.verify_report(run).intact
+    assert main(["report", str(run)]) == 0
+    assert (run / "experiments" / "A.html").is_file() and manifest.verify_report(run).intact
+
+
 def test_mutants_folder_pages(run_fail: Path, tmp_path: Path) -> None:
     folder = tmp_path / "mutants-x"
     folder.mkdir()
