@@ -2,7 +2,13 @@
 two owners on a real database, with short TTLs and database time.
 
 Near an expiry boundary the database's clock decides; the model accepts
-either answer there (``MARGIN``) and then follows what the database did.
+either answer there and then follows what the database did. "Near" is judged
+with the evidence of the timing, not a fixed guess: a grant's expiry lies
+between the send of its statement and its answer, plus the TTL, and a call is
+judged somewhere between its own send and answer; only where those windows
+do not overlap (with ``MARGIN``) is the answer certain. A CI run on a loaded
+machine saw a claim answered 40 ms after it was sent, and the old fixed
+margin took the lease for expired.
 """
 
 from __future__ import annotations
@@ -34,26 +40,38 @@ def test_lease_protocol_matches_model(make_rt: Callable[..., Runtime]) -> None:
             self.holder: str | None = None
             self.epoch = 0
             self.revision = 0
-            self.deadline = 0.0
+            # The lease's expiry lies between these (monotonic seconds).
+            self.expires_from = 0.0
+            self.expires_by = 0.0
             self.known: dict[str, Lease] = {}
 
-        def _near(self) -> bool:
-            return self.holder is not None and abs(time.monotonic() - self.deadline) < MARGIN
+        def _live(self, sent: float, answered: float) -> bool | None:
+            """Was the lease live when the database judged a call sent at
+            ``sent`` and answered at ``answered``? None: the clocks cannot tell."""
+            if self.holder is None:
+                return False
+            if answered < self.expires_from - MARGIN:
+                return True
+            if sent > self.expires_by + MARGIN:
+                return False
+            return None
 
-        def _live(self) -> bool:
-            return self.holder is not None and time.monotonic() < self.deadline
+        def _granted(self, sent: float, answered: float, ttl: int) -> None:
+            self.expires_from, self.expires_by = sent + ttl / 1000, answered + ttl / 1000
 
         @rule(who=st.sampled_from(OWNERS), ttl=st.integers(50, 200))
         def claim(self, who: str, ttl: int) -> None:
             rt = self.rt[who]
-            near, live = self._near(), self._live()
-            t0 = time.monotonic()
+            sent = time.monotonic()
             g = rt.leases.takeover(rt.conn, self.run, rt.owner, ttl)
-            if not near:
+            answered = time.monotonic()
+            live = self._live(sent, answered)
+            if live is not None:
                 assert g.acquired == (not live), g
             if g.acquired:
                 assert g.epoch == self.epoch + 1  # every grant is epoch + 1
-                self.epoch, self.holder, self.deadline = g.epoch or 0, who, t0 + ttl / 1000
+                self.epoch, self.holder = g.epoch or 0, who
+                self._granted(sent, answered, ttl)
                 self.known[who] = g.lease
             else:
                 assert g.outcome == "held" and g.epoch == self.epoch
@@ -65,13 +83,15 @@ def test_lease_protocol_matches_model(make_rt: Callable[..., Runtime]) -> None:
                 return
             rt = self.rt[who]
             mine = self.holder == who and lease.epoch == self.epoch
-            near, live = self._near(), self._live()
-            t0 = time.monotonic()
+            sent = time.monotonic()
             r = rt.leases.renew(rt.conn, lease, ttl)
-            if not near or not mine:
-                assert r.ok == (mine and live), r
+            live = self._live(sent, time.monotonic())
+            if not mine:
+                assert not r.ok, r
+            elif live is not None:
+                assert r.ok == live, r
             if r.ok:
-                self.deadline = t0 + ttl / 1000
+                self._granted(sent, time.monotonic(), ttl)
 
         @rule(who=st.sampled_from(OWNERS))
         def release(self, who: str) -> None:
@@ -92,14 +112,17 @@ def test_lease_protocol_matches_model(make_rt: Callable[..., Runtime]) -> None:
                 return
             rt = self.rt[who]
             mine = self.holder == who and lease.epoch == self.epoch
-            near, live = self._near(), self._live()
+            sent = time.monotonic()
             try:
                 out = rt.writer.write(cp(lease, self.revision))
                 ok = True
             except e.LeaseLost:
                 ok = False
-            if not near or not mine:
-                assert ok == (mine and live)
+            live = self._live(sent, time.monotonic())
+            if not mine:
+                assert not ok
+            elif live is not None:
+                assert ok == live
             if ok:
                 assert out.revision == self.revision + 1
                 self.revision = out.revision
@@ -107,7 +130,7 @@ def test_lease_protocol_matches_model(make_rt: Callable[..., Runtime]) -> None:
         @rule()
         def expire(self) -> None:
             if self.holder is not None:
-                time.sleep(max(0.0, self.deadline - time.monotonic()) + 0.01)
+                time.sleep(max(0.0, self.expires_by - time.monotonic()) + 0.01)
 
         @invariant()
         def database_agrees(self) -> None:
