@@ -6,9 +6,9 @@ Invariants:
 
 * A message is committed to the log before its ack is sent; a refused
   publish stores no message (it is logged in ``refused_publishes``).
-* Every read that hands out messages is logged (``deliveries``) with the
-  sequence numbers in the order handed out, so "what the broker delivered"
-  is the broker's own account, not a consumer's.
+* Every read is logged (``deliveries``): where it began (``after_seq``) and
+  the sequence numbers in the order handed out (none for an empty read), so
+  "what the broker delivered" is the broker's own account, not a consumer's.
 * A delivery fault changes what one read hands out, never what is stored.
 """
 
@@ -83,6 +83,8 @@ def deliver(
     A fault is only taken by a read that has something to hand out."""
     messages = store.messages(after, limit)
     if not messages:
+        # Logged too: where a consumer's read began shows what it passed over.
+        store.log_delivery(after, messages, None, None)
         return messages
     fault = faults.take(BROKER, _DELIVERY_MODES)
     if fault is not None and fault.mode == "deliver_duplicate":

@@ -662,8 +662,9 @@ class Store:
         fault_id: str | None,
         fault_mode: str | None,
     ) -> int:
-        """Log one read that handed out messages, in the order handed out
-        (duplicates and reordering by a delivery fault included)."""
+        """Log one read: where it began and what it handed out, in that order
+        (duplicates and reordering by a delivery fault included; nothing for
+        an empty read)."""
         with self._tx() as db:
             cur = db.execute(
                 "INSERT INTO deliveries (boot, delivered_at, after_seq, seqs_json,"

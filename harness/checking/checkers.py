@@ -456,6 +456,34 @@ def every_event_applied_once(ctx: ExperimentContext, consumer: str) -> None:
         "handed out",
         observed="; ".join(twice + undelivered) or "none applied twice or undelivered",
     )
+    # Safety too: an event handed out and never applied, which a later read
+    # already started past (the consumer moved its position beyond every copy
+    # of it), is lost for good, whatever the timing: nothing reads it again.
+    last_seq: dict[str, int] = {}
+    for m in log["messages"]:
+        last_seq[str(m["event_id"])] = max(last_seq.get(str(m["event_id"]), 0), int(m["seq"]))
+    reads = list(log.get("deliveries", []))
+    passed_over = []
+    for e in held:
+        if effects.get(e, 0) or e not in delivered:
+            continue
+        first = next(
+            i for i, d in enumerate(reads) if e in {str(x) for x in d.get("event_ids", [])}
+        )
+        past = [d for d in reads[first + 1 :] if int(d.get("after_seq", -1)) >= last_seq[e]]
+        if past:
+            passed_over.append(
+                f"{e[:8]}: seq {last_seq[e]}, a later read began after {past[0]['after_seq']}"
+            )
+    ctx.invariant(
+        "no event handed out is passed over without its effect",
+        not passed_over,
+        expected=f"no event the broker handed out to {consumer} left without an effect while a "
+        "later read already began past it",
+        observed=("; ".join(passed_over) or "none passed over")
+        + "; reads (after seq: seqs handed out) "
+        + ", ".join(f"{d.get('after_seq')}: {d.get('seqs')}" for d in reads),
+    )
     wrong = [
         f"{e[:8]}: {'never handed out' if e not in delivered else f'{effects.get(e, 0)} effect(s)'}"
         for e in held

@@ -71,5 +71,7 @@ def test_deliver_reorder_hands_one_read_out_in_reverse(client: ToolClient) -> No
     client.set_fault("broker", "deliver_reorder")
     assert client.broker_messages(after=999) == []  # an empty read takes no fault
     assert [m["seq"] for m in client.broker_messages()] == seqs[::-1]
-    [delivery] = client.export()["deliveries"]
+    empty, delivery = client.export()["deliveries"]
+    # The empty read is logged too (where a read began shows what it passed over).
+    assert (empty["after_seq"], empty["seqs"], empty["fault_mode"]) == (999, [], None)
     assert (delivery["seqs"], delivery["fault_mode"]) == (seqs[::-1], "deliver_reorder")
