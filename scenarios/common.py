@@ -326,52 +326,36 @@ def _another_body_refused(
 ) -> None:
     """The operation_id names the step and its version, not the request: one
     registered again with another body is another intent under a taken id
-    (contract section 5, register_intent), refused, never the first's."""
-    mark = checkers.audit_mark(ctx)
-    reply = ctx.op(
-        worker,
-        "register_intent",
-        run_id=run_id,
-        epoch=epoch,
-        expected_revision=intent["revision"],
-        step_id=step_id,
-        effect_version=1,
-        tool=tool,
-        request={"kind": "store_credit"},
-    )
-    changed = [r for r in checkers.changes_by(ctx, [worker.name], after_seq=mark)
-               if not r["renewal"]]  # fmt: skip
-    ctx.invariant(
-        "an operation_id registered again with another request is refused",
-        not reply.ok and not changed,
-        expected=f"register_intent of {intent['operation_id']} with another request body "
-        "refused (IntentConflict) and nothing written",
-        observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; changes "
-        f"{[(r['seq'], r['tbl'], r['op']) for r in changed]}",
-    )
-    # The changed request as the step's next version instead: refused too while
-    # version 1 may still happen (registered, never proven without effect), or
-    # two versions of one step could both reach the tool (English seed §9.3).
-    mark = checkers.audit_mark(ctx)
-    reply = ctx.op(
-        worker,
-        "register_intent",
-        run_id=run_id,
-        epoch=epoch,
-        expected_revision=intent["revision"],
-        step_id=step_id,
-        effect_version=2,
-        tool=tool,
-        request={"kind": "store_credit"},
-    )
-    changed = [r for r in checkers.changes_by(ctx, [worker.name], after_seq=mark)
-               if not r["renewal"]]  # fmt: skip
-    ctx.invariant(
-        "a step's next effect version is refused while the earlier one may happen",
-        not reply.ok and not changed,
-        expected=f"register_intent of effect_version 2 of step {step_id} while version 1 "
-        f"({intent['operation_id']}) is registered and not failed_final or cancelled: refused "
-        "(IntentConflict) and nothing written",
-        observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; changes "
-        f"{[(r['seq'], r['tbl'], r['op']) for r in changed]}",
-    )
+    (contract section 5, register_intent), refused, never the first's. And the
+    changed request as the step's next version: refused too while version 1
+    may still happen (registered, never proven without effect), or two versions
+    of one step could both reach the tool (English seed §9.3)."""
+    probes = (
+        (1, "an operation_id registered again with another request is refused",
+         f"register_intent of {intent['operation_id']} with another request body"),
+        (2, "a step's next effect version is refused while the earlier one may happen",
+         f"register_intent of effect_version 2 of step {step_id} while version 1 "
+         f"({intent['operation_id']}) is registered and not failed_final or cancelled"),
+    )  # fmt: skip
+    for version, name, asked in probes:
+        mark = checkers.audit_mark(ctx)
+        reply = ctx.op(
+            worker,
+            "register_intent",
+            run_id=run_id,
+            epoch=epoch,
+            expected_revision=intent["revision"],
+            step_id=step_id,
+            effect_version=version,
+            tool=tool,
+            request={"kind": "store_credit"},
+        )
+        changed = [r for r in checkers.changes_by(ctx, [worker.name], after_seq=mark)
+                   if not r["renewal"]]  # fmt: skip
+        ctx.invariant(
+            name,
+            not reply.ok and not changed,
+            expected=f"{asked}: refused (IntentConflict) and nothing written",
+            observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; "
+            f"changes {[(r['seq'], r['tbl'], r['op']) for r in changed]}",
+        )
