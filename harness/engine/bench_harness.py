@@ -28,6 +28,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +38,12 @@ from typing import Any
 
 from harness.cli.run import RUN_JOBS
 
-HOG = "while True: pass"
+# CPU-bound, and gone once the benchmark is: a hog whose parent died (killed
+# with SIGKILL, say) sees another parent pid and ends by itself.
+HOG = "import os\nparent = os.getppid()\nwhile os.getppid() == parent:\n    pass"
+# How long an interrupted round's `fencecheck run` gets for its orderly stop
+# (it promises 5 s) before it is killed.
+RUN_STOP_S = 10.0
 
 
 def _load() -> str:
@@ -64,7 +70,20 @@ def one_round(
     load_before = _load()
     cpu_before = _children_cpu()
     started = time.monotonic()
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = run.communicate()
+    except BaseException:
+        # Interrupted: the run stops in order (its clusters, proxies and temp
+        # directories go with it), killed only if it overstays.
+        run.terminate()
+        try:
+            run.wait(timeout=RUN_STOP_S)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            run.wait()
+        raise
+    done = subprocess.CompletedProcess(cmd, run.returncode, out, err)
     wall = time.monotonic() - started
     cpu = _children_cpu() - cpu_before
     results_path = next(report_dir.glob("*/results.json"), None)
@@ -162,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep-reports", action="store_true")
     parser.add_argument("run_args", nargs="*", help="passed to `fencecheck run` (after --)")
     args = parser.parse_args(argv)
+    # SIGTERM and SIGHUP end the benchmark like Ctrl-C: through the cleanup
+    # below (the round's run stopped, the hogs killed, the reports removed).
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.default_int_handler)
     hogs = [
         subprocess.Popen([sys.executable, "-c", HOG], stdin=subprocess.DEVNULL)
         for _ in range(args.hogs)
@@ -195,4 +218,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print(
+            "bench-harness: interrupted; its run stopped, hogs and reports removed", file=sys.stderr
+        )
+        sys.exit(130)
