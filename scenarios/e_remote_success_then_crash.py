@@ -43,6 +43,15 @@ the key (its query answers "not found", a repeat would create anew), so a
 same-key retry is no longer safe and must not be sent: the run freezes in
 doubt with one real resource.
 
+Variant ``stale_timeout``: one ``ops`` process D1 dispatches; its request is
+still on the network (``arrive_late``) when its claim expires, and while that
+call is out the same process's reconciler cycle expires the claim, queries
+(nothing found yet) and claims the operation again for a same-key resend,
+held right after that claim. Then D1's first call times out: marking its
+own unanswered call unknown must not touch the newer claim, although the
+owner is the same session (a mark matches the claim it was made under: its
+owner and its ledger revision).
+
 Variant ``slow_claim_answer``: an ``ops`` dispatcher's database link answers
 late while it claims an intent; it is held right after the claim and let go
 past the claim's deadline by database time, but within that delay. Its
@@ -53,6 +62,7 @@ believes it holds the claim.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from harness.checking import checkers
@@ -83,6 +93,10 @@ ARRIVE_LATE_MS = 2000
 # it claims (toxiproxy latency on its link, downstream), and how far past the
 # claim's deadline (database time) the harness lets it go on: inside that delay.
 CLAIM_ANSWER_LATE_MS = 250
+# stale_timeout: D1's tool timeout, past its claim (600 ms) and the reconciler's
+# claim after it, and how late its request reaches the tool: after that timeout.
+STALE_TIMEOUT_MS = 2000
+STALE_TIMEOUT_ARRIVE_MS = 3000
 RELEASE_PAST_DEADLINE_S = 0.1
 
 TOOL_FOR = {
@@ -119,8 +133,11 @@ SPEC = ExperimentSpec(
             "none",
             "retention_expired",
         ),
+        needs.capability("ledger_tool:idempotent", "stale_timeout"),
+        needs.op("reconcile", "stale_timeout"),
         needs.point(
             "after_dispatch_claim_commit",
+            "stale_timeout",
             "stale_dispatcher",
             "frozen_dispatcher",
             "frozen_reconciler",
@@ -137,6 +154,7 @@ SPEC = ExperimentSpec(
         "query",
         "none",
         "stale_dispatcher",
+        "stale_timeout",
         "frozen_dispatcher",
         "frozen_reconciler",
         "frozen_before_claim",
@@ -148,6 +166,7 @@ SPEC = ExperimentSpec(
     natural_wait_s=0.8,
     variant_waits=(
         ("stale_dispatcher", ARRIVE_LATE_MS / 1000),
+        ("stale_timeout", STALE_TIMEOUT_ARRIVE_MS / 1000),
         ("retention_expired", 1.2),
         ("resend_at_window_end", WINDOW_END_RETENTION_S),
     ),
@@ -158,6 +177,13 @@ SPEC = ExperimentSpec(
         ("slow_claim_answer", "after_dispatch_claim_commit"),
     ),
     variant_faults=(
+        (
+            "stale_timeout",
+            f"D1's request reaches the idempotent tool {STALE_TIMEOUT_ARRIVE_MS} ms late, after "
+            f"its {STALE_TIMEOUT_MS} ms tool timeout and its claim's deadline; D1's own "
+            "reconciler cycle claims the operation anew and is held there when that call "
+            "times out",
+        ),
         (
             "slow_claim_answer",
             f"the dispatcher's database answers delayed {CLAIM_ANSWER_LATE_MS} ms (toxiproxy) "
@@ -200,6 +226,9 @@ def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "idempotent"
     if variant == "stale_dispatcher":
         _stale_dispatcher(ctx)
+        return
+    if variant == "stale_timeout":
+        _stale_timeout(ctx)
         return
     if variant == "frozen_dispatcher":
         _frozen_dispatcher(ctx)
@@ -361,27 +390,7 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
     ctx.env.tool.client().set_fault("idem", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
     ctx.arm("D1", "after_tool_response_before_tx2_commit", Hold())
     stale = ctx.op_async(d1, "dispatch", {"operation_id": op_id}, worker_async=True)
-    first = wait_for(
-        lambda: next(
-            (
-                o
-                for o in checkers.ledger(ctx, run_id)
-                if o["operation_id"] == op_id and o["status"] == "dispatching"
-            ),
-            None,
-        ),
-        what="D1's dispatch claim of the operation",
-        timeout_s=10,
-    )
-    wait_for(
-        lambda: ctx.env.query(
-            "SELECT dispatch_until < clock_timestamp() AS expired "
-            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
-            [op_id],
-        )[0]["expired"],
-        what="D1's dispatch claim to pass its deadline by database time",
-        timeout_s=10,
-    )
+    first = _claim_expired(ctx, run_id, op_id, "D1's dispatch claim of the operation")
     ctx.arm("ctl", "after_dispatch_claim_commit", Hold())
     newer = ctx.op_async(ctl, "reconcile", {}, worker_async=True)
     ctx.reached("ctl", "after_dispatch_claim_commit", held=True)  # not an earlier pass
@@ -435,6 +444,115 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
         expected="ledger succeeded with the resource id",
         observed=f"ledger {(final['status'], final['remote_id'])}; resources "
         f"{[r['resource_id'] for r in resources]}",
+    )
+
+
+def _stale_timeout(ctx: ExperimentContext) -> None:
+    """A dispatcher's call that times out after its claim was superseded by a
+    newer claim of the same session: its mark of the unanswered call as
+    unknown must leave the newer claim as it is (rule 4: an outcome, unknown
+    included, is recorded only under the claim that sent)."""
+    run_id = new_run(ctx, tool="idem")
+    op_id = intent_registered(
+        ctx, ctx.env.start_worker("W", "ops"), run_id, tool="idem", step_id="e.label"
+    )
+    d1 = ctx.env.start_worker(
+        "D1", "ops", env={"FENCECHECK_TOOL_TIMEOUT_MS": str(STALE_TIMEOUT_MS)}
+    )
+    ctx.env.tool.client().set_fault(
+        "idem", "arrive_late", ms=STALE_TIMEOUT_ARRIVE_MS, run_id=run_id
+    )
+    sent_at = time.monotonic()
+    first_call = ctx.op_async(d1, "dispatch", {"operation_id": op_id}, worker_async=True)
+    first = _claim_expired(ctx, run_id, op_id, "D1's dispatch claim")
+    ctx.arm("D1", "after_dispatch_claim_commit", Hold())
+    newer = ctx.op_async(d1, "reconcile", {}, worker_async=True)
+    ctx.reached("D1", "after_dispatch_claim_commit", held=True)
+    held = _operation(ctx, run_id, op_id)
+    claimed_within = time.monotonic() - sent_at
+    first_reply = first_call.result(STALE_TIMEOUT_MS / 1000 + 15)
+    after = _operation(ctx, run_id, op_id)
+    queried = [q for q in checkers.tool_log(ctx)["queries"] if q.get("operation_id") == op_id]
+    ctx.fault(
+        "the first call timed out while the same session's newer claim was in flight",
+        held["status"] == "dispatching"
+        and held["revision"] > first["revision"]
+        and claimed_within < STALE_TIMEOUT_MS / 1000
+        and bool(queried)
+        and queried[0]["outcome"] == "not_found"
+        and not checkers.tool_requests(ctx, operation_id=op_id)[1:],
+        expected=f"the newer claim (a revision past {first['revision']}) dispatching within "
+        f"{STALE_TIMEOUT_MS} ms of the first call, after a query that found nothing; one "
+        "request at the tool",
+        observed=f"ledger {held['status']} by {held['dispatch_owner']} at revision "
+        f"{held['revision']} after {claimed_within:.2f} s; queries "
+        f"{[q['outcome'] for q in queried]}; first call's reply "
+        f"{plain(first_reply.result) if first_reply.ok else first_reply.error}",
+    )
+    ctx.invariant(
+        "a timed-out call's mark leaves the newer claim alone",
+        (after["status"], after["dispatch_owner"], after["revision"])
+        == ("dispatching", held["dispatch_owner"], held["revision"]),
+        expected=f"still dispatching by {held['dispatch_owner']} at revision {held['revision']}",
+        observed=f"{after['status']} by {after['dispatch_owner']} at revision {after['revision']}",
+    )
+    ctx.release("D1", "after_dispatch_claim_commit")
+    newer.result(15)
+    # The newer claim outlived its deadline while held: it sent nothing. The
+    # first request reaches the tool meanwhile; a cycle finds it by query.
+    seen_within(
+        lambda: checkers.tool_resources(ctx, run_id=run_id) or None,
+        what="the tool to act on D1's late request",
+        timeout_s=STALE_TIMEOUT_ARRIVE_MS / 1000 + 5,
+    )
+    ctx.op(control_plane(ctx), "reconcile")
+    final = _operation(ctx, run_id, op_id)
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
+    ctx.progress(
+        "the operation converged to the tool's resource",
+        final["status"] == "succeeded"
+        and len(resources) == 1
+        and final["remote_id"] == resources[0]["resource_id"],
+        expected="ledger succeeded with the resource id",
+        observed=f"ledger {(final['status'], final['remote_id'])}; resources "
+        f"{[r['resource_id'] for r in resources]}",
+    )
+
+
+def _operation(ctx: ExperimentContext, run_id: str, op_id: str) -> dict[str, Any]:
+    return next(o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id)
+
+
+def _claim_expired(ctx: ExperimentContext, run_id: str, op_id: str, whose: str) -> dict[str, Any]:
+    """The operation once dispatching, after waiting for that claim's deadline
+    to pass by database time."""
+    first: dict[str, Any] = wait_for(
+        lambda: next(
+            (
+                o
+                for o in checkers.ledger(ctx, run_id)
+                if o["operation_id"] == op_id and o["status"] == "dispatching"
+            ),
+            None,
+        ),
+        what=whose,
+        timeout_s=10,
+    )
+    _past_deadline(ctx, op_id, whose)
+    return first
+
+
+def _past_deadline(ctx: ExperimentContext, op_id: str, whose: str) -> None:
+    """Wait until the operation's dispatch claim is past its deadline by database time."""
+    wait_for(
+        lambda: ctx.env.query(
+            "SELECT dispatch_until <= clock_timestamp() AS over "
+            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+            [op_id],
+        )[0]["over"],
+        what=f"{whose} to pass its deadline by database time",
+        timeout_s=10,
     )
 
 
@@ -732,15 +850,7 @@ def _superseded_claim(ctx: ExperimentContext) -> None:
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
     hit = ctx.reached("A", point)
     op_id = str(hit.operation_id)
-    wait_for(
-        lambda: ctx.env.query(
-            "SELECT dispatch_until <= clock_timestamp() AS over FROM fencecheck_model.tool_operations "
-            "WHERE operation_id = %s AND status = 'dispatching'",
-            [op_id],
-        )[0]["over"],
-        what=f"A's dispatch claim on {op_id} to expire by database time",
-        timeout_s=10,
-    )
+    _past_deadline(ctx, op_id, f"A's dispatch claim on {op_id}")
     ctl = control_plane(ctx)
     ctx.ok(ctl, "reconcile")
     converged = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), {})

@@ -9,6 +9,14 @@ A bystander run of the tenant has an intent registered and never sent when
 the cancel comes: a cancel forbids the prepared effects of its own run only,
 so the bystander's stays prepared and its run untouched.
 
+Variant ``reconciler_after_cancel``: a dispatcher died after its claim and
+before its call (an idempotent tool: nothing reached it); a reconciler's
+cycle read the run live, asked the tool (nothing found) and is held there
+while the run is cancelled; another run of the tenant is live. Let go, it
+must claim nothing and send nothing: a cancelled run's effect in doubt is
+reconciled, never resent (its same-key retry is refused by the run's own
+status, whatever the tenant's other runs are).
+
 Variant ``held_write``: the cancel comes while a protected write of the run
 (stepped path) holds the run's row with everything written, before its
 COMMIT. The cancel waits for it, and its audit row's ``before`` must be the
@@ -18,6 +26,7 @@ run as that write left it (contract section 7.7), never as it was before.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
@@ -34,6 +43,7 @@ from scenarios.common import (
 )
 
 HELD_WRITE = "held_write"
+RECONCILER_AFTER_CANCEL = "reconciler_after_cancel"
 POINT = {
     "prepared": "after_outbound_intent_commit",
     "dispatching": "after_dispatch_claim_commit",
@@ -49,15 +59,23 @@ SPEC = ExperimentSpec(
     "effect is never marked cancelled (it may have happened)",
     fault="cancel while the effect is prepared / dispatching / unknown",
     rules=(4, 6),
-    variants=("prepared", "dispatching", "unknown", HELD_WRITE),
+    variants=("prepared", "dispatching", "unknown", HELD_WRITE, RECONCILER_AFTER_CANCEL),
     variant_waits=(("unknown", 0.8),),
     variant_faults=(
         (
             HELD_WRITE,
             "cancel while a stepped protected write of the run holds its row before COMMIT",
         ),
+        (
+            RECONCILER_AFTER_CANCEL,
+            "SIGKILL of the dispatcher after its claim, before its call; cancel while a "
+            "reconciler that read the run live is held after its query found nothing",
+        ),
     ),
-    variant_points=((HELD_WRITE, "before_commit"),),
+    variant_points=(
+        (HELD_WRITE, "before_commit"),
+        (RECONCILER_AFTER_CANCEL, "after_reconcile_query"),
+    ),
     variant_write_paths=((HELD_WRITE, "stepped"),),
     needs=(
         *needs.capabilities("workflow", "ledger"),
@@ -65,6 +83,10 @@ SPEC = ExperimentSpec(
         needs.capability("checkpoints", HELD_WRITE),
         needs.capability("operator_actions", HELD_WRITE),
         needs.point("before_commit", HELD_WRITE),
+        needs.capability("ledger_tool:idempotent", RECONCILER_AFTER_CANCEL),
+        needs.point("after_dispatch_claim_commit", RECONCILER_AFTER_CANCEL),
+        needs.point("after_reconcile_query", RECONCILER_AFTER_CANCEL),
+        needs.op("reconcile", RECONCILER_AFTER_CANCEL),
     ),
 )
 
@@ -73,6 +95,9 @@ def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "prepared"
     if variant == HELD_WRITE:
         _cancel_while_a_write_holds_the_run(ctx)
+        return
+    if variant == RECONCILER_AFTER_CANCEL:
+        _reconciler_after_cancel(ctx)
         return
     run_id = new_run(ctx, tool="plain")
     ctl = control_plane(ctx)
@@ -176,15 +201,7 @@ def _reconciled_after_the_cancel(ctx: ExperimentContext, ctl: WorkerProcess) -> 
     ctx.arm("A2", "after_tool_response_before_tx2_commit", Crash())
     code = finish(ctx, ctx.env.start_worker("A2", "run", ["--run-id", run_id, "--once"]))
     ctx.ok(ctl, "cancel", run_id=run_id, reason="customer withdrew")
-    expired = seen_within(
-        lambda: ctx.env.query(
-            "SELECT 1 FROM fencecheck_model.tool_operations WHERE run_id = %s "
-            "AND status = 'dispatching' AND dispatch_until < clock_timestamp()",
-            [run_id],
-        ),
-        what="the dead dispatcher's claim to pass its deadline by database time",
-        timeout_s=30.0,
-    )
+    expired = _dead_claim_expired(ctx, run_id)
     made = checkers.tool_resources(ctx, run_id=run_id)
     ctx.fault(
         "the tool acted, the dispatcher died and the run was cancelled with its claim expired",
@@ -214,6 +231,69 @@ def _reconciled_after_the_cancel(ctx: ExperimentContext, ctl: WorkerProcess) -> 
             ctx.ok(k, "consume", consumer="billing")
         checkers.every_event_applied_once(ctx, "billing")
     return run_id
+
+
+def _dead_claim_expired(ctx: ExperimentContext, run_id: str) -> list[dict[str, Any]] | None:
+    """Wait until a dispatch claim of the run is past its deadline by database time."""
+    found: list[dict[str, Any]] | None = seen_within(
+        lambda: ctx.env.query(
+            "SELECT 1 FROM fencecheck_model.tool_operations WHERE run_id = %s "
+            "AND status = 'dispatching' AND dispatch_until < clock_timestamp()",
+            [run_id],
+        ),
+        what="the dead dispatcher's claim to pass its deadline by database time",
+        timeout_s=30.0,
+    )
+    return found
+
+
+def _reconciler_after_cancel(ctx: ExperimentContext) -> None:
+    """A reconciler that read the run live resends nothing once it was cancelled."""
+    run_id = new_run(ctx, tool="idem")
+    # Another run of the tenant, live throughout (claimed, its lease let lapse).
+    other = new_run(ctx, tool="plain")
+    ctx.ok(ctx.env.start_worker("Y", "ops"), "claim", run_id=other)
+    ctx.arm("A", "after_dispatch_claim_commit", Crash())
+    code = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
+    op_id = next((o["operation_id"] for o in checkers.ledger(ctx, run_id)), None)
+    _dead_claim_expired(ctx, run_id)
+    r = ctx.env.start_worker("R", "ops")
+    ctx.arm("R", "after_reconcile_query", Hold())
+    cycle = ctx.op_async(r, "reconcile", {}, worker_async=True)
+    hit = ctx.reached("R", "after_reconcile_query")
+    ctl = control_plane(ctx)
+    cancel = ctx.op(ctl, "cancel", run_id=run_id, reason="customer withdrew")
+    run_status = checkers.run_row(ctx, run_id)["status"]
+    other_status = checkers.run_row(ctx, other)["status"]
+    queried = [q for q in checkers.tool_log(ctx)["queries"] if q.get("operation_id") == op_id]
+    ctx.fault(
+        "a reconciler that asked the tool was held while the run was cancelled, beside a live run",
+        code == -9
+        and hit.operation_id == op_id
+        and [q["outcome"] for q in queried] == ["not_found"]
+        and cancel.ok
+        and run_status == "cancelled"
+        and other_status in ("queued", "running", "waiting_tool"),
+        expected=f"A killed after its claim; R held after its query of {op_id} found nothing; "
+        "the run cancelled; the other run live",
+        observed=f"A exit {code}; R held at {hit.operation_id}; queries "
+        f"{[q['outcome'] for q in queried]}; cancel {'ok' if cancel.ok else cancel.error}; "
+        f"run {run_status}; other run {other_status}",
+    )
+    ctx.release("R", "after_reconcile_query")
+    reply = cycle.result(15)
+    op = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), {})
+    sent = checkers.tool_requests(ctx, operation_id=op_id)
+    ctx.invariant(
+        "a cancelled run's effect in doubt is not resent",
+        not sent and op.get("status") == "unknown",
+        expected="no request at the tool for it; the operation still unknown (reconciled, "
+        "never claimed for a resend)",
+        observed=f"tool requests {len(sent)}; ledger {op.get('status')} by "
+        f"{op.get('dispatch_owner')}; reconcile reply "
+        f"{'ok' if reply.ok else reply.error}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id, other])
 
 
 def _cancel_while_a_write_holds_the_run(ctx: ExperimentContext) -> None:

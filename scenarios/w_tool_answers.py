@@ -39,6 +39,17 @@ answers a worker must handle"):
   (a run paused in doubt with nothing in doubt is one nobody resumes); it
   adopts the result and finishes.
 
+* ``others_in_doubt``: the run has three more operations in doubt, on other
+  steps (registered and dispatched through ``ops`` before its tool step, a
+  tool with neither query nor key, each answer lost), when its own late
+  request freezes it. A person's finding on one (``resolve_indoubt``), a
+  manual convergence of another (``converge_operation``) and the
+  reconciler's convergence of the tool step's operation must each leave the
+  run paused in doubt: something of it is still in doubt, and a claimable
+  run with an effect in doubt is one whose workflow may never look at it.
+  The convergence of the last one queues it; a worker finishes it without
+  resending anything.
+
 Judged from the tool's own log (requests, resources and their body digests)
 and the database (ledger, run), never from the worker's account.
 """
@@ -51,7 +62,7 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Hold
+from harness.parts.control import Crash, Hold
 from scenarios.common import (
     control_plane,
     crash_in_op,
@@ -59,6 +70,7 @@ from scenarios.common import (
     new_run,
     resumed_once_converged,
     seen_within,
+    wait_claimable,
     writes_name_workflow_steps,
 )
 
@@ -73,6 +85,9 @@ ARRIVE_LATE_MS = 1500
 FOUND_AFTER_FREEZE = "found_after_freeze"
 CRASH_MID_CONVERGE = "crash_mid_converge"
 CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
+OTHERS_IN_DOUBT = "others_in_doubt"
+#: others_in_doubt: the steps of the run's other operations (a plain tool).
+OTHER_STEPS = ("w.other_1", "w.other_2", "w.other_3")
 
 
 @dataclass(frozen=True)
@@ -122,15 +137,22 @@ SPEC = ExperimentSpec(
     "never a failure or a refusal; a 202 is no result; the ledger records only the tool's "
     "resource of our request, learnt by query; nothing is resent without a promise; a "
     "reconciler that learns the fact of a run paused in doubt converges it and resumes the "
-    "run in one transaction, whatever another run has in doubt; a freeze never commits over "
+    "run in one transaction, whatever another run has in doubt, and leaves it paused while "
+    "something else of it is in doubt (whoever converges what); a freeze never commits over "
     "an operation that converged since the worker read it",
     fault="the tool's one answer to the tool step, by schedule: 409 from another body, 500 "
     "after acting, 202 without a result, or an answer after the worker's timeout; or the "
     "request reaching the tool only after the run was paused in doubt, beside another run "
     "in doubt, or while the worker is held after its empty query as another reconciler "
-    "converges the operation",
+    "converges the operation, or beside three more operations of the run in doubt",
     rules=(4, 5),
-    variants=(*ANSWERS, FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE, CONVERGED_BEFORE_FREEZE),
+    variants=(
+        *ANSWERS,
+        FOUND_AFTER_FREEZE,
+        CRASH_MID_CONVERGE,
+        CONVERGED_BEFORE_FREEZE,
+        OTHERS_IN_DOUBT,
+    ),
     needs=(
         *needs.capabilities("workflow", "ledger"),
         *(needs.capability(f"ledger_tool:{CAPABILITY[a.tool]}", v) for v, a in ANSWERS.items()),
@@ -140,12 +162,20 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:query", CONVERGED_BEFORE_FREEZE),
         needs.point("after_reconcile_query", CONVERGED_BEFORE_FREEZE),
         needs.op("reconcile", FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE, CONVERGED_BEFORE_FREEZE),
+        needs.capability("ledger_tool:query", OTHERS_IN_DOUBT),
+        needs.capability("ledger_tool:none", OTHERS_IN_DOUBT),
+        needs.capability("operator_actions", OTHERS_IN_DOUBT),
+        needs.point("after_checkpoint_commit", OTHERS_IN_DOUBT),
+        needs.op("reconcile", OTHERS_IN_DOUBT),
+        needs.op("resolve_indoubt", OTHERS_IN_DOUBT),
+        needs.op("converge_operation", OTHERS_IN_DOUBT),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
         (FOUND_AFTER_FREEZE, ARRIVE_LATE_MS / 1000),
         (CRASH_MID_CONVERGE, ARRIVE_LATE_MS / 1000),
         (CONVERGED_BEFORE_FREEZE, ARRIVE_LATE_MS / 1000),
+        (OTHERS_IN_DOUBT, ARRIVE_LATE_MS / 1000 + len(OTHER_STEPS) * TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -156,6 +186,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == CONVERGED_BEFORE_FREEZE:
         _converged_before_freeze(ctx)
+        return
+    if ctx.variant == OTHERS_IN_DOUBT:
+        _others_in_doubt(ctx)
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -363,6 +396,152 @@ def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id, bystander])
     checkers.lease_history_is_sound(ctx, [run_id, bystander])
+
+
+def _others_in_doubt(ctx: ExperimentContext) -> None:
+    """Three operations of the run on other steps are in doubt when its own
+    tool step freezes it: every convergence but the last leaves it paused."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="queryable")
+    # The workflow's first checkpoint, from the worker itself: the state its
+    # run resumes from once the other operations are registered.
+    ctx.arm("A0", "after_checkpoint_commit", Crash(), times=1)
+    finish(ctx, ctx.env.start_worker("A0", "run", ["--run-id", run_id, "--once"], env=env))
+    first = checkers.checkpoints(ctx, run_id)
+    start = checkers.run_row(ctx, run_id, "the run after its first checkpoint")
+    wait_claimable(ctx, run_id)
+    tool = ctx.env.tool.client()
+    tool.set_fault("plain", "drop_after_act", count=len(OTHER_STEPS), run_id=run_id)
+    y = ctx.env.start_worker("Y", "ops", env=env)
+    lease = ctx.ok(y, "claim", run_id=run_id)
+    revision, others = lease["revision"], []
+    for step in OTHER_STEPS:
+        intent = ctx.ok(
+            y,
+            "register_intent",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=revision,
+            step_id=step,
+            effect_version=1,
+            tool="plain",
+            request={"kind": "notice", "step": step},
+        )
+        revision = intent["revision"]
+        others.append(str(intent["operation_id"]))
+    for op_id in others:
+        ctx.op(y, "dispatch", operation_id=op_id)
+    # The workflow's state back on top (the intents' checkpoints hold the ops
+    # interface's own), then the lease given up; either may have lapsed.
+    if first:
+        ctx.op(
+            y,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=revision,
+            state=first[-1]["state_json"],
+            schema_version=first[-1]["schema_version"],
+            step=start.get("current_step"),
+        )
+    ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
+    wait_claimable(ctx, run_id)
+    tool.set_fault("queryable", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
+    ctx.command(
+        f"tool: run {run_id}'s plain creates ({len(others)}, through ops) lose their answers; "
+        f"its tool step's create reaches the queryable tool {ARRIVE_LATE_MS} ms late"
+    )
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    code_a = finish(ctx, a)
+    seen_within(
+        lambda: (
+            [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["tool"] == "queryable"]
+            or None
+        ),
+        what=f"the tool to see run {run_id}'s late request",
+        timeout_s=ARRIVE_LATE_MS / 1000 + 5,
+    )
+    ledger = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
+    own = [k for k in ledger if k not in others]
+    row = checkers.run_row(ctx, run_id, "the run before the decisions")
+    took = ctx.fault(
+        "the run was paused in doubt with four operations in doubt",
+        row["status"] == "paused_indoubt"
+        and len(own) == 1
+        and all(ledger.get(o, {}).get("status") == "unknown" for o in [*others, *own]),
+        expected=f"run paused_indoubt; its tool step's operation and {others} unknown",
+        observed=f"run {row['status']} (A exit {code_a}); ledger "
+        f"{[(k, o['status']) for k, o in ledger.items()]}",
+    )
+    if not took:
+        ctx.not_judged(
+            "convergences of a run with other operations in doubt",
+            expected="judged once the run was paused in doubt with four operations in doubt",
+            observed="the state was not reached (see the fault check)",
+        )
+        checkers.lease_history_is_sound(ctx, [run_id])
+        return
+    made = {str(r["operation_id"]): str(r["resource_id"]) for r in checkers.tool_resources(ctx)}
+    ctl = control_plane(ctx)
+    steps: tuple[tuple[str, str, str, dict[str, Any]], ...] = (
+        ("a person's finding on one", "resolve_indoubt", others[0],
+         {"run_id": run_id, "decision": "executed", "reason": "found in the tool's console"}),
+        ("a manual convergence of another", "converge_operation", others[1],
+         {"outcome": "succeeded", "reason": "found in the tool's console", "ticket": "OPS-45"}),
+        ("the reconciler's convergence of the tool step's", "reconcile", own[0], {}),
+    )  # fmt: skip
+    for what, op, op_id, args in steps:
+        if op != "reconcile":
+            args = {**args, "operation_id": op_id, "remote_id": made.get(op_id)}
+        reply = ctx.op(ctl, op, **args)
+        after = checkers.ledger(ctx, run_id)
+        status = checkers.run_row(ctx, run_id, f"the run after {what}")["status"]
+        doubt = [o["operation_id"] for o in after if o["status"] in ("unknown", "dispatching")]
+        converged = next((o["status"] for o in after if o["operation_id"] == op_id), None)
+        ctx.invariant(
+            f"{what} leaves the run paused while another operation is in doubt",
+            status == "paused_indoubt" or not doubt,
+            expected="run paused_indoubt as long as an operation of it is unknown or dispatching",
+            observed=f"run {status}; in doubt {doubt}",
+        )
+        ctx.progress_equal(
+            f"{what} converged it", (reply.ok, converged), (True, "succeeded"),
+            what=f"{op}'s reply ok and {op_id}'s status",
+        )  # fmt: skip
+    last = ctx.op(
+        ctl,
+        "converge_operation",
+        operation_id=others[2],
+        outcome="succeeded",
+        remote_id=made.get(others[2]),
+        reason="found in the tool's console",
+        ticket="OPS-46",
+    )
+    ops_after = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    status = checkers.run_row(ctx, run_id, "the run after the last convergence")["status"]
+    ctx.invariant(
+        "a run with nothing left in doubt is not left paused in doubt",
+        not last.ok or status == "queued" or any(s != "succeeded" for _, s in ops_after),
+        expected="the last convergence accepted, every operation succeeded, run queued at once",
+        observed=f"reply {'ok' if last.ok else last.error}; run {status}; ledger {ops_after}",
+    )
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"], env=env)
+    code_b = finish(ctx, b)
+    sent = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.equal(
+        "nothing resent",
+        sorted(str(r["operation_id"]) for r in sent),
+        sorted([*others, *own]),
+        what="operations of the run's create requests in the tool's log",
+    )
+    ctx.progress_equal(
+        "the run finished from the recorded facts",
+        checkers.run_row(ctx, run_id, "the run at the end")["status"],
+        "succeeded",
+        what=f"run status (B exit {code_b})",
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _reconciler_killed_mid_converge(

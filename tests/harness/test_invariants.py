@@ -233,7 +233,7 @@ def test_clean_history_breaks_nothing() -> None:
     assert broken == {}
     # Not vacuous: each invariant judged something of the clean run, except what
     # the clean run has none of (a cancel, a return to prepared, a risky tool,
-    # a takeover, a resend).
+    # a takeover, a resend, a run leaving a pause in doubt).
     assert {n for n, r in results.items() if r.checked == 0} == {
         "lease.takeover_counts_no_attempt",
         "effect.cancelled_intent_never_sent",
@@ -243,6 +243,7 @@ def test_clean_history_breaks_nothing() -> None:
         "effect.not_executed_only_where_the_tool_did_not_act",
         "run.only_finished_tasks_are_purged",
         "operator.audit_shows_the_rows_before_and_after",
+        "run.leaves_doubt_only_with_nothing_in_doubt",
     }
 
 
@@ -581,6 +582,18 @@ def operator_resolves(s: Story, *, before_taken_late: bool = False) -> None:
     tx("operator_actions", None, {**audit, "before": before, "after": after})
 
 
+def resumed_beside_another_doubt(s: Story) -> None:
+    """A manual convergence of one operation queues the run while a second
+    operation of it is still unknown (hidden-set bug: the guard keyed on the
+    operation just converged)."""
+    run, op = paused_in_doubt(s)
+    other = {**op, "operation_id": f"{OP3}-b", "step_id": "notify"}
+    s.tx(0.95, app="fencecheck-harness")("tool_operations", None, other)
+    tx = s.tx(1.0, app="ctl")
+    tx("tool_operations", op, {"status": "succeeded", "remote_id": "res-3", "revision": 3})
+    tx("agent_runs", run, {"status": "queued"})
+
+
 STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
     "lease.one_owner_per_epoch": second_owner,
@@ -599,6 +612,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "run.nothing_advances_after_terminal": advanced_after_end,
     "run.one_live_run_per_task": two_live_runs,
     "run.every_run_can_progress_at_the_end": paused_without_doubt,
+    "run.leaves_doubt_only_with_nothing_in_doubt": resumed_beside_another_doubt,
     "consumer.business_effect_at_most_once_per_event": second_effect,
     "consumer.effect_only_for_a_delivered_event": effect_of_undelivered,
     "consumer.dedup_row_and_effect_in_one_transaction": dedup_apart_from_effect,

@@ -162,6 +162,55 @@ def every_run_can_progress(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "run.leaves_doubt_only_with_nothing_in_doubt",
+    "SPEC rules 4, 5; English seed §9.3 (unknown waits for the remote fact or a person); "
+    "Chinese seed §8.3",
+    "a run paused in doubt becomes claimable again (queued, or any live status) only in a "
+    "transaction after which none of its operations is in doubt (unknown or dispatching), "
+    "whoever moves it: the reconciler, a person's finding or a manual convergence",
+)
+def leaves_doubt_only_with_nothing_in_doubt(ev: Evidence) -> Finding:
+    moves = [
+        c
+        for c in ev.of("agent_runs", "UPDATE")
+        if c.before("status") == "paused_indoubt" and c.after("status") in LIVE and not c.by_harness
+    ]
+    if not moves:
+        return Finding(0, [], "no run left paused_indoubt for a live status")
+    ops = group(ev.of("tool_operations"), lambda c: (_run_of(c), str(c.row.get("operation_id"))))
+    bad: list[dict[str, Any]] = []
+    for move in moves:
+        left = []
+        for (run_id, op_id), timeline in ops.items():
+            if run_id != _run_of(move):
+                continue
+            image = _as_committed_with(timeline, move)
+            if image is not None and image.get("status") in IN_FLIGHT:
+                left.append((op_id, image.get("status")))
+        if left:
+            bad.append({**move.brief("run_id", "status"), "in_doubt": left})
+    return Finding(len(moves), bad, f"{len(moves)} run(s) left paused_indoubt")
+
+
+def _as_committed_with(timeline: list[Change], move: Change) -> dict[str, Any] | None:
+    """An operation's row as the transaction of ``move`` left it: its own last
+    change of the row, else the last change committed before that transaction
+    did (one committed later could not be seen; without commit times, audit
+    order stands in)."""
+    own = [c for c in timeline if c.txid == move.txid]
+    if own:
+        return own[-1].new
+    until = move.committed_at
+    seen = [
+        c
+        for c in timeline
+        if (c.committed_at <= until if until is not None and c.committed_at is not None
+            else c.seq < move.seq)
+    ]  # fmt: skip
+    return seen[-1].new if seen else None
+
+
+@invariant(
     "run.only_finished_tasks_are_purged",
     "SPEC rule 10 (an unpublished event is never lost); Chinese seed §12 (retention); "
     "English seed §9.3 (unknown waits for a person)",

@@ -43,7 +43,11 @@ BEGIN
    WHERE x.operation_id = p_operation_id;
   -- MUTANT: the audit's before snapshot taken after the change
   v_before := fencecheck._run_snapshot(p_run_id, p_operation_id);
-  v_status := fencecheck._operator_move(r, 'resolve', p_reason);
+  v_status := r.status;
+  IF NOT EXISTS (SELECT 1 FROM public.tool_operations x
+                  WHERE x.run_id = p_run_id AND x.status IN ('unknown', 'dispatching')) THEN
+    v_status := fencecheck._operator_move(r, 'resolve', p_reason);
+  END IF;
   RETURN QUERY SELECT v_status, v_outcome,
     fencecheck._audit(p_run_id, p_operation_id, 'resolve:' || p_decision, p_reason, p_ticket,
                       v_before);

@@ -40,7 +40,11 @@ BEGIN
            'operator', session_user, 'reason', p_reason, 'ticket', p_ticket)),
          revision = x.revision + 1, updated_at = clock_timestamp()
    WHERE x.operation_id = p_operation_id;
-  v_status := fencecheck._operator_move(r, 'resolve', p_reason);
+  v_status := r.status;
+  IF NOT EXISTS (SELECT 1 FROM public.tool_operations x
+                  WHERE x.run_id = p_run_id AND x.status IN ('unknown', 'dispatching')) THEN
+    v_status := fencecheck._operator_move(r, 'resolve', p_reason);
+  END IF;
   RETURN QUERY SELECT v_status, v_outcome, NULL::bigint;  -- MUTANT: no audit row
 END
 $$;

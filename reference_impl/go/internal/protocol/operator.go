@@ -136,7 +136,8 @@ func (p *Protocol) Cancel(ctx context.Context, db DB, runID, reason string, tick
 // Resolve records a person's finding on an operation in doubt (executed,
 // with the remote id found, or not_executed): the operation converges
 // (succeeded, or failed_final with executed=false) and the run paused in
-// doubt goes back to the queue; a worker then continues from the ledger.
+// doubt goes back to the queue once nothing else of it is in doubt; a worker
+// then continues from the ledger.
 // afterLock runs while the run's row lock is held, before anything is
 // decided (the injection point after_operator_lock).
 func (p *Protocol) Resolve(ctx context.Context, db DB, runID, opID, decision string, remoteID *string,
@@ -172,9 +173,18 @@ func (p *Protocol) Resolve(ctx context.Context, db DB, runID, opID, decision str
 			opID, runID, outcome, remoteID, "operator_resolved", reason, ticket); err != nil {
 			return err
 		}
-		to, err := p.move(ctx, tx, runID, tenant, "resolve", status, reason, nil)
-		if err != nil {
+		// The finding is recorded either way; the run goes back to the queue
+		// only when nothing else of it is in doubt (a second operation unknown
+		// would make it claimable with an effect in doubt).
+		var left bool
+		if err := tx.QueryRow(ctx, p.SQL.InDoubtLeft, runID).Scan(&left); err != nil {
 			return err
+		}
+		to := status
+		if !left {
+			if to, err = p.move(ctx, tx, runID, tenant, "resolve", status, reason, nil); err != nil {
+				return err
+			}
 		}
 		id, err := p.Audit(ctx, tx, p, AuditRow{RunID: &runID, OperationID: &opID, Action: "resolve:" + decision,
 			Reason: reason, Ticket: ticket, Before: before})

@@ -20,6 +20,7 @@ type Statements struct {
 	LockTask, ActiveRun, InsertRetryRun, SwitchTask             string
 	LockRun, OperatorMove, CancelPrepared, MoveEvent, OpsOfRun  string
 	LockOperation, CallbackLive, CallbackRefuse, CallbackAccept string
+	InDoubtLeft                                                 string
 	ResolveOperation, RunSnapshot, Audit                        string
 	// The run's epoch as committed after a dispatch claim (what a request carries).
 	RunEpoch                    string
@@ -323,6 +324,10 @@ VALUES (gen_random_uuid(), $2::text::uuid, $1::text::uuid, $3,
                            'reason', $6::text, 'operator', session_user))`,
 		OpsOfRun:      `SELECT operation_id, status FROM tool_operations WHERE run_id = $1 ORDER BY operation_id`,
 		LockOperation: `SELECT run_id::text, status FROM tool_operations WHERE operation_id = $1 FOR UPDATE`,
+		// Whether anything of the run is still in doubt: a run paused in doubt
+		// goes back to the queue only when nothing is (every way out alike).
+		InDoubtLeft: `SELECT EXISTS (SELECT 1 FROM tool_operations
+                 WHERE run_id = $1 AND status IN ('unknown', 'dispatching'))`,
 		// A callback may move only an operation of the run it names, while that
 		// run is its task's active, live run (rule 7).
 		CallbackLive: `SELECT EXISTS (

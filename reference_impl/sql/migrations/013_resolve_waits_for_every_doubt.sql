@@ -1,0 +1,57 @@
+-- A person's finding on one operation in doubt puts the run back in the queue
+-- only when nothing else of it is in doubt, like every other way out of
+-- paused_indoubt (the reconciler's convergence, 009's ledger_converge, and a
+-- manual convergence, 012). Before, operator_resolve queued the run whatever
+-- its other operations were: a run with a second operation unknown became
+-- claimable with an effect in doubt that its workflow may never look at
+-- (judged by run.leaves_doubt_only_with_nothing_in_doubt and
+-- W[others_in_doubt]). The finding itself is recorded either way.
+CREATE OR REPLACE FUNCTION fencecheck.operator_resolve(p_run_id uuid, p_operation_id text,
+                                                       p_decision text, p_remote_id text,
+                                                       p_reason text, p_ticket text DEFAULT NULL)
+RETURNS TABLE (run_status text, operation_status text, audit_id bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+  r public.agent_runs;
+  o public.tool_operations%ROWTYPE;
+  v_before jsonb;
+  v_outcome text;
+  v_status text;
+BEGIN
+  r := fencecheck._lock_run(p_run_id);
+  SELECT * INTO o FROM public.tool_operations x
+   WHERE x.operation_id = p_operation_id AND x.run_id = p_run_id FOR UPDATE;
+  IF NOT FOUND THEN
+    RAISE EXCEPTION 'run % has no operation %', p_run_id, p_operation_id USING ERRCODE = 'FC003';
+  END IF;
+  IF r.status <> 'paused_indoubt' OR o.status NOT IN ('unknown', 'dispatching') THEN
+    RAISE EXCEPTION 'run % is %, operation % is %: nothing in doubt to resolve',
+      p_run_id, r.status, p_operation_id, o.status USING ERRCODE = 'FC004';
+  END IF;
+  IF p_decision NOT IN ('executed', 'not_executed')
+     OR (p_decision = 'executed' AND p_remote_id IS NULL) THEN
+    RAISE EXCEPTION 'decision is executed (with the remote id) or not_executed'
+      USING ERRCODE = '22023';
+  END IF;
+  v_before := fencecheck._run_snapshot(p_run_id, p_operation_id);
+  v_outcome := CASE p_decision WHEN 'executed' THEN 'succeeded' ELSE 'failed_final' END;
+  UPDATE public.tool_operations x
+     SET status = v_outcome, remote_id = p_remote_id, dispatch_owner = NULL,
+         dispatch_until = NULL,
+         result = jsonb_build_object('executed', p_decision = 'executed',
+                                     'resource_id', p_remote_id, 'source', 'operator'),
+         evidence = x.evidence || jsonb_build_array(jsonb_build_object(
+           'at', clock_timestamp(), 'event', 'operator_resolved', 'decision', p_decision,
+           'operator', session_user, 'reason', p_reason, 'ticket', p_ticket)),
+         revision = x.revision + 1, updated_at = clock_timestamp()
+   WHERE x.operation_id = p_operation_id;
+  v_status := r.status;
+  IF NOT EXISTS (SELECT 1 FROM public.tool_operations x
+                  WHERE x.run_id = p_run_id AND x.status IN ('unknown', 'dispatching')) THEN
+    v_status := fencecheck._operator_move(r, 'resolve', p_reason);
+  END IF;
+  RETURN QUERY SELECT v_status, v_outcome,
+    fencecheck._audit(p_run_id, p_operation_id, 'resolve:' || p_decision, p_reason, p_ticket,
+                      v_before);
+END
+$$;
