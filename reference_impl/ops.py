@@ -321,7 +321,16 @@ class OpsServer:
         # (as the workflow's, reference_impl/workflow.py).
         sealed = self.rt.sealer.seal(request)
         effect = intent_effect(
-            op_id, step, version, tool, cap, sealed, digest=request_digest(request)
+            op_id,
+            step,
+            version,
+            tool,
+            cap,
+            sealed,
+            # How long the tool keeps our key, as run mode records it: a
+            # same-key resend must end within it (fencecheck.ledger_claim_retry).
+            self.rt.tools.retention_ms(tool),
+            digest=request_digest(request),
         )
         state = {
             **self._current_state(ctx, lease.run_id),

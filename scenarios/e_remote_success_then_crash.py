@@ -23,12 +23,14 @@ claim expires, R2's cycle expires it and converges the operation with a
 resend of its own; then R1 resumes. R1 must not send: its claim expired by
 its own clock.
 
-Variant ``resend_at_window_end``: A dies after its dispatch claim, before its
-call; a reconciler asks in the last claim length (dispatch TTL) before the
-idempotent tool's key window ends. A resend claimed then may reach the tool
-after the window (a new resource): the claim must be refused (the global
-``effect.resend_claim_ends_within_the_tools_retention``); a successor then
-pauses the run in doubt.
+Variant ``resend_at_window_end``: an intent registered through ``ops``; its
+dispatcher A (``ops``) dies after its claim, before its call; a reconciler
+asks in the last claim length (dispatch TTL) before the idempotent tool's key
+window ends. A resend claimed then may reach the tool after the window (a new
+resource): the claim must be refused (the global
+``effect.resend_claim_ends_within_the_tools_retention``, which judges by the
+tool's own declared window where the ledger recorded none), and so must one
+after the window.
 
 Variant ``superseded_claim``: A holds the run's lease (its heartbeat renews
 it) and the tool's answer, held before recording it until its dispatch claim
@@ -74,6 +76,7 @@ from harness.parts.processes import SignalRecord, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import (
     control_plane,
+    crash_in_op,
     finish,
     intent_registered,
     new_run,
@@ -720,24 +723,21 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
     start, not its end, was granted and the resend could land after it)."""
     point = "after_dispatch_claim_commit"
     run_id = new_run(ctx, tool="idem")
-    ctx.arm("A", point, Crash())  # before its call: the tool knows nothing
-    code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
-    op_id = _only_op(ctx, run_id)
+    # Registered and dispatched through ops (E[retention_expired] takes the
+    # workflow's path): every path that registers an intent must record the
+    # tool's key window the reconciler's claim is bound by.
+    op_id = intent_registered(
+        ctx, ctx.env.start_worker("W", "ops"), run_id, tool="idem", step_id="e.label"
+    )
+    # A dies before its call: the tool knows nothing.
+    code_a = crash_in_op(ctx, "A", point, "dispatch", {"operation_id": op_id})
     ttl_s = ctx.env.dispatch_ttl_ms / 1000
     # Nine tenths of a claim length before the end: the query and the claim
     # that follow it come later (a loaded machine: up to half a second),
     # still inside the last claim length. R is up before the wait begins.
     ask_at = WINDOW_END_RETENTION_S - ttl_s * 9 / 10  # seconds after the first dispatch
     reconciler = ctx.env.start_worker("R", "ops")
-    wait_for(
-        lambda: ctx.env.query(
-            "SELECT clock_timestamp() >= first_dispatched_at + %s * interval '1 s' AS due "
-            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
-            [ask_at, op_id],
-        )[0]["due"],
-        what=f"{ask_at:.2f}s after the first dispatch of {op_id} (database clock)",
-        timeout_s=10,
-    )
+    _since_first_dispatch(ctx, op_id, ask_at, f"{ask_at:.2f}s after the first dispatch of {op_id}")
     reply = ctx.op(reconciler, "reconcile")
     first = ctx.sql(
         "the first dispatch, by the database clock",
@@ -760,7 +760,11 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
         observed=f"A exit {code_a}; queries at {[round(at - ends, 3) for at in asked]}s from the "
         f"window's end; reconcile reply {'ok' if reply.ok else reply.error}",
     )
-    code_b = finish(ctx, ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"]))
+    # Past the window, another cycle: no resend claim either.
+    _since_first_dispatch(
+        ctx, op_id, WINDOW_END_RETENTION_S, f"the end of the tool's key window for {op_id}"
+    )
+    later = ctx.op(reconciler, "reconcile")
     resources = [
         r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id
     ]
@@ -768,16 +772,23 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
         "at most one real resource",
         len(resources) <= 1,
         expected="the tool made at most one resource for the operation",
-        observed=f"{len(resources)} resource(s) (B exit {code_b})",
+        observed=f"{len(resources)} resource(s) (the later cycle "
+        f"{'ok' if later.ok else later.error})",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
-def _only_op(ctx: ExperimentContext, run_id: str) -> str:
-    ops = checkers.ledger(ctx, run_id)
-    if len(ops) != 1:
-        raise Inconclusive(f"run {run_id} has {len(ops)} operations, not one")
-    return str(ops[0]["operation_id"])
+def _since_first_dispatch(ctx: ExperimentContext, op_id: str, seconds: float, what: str) -> None:
+    """Wait until ``seconds`` after the operation's first dispatch, by the database clock."""
+    wait_for(
+        lambda: ctx.env.query(
+            "SELECT clock_timestamp() >= first_dispatched_at + %s * interval '1 s' AS due "
+            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+            [seconds, op_id],
+        )[0]["due"],
+        what=f"{what} (database clock)",
+        timeout_s=10,
+    )
 
 
 def _frozen_before_claim(ctx: ExperimentContext) -> None:

@@ -1044,3 +1044,23 @@ def test_not_judged_where_the_system_keeps_no_before_after() -> None:
     ev.declared = {"operator_actions": frozenset()}
     result = {r.name: r for r in check(ev)}[OPERATOR_AUDIT]
     assert result.ok and result.checked == 0 and "not judged" in result.observed
+
+
+def test_a_resend_past_the_tools_own_window_breaks_it_when_the_ledger_records_none() -> None:
+    """An intent registered without the tool's key retention (a path that
+    forgot to record it) is judged by the window the idempotent tool itself
+    declares; without either, a resend is not judged."""
+    s = clean_story()
+    resend_past_retention(s)
+    s.changes = [
+        dataclasses.replace(c, new={**c.new, "retention_ms": None})
+        if c.table == "tool_operations" and c.new
+        else c
+        for c in s.changes
+    ]
+    ev = evidence(s)
+    name = "effect.resend_claim_ends_within_the_tools_retention"
+    assert next(r for r in check(ev) if r.name == name).checked == 0
+    ev.tool["server"] = {"idempotency_retention_s": 0.5}
+    result = next(r for r in check(ev) if r.name == name)
+    assert not result.ok and result.violations[0]["operation_id"] == OP

@@ -375,17 +375,24 @@ def first_dispatch_is_kept(ev: Evidence) -> Finding:
     "effect.resend_claim_ends_within_the_tools_retention",
     "SPEC rules 4, 5; English seed §9.2 (the tool's key retention)",
     "a same-key resend's claim (an operation in doubt claimed again for dispatch) of a tool "
-    "that declares its key retention ends no later than first_dispatched_at + retention_ms: "
-    "the resend may reach the tool at any moment until its claim's deadline, and after the "
-    "window the tool makes a new resource of it",
+    "that declares its key retention ends no later than first_dispatched_at + retention_ms "
+    "(the ledger's, or where the ledger records none, the one the idempotent tool itself "
+    "declares): the resend may reach the tool at any moment until its claim's deadline, and "
+    "after the window the tool makes a new resource of it",
 )
 def resend_claim_within_retention(ev: Evidence) -> Finding:
     bad: list[dict[str, Any]] = []
     judged = 0
+    # The mock tool's own declaration: an intent registered without the
+    # window (a path that forgot to record it) is still judged by it.
+    declared_s = (ev.tool.get("server") or {}).get("idempotency_retention_s")
     for c in ev.of("tool_operations", "UPDATE"):
         if c.before("status") != "unknown" or c.after("status") != "dispatching":
             continue
         retention, first = c.after("retention_ms"), ts(c.after("first_dispatched_at"))
+        idempotent = ev.capability(str(c.after("tool_name"))) == "idempotent"
+        if retention is None and declared_s is not None and idempotent:
+            retention = round(float(declared_s) * 1000)
         until = ts(c.after("dispatch_until"))
         if retention is None or first is None or until is None:
             continue  # no declared window, or a system without the columns

@@ -413,13 +413,19 @@ func (o *Ops) registerIntent(c *opCtx, args map[string]any) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	// How long the tool keeps our key, as the workflow records it: a same-key
+	// resend's claim must end within it (ClaimRetry).
+	retention, err := o.rt.Tools.RetentionMS(toolName)
+	if err != nil {
+		return nil, err
+	}
 	state := o.currentState(context.Background(), db, l.RunID)
 	state["pending"] = map[string]any{"operation_id": opID, "tool": toolName, "step": step}
 	wr := &protocol.Write{Lease: l, ExpectedRevision: num(args, "expected_revision", nil), Transition: "intent",
 		State: state, SchemaVersion: protocol.CurrentSchemaVersion, EventType: "agent.tool_intent",
 		Payload: o.payload(l, map[string]any{"step": step}), Step: &step,
 		Effect: &protocol.Effect{OperationID: opID, StepID: step, EffectVersion: version, Tool: toolName,
-			Capability: capability, Digest: digest, Request: request}}
+			Capability: capability, Digest: digest, Request: request, RetentionMS: retention}}
 	out, err := o.write(c, "register_intent", wr, opID)
 	if err != nil {
 		return nil, err
