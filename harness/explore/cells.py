@@ -180,6 +180,15 @@ class Trail:
         mine = [o for s, o in self.ops_of_run.get(run_id, []) if s <= seq]
         return mine[-1] if mine else None
 
+    def others(self, run_id: str, op_id: str, seq: int) -> str:
+        """Whether another operation of the run was in doubt (unknown or
+        dispatching) after audit seq ``seq``: the ``others`` dimension."""
+        for s, o in self.ops_of_run.get(run_id, []):
+            row = self.ops.at(o, seq) if o != op_id and s <= seq else None
+            if row is not None and row.get("status") in ("unknown", "dispatching"):
+                return "in_doubt"
+        return "none_in_doubt"
+
 
 # ---------------------------------------------------------------- start states
 
@@ -446,6 +455,7 @@ def _requested(
         elif op == "resolve_indoubt":
             d = str(args.get("decision"))
             values["finding"] = d if d in FINDINGS else "outside"
+            values["others"] = trail.others(run_id, op_id or "", before)
         elif op == "decide":
             d = str(args.get("decision"))
             values["decision"] = d if d in DECISIONS else "outside"
@@ -460,6 +470,8 @@ def _requested(
         values["ledger"] = ledger_value(orow, start_at)
         o = str(args.get("outcome"))
         values["outcome"] = o if o in OUTCOMES else "outside"
+        if orow is not None:
+            values["others"] = trail.others(str(orow.get("run_id")), op_id, before)
     elif op == "dispatch":
         op_id = str(args.get("operation_id") or "")
         mine = next((c for c in own if c.table == "tool_operations"), None)
@@ -519,7 +531,10 @@ def _requested(
             if state not in ("unknown", "dispatching_expired"):
                 continue
             cap = _capability(ctx, str(row.get("tool_name")))
-            for cell in _cells(ctx.space, op, {"ledger": state, "capability": cap}):
+            others = trail.others(str(row.get("run_id")), op_id, before)
+            for cell in _cells(
+                ctx.space, op, {"ledger": state, "capability": cap, "others": others}
+            ):
                 out.append(
                     Sighting(cell, "request", f"{entry['worker']}: reconcile left {op_id} {state}")
                 )
@@ -662,9 +677,10 @@ def _unrequested(ctx: _Ctx, claimed: set[int]) -> list[Sighting]:
                 if state in ("dispatching_expired", "unknown") and (
                     after == "unknown" or before == "unknown"
                 ):
+                    others = ctx.trail.others(str(new.get("run_id")), op_id, c.seq - 1)
                     add(
                         "reconcile",
-                        {"ledger": state, "capability": cap},
+                        {"ledger": state, "capability": cap, "others": others},
                         c,
                         f"{op_id} {before} -> {after}",
                     )

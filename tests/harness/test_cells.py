@@ -226,11 +226,11 @@ def test_a_request_the_session_may_not_make_is_no_cell() -> None:
         "ctl", "resolve_indoubt", args, t.seq, t.seq, ok=False, error="InvalidParameter"
     )
     assert (
-        "resolve_indoubt[run_status=paused_indoubt,ledger=unknown,finding=executed]"
+        "resolve_indoubt[run_status=paused_indoubt,ledger=unknown,finding=executed,others=none_in_doubt]"
         not in _cells(t, [allowed])
     )
     assert (
-        "resolve_indoubt[run_status=paused_indoubt,ledger=unknown,finding=not_executed]"
+        "resolve_indoubt[run_status=paused_indoubt,ledger=unknown,finding=not_executed,others=none_in_doubt]"
         in _cells(t, [allowed])
     )
 
@@ -279,3 +279,18 @@ def test_a_campaign_says_when_it_reached_its_final_coverage() -> None:
     assert facts["first_reached_after_s"]["create_run[key=new]"] == 4.0
     assert facts["full_coverage_after_s"] is None  # most cells were never reached
     assert "the last of them first reached after 10 s" in cov.table()
+
+
+def test_a_convergence_beside_another_operation_in_doubt_is_its_own_cell() -> None:
+    """W[others_in_doubt]: a person converges one of two unknown operations of
+    a run paused in doubt; the other is still in doubt when it starts."""
+    t = Trail()
+    t.add("w", "agent_runs", "INSERT", None, _run("paused_indoubt"))
+    t.add("w", "tool_operations", "INSERT", None, _op("unknown"))
+    other = {**_op("unknown"), "operation_id": f"{TENANT}/{RUN}/notify/v1", "step_id": "notify"}
+    t.add("w", "tool_operations", "INSERT", None, other)
+    before = t.seq
+    t.add("ctl", "tool_operations", "UPDATE", _op("unknown"), _op("succeeded"))
+    args = {"operation_id": OP_ID, "outcome": "succeeded", "reason": "console"}
+    cells = _cells(t, [_entry("ctl", "converge_operation", args, before, t.seq, ok=True)])
+    assert "converge_operation[ledger=unknown,outcome=succeeded,others=in_doubt]" in cells

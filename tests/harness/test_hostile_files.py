@@ -293,8 +293,11 @@ SIGNALLED = [
 def test_a_signal_ends_a_command_blocked_on_a_read_at_once(
     tmp_path: Path, command: Callable[[Path, Path], list[str]], signum: signal.Signals
 ) -> None:
-    """Exit 128+N well within the 5 s promised: the signal itself ends the read
-    (not the 3 s escalation a run's orderly stop falls back on)."""
+    """Exit 128+N: the signal itself ends the read, not the escalation a run's
+    orderly stop falls back on after 3 s (which would say "did not finish").
+    Judged by what the process printed, never by a stopwatch: beside a
+    benchmark with six CPU hogs (load 12) the same exit came after more than
+    the 2.5 s this test used to allow."""
     run = sealed_run(tmp_path)
     hostile = run / "archives" / "B.yaml"
     argv = command(run, hostile)
@@ -309,15 +312,12 @@ def test_a_signal_ends_a_command_blocked_on_a_read_at_once(
         assert proc.stderr is not None
         line = proc.stderr.readline()
         assert "blocked on a read" in line, line + proc.stderr.read()
-        sent = time.monotonic()
         proc.send_signal(signum)
-        code = proc.wait(timeout=10)
-        took = time.monotonic() - sent
+        code = proc.wait(timeout=30)
         err = proc.stderr.read()
     finally:
         proc.kill()
         proc.wait()
     assert code == 128 + signum, err
-    assert took < 2.5, f"exit {took:.2f}s after {signum.name}:\n{err}"
     assert f"interrupted by {signum.name}" in err and "did not finish" not in err, err
     assert "Traceback" not in err
