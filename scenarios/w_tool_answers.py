@@ -48,7 +48,14 @@ answers a worker must handle"):
   run paused in doubt: something of it is still in doubt, and a claimable
   run with an effect in doubt is one whose workflow may never look at it.
   The convergence of the last one queues it; a worker finishes it without
-  resending anything.
+  resending anything, adopting its tool step's result beside one more
+  intent of another step that was registered first and never sent.
+
+* ``resend_unanswered``: every create of the run is still on the network
+  (``arrive_late``) when the worker's timeout fires, so its query finds
+  nothing and the same-key resend the tool's promise allows is lost alike.
+  The run must then pause in doubt: one resend, never a loop of them (the
+  tool's log, once everything sent has arrived, holds two creates).
 
 Judged from the tool's own log (requests, resources and their body digests)
 and the database (ledger, run), never from the worker's account.
@@ -56,6 +63,7 @@ and the database (ledger, run), never from the worker's account.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,8 +94,17 @@ FOUND_AFTER_FREEZE = "found_after_freeze"
 CRASH_MID_CONVERGE = "crash_mid_converge"
 CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
 OTHERS_IN_DOUBT = "others_in_doubt"
+RESEND_UNANSWERED = "resend_unanswered"
+# resend_unanswered: how late each create of the run reaches the tool (past
+# the worker's timeout, its query and its resend), and for how many creates:
+# more than a worker that loops would send before the bound on its exit.
+RESEND_LATE_MS = 2000
+LATE_CREATES = 100
 #: others_in_doubt: the steps of the run's other operations (a plain tool).
 OTHER_STEPS = ("w.other_1", "w.other_2", "w.other_3")
+#: others_in_doubt: an intent of yet another step, registered first and never
+#: sent: the workflow adopts its tool step's result beside it.
+PLANNED_STEP = "w.planned"
 
 
 @dataclass(frozen=True)
@@ -152,6 +169,7 @@ SPEC = ExperimentSpec(
         CRASH_MID_CONVERGE,
         CONVERGED_BEFORE_FREEZE,
         OTHERS_IN_DOUBT,
+        RESEND_UNANSWERED,
     ),
     needs=(
         *needs.capabilities("workflow", "ledger"),
@@ -169,6 +187,7 @@ SPEC = ExperimentSpec(
         needs.op("reconcile", OTHERS_IN_DOUBT),
         needs.op("resolve_indoubt", OTHERS_IN_DOUBT),
         needs.op("converge_operation", OTHERS_IN_DOUBT),
+        needs.capability("ledger_tool:idempotent", RESEND_UNANSWERED),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -176,6 +195,7 @@ SPEC = ExperimentSpec(
         (CRASH_MID_CONVERGE, ARRIVE_LATE_MS / 1000),
         (CONVERGED_BEFORE_FREEZE, ARRIVE_LATE_MS / 1000),
         (OTHERS_IN_DOUBT, ARRIVE_LATE_MS / 1000 + len(OTHER_STEPS) * TOOL_TIMEOUT_MS / 1000),
+        (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
     ),
 )
 
@@ -189,6 +209,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == OTHERS_IN_DOUBT:
         _others_in_doubt(ctx)
+        return
+    if ctx.variant == RESEND_UNANSWERED:
+        _resend_unanswered(ctx)
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -398,6 +421,56 @@ def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False
     checkers.lease_history_is_sound(ctx, [run_id, bystander])
 
 
+def _resend_unanswered(ctx: ExperimentContext) -> None:
+    """A same-key resend that goes unanswered like the first call: the run
+    pauses in doubt after it (contract section 10), never resends again."""
+    run_id = new_run(ctx, tool="idem")
+    # Every create of the run stays on the network past the worker's timeout
+    # (a query meanwhile finds nothing, not even a create in progress), so
+    # the tool's promise allows a same-key resend, which is lost alike.
+    ctx.env.tool.client().set_fault(
+        "idem", "arrive_late", count=LATE_CREATES, ms=RESEND_LATE_MS, run_id=run_id
+    )
+    ctx.command(f"tool: every create of run {run_id} reaches the tool {RESEND_LATE_MS} ms late")
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    code = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
+    # An observation window, not a wait for something: every create A sent
+    # reaches the tool within RESEND_LATE_MS of its exit.
+    ctx.command(f"observe the tool's log for {RESEND_LATE_MS} ms after A's exit")
+    time.sleep(RESEND_LATE_MS / 1000 + 0.2)
+    log = checkers.tool_log(ctx)
+    creates = [r for r in log["requests"] if r.get("run_id") == run_id]
+    op_id = creates[0].get("operation_id") if creates else None
+    queried = [q for q in log["queries"] if q.get("operation_id") == op_id]
+    ctx.fault(
+        "a same-key resend went out after a query that found nothing, and was lost too",
+        len(creates) >= 2
+        and all(r.get("fault_mode") == "arrive_late" for r in creates)
+        and bool(queried)
+        and queried[0].get("outcome") == "not_found"
+        and float(queried[0]["received_at"]) < float(creates[0]["received_at"]),
+        expected="a query answered not found before any create reached the tool; the call "
+        "and its resend both arrived late",
+        observed=f"creates {[r.get('fault_mode') for r in creates]}; queries "
+        f"{[q.get('outcome') for q in queried]} (A exit {code})",
+    )
+    ctx.invariant(
+        "an unanswered resend is the last one",
+        len(creates) <= 2,
+        expected="two creates of the operation at the tool: the call and one same-key "
+        "resend; then the run pauses in doubt",
+        observed=f"{len(creates)} creates of {op_id} reached the tool",
+    )
+    ops = [o["status"] for o in checkers.ledger(ctx, run_id)]
+    status = checkers.run_row(ctx, run_id, "the run at the end")["status"]
+    ctx.progress_equal(
+        "the run paused in doubt", (status, ops), ("paused_indoubt", ["unknown"]),
+        what=f"run status and ledger (A exit {code})",
+    )  # fmt: skip
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
 def _others_in_doubt(ctx: ExperimentContext) -> None:
     """Three operations of the run on other steps are in doubt when its own
     tool step freezes it: every convergence but the last leaves it paused."""
@@ -415,7 +488,7 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
     y = ctx.env.start_worker("Y", "ops", env=env)
     lease = ctx.ok(y, "claim", run_id=run_id)
     revision, others = lease["revision"], []
-    for step in OTHER_STEPS:
+    for step in (PLANNED_STEP, *OTHER_STEPS):
         intent = ctx.ok(
             y,
             "register_intent",
@@ -429,6 +502,7 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
         )
         revision = intent["revision"]
         others.append(str(intent["operation_id"]))
+    planned = others.pop(0)
     for op_id in others:
         ctx.op(y, "dispatch", operation_id=op_id)
     # The workflow's state back on top (the intents' checkpoints hold the ops
@@ -462,14 +536,16 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
         timeout_s=ARRIVE_LATE_MS / 1000 + 5,
     )
     ledger = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
-    own = [k for k in ledger if k not in others]
+    own = [k for k in ledger if k not in (*others, planned)]
     row = checkers.run_row(ctx, run_id, "the run before the decisions")
     took = ctx.fault(
         "the run was paused in doubt with four operations in doubt",
         row["status"] == "paused_indoubt"
         and len(own) == 1
-        and all(ledger.get(o, {}).get("status") == "unknown" for o in [*others, *own]),
-        expected=f"run paused_indoubt; its tool step's operation and {others} unknown",
+        and all(ledger.get(o, {}).get("status") == "unknown" for o in [*others, *own])
+        and ledger.get(planned, {}).get("status") == "prepared",
+        expected=f"run paused_indoubt; its tool step's operation and {others} unknown, "
+        f"{planned} prepared",
         observed=f"run {row['status']} (A exit {code_a}); ledger "
         f"{[(k, o['status']) for k, o in ledger.items()]}",
     )
@@ -521,7 +597,9 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
     status = checkers.run_row(ctx, run_id, "the run after the last convergence")["status"]
     ctx.invariant(
         "a run with nothing left in doubt is not left paused in doubt",
-        not last.ok or status == "queued" or any(s != "succeeded" for _, s in ops_after),
+        not last.ok
+        or status == "queued"
+        or any(s != "succeeded" for o, s in ops_after if o != planned),
         expected="the last convergence accepted, every operation succeeded, run queued at once",
         observed=f"reply {'ok' if last.ok else last.error}; run {status}; ledger {ops_after}",
     )
