@@ -29,8 +29,10 @@ Exit codes (README, "Exit codes"), exactly:
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import os
+import signal
 import sys
 import traceback
 from collections.abc import Sequence
@@ -109,6 +111,37 @@ def _silence_stdout() -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    code = _main(argv)
+    if argv is None:  # the command line, not a caller in this process
+        _exit_keeping(code)
+    return code
+
+
+def _exit_keeping(code: int) -> NoReturn:
+    """End the process with the exit code the command printed. A signal from
+    now on (a Ctrl-C just after the verdict) ends it at once with that code:
+    never 130, or a death by SIGINT, under a last line that says otherwise.
+    The interpreter's own shutdown would put the default handlers back, so
+    the exit hooks (the safety nets that kill leftovers) run here instead."""
+
+    def done(signum: int, frame: object) -> None:
+        _flush()
+        os._exit(code)
+
+    for sig in stopping.SIGNALS:
+        signal.signal(sig, done)
+    atexit._run_exitfuncs()
+    _flush()
+    os._exit(code)
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+
+
+def _main(argv: Sequence[str] | None) -> int:
     try:
         args = build_parser().parse_args(argv)
     except UsageError as exc:

@@ -184,3 +184,22 @@ def test_sigterm_stops_a_named_mutants_campaign(tmp_path: Path) -> None:
     assert all(not e["caught_by"] for e in entries if e.get("not_run")), entries
     assert any(e.get("not_run") for e in entries), "the stop cut nothing"
     _check_part_and_seal(run_dir, "interrupted by SIGTERM", run.output)
+
+
+def test_a_signal_after_the_verdict_keeps_its_exit_code(tmp_path: Path) -> None:
+    """Ctrl-C just after the last line said "exit 0": the process exits 0, not
+    130 (or dead by SIGINT when the interpreter's shutdown had put the
+    default handler back), and still leaves nothing behind."""
+    run = outside.start(["run", "A", "--no-pages"], tmp_path)
+    try:
+        run.wait_line("fencecheck: exit 0:")
+        run.signal(signal.SIGINT, group=True)
+        code, _, seen = run.finish()
+    except BaseException:
+        run.close()
+        raise
+    try:
+        assert code == 0, run.output
+        assert outside.leftovers(seen, run.tmpdir) == [], run.output
+    finally:
+        run.close()
