@@ -30,6 +30,7 @@ FAULT_MODES: Final = (
     "accept_without_result",
     "answer_late",
     "arrive_late",
+    "arrive_held",
 )
 
 #: The fault target of the broker's modes (never a tool's name; ``"*"`` never selects it).

@@ -20,6 +20,7 @@ import contextlib
 import errno
 import fcntl
 import http.client
+import itertools
 import json
 import os
 import re
@@ -70,6 +71,8 @@ _TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 # is the target of the broker's fault modes.
 _RESERVED_NAMES = frozenset({"*", BROKER})
 _CREATE_MODES = frozenset(FAULT_MODES)
+# Keys of requests held on the network (arrive_held): negative, never a log seq.
+_HELD = itertools.count(1)
 _BROKER_MODES = (*PUBLISH_FAULT_MODES, *DELIVERY_FAULT_MODES)
 # How a create fault mode has the caller answered once the tool acted.
 _AFTER_OF: dict[str, After] = {
@@ -572,10 +575,19 @@ class Handler(BaseHTTPRequestHandler):
         capability = app.tools[tool]
         fault = app.faults.take(tool, _CREATE_MODES, req.run_id)
         mode = fault.mode if fault else None
-        if fault is not None and mode == "arrive_late":
+        if fault is not None and mode in ("arrive_late", "arrive_held"):
             # Still on the network: the tool has not seen it, so it is in no
             # log and a query meanwhile finds nothing, not even in progress.
-            app.stopping.wait((fault.ms or 0) / 1000)
+            # arrive_held: until the harness releases it (POST /admin/release)
+            # once the state it waits for is there, whatever the machine's
+            # load, or its ms (the bound) passed.
+            if mode == "arrive_held":
+                max_ms = DEFAULT_HANG_MS if fault.ms is None else fault.ms
+                app.faults.hang(
+                    Hung(-next(_HELD), tool, req.operation_id, time.time(), max_ms), app.stopping
+                )
+            else:
+                app.stopping.wait((fault.ms or 0) / 1000)
             if app.stopping.is_set():
                 raise HttpError(503, "the tool is shutting down; nothing was done", "stopping")
             received_at = time.time()

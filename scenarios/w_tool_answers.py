@@ -19,7 +19,7 @@ answers a worker must handle"):
   tool timeout (a query tool). The timeout is unknown, not a refusal: converge
   by query, no resend, finish.
 * ``found_after_freeze``: the request reaches the tool only after the worker
-  gave up on it and its query found nothing (a query tool, `arrive_late`), so
+  gave up on it and its query found nothing (a query tool, ``arrive_held``), so
   the run is paused in doubt; then the tool acts. A reconciler cycle finds the
   resource by query: the operation converges to it and, in the same
   transaction, the run goes back to the queue (nothing else of it is in
@@ -71,6 +71,7 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
+from mock_tool.client import ToolClient
 from scenarios.common import (
     control_plane,
     crash_in_op,
@@ -87,9 +88,11 @@ from scenarios.common import (
 # given up on the call before the answer leaves.
 TOOL_TIMEOUT_MS = 300
 LATE_MS = 900
-# found_after_freeze: how long the request is on the network before the tool
-# sees it; the worker's timeout, its query and its freeze come before that.
-ARRIVE_LATE_MS = 1500
+# found_after_freeze and its kin: the run's create is held on the network
+# (mock tool `arrive_held`) until the harness has seen the state it waits for
+# (the run frozen, the worker held after its query) and lets it arrive, on a
+# busy machine too; this is only the bound if the harness never does.
+HELD_MAX_MS = 30_000
 FOUND_AFTER_FREEZE = "found_after_freeze"
 CRASH_MID_CONVERGE = "crash_mid_converge"
 CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
@@ -191,10 +194,10 @@ SPEC = ExperimentSpec(
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
-        (FOUND_AFTER_FREEZE, ARRIVE_LATE_MS / 1000),
-        (CRASH_MID_CONVERGE, ARRIVE_LATE_MS / 1000),
-        (CONVERGED_BEFORE_FREEZE, ARRIVE_LATE_MS / 1000),
-        (OTHERS_IN_DOUBT, ARRIVE_LATE_MS / 1000 + len(OTHER_STEPS) * TOOL_TIMEOUT_MS / 1000),
+        (FOUND_AFTER_FREEZE, TOOL_TIMEOUT_MS / 1000),
+        (CRASH_MID_CONVERGE, TOOL_TIMEOUT_MS / 1000),
+        (CONVERGED_BEFORE_FREEZE, TOOL_TIMEOUT_MS / 1000),
+        (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
     ),
 )
@@ -330,20 +333,16 @@ def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False
     run_id = new_run(ctx, tool="queryable")
     bystander = new_run(ctx, tool="plain")
     tool = ctx.env.tool.client()
-    tool.set_fault("queryable", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
+    tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
     tool.set_fault("plain", "drop_after_act", run_id=bystander)
     ctx.command(
-        f"tool: run {run_id}'s create reaches the queryable tool {ARRIVE_LATE_MS} ms late; "
-        f"the bystander {bystander}'s create of the plain tool loses its answer"
+        f"tool: run {run_id}'s create is held on the network until the harness lets it "
+        f"arrive; the bystander {bystander}'s create of the plain tool loses its answer"
     )
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     z = ctx.env.start_worker("Z", "run", ["--run-id", bystander, "--once"], env=env)
     code_a, code_z = finish(ctx, a), finish(ctx, z)
-    seen_within(
-        lambda: checkers.tool_requests(ctx, run_id=run_id) or None,
-        what=f"the tool to see run {run_id}'s late request",
-        timeout_s=ARRIVE_LATE_MS / 1000 + 5,
-    )
+    _let_arrive(ctx, tool, run_id)
     log = checkers.tool_log(ctx)
     seen = [r for r in log["requests"] if r.get("run_id") == run_id]
     op_id = str(seen[0]["operation_id"]) if seen else ""
@@ -419,6 +418,24 @@ def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id, bystander])
     checkers.lease_history_is_sound(ctx, [run_id, bystander])
+
+
+def _let_arrive(
+    ctx: ExperimentContext, tool: ToolClient, run_id: str
+) -> list[dict[str, Any]] | None:
+    """Let the run's create held on the network reach the tool, now that the
+    state it had to come after is there; the run's requests once it has."""
+    released = tool.release()
+    ctx.command(f"tool: let run {run_id}'s held create arrive ({released} held)")
+    found: list[dict[str, Any]] | None = seen_within(
+        lambda: (
+            [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["tool"] == "queryable"]
+            or None
+        ),
+        what=f"the queryable tool to see run {run_id}'s held request",
+        timeout_s=5,
+    )
+    return found
 
 
 def _resend_unanswered(ctx: ExperimentContext) -> None:
@@ -520,21 +537,14 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
         )
     ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
     wait_claimable(ctx, run_id)
-    tool.set_fault("queryable", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
+    tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(
         f"tool: run {run_id}'s plain creates ({len(others)}, through ops) lose their answers; "
-        f"its tool step's create reaches the queryable tool {ARRIVE_LATE_MS} ms late"
+        "its tool step's create is held on the network until the harness lets it arrive"
     )
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     code_a = finish(ctx, a)
-    seen_within(
-        lambda: (
-            [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["tool"] == "queryable"]
-            or None
-        ),
-        what=f"the tool to see run {run_id}'s late request",
-        timeout_s=ARRIVE_LATE_MS / 1000 + 5,
-    )
+    _let_arrive(ctx, tool, run_id)
     ledger = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
     own = [k for k in ledger if k not in (*others, planned)]
     row = checkers.run_row(ctx, run_id, "the run before the decisions")
@@ -658,17 +668,16 @@ def _converged_before_freeze(ctx: ExperimentContext) -> None:
     (nothing found) and its freeze: the freeze must not commit."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
-    ctx.env.tool.client().set_fault("queryable", "arrive_late", ms=ARRIVE_LATE_MS, run_id=run_id)
-    ctx.command(f"tool: run {run_id}'s create reaches the queryable tool {ARRIVE_LATE_MS} ms late")
-    ctl = control_plane(ctx)  # ready before A sends: the window is ARRIVE_LATE_MS
+    tool = ctx.env.tool.client()
+    tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(
+        f"tool: run {run_id}'s create is held on the network until the harness lets it arrive"
+    )
+    ctl = control_plane(ctx)
     ctx.arm("A", "after_reconcile_query", Hold())
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     ctx.reached("A", "after_reconcile_query")
-    arrived = seen_within(
-        lambda: checkers.tool_requests(ctx, run_id=run_id) or None,
-        what=f"the tool to see run {run_id}'s late request",
-        timeout_s=ARRIVE_LATE_MS / 1000 + 5,
-    )
+    arrived = _let_arrive(ctx, tool, run_id)
     converged = ctx.op(ctl, "reconcile")
     ops = checkers.ledger(ctx, run_id)
     log = checkers.tool_log(ctx)

@@ -48,6 +48,7 @@ TOOL_ANSWERS = {
     "accept_without_result": "accepted_without_result",
     "answer_late": "answer_late",
     "arrive_late": "ok",
+    "arrive_held": "ok",
     "reject_429": "reject_429",
     "reject_final": "refused_422",
     "drop_after_act": "no_answer",

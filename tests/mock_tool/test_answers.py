@@ -112,6 +112,23 @@ def test_arrive_late_is_in_no_log_until_the_tool_sees_it(client: ToolClient) -> 
     assert row["outcome"] == "created" and row["received_at"] - sent >= 0.7
 
 
+def test_arrive_held_is_in_no_log_until_released(client: ToolClient) -> None:
+    """Held on the network until the harness lets it arrive, however long that
+    takes (a busy machine cannot make it arrive before the state it waits for):
+    in no log and not in progress until released; then handled normally."""
+    client.set_fault("idem", "arrive_held", ms=20_000)
+    with ThreadPoolExecutor(1) as pool:
+        created = pool.submit(client.create, "idem", "op-held", "r", 1, REQ)
+        time.sleep(0.3)
+        assert client.query("idem", "op-held") is None
+        assert rows_for(client.export(), "requests", "op-held") == []
+        released_at = time.time()
+        assert client.release() == 1
+        assert created.result(5).replayed is False
+    [row] = rows_for(client.export(), "requests", "op-held")
+    assert row["outcome"] == "created" and row["received_at"] >= released_at
+
+
 def test_answer_late_needs_ms(client: ToolClient) -> None:
     with pytest.raises(ToolRejected):
         client.set_fault("idem", "answer_late")
