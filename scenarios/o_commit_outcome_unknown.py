@@ -4,6 +4,13 @@ the same event_id, and ends with the write exactly once.
 Two cases the worker cannot tell apart from its side: the COMMIT never
 reached the server (request lost), or it committed and the answer was lost
 (response lost). Either way: no duplicate event, no lost write.
+
+Variant ``half_found``: the request is lost, and meanwhile an outbox row with
+the write's event_id appears without its checkpoint (planted by the harness
+as a restore or a reused id would leave it). The read-back then finds one of
+the two rows: that is no commit. The worker must not answer ok, and says
+CommitInconsistent ("one without the other means freeze and alert"; a `run`
+worker also freezes the run, an `ops` write only answers).
 """
 
 from __future__ import annotations
@@ -12,19 +19,25 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
+from harness.parts.processes import OpReply
 from scenarios.common import new_run, seen_within
+
+HALF_FOUND = "half_found"
 
 SPEC = ExperimentSpec(
     id="O",
     title="commit outcome unknown",
     seed_section="Chinese seed §6.1; English seed §7 (SQL timeout / connection lost)",
     invariant="read-back by event_id decides: the write ends up committed exactly once, with "
-    "one checkpoint and one outbox event carrying that event_id",
-    fault="worker->postgres link cut (request lost) or answers dropped (response lost) at COMMIT",
+    "one checkpoint and one outbox event carrying that event_id; a read-back that finds only "
+    "one of the two is no commit (never ok: CommitInconsistent)",
+    fault="worker->postgres link cut (request lost) or answers dropped (response lost) at "
+    "COMMIT; half_found: the request lost and an outbox row with the write's event_id planted "
+    "without its checkpoint before the heal",
     rules=(9,),
     injection_point="before_commit",
     needs=(*needs.capabilities("checkpoints", "outbox"), needs.point("before_commit")),
-    variants=("request_lost", "response_lost"),
+    variants=("request_lost", "response_lost", HALF_FOUND),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",
     # The race is about a COMMIT's outcome, not expiry: the read-back after
@@ -63,7 +76,7 @@ def run(ctx: ExperimentContext) -> None:
         for r in ctx.env.query("SELECT pid FROM pg_stat_activity WHERE application_name = 'W'")
     ]
     link = ctx.env.links["worker_pg"]
-    fault = link.cut() if variant == "request_lost" else link.drop_responses(close_after_ms=400)
+    fault = link.cut() if variant != "response_lost" else link.drop_responses(close_after_ms=400)
     ctx.command(f"toxiproxy: {fault.detail}")
     ctx.release("W", "before_commit")
     committed_at_fault = False
@@ -92,6 +105,8 @@ def run(ctx: ExperimentContext) -> None:
     committed_while_cut = bool(
         ctx.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
     )
+    if variant == HALF_FOUND:
+        _plant_event(ctx, run_id, event_id)
     ctx.heal("worker_pg")
     reply = pending.result(30)
     events = ctx.sql(
@@ -99,6 +114,10 @@ def run(ctx: ExperimentContext) -> None:
         "SELECT event_id FROM fencecheck_model.outbox WHERE run_id = %s AND event_id = %s",
         [run_id, event_id],
     )
+    if variant == HALF_FOUND:
+        _judge_half_found(ctx, run_id, base, event_id, fault.kind, sessions_ended,
+                          committed_while_cut, reply)  # fmt: skip
+        return
     if variant == "request_lost":
         ctx.fault(
             "the COMMIT never reached the server",
@@ -175,5 +194,55 @@ def run(ctx: ExperimentContext) -> None:
         since,
         [event_id],
         what="outbox events of the run since the claim",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _plant_event(ctx: ExperimentContext, run_id: str, event_id: str) -> None:
+    """An outbox row with the write's event_id and no checkpoint: a copy of the
+    run's earlier event (the first write's) under that id, through the model."""
+    ctx.sql(
+        "plant an outbox row with the write's event_id, without its checkpoint",
+        "INSERT INTO fencecheck_model.outbox (event_id, tenant_id, run_id, event_type, payload) "
+        "SELECT %s, tenant_id, run_id, event_type, payload FROM fencecheck_model.outbox "
+        "WHERE run_id = %s ORDER BY id DESC LIMIT 1 RETURNING event_id",
+        [event_id, run_id],
+    )
+
+
+def _judge_half_found(
+    ctx: ExperimentContext,
+    run_id: str,
+    base: int,
+    event_id: str,
+    cut: str,
+    sessions_ended: bool,
+    committed_while_cut: bool,
+    reply: OpReply,
+) -> None:
+    mine = [w for w in checkers.writes(ctx, run_id) if w["event_id"] == event_id]
+    planted = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == event_id]
+    ctx.fault(
+        "the COMMIT never reached the server, and the write's event appeared without it",
+        cut == "cut" and sessions_ended and not committed_while_cut and not mine
+        and len(planted) == 1,
+        expected="link cut before COMMIT, W's sessions gone before the heal; then one outbox "
+        "row with the write's event_id and no checkpoint of it",
+        observed=f"{cut}; sessions ended: {sessions_ended}; committed while cut: "
+        f"{committed_while_cut}; checkpoints with the id {len(mine)}; outbox rows {len(planted)}",
+    )  # fmt: skip
+    answered = reply.result if reply.ok else f"{reply.error}: {reply.message}"
+    ctx.invariant(
+        "one row without the other is no commit",
+        not reply.ok,
+        expected=f"save_checkpoint not answered ok: no checkpoint of revision {base + 1} "
+        "exists, only an outbox row with its event_id",
+        observed=f"the worker answered {answered}",
+    )
+    ctx.progress(
+        "the worker said the commit is inconsistent",
+        reply.error == "CommitInconsistent",
+        expected="save_checkpoint answered CommitInconsistent once the link healed",
+        observed=f"the worker answered {answered}",
     )
     checkers.lease_history_is_sound(ctx, [run_id])

@@ -1064,3 +1064,24 @@ def test_a_resend_past_the_tools_own_window_breaks_it_when_the_ledger_records_no
     ev.tool["server"] = {"idempotency_retention_s": 0.5}
     result = next(r for r in check(ev) if r.name == name)
     assert not result.ok and result.violations[0]["operation_id"] == OP
+
+
+def test_a_write_reported_failed_beside_an_event_the_harness_planted_is_no_lie() -> None:
+    """O[half_found]: the harness plants an outbox row with the write's event_id
+    and no checkpoint; the worker reports the write failed (CommitInconsistent).
+    The planted row is no write of the worker's; one a worker inserted is."""
+    s = clean_story()
+    s.tx(0.95, app="fencecheck-harness")(
+        "outbox", None, {"event_id": "e-planted", "tenant_id": TENANT, "run_id": RUN}
+    )
+    ev = evidence(s)
+    ev.history.append(account("fail", "save_checkpoint", event_id="e-planted"))
+    assert "worker.accounts_match_the_evidence" not in broken_by(ev)
+    s = clean_story()
+    s.tx(0.95, app="A")(
+        "outbox", None, {"event_id": "e-planted", "tenant_id": TENANT, "run_id": RUN}
+    )
+    ev = evidence(s)
+    ev.history.append(account("fail", "save_checkpoint", event_id="e-planted"))
+    (row,) = broken_by(ev)["worker.accounts_match_the_evidence"]
+    assert row["why"] == "reported fail, but its event_id is in the outbox"

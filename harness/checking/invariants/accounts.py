@@ -23,7 +23,10 @@ NOT_WRITES = frozenset({"relay", "consume"})
     "granted to its own session at the epoch it named (unless it reported that grant ok)",
 )
 def accounts_match(ev: Evidence) -> Finding:
-    events = {str(r["event_id"]) for r in ev.rows("outbox")}
+    # A row the harness itself planted (O[half_found]: an event without its
+    # checkpoint) is no write of the worker's.
+    planted = {str(c.row.get("event_id")) for c in ev.of("outbox", "INSERT") if c.by_harness}
+    events = {str(r["event_id"]) for r in ev.rows("outbox")} - planted
     granted = {
         (str(c.row.get("run_id")), int(c.after("epoch")))
         for c in ev.of("agent_runs")
