@@ -71,6 +71,7 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
+from harness.parts.processes import WorkerProcess
 from mock_tool.client import ToolClient
 from scenarios.common import (
     control_plane,
@@ -389,6 +390,8 @@ def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False
     if crash_mid_converge:
         _reconciler_killed_mid_converge(ctx, run_id, remote)
     ctl = control_plane(ctx)
+    if ctx.system.capabilities.offers_op("resolve_indoubt") and by_ops:
+        _finding_on_another_runs_operation(ctx, ctl, run_id, str(by_ops[0][0]))
     # The contract's paused_indoubt -> queued when the reconciler learnt the
     # remote fact; another run's doubt is no reason to stay.
     reply = ctx.op(ctl, "reconcile")
@@ -630,6 +633,33 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _finding_on_another_runs_operation(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str, other_op: str
+) -> None:
+    """A person's finding names the run and an operation in doubt of another
+    run (the bystander's): refused, and nothing of either changes."""
+    mark = checkers.audit_mark(ctx)
+    reply = ctx.op(
+        ctl,
+        "resolve_indoubt",
+        run_id=run_id,
+        operation_id=other_op,
+        decision="not_executed",
+        reason="refusal probe: an operation of another run",
+        ticket="OPS-47",
+    )
+    changed = [
+        (r["seq"], r["tbl"], r["op"]) for r in checkers.changes_by(ctx, [ctl.name], after_seq=mark)
+    ]
+    ctx.invariant(
+        "a finding on another run's operation is refused",
+        not reply.ok and not changed,
+        expected=f"resolve_indoubt of run {run_id[:8]} naming {other_op} (another run's, in "
+        "doubt) refused, nothing written",
+        observed=f"reply {'ok' if reply.ok else reply.error}; changes {changed}",
+    )
 
 
 def _reconciler_killed_mid_converge(
