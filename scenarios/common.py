@@ -315,6 +315,18 @@ def intent_registered(
     return str(intent["operation_id"])
 
 
+def op_and_changes(
+    ctx: ExperimentContext, worker: WorkerProcess, op: str, **args: Any
+) -> tuple[OpReply, list[dict[str, Any]]]:
+    """Send ``op`` and return its reply with every audited change the worker's
+    session made meanwhile: what a refusal probe judges ("refused, nothing
+    written"). The session is known by the worker id (its application_name),
+    not by the process's name."""
+    mark = checkers.audit_mark(ctx)
+    reply = ctx.op(worker, op, **args)
+    return reply, checkers.changes_by(ctx, [worker.worker_id], after_seq=mark)
+
+
 def _another_body_refused(
     ctx: ExperimentContext,
     worker: WorkerProcess,
@@ -338,8 +350,8 @@ def _another_body_refused(
          f"({intent['operation_id']}) is registered and not failed_final or cancelled"),
     )  # fmt: skip
     for version, name, asked in probes:
-        mark = checkers.audit_mark(ctx)
-        reply = ctx.op(
+        reply, changes = op_and_changes(
+            ctx,
             worker,
             "register_intent",
             run_id=run_id,
@@ -350,8 +362,7 @@ def _another_body_refused(
             tool=tool,
             request={"kind": "store_credit"},
         )
-        changed = [r for r in checkers.changes_by(ctx, [worker.name], after_seq=mark)
-                   if not r["renewal"]]  # fmt: skip
+        changed = [r for r in changes if not r["renewal"]]
         ctx.invariant(
             name,
             not reply.ok and not changed,

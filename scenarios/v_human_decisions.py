@@ -34,6 +34,7 @@ from scenarios.common import (
     finish,
     finish_or_kill,
     new_run,
+    op_and_changes,
     wait_claimable,
     writes_name_workflow_steps,
 )
@@ -309,8 +310,8 @@ def _resolve_the_second_version(
     if row["status"] != "paused_indoubt" or len(ops) != 2:
         return code_w3, False
     v1, v2 = (str(o["operation_id"]) for o in ops)
-    mark = checkers.audit_mark(ctx)
-    probe = ctx.op(
+    probe, changed = op_and_changes(
+        ctx,
         ctl,
         "resolve_indoubt",
         run_id=run_id,
@@ -319,7 +320,6 @@ def _resolve_the_second_version(
         remote_id="res-named-by-mistake",
         reason="refusal probe: the version that is not in doubt",
     )
-    changed = checkers.changes_by(ctx, ["ctl"], after_seq=mark)
     after = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
     ctx.invariant(
         "a finding on an operation not in doubt changes nothing",

@@ -78,6 +78,7 @@ from scenarios.common import (
     crash_in_op,
     finish,
     new_run,
+    op_and_changes,
     resumed_once_converged,
     seen_within,
     wait_claimable,
@@ -640,8 +641,8 @@ def _finding_on_another_runs_operation(
 ) -> None:
     """A person's finding names the run and an operation in doubt of another
     run (the bystander's): refused, and nothing of either changes."""
-    mark = checkers.audit_mark(ctx)
-    reply = ctx.op(
+    reply, changes = op_and_changes(
+        ctx,
         ctl,
         "resolve_indoubt",
         run_id=run_id,
@@ -650,9 +651,7 @@ def _finding_on_another_runs_operation(
         reason="refusal probe: an operation of another run",
         ticket="OPS-47",
     )
-    changed = [
-        (r["seq"], r["tbl"], r["op"]) for r in checkers.changes_by(ctx, [ctl.name], after_seq=mark)
-    ]
+    changed = [(r["seq"], r["tbl"], r["op"]) for r in changes]
     ctx.invariant(
         "a finding on another run's operation is refused",
         not reply.ok and not changed,
