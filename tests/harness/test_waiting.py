@@ -39,8 +39,10 @@ def test_a_fatal_probe_error_is_raised_at_once() -> None:
     started = time.monotonic()
     with pytest.raises(LookupError, match="gone for good"):
         wait_for(probe, what="a server", timeout_s=30, fatal=(LookupError,))
+    # One probe, and no wait towards the 30 s timeout (a tenth of it leaves
+    # a busy machine room).
     assert calls == [1]
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < 3.0
 
 
 def test_errors_not_named_fatal_still_keep_waiting() -> None:

@@ -119,15 +119,15 @@ def test_heartbeat_timeout_is_unconfirmed(
     blocker.execute("SELECT 1 FROM agent_runs WHERE run_id = %s FOR UPDATE", [run])
     cancel = Cancellation()
     hb = a.heartbeat(lease, cancel, interval_ms=20, timeout_ms=200).start()
-    t0 = time.monotonic()
     try:
-        wait_for(lambda: cancel.cancelled, what="the heartbeat to cancel", timeout_s=3)
+        # The lock is held for the whole wait: a cancel seen here came from
+        # the renewal's own timeout, not from the renewal finally going through.
+        wait_for(lambda: cancel.cancelled, what="the heartbeat to cancel", timeout_s=20)
     finally:
         blocker.rollback()
         blocker.close()
         hb.stop()
     assert cancel.cancelled and "unknown" in str(cancel.cause)
-    assert time.monotonic() - t0 < 2
 
 
 def test_durability_contract_without_standby(rt: Runtime) -> None:
@@ -148,6 +148,7 @@ def test_cancellation_token() -> None:
     threading.Timer(0.05, c.cancel, args=("x",)).start()
     t0 = time.monotonic()
     with pytest.raises(ExecutionCancelled) as err:
-        c.sleep(5)
+        c.sleep(120)
     assert type(err.value) is ExecutionCancelled
-    assert time.monotonic() - t0 < 1
+    # The sleep ended at the cancel, not at its end (far from it on any machine).
+    assert time.monotonic() - t0 < 60
