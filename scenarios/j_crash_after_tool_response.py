@@ -31,6 +31,7 @@ from harness.parts.processes import WorkerProcess
 from scenarios.common import (
     control_plane,
     finish,
+    finish_or_take_over,
     new_run,
     paused_list_is_the_databases,
     resumed_once_converged,
@@ -75,7 +76,9 @@ def run(ctx: ExperimentContext) -> None:
     )
     wait_claimable(ctx, run_id)
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
-    code_b = finish(ctx, b)
+    # A successor whose own renewal timed out on a busy machine cancels
+    # itself, as it must; the next one freezes the run.
+    code_b = finish_or_take_over(ctx, b, run_id)
     c = ctx.env.start_worker("C", "run", ["--exit-when-idle"])
     code_c = finish(ctx, c)
     requests = checkers.tool_requests(ctx, run_id=run_id)
