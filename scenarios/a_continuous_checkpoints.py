@@ -2,7 +2,8 @@
 
 Baseline: the protected-write path must not reject the legitimate owner, and
 each write must advance the revision by exactly one, with its checkpoint row
-and outbox row committed together.
+and outbox row committed together. A ``read_checkpoint`` after each write
+answers that write (its state, and its revision when the reply gives one).
 
 Then two writes of one holder in a row, pipelined: the harness holds the
 run's row while the holder sends a write at the run's revision N and, before
@@ -18,6 +19,7 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.processes import OpReply
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(
@@ -25,8 +27,8 @@ SPEC = ExperimentSpec(
     title="continuous checkpoints",
     seed_section="English seed §11 A; §6",
     invariant="two sequential writes in one epoch both succeed; revision +1 each, consecutive; "
-    "each checkpoint and its outbox event commit together; two pipelined writes (N, then "
-    "N + 1) both commit",
+    "each checkpoint and its outbox event commit together; a read after each write answers "
+    "it; two pipelined writes (N, then N + 1) both commit",
     fault="two sequential protected writes by the same owner in the same epoch",
     rules=(2, 3),
     injection_point="after_checkpoint_commit",
@@ -45,18 +47,21 @@ def run(ctx: ExperimentContext) -> None:
     # The harness names each write's event_id, so the evidence below can find
     # exactly these two writes, whatever the worker answers.
     event_ids = [ctx.uuid(), ctx.uuid()]
-    replies = [
-        ctx.op(
-            w,
-            "save_checkpoint",
-            run_id=run_id,
-            epoch=epoch,
-            expected_revision=base + i,
-            state={"step": f"a{i + 1}"},
-            event_id=event_ids[i],
+    replies, reads = [], []
+    for i in range(2):
+        replies.append(
+            ctx.op(
+                w,
+                "save_checkpoint",
+                run_id=run_id,
+                epoch=epoch,
+                expected_revision=base + i,
+                state={"step": f"a{i + 1}"},
+                event_id=event_ids[i],
+            )
         )
-        for i in range(2)
-    ]
+        # A read after each write (it writes nothing) must answer that write.
+        reads.append(ctx.op(w, "read_checkpoint", run_id=run_id))
     held = checkers.run_row(ctx, run_id, "lease after both writes")
     ctx.fault(
         "both writes in one epoch by the lease holder",
@@ -93,8 +98,40 @@ def run(ctx: ExperimentContext) -> None:
         if apart
         else "2 of 2 writes: checkpoint and outbox event in one transaction",
     )
+    _reads_answer_the_latest_write(ctx, reads, mine, base)
     pipelined = _pipelined_writes(ctx)
     checkers.lease_history_is_sound(ctx, [run_id, pipelined])
+
+
+def _reads_answer_the_latest_write(
+    ctx: ExperimentContext,
+    reads: list[OpReply],
+    mine: list[dict[str, Any] | None],
+    base: int,
+) -> None:
+    """read_checkpoint after each write answers that write's state (and its
+    revision, when the reply gives one: the contract makes it optional). The
+    reply is the only witness of the worker's read (it writes nothing); the
+    revisions differ from read to read, so a field answered in another's place
+    shows."""
+    got = [
+        (r.result.get("revision"), {k: (r.result.get("state") or {}).get(k) for k in ("step",)})
+        if r.ok
+        else (r.error, None)
+        for r in reads
+    ]
+    want = [
+        (m["revision"] if m else base + i + 1, {"step": f"a{i + 1}"}) for i, m in enumerate(mine)
+    ]
+    ctx.invariant(
+        "read_checkpoint answers the latest checkpoint",
+        all(
+            r.ok and g[1] == w[1] and (r.result.get("revision") is None or g[0] == w[0])
+            for r, g, w in zip(reads, got, want, strict=True)
+        ),
+        expected=f"(revision, state) after each write: {want} (revision optional in the reply)",
+        observed=f"{got}",
+    )
 
 
 def _pipelined_writes(ctx: ExperimentContext) -> str:

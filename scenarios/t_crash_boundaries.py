@@ -19,6 +19,15 @@ successors run and checks liveness from evidence:
   marked published;
 * the consumer's business effect exists exactly once per event of the run.
 
+Variant ``sigterm_between_steps``: the graceful stop instead of the crash.
+A worker told to stop (SIGTERM) stops claiming, cancels the work it can and
+finishes only the database transaction in progress (Chinese seed §14). A is
+held right after its second checkpoint commits, signalled there and let go:
+it may finish the step it had begun as the signal raced in, never begin
+another (no tool request, no further write), leaves the run to a successor
+(not terminal, not paused) and exits by itself; the successor finishes the
+run from A's last checkpoint with no step redone.
+
 The fault is confirmed by the control socket's own record (the crashed
 worker reached the point, for this run) and the kernel's (exit by SIGKILL).
 The global invariants judge the rest of the history. The table of points,
@@ -28,15 +37,25 @@ single other experiment already crashes at are named in ``COVERED_ELSEWHERE``.
 
 from __future__ import annotations
 
+import signal
+import time
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Crash
+from harness.parts.control import Continue, Crash, Hold
 from harness.parts.processes import WorkerProcess
-from scenarios.common import crash_in_op, finish, new_run, wait_claimable
+from scenarios.common import (
+    crash_in_op,
+    finish,
+    finish_or_kill,
+    finish_or_take_over,
+    new_run,
+    wait_claimable,
+    workflow_steps,
+)
 
 Stage = Literal["run", "relay", "consume"]
 CONSUMER = "billing"
@@ -140,6 +159,18 @@ VARIANTS: dict[str, tuple[Boundary, ...]] = {
 }
 
 
+SIGTERM_BETWEEN_STEPS = "sigterm_between_steps"
+SIGTERM_POINT = "after_checkpoint_commit"
+SIGTERM_EXTRA_STEPS = 2
+# Work time per step: the signal handler of a worker whose main thread has just
+# been let go runs while that step waits, so at most the one step underway
+# when the signal came writes.
+SIGTERM_STEP_DELAY_MS = 150
+# How long A may take to stop once let go: the step underway and giving the
+# lease back, on a loaded machine.
+SIGTERM_EXIT_BOUND_S = 20.0
+
+
 def _describe(group: tuple[Boundary, ...]) -> str:
     return "SIGKILL at " + "; then ".join(" then ".join((*b.before, b.point)) for b in group)
 
@@ -147,7 +178,7 @@ def _describe(group: tuple[Boundary, ...]) -> str:
 SPEC = ExperimentSpec(
     id="T",
     title="crash at every boundary",
-    seed_section="Chinese seed §13.2 (crash points); English seed §6, §9, §12",
+    seed_section="Chinese seed §13.2 (crash points), §14 (SIGTERM); English seed §6, §9, §12",
     invariant="a worker killed between two transactions, or between a transaction and a "
     "remote call, leaves a state its successor, the relay, the consumer or the reconciler "
     "takes over: the run succeeds with one real resource, every event reaches the broker "
@@ -163,15 +194,28 @@ SPEC = ExperimentSpec(
             for v, g in VARIANTS.items()
             for p in dict.fromkeys(p for b in g for p in (*b.before, b.point))
         ),
+        needs.point(SIGTERM_POINT, SIGTERM_BETWEEN_STEPS),
     ),
-    variants=tuple(VARIANTS),
+    variants=(*VARIANTS, SIGTERM_BETWEEN_STEPS),
     variant_waits=tuple((v, max(b.wait_s for b in g)) for v, g in VARIANTS.items()),
-    variant_points=tuple((v, ", ".join(b.point for b in g)) for v, g in VARIANTS.items()),
-    variant_faults=tuple((v, _describe(g)) for v, g in VARIANTS.items()),
+    variant_points=(
+        *((v, ", ".join(b.point for b in g)) for v, g in VARIANTS.items()),
+        (SIGTERM_BETWEEN_STEPS, SIGTERM_POINT),
+    ),
+    variant_faults=(
+        *((v, _describe(g)) for v, g in VARIANTS.items()),
+        (
+            SIGTERM_BETWEEN_STEPS,
+            "SIGTERM to A while it is held right after its second checkpoint commits",
+        ),
+    ),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
+    if ctx.variant == SIGTERM_BETWEEN_STEPS:
+        _sigterm_between_steps(ctx)
+        return
     group = VARIANTS[ctx.variant or next(iter(VARIANTS))]
     first = group[0]
     run_id = new_run(ctx, tool=first.tool, input=dict(first.input))
@@ -309,3 +353,79 @@ def table_gaps(contract_points: list[str]) -> list[str]:
     gaps = [f"{p}: nowhere" for p in contract_points if p not in here | elsewhere]
     gaps += [f"{p}: here and elsewhere" for p in sorted(here & elsewhere)]
     return gaps
+
+
+def _sigterm_between_steps(ctx: ExperimentContext) -> None:
+    input_ = {"extra_steps": SIGTERM_EXTRA_STEPS, "step_delay_ms": SIGTERM_STEP_DELAY_MS}
+    run_id = new_run(ctx, input=input_)
+    ctx.arm("A", SIGTERM_POINT, Continue(), times=1)
+    ctx.arm("A", SIGTERM_POINT, Hold(), times=1)
+    a = _run_worker(ctx, "A", run_id)
+    hit = ctx.reached("A", SIGTERM_POINT, held=True)
+    at_signal = checkers.run_row(ctx, run_id, "the run when A is told to stop")
+    alive = a.is_alive()
+    a.send_signal(signal.SIGTERM)
+    signalled_at = time.time()
+    ctx.command(f"SIGTERM A (pid {a.pid}) while it is held after a checkpoint commit")
+    ctx.release("A", SIGTERM_POINT)
+    code_a = finish_or_kill(ctx, a, SIGTERM_EXIT_BOUND_S)
+    stopped_at = time.time()
+    after_a = checkers.run_row(ctx, run_id, "the run once A has exited")
+    ctx.fault(
+        "A told to stop between two steps of the run",
+        alive and hit.run_id in (None, run_id) and at_signal["owner"] is not None,
+        expected="A alive, held after a committed checkpoint of the run it holds, when "
+        "SIGTERM is sent",
+        observed=f"A alive: {alive}; point hit for run {hit.run_id} at revision "
+        f"{hit.revision}; run owner {at_signal['owner']}, status {at_signal['status']}",
+    )
+    epoch_a = at_signal["epoch"]
+    by_a = [w for w in checkers.writes(ctx, run_id) if w["epoch"] == epoch_a]
+    after = [w["revision"] for w in by_a if w["revision"] > at_signal["revision"]]
+    requests = [
+        r["seq"] for r in checkers.tool_requests(ctx, run_id=run_id) if r["epoch"] == epoch_a
+    ]
+    ctx.invariant(
+        "a worker told to stop begins no new step",
+        len(after) <= 1 and not requests,
+        expected=f"at most the step underway when the signal came (lookup) written after "
+        f"revision {at_signal['revision']}, no tool request: every later step is work "
+        "the signal cancels",
+        observed=f"A's writes after the signal at revisions {after}; tool requests with A's "
+        f"epoch {requests} (A exit {code_a})",
+    )
+    ctx.invariant(
+        "a stopped worker leaves the run to a successor",
+        after_a["status"] in ("queued", "running", "waiting_tool"),
+        expected="the run neither ended nor paused by A's stop (released, or its lease left "
+        "to run out)",
+        observed=f"run status {after_a['status']}, owner {after_a['owner']}",
+    )
+    ctx.progress(
+        "A stopped by itself when told to",
+        isinstance(code_a, int),
+        expected=f"A exits within {SIGTERM_EXIT_BOUND_S:.0f} s of being let go",
+        observed=f"A exit {code_a}",
+        since=signalled_at,
+        until=stopped_at,
+    )
+    wait_claimable(ctx, run_id, timeout_s=15)
+    b = _run_worker(ctx, "B", run_id)
+    code_b = finish_or_take_over(ctx, b, run_id)
+    steps = [w["current_step"] for w in checkers.writes(ctx, run_id)]
+    expected_steps = workflow_steps(SIGTERM_EXTRA_STEPS)
+    ctx.invariant(
+        "no step redone",
+        steps == expected_steps[: len(steps)],
+        expected=f"current_step of each protected write, in revision order: the workflow's "
+        f"sequence or a prefix of it ({', '.join(expected_steps)})",
+        observed=", ".join(str(x) for x in steps),
+    )
+    ctx.progress_equal(
+        "the successor finished the run",
+        (checkers.run_row(ctx, run_id)["status"], len(steps)),
+        ("succeeded", len(expected_steps)),
+        what=f"(run status, protected writes) (B exit {code_b})",
+    )
+    checkers.one_resource_per_operation(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id])
