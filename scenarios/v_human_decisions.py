@@ -9,7 +9,9 @@ take the paused run before the decision must be refused; the decision is
 taken through the control plane (operator role) and audited. For
 supplement, another task of the tenant has done the same step meanwhile
 (its create_label v1 succeeded): planning the effect again judges only this
-run's earlier versions, never another run's.
+run's earlier versions, never another run's. Once the supplemented run
+holds versions 1 and 2, a later run of the tenant does the step: its first
+intent is its own version 1.
 
 Variant ``supplement_then_doubt``: the supplemented version 2 loses its
 answer (a tool with neither query nor key), so the run is paused in doubt
@@ -219,6 +221,8 @@ def run(ctx: ExperimentContext) -> None:
             ("succeeded", [(1, "failed_final"), (2, "succeeded")], 1),
             what=f"(status, ledger, resources) (W3 exit {code_last})",
         )
+        if not doubt:
+            _a_later_run_counts_its_own_versions(ctx, [v for v, _ in versions])
     else:
         ctx.equal("terminated", row["status"], "failed", what=f"status (W3 exit {code_last})")
         ctx.equal(
@@ -246,6 +250,23 @@ def run(ctx: ExperimentContext) -> None:
     )
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _a_later_run_counts_its_own_versions(ctx: ExperimentContext, seen: list[int]) -> None:
+    """Once another run of the tenant holds versions 1 and 2 of the step, a
+    new run's first intent of that step is still its version 1: a version is
+    the run's own count (the global effect.versions_of_a_step_count_from_one
+    judges every run the same way)."""
+    later = new_run(ctx, tool="plain")
+    code = finish(ctx, ctx.env.start_worker("L", "run", ["--run-id", later, "--once"]))
+    mine = [(o["step_id"], o["effect_version"]) for o in checkers.ledger(ctx, later)]
+    ctx.invariant(
+        "a later run's first intent of the step is its version 1",
+        mine[:1] in ([], [("create_label", 1)]),
+        expected=f"the later run's ledger starts at (create_label, 1), whatever another run "
+        f"of the tenant holds (its versions {seen})",
+        observed=f"{plain(mine)} (L exit {code})",
+    )
 
 
 def _two_operators_decide_together(

@@ -594,7 +594,17 @@ def resumed_beside_another_doubt(s: Story) -> None:
     tx("agent_runs", run, {"status": "queued"})
 
 
+def first_intent_at_version_two(s: Story) -> None:
+    # The run's first intent of its step numbered after another run's ledger.
+    for c in s.changes:
+        if c.table == "tool_operations":
+            for image in (c.old, c.new):
+                if image is not None:
+                    image["effect_version"] = 2
+
+
 STORY_CHANGES: dict[str, Callable[[Story], None]] = {
+    "effect.versions_of_a_step_count_from_one": first_intent_at_version_two,
     "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
     "lease.one_owner_per_epoch": second_owner,
     "lease.granted_only_when_free_or_expired": grant_over_live_lease,

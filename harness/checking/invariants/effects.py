@@ -93,6 +93,30 @@ def one_resource_per_operation(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "effect.versions_of_a_step_count_from_one",
+    "SPEC rules 5, 7; English seed §9.3 (modifying a planned effect is a new version)",
+    "the intents a run registers for one step carry effect_version 1, then each one more "
+    "than the last: a version is the run's own count, never taken from another run's ledger",
+)
+def versions_count_from_one(ev: Evidence) -> Finding:
+    registered: dict[tuple[str, str], list[tuple[int, int]]] = {}
+    for c in ev.of("tool_operations"):
+        if c.op != "INSERT" or c.by_harness or c.new is None:
+            continue
+        version, step = c.new.get("effect_version"), c.new.get("step_id")
+        if version is None or step is None:  # a system without them (its mapping says so)
+            continue
+        key = (str(c.new.get("run_id")), str(step))
+        registered.setdefault(key, []).append((c.seq, int(version)))
+    bad = [
+        {"run_id": run, "step_id": step, "versions_in_order": [v for _, v in sorted(seen)]}
+        for (run, step), seen in registered.items()
+        if [v for _, v in sorted(seen)] != list(range(1, len(seen) + 1))
+    ]
+    return Finding(len(registered), bad)
+
+
+@invariant(
     "effect.no_resend_without_idempotency",
     "SPEC rules 4, 5; English seed §9.3 (unknown + no query, no idempotency)",
     "a tool that is neither idempotent nor deterministic-id gets no second create for an "
