@@ -16,6 +16,9 @@ accepts again: the retry is a new run with the contract's initial values (a
 fresh attempt budget, never the spent one: a retried run that started with
 the old attempt count would pause for a human at its first requeue, or
 never be worked), which a worker finishes; the old run is left as it was.
+Last, a run given two attempts is refused once and requeued: its last
+attempt, which the tool accepts, must finish it (the budget ends a run only
+at a requeue past it, never at another write of its last attempt).
 """
 
 from __future__ import annotations
@@ -142,10 +145,69 @@ def run(ctx: ExperimentContext) -> None:
         # budget's progress, judged above.
         ctx.not_judged("jitter spreads the runs", **jitter)
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
+    retried.append(_the_last_attempt_finishes(ctx, ctl))
     if ctx.system.capabilities.offers_op("decide"):
         _terminate_keeps_the_budget(ctx, ctl, runs[1])
     writes_name_workflow_steps(ctx, [*runs, *retried])
     checkers.lease_history_is_sound(ctx, [*runs, *retried])
+
+
+def _the_last_attempt_finishes(ctx: ExperimentContext, ctl: WorkerProcess) -> str:
+    """A run given two attempts whose first create is refused (429) is requeued
+    and then worked on its last attempt, which the tool accepts: the budget
+    ends a run only at a requeue past it, so that attempt's writes go through
+    and the run succeeds with attempt_count 2 of 2. The run's id."""
+    run_id = str(
+        ctx.ok(
+            ctl,
+            "create_run",
+            task_id=f"task-u-last-{ctx.uuid()[:8]}",
+            input={"tool": "plain"},
+            max_attempts=2,
+        )["run_id"]
+    )
+    ctx.note_run(run_id)
+    ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
+    ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 429")
+    first = finish_or_take_over(
+        ctx, ctx.env.start_worker("L1", "run", ["--run-id", run_id, "--once"]), run_id
+    )
+    requeued = checkers.run_row(ctx, run_id, "the run after its first attempt")
+    refused = [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)]
+    name = "the last attempt finishes the run"
+    if not ctx.probe_reached(
+        "a run requeued once, its last attempt left",
+        refused == ["rejected_429"]
+        and (requeued["status"], requeued["attempt_count"]) == ("queued", 1),
+        judges=name,
+        expected="one create refused with 429; the run queued with attempt_count 1 of 2",
+        observed=f"creates {refused}; status {requeued['status']}, attempt_count "
+        f"{requeued['attempt_count']} (L1 exit {first})",
+    ):
+        return run_id
+    try:
+        wait_for(
+            lambda: ctx.env.query(
+                "SELECT 1 FROM fencecheck_model.agent_runs WHERE run_id = %s "
+                "AND (next_attempt_at IS NULL OR next_attempt_at <= clock_timestamp())",
+                [run_id],
+            ),
+            what=f"run {run_id[:8]}'s next attempt to be due by database time",
+            timeout_s=30,
+        )
+    except WaitTimeout as exc:
+        ctx.command(str(exc))
+    last = finish_or_take_over(
+        ctx, ctx.env.start_worker("L2", "run", ["--run-id", run_id, "--once"]), run_id
+    )
+    done = checkers.run_row(ctx, run_id, "the run after its last attempt")
+    ctx.progress_equal(
+        name,
+        (done["status"], done["attempt_count"]),
+        ("succeeded", 2),
+        what=f"(status, attempt_count) of a run given 2 attempts (L2 exit {last})",
+    )
+    return run_id
 
 
 def _no_dispatch_while_paused(ctx: ExperimentContext, runs: list[str]) -> None:
