@@ -304,6 +304,9 @@ class ToolClient:
         payload: dict[str, Any] = decoded["payload"]
         return payload
 
-    def release(self) -> int:
-        """Release every hung request; returns how many there were."""
-        return int(self._ok("POST", "/admin/release", {}, what="release")["released"])
+    def release(self, drop: bool = False) -> int:
+        """Release every hung request; returns how many there were. With
+        ``drop``, requests held on the network (``arrive_held``) are lost there:
+        the tool never sees them and their callers get no answer."""
+        body = {"drop": True} if drop else {}
+        return int(self._ok("POST", "/admin/release", body, what="release")["released"])

@@ -63,6 +63,9 @@ class Hung:
     since: float
     max_ms: int
     event: threading.Event = field(default_factory=threading.Event)
+    # Released with drop: a request held on the network (arrive_held) is lost
+    # there instead of arriving.
+    dropped: bool = False
 
 
 class FaultBoard:
@@ -138,12 +141,15 @@ class FaultBoard:
             with self._lock:
                 self._hung.pop(hung.seq, None)
 
-    def release(self) -> int:
-        """Wake every hung request; returns how many were hung."""
+    def release(self, drop: bool = False) -> int:
+        """Wake every hung request; returns how many were hung. With ``drop``,
+        requests held on the network (``arrive_held``) are lost instead of
+        arriving; a ``hang`` (already logged) goes on either way."""
         with self._lock:
             hung = list(self._hung.values())
             self._hung.clear()
         for h in hung:
+            h.dropped = drop
             h.event.set()
         return len(hung)
 

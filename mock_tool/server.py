@@ -583,9 +583,16 @@ class Handler(BaseHTTPRequestHandler):
             # load, or its ms (the bound) passed.
             if mode == "arrive_held":
                 max_ms = DEFAULT_HANG_MS if fault.ms is None else fault.ms
-                app.faults.hang(
-                    Hung(-next(_HELD), tool, req.operation_id, time.time(), max_ms), app.stopping
-                )
+                held = Hung(-next(_HELD), tool, req.operation_id, time.time(), max_ms)
+                app.faults.hang(held, app.stopping)
+                if held.dropped:
+                    # Lost on the network: the tool never sees it (no log, no
+                    # resource), and the caller gets no answer.
+                    self.close_connection = True
+                    self.log_message(
+                        '"%s" lost on the network (released with drop)', self.requestline
+                    )
+                    return
             else:
                 app.stopping.wait((fault.ms or 0) / 1000)
             if app.stopping.is_set():
@@ -835,7 +842,11 @@ class Handler(BaseHTTPRequestHandler):
         self._send_json(200, self.server.app.faults.describe())
 
     def _release(self) -> None:
-        self._send_json(200, {"released": self.server.app.faults.release()})
+        body = self._read_json() if self._body else {}
+        drop = body.get("drop", False) if isinstance(body, dict) else None
+        if not isinstance(drop, bool):
+            raise _bad('release takes {"drop": true|false} (default false)')
+        self._send_json(200, {"released": self.server.app.faults.release(drop=drop)})
 
     def _export(self) -> None:
         app = self.server.app

@@ -100,6 +100,7 @@ CRASH_MID_CONVERGE = "crash_mid_converge"
 CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
 OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
+LOST_NOT_EXECUTED = "lost_not_executed"
 # resend_unanswered: how late each create of the run reaches the tool (past
 # the worker's timeout, its query and its resend), and for how many creates:
 # more than a worker that loops would send before the bound on its exit.
@@ -175,6 +176,15 @@ SPEC = ExperimentSpec(
         CONVERGED_BEFORE_FREEZE,
         OTHERS_IN_DOUBT,
         RESEND_UNANSWERED,
+        LOST_NOT_EXECUTED,
+    ),
+    variant_faults=(
+        (
+            LOST_NOT_EXECUTED,
+            "the run's create (a tool with neither query nor key) held on the network past "
+            "the worker's timeout, then lost there once the run is paused in doubt; a person "
+            "finds it not executed",
+        ),
     ),
     needs=(
         *needs.capabilities("workflow", "ledger"),
@@ -193,6 +203,9 @@ SPEC = ExperimentSpec(
         needs.op("resolve_indoubt", OTHERS_IN_DOUBT),
         needs.op("converge_operation", OTHERS_IN_DOUBT),
         needs.capability("ledger_tool:idempotent", RESEND_UNANSWERED),
+        needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
+        needs.capability("operator_actions", LOST_NOT_EXECUTED),
+        needs.op("resolve_indoubt", LOST_NOT_EXECUTED),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -201,6 +214,7 @@ SPEC = ExperimentSpec(
         (CONVERGED_BEFORE_FREEZE, TOOL_TIMEOUT_MS / 1000),
         (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
+        (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -217,6 +231,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == RESEND_UNANSWERED:
         _resend_unanswered(ctx)
+        return
+    if ctx.variant == LOST_NOT_EXECUTED:
+        _lost_then_found_not_executed(ctx)
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -762,5 +779,82 @@ def _converged_before_freeze(ctx: ExperimentContext) -> None:
         what="the run's create requests in the tool's log",
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _lost_then_found_not_executed(ctx: ExperimentContext) -> None:
+    """A create that never reached the tool (a tool with neither query nor
+    key): the worker's call times out, it cannot learn the outcome, so the
+    run is paused in doubt; the request is then lost on the network. A person
+    who finds nothing in the tool's console records not_executed (no remote
+    id): the finding is taken (the operation failed_final, the run queued,
+    audited), and a worker then plans the step again as version 2 and finishes
+    the run with one resource, made by version 2; version 1 never reached the
+    tool."""
+    run_id = new_run(ctx, tool="plain")
+    tool = ctx.env.tool.client()
+    tool.set_fault("plain", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id[:8]}'s create of 'plain' held on the network")
+    a = ctx.env.start_worker(
+        "A",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)},
+    )
+    code_a = finish(ctx, a)
+    frozen = checkers.run_row(ctx, run_id, "the run once A has exited")
+    lost = tool.release(drop=True)
+    ctx.command(f"tool: {lost} held create(s) lost on the network (released with drop)")
+    ops = checkers.ledger(ctx, run_id)
+    requests = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.fault(
+        "the create was lost on the network while the run was paused in doubt",
+        lost == 1
+        and frozen["status"] == "paused_indoubt"
+        and [(o["effect_version"], o["status"]) for o in ops] == [(1, "unknown")]
+        and not requests,
+        expected="one create held, then lost; the run paused in doubt with version 1 unknown; "
+        "nothing in the tool's log",
+        observed=f"held creates lost {lost}; run {frozen['status']} (A exit {code_a}); ledger "
+        f"{[(o['effect_version'], o['status']) for o in ops]}; tool requests {len(requests)}",
+    )
+    op_id = str(ops[0]["operation_id"]) if ops else ""
+    reply = ctx.op(
+        control_plane(ctx),
+        "resolve_indoubt",
+        run_id=run_id,
+        operation_id=op_id,
+        decision="not_executed",
+        reason="nothing in the tool's console",
+        ticket="OPS-44",
+    )
+    after = checkers.run_row(ctx, run_id, "the run after the finding")
+    found = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    ctx.invariant(
+        "a not_executed finding is taken",
+        reply.ok and found == [(1, "failed_final")] and after["status"] == "queued",
+        expected="resolve_indoubt not_executed (no remote id) accepted: version 1 failed_final, "
+        "the run queued (nothing else in doubt)",
+        observed=f"reply {'ok' if reply.ok else reply.error}; ledger {found}; run "
+        f"{after['status']}",
+    )
+    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+    code_b = finish(ctx, b)
+    final = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    sent = checkers.tool_requests(ctx, run_id=run_id)
+    versions = {str(o["operation_id"]): o["effect_version"] for o in checkers.ledger(ctx, run_id)}
+    ctx.invariant(
+        "the version found not executed is never sent",
+        all(versions.get(str(r["operation_id"])) != 1 for r in sent),
+        expected="no create for version 1 in the tool's log, then or after",
+        observed=f"creates by version {[versions.get(str(r['operation_id'])) for r in sent]}",
+    )
+    ctx.progress_equal(
+        "the run finishes with version 2",
+        (checkers.run_row(ctx, run_id)["status"], final, len(sent)),
+        ("succeeded", [(1, "failed_final"), (2, "succeeded")], 1),
+        what=f"(run status, ledger (version, status), creates) (B exit {code_b})",
+    )
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])

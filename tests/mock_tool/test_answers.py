@@ -176,3 +176,34 @@ def test_callback_now_is_the_tools_own_record_and_is_logged(client: ToolClient) 
     with pytest.raises(ToolRejected) as info:
         client.callback_now("plain", "op-never-made")
     assert info.value.http_status == 404
+
+
+def test_arrive_held_released_with_drop_is_lost_on_the_network(client: ToolClient) -> None:
+    """A held request released with drop never arrives: no answer for its
+    caller (an unknown outcome), nothing in the tool's log, no resource."""
+    client.set_fault("idem", "arrive_held", ms=20_000)
+    with ThreadPoolExecutor(1) as pool:
+        created = pool.submit(client.create, "idem", "op-lost", "r", 1, REQ)
+        wait_for(
+            lambda: client.faults()["hung"],
+            what="the create held on the network",
+            timeout_s=10,
+        )
+        assert client.release(drop=True) == 1
+        with pytest.raises(ToolOutcomeUnknown):
+            created.result(10)
+    log = client.export()
+    assert rows_for(log, "requests", "op-lost") == []
+    assert rows_for(log, "resources", "op-lost") == []
+    assert client.query("idem", "op-lost") is None
+
+
+def test_release_refuses_a_drop_that_is_no_boolean(client: ToolClient) -> None:
+    status, body = raw_request(
+        client.base_url,
+        "POST",
+        "/admin/release",
+        b'{"drop": "yes"}',
+        {"Content-Type": "application/json"},
+    )
+    assert status == 400 and "drop" in str(body)
