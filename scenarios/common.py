@@ -315,6 +315,61 @@ def intent_registered(
     return str(intent["operation_id"])
 
 
+def next_version_judged_by_its_own_step(
+    ctx: ExperimentContext, worker: WorkerProcess, run_id: str, *, tool: str, busy_step: str
+) -> None:
+    """Only a step's own earlier versions decide whether its next version may be
+    registered (contract section 5, register_intent): on a run whose step
+    ``busy_step`` has an intent that may still happen, held by ``worker``
+    (an ``ops`` process), another step's version 1 refused for good (422:
+    failed_final, the tool never acted) lets that step's version 2 in."""
+    name = "a step's next version is judged by that step's versions only"
+    row = checkers.run_row(ctx, run_id, "the run before another step's intents")
+    step = f"{busy_step}.next"
+    args: dict[str, Any] = {"run_id": run_id, "epoch": row["epoch"], "tool": tool, "step_id": step}
+    first = ctx.ok(
+        worker,
+        "register_intent",
+        expected_revision=row["revision"],
+        effect_version=1,
+        request={"kind": "return_label"},
+        **args,
+    )
+    ctx.env.tool.client().set_fault(tool, "reject_final", count=1, run_id=run_id)
+    ctx.op(worker, "dispatch", operation_id=first["operation_id"])
+    ledger = {str(o["operation_id"]): o for o in checkers.ledger(ctx, run_id)}
+    busy = [o["status"] for o in ledger.values() if o["step_id"] == busy_step]
+    refused = ledger.get(str(first["operation_id"]), {}).get("status")
+    if not ctx.probe_reached(
+        f"{step}'s version 1 refused for good beside {busy_step}'s intent",
+        refused == "failed_final" and any(st not in ("cancelled", "failed_final") for st in busy),
+        judges=name,
+        expected=f"{step} v1 failed_final (the tool's 422), {busy_step} v1 still able to happen",
+        observed=f"{step} v1 {refused}; {busy_step} {busy}",
+    ):
+        return
+    reply = ctx.op(
+        worker,
+        "register_intent",
+        expected_revision=first["revision"],
+        effect_version=2,
+        request={"kind": "store_credit"},
+        **args,
+    )
+    after = [
+        (o["effect_version"], o["status"])
+        for o in checkers.ledger(ctx, run_id)
+        if o["step_id"] == step
+    ]
+    ctx.invariant(
+        name,
+        reply.ok and after == [(1, "failed_final"), (2, "prepared")],
+        expected=f"register_intent of {step} v2 taken: ({step}: v1 failed_final, v2 prepared), "
+        f"whatever {busy_step} may still do",
+        observed=f"reply {'ok' if reply.ok else reply.error}; {step}: {after}",
+    )
+
+
 def op_and_changes(
     ctx: ExperimentContext, worker: WorkerProcess, op: str, **args: Any
 ) -> tuple[OpReply, list[dict[str, Any]]]:

@@ -56,7 +56,14 @@ from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
 from mock_tool.errors import ToolRejected
-from scenarios.common import control_plane, finish, intent_registered, new_run, wait_claimable
+from scenarios.common import (
+    control_plane,
+    finish,
+    intent_registered,
+    new_run,
+    next_version_judged_by_its_own_step,
+    wait_claimable,
+)
 
 TOOL = "plain"  # no query, no idempotency: the callback is the only news of the effect
 LIVE = ("queued", "running", "waiting_tool")  # the run statuses a callback may converge under
@@ -137,8 +144,13 @@ def run(ctx: ExperimentContext) -> None:
     # delivery that converges more than the operation it names (a WHERE
     # clause lost) shows only where a second operation exists.
     by_run = new_run(ctx, tool=TOOL)
-    by_op = intent_registered(ctx, ctx.env.start_worker("Y", "ops"), by_run, tool=TOOL,
+    by_worker = ctx.env.start_worker("Y", "ops")
+    by_op = intent_registered(ctx, by_worker, by_run, tool=TOOL,
                               step_id="g.bystander", conflict_probe=True)  # fmt: skip
+    if ctx.variant in (None, "superseded"):
+        next_version_judged_by_its_own_step(
+            ctx, by_worker, by_run, tool=TOOL, busy_step="g.bystander"
+        )
     by_before = _operation(ctx, by_op)
     ctl = control_plane(ctx)
     op_before = _operation(ctx, moment.op_id)
