@@ -895,6 +895,12 @@ class WorkerProcess(ManagedProcess):
         """The tenant its login is bound to (FENCECHECK_TENANT), when it was given one."""
         return self._env_overrides.get("FENCECHECK_TENANT")
 
+    @property
+    def lease_ttl_ms(self) -> int | None:
+        """The lease duration it was started with (FENCECHECK_LEASE_TTL_MS), if given."""
+        value = self._env_overrides.get("FENCECHECK_LEASE_TTL_MS")
+        return int(value) if value and value.isdigit() else None
+
     def start(self) -> Self:
         self._prepare_files()
         return super().start()

@@ -1095,3 +1095,20 @@ def test_a_write_reported_failed_beside_an_event_the_harness_planted_is_no_lie()
     ev.history.append(account("fail", "save_checkpoint", event_id="e-planted"))
     (row,) = broken_by(ev)["worker.accounts_match_the_evidence"]
     assert row["why"] == "reported fail, but its event_id is in the outbox"
+
+
+def test_a_grant_counted_from_before_its_row_lock_is_short() -> None:
+    """A takeover that waited on the row lock and counted its expiry from its
+    transaction's start gets less than the lease duration after the previous
+    change committed: a violation for a worker whose lease duration the
+    harness gave it, nothing for a session it knows nothing of."""
+    s = clean_story()
+    last = max(c.visible_at for c in s.changes if c.table == "agent_runs") - T0
+    regrant(s, last + 0.6, 2, "B/1", last + 0.5)  # 0.5 s after the previous commit
+    ev = evidence(s)
+    assert "lease.expiry_within_lease_duration" not in broken_by(ev)
+    ev.lease_ttl_ms_by_app = {"B": 800}
+    rows = broken_by(ev)["lease.expiry_within_lease_duration"]
+    assert rows and rows[0]["after_previous_commit_ms"] < 800
+    ev.lease_ttl_ms_by_app = {"B": 400}
+    assert "lease.expiry_within_lease_duration" not in broken_by(ev)

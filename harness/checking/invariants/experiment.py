@@ -68,6 +68,11 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
             tool_export=env.tool.client().export(),
             history=read_history(env.event_files()).events,
             lease_ttl_ms=env.lease_ttl_ms,
+            lease_ttl_ms_by_app={
+                name: proc.lease_ttl_ms
+                for name, proc in env.workers.items()
+                if proc.lease_ttl_ms is not None
+            },
             write_paths=declared_write_paths(tuple(worker_cmd)),
             asked_write_path=ctx.spec.write_path_for(ctx.variant),
             replies=ctx.ops_log,

@@ -81,21 +81,39 @@ def granted_only_when_free_or_expired(ev: Evidence) -> Finding:
     "lease.expiry_within_lease_duration",
     "SPEC rule 1; English seed §5.1, §5.2",
     "after any grant or renewal the lease ends no later than the database time of that change "
-    f"plus the lease duration (tolerance {EXPIRY_TOLERANCE_S * 1000:.0f} ms)",
+    "plus the lease duration, and, for a worker the harness started, no earlier than the lease "
+    "duration it was given after the row's previous change committed (an expiry counted from "
+    "before the row lock was granted, such as the transaction's start, is short by the wait); "
+    f"tolerance {EXPIRY_TOLERANCE_S * 1000:.0f} ms",
 )
 def expiry_within_lease_duration(ev: Evidence) -> Finding:
     if ev.lease_ttl_ms <= 0:
         return Finding(0, [], "no lease duration known: not judged")
-    limit = ev.lease_ttl_ms / 1000 + EXPIRY_TOLERANCE_S
+    ttl = ev.lease_ttl_ms / 1000
     bad, checked = [], 0
+    seen: dict[str, list[Change]] = {}  # run -> its row's changes so far
     for c in ev.of("agent_runs"):
+        earlier = seen.setdefault(str(c.row.get("run_id")), [])
+        previous = next((p for p in reversed(earlier) if p.txid != c.txid), None)
+        earlier.append(c)
         expiry = ts(c.after("lease_expires_at"))
         if expiry is None or (c.op == "UPDATE" and not c.changed("lease_expires_at")):
             continue
+        if c.by_harness:
+            continue
         checked += 1
-        if expiry - c.at > limit:
+        # A change of the row waits for the previous one's transaction to end:
+        # an expiry counted after the lock was granted lies at least the lease
+        # duration after that commit, whatever the machine's load.
+        asked = ev.lease_ttl_ms_by_app.get(c.app)  # known for the harness's own workers
+        floor = previous.visible_at + asked / 1000 if previous is not None and asked else None
+        if expiry - c.at > ttl + EXPIRY_TOLERANCE_S or (
+            floor is not None and expiry < floor - EXPIRY_TOLERANCE_S
+        ):
             row = c.brief("run_id", "epoch", "owner", "lease_expires_at")
             row["granted_for_ms"] = round((expiry - c.at) * 1000, 1)
+            if previous is not None:
+                row["after_previous_commit_ms"] = round((expiry - previous.visible_at) * 1000, 1)
             bad.append(row)
     return Finding(checked, bad, f"lease duration {ev.lease_ttl_ms} ms")
 
