@@ -24,6 +24,7 @@ transaction's start time, before it waited, commits under an expired lease).
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from harness.checking import checkers
@@ -184,10 +185,13 @@ def _expires_while_waiting(ctx: ExperimentContext) -> None:
         observed=f"lease expired when sent: {live['lease_expired']}; B waiting on a lock: "
         f"{blocked}; B still waiting at the expiry: {still}",
     )
+    let_go = time.time()
     ctx.release("A", "after_lease_row_locked")
     a_reply = write.result(15)
     b_reply = takeover.result(15)
+    answered = time.time()
     seen = base + 1 if a_reply.ok else base
+    _granted_for_its_duration(ctx, run_id, epoch_a + 1, let_go, answered)
     ctx.progress(
         "B took the run over once it had the lock, by the time then",
         b_reply.ok and b_reply.result.get("epoch") == epoch_a + 1,
@@ -197,6 +201,43 @@ def _expires_while_waiting(ctx: ExperimentContext) -> None:
         f"{'committed' if a_reply.ok else a_reply.error}",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+# How much of its lease a grant may lose between computing its expiry and the
+# audit trigger of the same statement: only the CPU; a lease counted from
+# before the row lock was granted (the transaction's or the statement's start)
+# loses the whole wait, here most of A's lease.
+GRANT_SLACK_MS = 150
+
+
+def _granted_for_its_duration(
+    ctx: ExperimentContext, run_id: str, epoch: int, since: float, until: float
+) -> None:
+    """B's takeover waited on A's row lock for most of a lease duration: its
+    lease must still last the lease duration from the grant, counted once
+    the lock was granted (contract section 1: expiry = database time of the
+    grant + TTL), not from when B's transaction or statement began."""
+    rows = ctx.sql(
+        "B's grant as the audit trigger saw it",
+        "SELECT at, lease_expires_at, extract(epoch FROM lease_expires_at - at) * 1000 AS ms"
+        " FROM fencecheck_audit.run_changes WHERE run_id = %s AND epoch = %s AND app = 'B'"
+        " ORDER BY seq LIMIT 1",
+        [run_id, epoch],
+    )
+    if not rows:
+        return  # no grant to B: the progress check above says so
+    ttl = ctx.env.lease_ttl_ms
+    granted = float(rows[0]["ms"])
+    ctx.progress(
+        "a takeover that waited on the row lock is granted the whole lease duration",
+        granted >= ttl - GRANT_SLACK_MS,
+        expected=f"B's lease ends at least {ttl - GRANT_SLACK_MS} ms after its grant's audit time "
+        f"(lease duration {ttl} ms, {GRANT_SLACK_MS} ms for the CPU between the two)",
+        observed=f"granted for {granted:.1f} ms (expiry {rows[0]['lease_expires_at']}, audited "
+        f"{rows[0]['at']})",
+        since=since,
+        until=until,
+    )
 
 
 def _write_waits_past_expiry(ctx: ExperimentContext) -> None:
