@@ -24,6 +24,7 @@ FAULT_MODES: Final = (
     "reject_429",
     "reject_final",
     "error_5xx_after_act",
+    "unavailable_after_act",
     "hang",
     "slow_callback",
     "conflict_other_body",

@@ -78,6 +78,7 @@ _BROKER_MODES = (*PUBLISH_FAULT_MODES, *DELIVERY_FAULT_MODES)
 _AFTER_OF: dict[str, After] = {
     "drop_after_act": "drop",
     "error_5xx_after_act": "5xx",
+    "unavailable_after_act": "503",
     "accept_without_result": "accepted",
     "answer_late": "late",
 }
@@ -677,6 +678,17 @@ class Handler(BaseHTTPRequestHandler):
             self._send_json(
                 500,
                 {"error": "internal error (injected after the tool acted)", "code": "injected_5xx"},
+            )
+            return
+        if after == "503":
+            # A gateway's "come back later", although the tool behind it acted:
+            # no proof of anything, unlike a 429.
+            self._send_json(
+                503,
+                {
+                    "error": "service unavailable (injected after the tool acted)",
+                    "code": "injected_503",
+                },
             )
             return
         if after == "accepted":

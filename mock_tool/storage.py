@@ -172,12 +172,13 @@ _STATUS_OF: dict[str, int] = {
 }
 
 # How the caller will be answered once the tool acted: normally, not at all
-# (drop), with an ambiguous 500, with a 202 that carries no result, or
+# (drop), with an ambiguous 500 or 503, with a 202 that carries no result, or
 # normally but late (after the caller may have given up).
-After = Literal["answer", "drop", "5xx", "accepted", "late"]
+After = Literal["answer", "drop", "5xx", "503", "accepted", "late"]
 _SUFFIX_OF: dict[str, tuple[str, int | None]] = {
     "drop": ("_then_dropped", None),
     "5xx": ("_then_5xx", 500),
+    "503": ("_then_503", 503),
     "accepted": ("_then_accepted", 202),
 }
 

@@ -137,6 +137,13 @@ ANSWERS = {
     "error_after_act": Answer(
         "plain", "error_5xx_after_act", "created_then_5xx", ("unknown",), ("paused_indoubt",)
     ),
+    "unavailable_after_act": Answer(
+        "plain",
+        "unavailable_after_act",
+        "created_then_503",
+        ("unknown",),
+        ("paused_indoubt",),
+    ),
     "accepted_without_result": Answer(
         "queryable",
         "accept_without_result",
