@@ -42,6 +42,7 @@ from scenarios.common import (
 )
 
 SUPPLEMENT_THEN_DOUBT = "supplement_then_doubt"
+SUPPLEMENT_TWICE = "supplement_twice"
 
 SPEC = ExperimentSpec(
     id="V",
@@ -60,7 +61,14 @@ SPEC = ExperimentSpec(
     "(the dispatcher held after its claim), one task row held locked by the harness; "
     "supplement_then_doubt: the supplemented create's answer lost after the tool acted",
     rules=(4, 5),
-    variants=("supplement", "terminate", "purge", SUPPLEMENT_THEN_DOUBT),
+    variants=("supplement", "terminate", "purge", SUPPLEMENT_THEN_DOUBT, SUPPLEMENT_TWICE),
+    variant_faults=(
+        (
+            SUPPLEMENT_TWICE,
+            "the tool refuses the run's first two creates with 422: two supplements, each "
+            "with a field of its own",
+        ),
+    ),
     # V judges decisions, not timing: runs only have to finish, and at the
     # matrix's 800 ms lease and 600 ms dispatch claim a busy machine lost them
     # (a lease lapsed, a claim expired into doubt) before the state was built.
@@ -70,7 +78,7 @@ SPEC = ExperimentSpec(
     dispatch_ttl_ms=5000,
     needs=(
         *needs.capabilities("workflow", "ledger", "operator_actions"),
-        needs.op("decide", "supplement", "terminate", SUPPLEMENT_THEN_DOUBT),
+        needs.op("decide", "supplement", "terminate", SUPPLEMENT_THEN_DOUBT, SUPPLEMENT_TWICE),
         needs.op("resolve_indoubt", SUPPLEMENT_THEN_DOUBT),
         needs.capability("retention", "purge"),
         needs.capability("outbox", "purge"),
@@ -84,6 +92,9 @@ def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "supplement"
     if variant == "purge":
         retention.run(ctx)
+        return
+    if variant == SUPPLEMENT_TWICE:
+        _supplement_twice(ctx)
         return
     doubt = variant == SUPPLEMENT_THEN_DOUBT
     if doubt:
@@ -248,6 +259,73 @@ def run(ctx: ExperimentContext) -> None:
         ),
         what=f"operator_actions (decision reply {decision})",
     )
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _supplement_twice(ctx: ExperimentContext) -> None:
+    """Supplements accumulate (contract section 5, decide): the tool refuses
+    version 1 and then the supplemented version 2 for good; a second person
+    supplies another field; version 3's request carries both supplements, and
+    the run finishes with one resource, made by version 3."""
+    run_id = new_run(ctx, tool="plain")
+    ctx.env.tool.client().set_fault("plain", "reject_final", count=2, run_id=run_id)
+    ctx.command(f"tool: the next two creates of 'plain' for run {run_id[:8]} answer 422")
+    ctl = control_plane(ctx)
+    given = ({"address": "corrected by support"}, {"phone": "+1 555 0100"})
+    replies, pauses = [], []
+    for n, supplement in enumerate(given, start=1):
+        code = finish(ctx, ctx.env.start_worker(f"W{n}", "run", ["--run-id", run_id, "--once"]))
+        paused = checkers.run_row(ctx, run_id, f"the run after refusal {n}")
+        pauses.append((paused["status"], code))
+        if paused["status"] != "paused_human":
+            break
+        replies.append(
+            ctx.op(
+                ctl,
+                "decide",
+                run_id=run_id,
+                decision="supplement",
+                supplement=supplement,
+                reason=f"customer called support ({n})",
+                ticket=f"CS-{10 + n}",
+            )
+        )
+    ledger = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    if not ctx.probe_reached(
+        "two refusals, each paused for a person and supplemented",
+        [st for st, _ in pauses] == ["paused_human", "paused_human"]
+        and all(r.ok for r in replies)
+        and ledger == [(1, "failed_final"), (2, "failed_final")],
+        judges="the third version carries both supplements",
+        expected="paused_human after each of the two refusals, both supplements taken, "
+        "versions 1 and 2 failed_final",
+        observed=f"(status, exit) after each refusal {pauses}; decisions "
+        f"{[r.ok for r in replies]}; ledger {ledger}",
+    ):
+        return
+    code = finish(ctx, ctx.env.start_worker("W3", "run", ["--run-id", run_id, "--once"]))
+    ops = checkers.ledger(ctx, run_id)
+    third = next((o for o in ops if o["effect_version"] == 3), None)
+    made = [
+        r for r in checkers.tool_resources(ctx, run_id=run_id)
+        if third is not None and r["operation_id"] == third["operation_id"]
+    ]  # fmt: skip
+    request = made[0]["request"] if made else {}
+    ctx.invariant(
+        "the third version carries both supplements",
+        all(request.get(k) == v for sup in given for k, v in sup.items()) if made else True,
+        expected=f"version 3's request, as the tool made its resource from it, holds "
+        f"{given[0]} and {given[1]}",
+        observed=f"{ {k: request.get(k) for sup in given for k in sup} if made else 'no resource' }",
+    )
+    ctx.progress_equal(
+        "the run finishes with version 3",
+        (checkers.run_row(ctx, run_id)["status"], [(o["effect_version"], o["status"]) for o in ops],
+         len(made)),
+        ("succeeded", [(1, "failed_final"), (2, "failed_final"), (3, "succeeded")], 1),
+        what=f"(run status, ledger, resources of version 3) (W3 exit {code})",
+    )  # fmt: skip
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 
