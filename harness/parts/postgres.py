@@ -77,7 +77,15 @@ BASE_SETTINGS: dict[str, str] = {
     # a server killed with SIGKILL then leaves nothing outside the directory
     # the harness removes (its one System V segment is in postmaster.pid).
     "dynamic_shared_memory_type": "mmap",
+    # No parallel query: the tables are tiny, and a harness query over the
+    # audit trail once spun for 11 minutes on PostgreSQL 18 (its leader in
+    # AioIoCompletion, both parallel workers in MessageQueueSend).
+    "max_parallel_workers_per_gather": "0",
 }
+
+# Every statement of the harness's own sessions ends within this, so a server
+# that never answers one fails the experiment instead of hanging the run.
+HARNESS_STATEMENT_TIMEOUT_MS = 120_000
 
 # Settings recorded in every evidence archive: they decide what a commit means.
 EVIDENCE_SETTINGS = (
@@ -411,6 +419,7 @@ class PostgresCluster:
     def connect(self, dbname: str = "postgres", **kwargs: Any) -> psycopg.Connection[Any]:
         kwargs.setdefault("autocommit", True)
         kwargs.setdefault("connect_timeout", 5)
+        kwargs.setdefault("options", f"-c statement_timeout={HARNESS_STATEMENT_TIMEOUT_MS}")
         return psycopg.connect(
             self.admin_dsn(dbname, application_name="fencecheck-harness"), **kwargs
         )
