@@ -49,7 +49,7 @@ from typing import Any, Literal
 
 from harness.checking import checkers
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.engine.experiment import Bound, ExperimentContext, ExperimentSpec, Inconclusive
 from harness.parts.control import Hit, Hold
 from harness.parts.link_probe import HTTP_HEALTH, PG_SSL_REQUEST, ProbeResult, probe
 from harness.parts.processes import WorkerProcess
@@ -369,6 +369,10 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
             "(seconds after the fault)",
             since=t0,
             until=released_at,
+            # A had EARLY_SLACK_S past its renewal timeout to act on it: only
+            # A itself (or the harness) unable to run that long excuses it (a
+            # bound excuses at half its length: runner.BOUND_SHARE).
+            bound=Bound(a.pid, 2 * EARLY_SLACK_S),
         )
     _heal(ctx, key, fault)
     if not ran_out:

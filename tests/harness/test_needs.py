@@ -69,7 +69,12 @@ def test_a_missing_boundary_point_names_its_variant() -> None:
         specs, [("point", "after_renew_commit"), ("op", "decide"), ("point", "nowhere")]
     )
     assert out[("point", "after_renew_commit")] == ["T[renew]"]
-    assert out[("op", "decide")] == ["V[supplement]", "V[terminate]", "V[supplement_then_doubt]"]
+    assert out[("op", "decide")] == [
+        "V[supplement]",
+        "V[terminate]",
+        "V[supplement_then_doubt]",
+        "V[supplement_twice]",
+    ]
     assert out[("point", "nowhere")] == []
     shared = consequences(specs, [("point", "after_dispatch_claim_commit")])
     assert {"P", "E[frozen_dispatcher]", "T[claims_expired]"} <= set(
