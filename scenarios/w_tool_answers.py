@@ -101,6 +101,11 @@ CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
 OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
 LOST_NOT_EXECUTED = "lost_not_executed"
+BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
+#: converged_beside_live_claim: the step of the operation a dispatcher holds
+#: claimed, and how long its claim lives (past the whole experiment).
+LIVE_STEP = "w.live"
+LIVE_CLAIM_TTL_MS = 60_000
 # resend_unanswered: how late each create of the run reaches the tool (past
 # the worker's timeout, its query and its resend), and for how many creates:
 # more than a worker that loops would send before the bound on its exit.
@@ -184,6 +189,7 @@ SPEC = ExperimentSpec(
         OTHERS_IN_DOUBT,
         RESEND_UNANSWERED,
         LOST_NOT_EXECUTED,
+        BESIDE_LIVE_CLAIM,
     ),
     variant_faults=(
         (
@@ -191,6 +197,12 @@ SPEC = ExperimentSpec(
             "the run's create (a tool with neither query nor key) held on the network past "
             "the worker's timeout, then lost there once the run is paused in doubt; a person "
             "finds it not executed",
+        ),
+        (
+            BESIDE_LIVE_CLAIM,
+            "a dispatcher held right after claiming another operation of the run (its claim "
+            "live past the experiment) while the run's own create arrives only after the run "
+            "was paused in doubt",
         ),
     ),
     needs=(
@@ -213,6 +225,11 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
         needs.capability("operator_actions", LOST_NOT_EXECUTED),
         needs.op("resolve_indoubt", LOST_NOT_EXECUTED),
+        needs.capability("ledger_tool:query", BESIDE_LIVE_CLAIM),
+        needs.capability("ledger_tool:none", BESIDE_LIVE_CLAIM),
+        needs.point("after_checkpoint_commit", BESIDE_LIVE_CLAIM),
+        needs.point("after_dispatch_claim_commit", BESIDE_LIVE_CLAIM),
+        needs.op("reconcile", BESIDE_LIVE_CLAIM),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -222,6 +239,7 @@ SPEC = ExperimentSpec(
         (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
+        (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -241,6 +259,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == LOST_NOT_EXECUTED:
         _lost_then_found_not_executed(ctx)
+        return
+    if ctx.variant == BESIDE_LIVE_CLAIM:
+        _converged_beside_a_live_claim(ctx)
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -864,4 +885,122 @@ def _lost_then_found_not_executed(ctx: ExperimentContext) -> None:
         what=f"(run status, ledger (version, status), creates) (B exit {code_b})",
     )
     writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _converged_beside_a_live_claim(ctx: ExperimentContext) -> None:
+    """The last unknown operation of a run paused in doubt converges while
+    another of its operations is dispatching under a live claim (a dispatcher
+    held right after claiming it): that one may still act, so the run stays
+    paused in doubt (run.leaves_doubt_only_with_nothing_in_doubt judges the
+    same from the audit trail). Then the dispatcher is let go: its answer,
+    recorded, settles the run's last doubt, and the same transaction must put
+    the run back in the queue (a run paused with nothing in doubt is one
+    nobody resumes; both reference workers left it paused until this state
+    showed it)."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="queryable")
+    # The workflow's first checkpoint, from the worker itself: the state its
+    # run resumes from once the other operation is registered (as in
+    # others_in_doubt).
+    ctx.arm("A0", "after_checkpoint_commit", Crash(), times=1)
+    finish(ctx, ctx.env.start_worker("A0", "run", ["--run-id", run_id, "--once"], env=env))
+    first = checkers.checkpoints(ctx, run_id)
+    start = checkers.run_row(ctx, run_id, "the run after its first checkpoint")
+    wait_claimable(ctx, run_id)
+    y = ctx.env.start_worker("Y", "ops", env=env)
+    lease = ctx.ok(y, "claim", run_id=run_id)
+    intent = ctx.ok(
+        y,
+        "register_intent",
+        run_id=run_id,
+        epoch=lease["epoch"],
+        expected_revision=lease["revision"],
+        step_id=LIVE_STEP,
+        effect_version=1,
+        tool="plain",
+        request={"kind": "notice", "step": LIVE_STEP},
+    )
+    live_op = str(intent["operation_id"])
+    if first:
+        ctx.op(
+            y,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=intent["revision"],
+            state=first[-1]["state_json"],
+            schema_version=first[-1]["schema_version"],
+            step=start.get("current_step"),
+        )
+    ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
+    wait_claimable(ctx, run_id)
+    d = ctx.env.start_worker(
+        "D", "ops", env={**env, "FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_TTL_MS)}
+    )
+    ctx.arm("D", "after_dispatch_claim_commit", Hold())
+    held = ctx.op_async(d, "dispatch", {"operation_id": live_op})
+    ctx.reached("D", "after_dispatch_claim_commit", held=True)
+    tool = ctx.env.tool.client()
+    tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id[:8]}'s create of 'queryable' held on the network")
+    code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
+    _let_arrive(ctx, tool, run_id)
+    ledger = {str(o["operation_id"]): o for o in checkers.ledger(ctx, run_id)}
+    own = [k for k in ledger if k != live_op]
+    live = ctx.env.query(
+        "SELECT status, dispatch_until > clock_timestamp() AS live"
+        " FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+        [live_op],
+    )
+    row = checkers.run_row(ctx, run_id, "the run before the reconciler")
+    took = ctx.fault(
+        "the run paused in doubt beside a live dispatch claim",
+        row["status"] == "paused_indoubt"
+        and len(own) == 1
+        and ledger[own[0]]["status"] == "unknown"
+        and bool(live)
+        and live[0]["status"] == "dispatching"
+        and bool(live[0]["live"]),
+        expected=f"run paused_indoubt; its tool step's operation unknown, {live_op} dispatching "
+        "under a live claim",
+        observed=f"run {row['status']} (A exit {code_a}); ledger "
+        f"{[(k, o['status']) for k, o in ledger.items()]}; {live_op}: {live}",
+    )
+    if not took:
+        checkers.lease_history_is_sound(ctx, [run_id])
+        return
+    reply = ctx.op(control_plane(ctx), "reconcile")
+    after = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    status = checkers.run_row(ctx, run_id, "the run after the reconciler")["status"]
+    ctx.invariant(
+        "a convergence leaves the run paused while another operation is dispatching",
+        status == "paused_indoubt",
+        expected=f"run paused_indoubt while {live_op} is dispatching under a live claim",
+        observed=f"run {status}; ledger {after}",
+    )
+    ctx.progress_equal(
+        "the reconciler converged the tool step's operation",
+        (reply.ok, after.get(own[0])),
+        (True, "succeeded"),
+        what=f"reconcile's reply ok and {own[0]}'s status",
+    )
+    ctx.release("D", "after_dispatch_claim_commit")
+    answered = held.result(15)
+    settled = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    status = checkers.run_row(ctx, run_id, "the run after the dispatcher's answer")["status"]
+    doubt = [k for k, st in settled.items() if st in ("unknown", "dispatching")]
+    ctx.invariant(
+        "the answer that settles the last doubt resumes the run",
+        status != "paused_indoubt" or bool(doubt),
+        expected="once nothing of the run is in doubt, it is not left paused in doubt",
+        observed=f"dispatch reply {'ok' if answered.ok else answered.error}; ledger {settled}; "
+        f"run {status}",
+    )
+    ctx.progress_equal(
+        "the dispatcher's answer was recorded and the run queued",
+        (settled.get(live_op), status),
+        ("succeeded", "queued"),
+        what=f"({live_op}'s status, run status)",
+    )
     checkers.lease_history_is_sound(ctx, [run_id])

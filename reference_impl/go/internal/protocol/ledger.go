@@ -132,10 +132,26 @@ func ledgerChange(ctx context.Context, q Querier, sql, opID, what string, args .
 
 // RecordResult writes the tool's definite answer for our claim, ledger only
 // (a dispatcher not holding the run's lease): a ledger-only outcome.
+//
+// The answer may settle the last doubt of a run paused in doubt (its claim
+// was live when the run froze): then the run goes back to the queue in the
+// same transaction, as after the reconciler's convergence.
 func (p *Protocol) RecordResult(ctx context.Context, q Querier, op *Operation, owner string, a tool.Answer) error {
 	result, _ := json.Marshal(a.Result)
-	err := ledgerChange(ctx, q, p.SQL.RecordResult, op.OperationID, "record",
-		op.OperationID, owner, op.Revision, op.Digest, a.Kind, a.RemoteID, string(result))
+	record := func(q Querier) error {
+		if err := ledgerChange(ctx, q, p.SQL.RecordResult, op.OperationID, "record",
+			op.OperationID, owner, op.Revision, op.Digest, a.Kind, a.RemoteID, string(result)); err != nil {
+			return err
+		}
+		_, err := q.Exec(ctx, p.SQL.ResumeRun, op.OperationID)
+		return err
+	}
+	var err error
+	if db, ok := q.(DB); ok {
+		err = pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error { return record(tx) })
+	} else {
+		err = record(q) // already inside the caller's transaction
+	}
 	if err == nil {
 		outcomeCommitted(op.RunID, op.OperationID)
 	}
