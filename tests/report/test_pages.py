@@ -7,6 +7,7 @@ import re
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+import psutil
 import pytest
 
 from harness.evidence.html import write_run_pages
@@ -184,7 +185,12 @@ def test_a_large_run_is_built_the_same_by_a_process_pool(
     for n in range(1, html.PARALLEL_FROM + 2):
         (run_pass / "archives" / f"B-r{n}.yaml").write_bytes(source)
     pooled, serial = tmp_path / "pooled", tmp_path / "serial"
+    before = {c.pid for c in psutil.Process().children()}
     write_run_pages(run_pass, pooled)
+    # The pool leaves nothing running, its resource tracker included: a run
+    # that wrote pages must not leave a process behind when it exits.
+    after = [c for c in psutil.Process().children() if c.pid not in before]
+    assert [(c.pid, c.cmdline()) for c in after if c.status() != psutil.STATUS_ZOMBIE] == []
     monkeypatch.setattr(html, "PARALLEL_FROM", 10_000)
     write_run_pages(run_pass, serial)
     for page in sorted(serial.rglob("*.html")):

@@ -9,10 +9,12 @@ evidence at any later time.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 from harness.evidence import manifest
@@ -32,6 +34,37 @@ def _page(report_dir: Path, path: Path, out: Path) -> Entry:
     except ValueError as exc:
         archive, problem = None, str(exc)
     return experiment_page(report_dir, path.stem, archive, problem, out)
+
+
+def _pages_in_pool(report_dir: Path, paths: list[Path], out: Path, processes: int) -> list[Entry]:
+    # spawn: no fork of a process that may still hold threads and locks.
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(
+        processes,
+        mp_context=context,
+        initializer=die_with_parent,
+        initargs=(os.getpid(),),
+    ) as pool:
+        jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
+        try:
+            return [job.result() for job in jobs]
+        except BaseException:
+            # A stop, or a file refused: the pages still queued are not built.
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _stop_resource_tracker() -> None:
+    """End the helper process a spawn pool leaves behind (multiprocessing's
+    resource tracker): it would otherwise outlive the pool and end only after
+    this process does, a moment later, or later still on a busy machine, so a
+    finished run would leave a process running. Collected first, so no
+    semaphore of the pool unregisters later and starts a tracker again."""
+    gc.collect()
+    tracker = getattr(resource_tracker, "_resource_tracker", None)
+    stop = getattr(tracker, "_stop", None)
+    if stop is not None:
+        stop()
 
 
 class PagesCut(TimeoutError):
@@ -87,22 +120,8 @@ def build_run_pages(
     elif len(paths) < PARALLEL_FROM or processes < 2:
         entries = [_page(report_dir, p, out) for p in paths]
     else:
-        # spawn: no fork of a process that may still hold threads and locks,
-        # and no helper process outlives the pool.
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(
-            processes,
-            mp_context=context,
-            initializer=die_with_parent,
-            initargs=(os.getpid(),),
-        ) as pool:
-            jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
-            try:
-                entries = [job.result() for job in jobs]
-            except BaseException:
-                # A stop, or a file refused: the pages still queued are not built.
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
+        entries = _pages_in_pool(report_dir, paths, out, processes)
+        _stop_resource_tracker()
     digest = manifest.run_digest(report_dir)
     index = index_page(report_dir, entries, digest, out, title=title, sealed=sealed)
     return index, entries
