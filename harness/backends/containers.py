@@ -1207,12 +1207,17 @@ class ContainerToxiproxy(ToxiproxyServer):
         if listen is not None:
             raise ValueError("proxies of a toxiproxy container listen on its published pool")
         with self._pool_lock:
+            empty = not self._free
+        if empty:
+            self._reclaim()
+        with self._pool_lock:
             if not self._free:
                 raise ToxiproxyError(
                     "POST",
                     "/proxies",
                     None,
-                    f"all {self.pool_size} published proxy ports are in use; raise "
+                    f"all {self.pool_size} published proxy ports are in use "
+                    f"(by {', '.join(sorted(self._port_of))}); raise "
                     f"{PROXY_POOL_ENV} or run fewer experiments at once (--jobs)",
                 )
             port = self._free.pop(0)
@@ -1234,12 +1239,30 @@ class ContainerToxiproxy(ToxiproxyServer):
             super().remove_link(name)
         except ToxiproxyError as exc:
             if exc.status != 404:
+                # Not known whether it went (an answer lost on a busy machine):
+                # its port stays taken until the server no longer lists it.
                 raise
+        self._release(name)
+
+    def _release(self, name: str) -> None:
         with self._pool_lock:
             port = self._port_of.pop(name, None)
             self._upstream_of.pop(name, None)
             if port is not None:
                 self._free.append(port)
+
+    def _reclaim(self) -> None:
+        """Give back the ports of proxies the server no longer lists (deleted,
+        but the answer to the delete was lost). Only names made before the
+        listing are judged: one made meanwhile is not listed yet."""
+        with self._pool_lock:
+            before = set(self._port_of)
+        try:
+            listed = set(self.client.list_proxies())
+        except ToxiproxyError:
+            return  # the pool stays as it is; the caller reports it full
+        for name in sorted(before - listed):
+            self._release(name)
 
     def redirect(self, inner_host: str, *, down: bool) -> None:
         """Point the proxies to ``inner_host`` at a refusing port (down) or back."""
