@@ -102,6 +102,7 @@ OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
 LOST_NOT_EXECUTED = "lost_not_executed"
 BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
+REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
 #: converged_beside_live_claim: the step of the operation a dispatcher holds
 #: claimed, and how long its claim lives (past the whole experiment).
 LIVE_STEP = "w.live"
@@ -190,6 +191,7 @@ SPEC = ExperimentSpec(
         RESEND_UNANSWERED,
         LOST_NOT_EXECUTED,
         BESIDE_LIVE_CLAIM,
+        REJECTED_BESIDE_LIVE_CLAIM,
     ),
     variant_faults=(
         (
@@ -203,6 +205,11 @@ SPEC = ExperimentSpec(
             "a dispatcher held right after claiming another operation of the run (its claim "
             "live past the experiment) while the run's own create arrives only after the run "
             "was paused in doubt",
+        ),
+        (
+            REJECTED_BESIDE_LIVE_CLAIM,
+            "the same, and the held dispatcher's create then refused with 429 (the tool did "
+            "not act)",
         ),
     ),
     needs=(
@@ -225,11 +232,11 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
         needs.capability("operator_actions", LOST_NOT_EXECUTED),
         needs.op("resolve_indoubt", LOST_NOT_EXECUTED),
-        needs.capability("ledger_tool:query", BESIDE_LIVE_CLAIM),
-        needs.capability("ledger_tool:none", BESIDE_LIVE_CLAIM),
-        needs.point("after_checkpoint_commit", BESIDE_LIVE_CLAIM),
-        needs.point("after_dispatch_claim_commit", BESIDE_LIVE_CLAIM),
-        needs.op("reconcile", BESIDE_LIVE_CLAIM),
+        needs.capability("ledger_tool:query", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
+        needs.capability("ledger_tool:none", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
+        needs.point("after_checkpoint_commit", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
+        needs.point("after_dispatch_claim_commit", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
+        needs.op("reconcile", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -240,6 +247,7 @@ SPEC = ExperimentSpec(
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
+        (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -260,8 +268,8 @@ def run(ctx: ExperimentContext) -> None:
     if ctx.variant == LOST_NOT_EXECUTED:
         _lost_then_found_not_executed(ctx)
         return
-    if ctx.variant == BESIDE_LIVE_CLAIM:
-        _converged_beside_a_live_claim(ctx)
+    if ctx.variant in (BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM):
+        _converged_beside_a_live_claim(ctx, rejected=ctx.variant == REJECTED_BESIDE_LIVE_CLAIM)
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -888,7 +896,7 @@ def _lost_then_found_not_executed(ctx: ExperimentContext) -> None:
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
-def _converged_beside_a_live_claim(ctx: ExperimentContext) -> None:
+def _converged_beside_a_live_claim(ctx: ExperimentContext, *, rejected: bool = False) -> None:
     """The last unknown operation of a run paused in doubt converges while
     another of its operations is dispatching under a live claim (a dispatcher
     held right after claiming it): that one may still act, so the run stays
@@ -897,7 +905,9 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext) -> None:
     recorded, settles the run's last doubt, and the same transaction must put
     the run back in the queue (a run paused with nothing in doubt is one
     nobody resumes; both reference workers left it paused until this state
-    showed it)."""
+    showed it). With ``rejected`` the tool refuses that create with 429: the
+    operation goes back to prepared, nothing is in doubt, and the run is
+    queued alike."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
     # The workflow's first checkpoint, from the worker itself: the state its
@@ -985,6 +995,9 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext) -> None:
         (True, "succeeded"),
         what=f"reconcile's reply ok and {own[0]}'s status",
     )
+    if rejected:
+        ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
+        ctx.command(f"tool: the held dispatcher's create of 'plain' for run {run_id[:8]} gets 429")
     ctx.release("D", "after_dispatch_claim_commit")
     answered = held.result(15)
     settled = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
@@ -1000,7 +1013,7 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext) -> None:
     ctx.progress_equal(
         "the dispatcher's answer was recorded and the run queued",
         (settled.get(live_op), status),
-        ("succeeded", "queued"),
+        ("prepared" if rejected else "succeeded", "queued"),
         what=f"({live_op}'s status, run status)",
     )
     checkers.lease_history_is_sound(ctx, [run_id])

@@ -176,7 +176,25 @@ func (p *Protocol) SettleWithoutResult(ctx context.Context, q Querier, op *Opera
 	if p.WithoutResult(a) == "prepared" {
 		to, what, sql = "prepared", "return", p.SQL.ReturnRejected
 	}
-	if err := ledgerChange(ctx, q, sql, op.OperationID, what, op.OperationID, owner, op.Revision, string(why)); err != nil {
+	settle := func(q Querier) error {
+		if err := ledgerChange(ctx, q, sql, op.OperationID, what, op.OperationID, owner, op.Revision, string(why)); err != nil {
+			return err
+		}
+		if to != "prepared" {
+			return nil
+		}
+		// Back to prepared, nothing of the run may be in doubt any more: a run
+		// paused in doubt goes back to the queue in the same transaction.
+		_, err := q.Exec(ctx, p.SQL.ResumeRun, op.OperationID)
+		return err
+	}
+	var err error
+	if db, ok := q.(DB); ok && to == "prepared" {
+		err = pgx.BeginTxFunc(ctx, db, ReadCommitted, func(tx pgx.Tx) error { return settle(tx) })
+	} else {
+		err = settle(q)
+	}
+	if err != nil {
 		return to, err
 	}
 	outcomeCommitted(op.RunID, op.OperationID)
