@@ -21,6 +21,11 @@ BEGIN
   END IF;
 END
 $$;
+-- A helper like every other one (010's rule): owned by fencecheck_owner and
+-- executable by no role (a new function is executable by PUBLIC otherwise).
+ALTER FUNCTION fencecheck._resume_if_settled(uuid, text) OWNER TO fencecheck_owner;
+REVOKE ALL ON FUNCTION fencecheck._resume_if_settled(uuid, text)
+  FROM PUBLIC, fencecheck_worker, fencecheck_operator;
 
 CREATE OR REPLACE FUNCTION fencecheck.record_tool_result(
   p_operation_id text, p_dispatch_owner text, p_expected_revision bigint, p_request_digest text,
