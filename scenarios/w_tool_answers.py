@@ -550,50 +550,11 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
     tool step freezes it: every convergence but the last leaves it paused."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
-    # The workflow's first checkpoint, from the worker itself: the state its
-    # run resumes from once the other operations are registered.
-    ctx.arm("A0", "after_checkpoint_commit", Crash(), times=1)
-    finish(ctx, ctx.env.start_worker("A0", "run", ["--run-id", run_id, "--once"], env=env))
-    first = checkers.checkpoints(ctx, run_id)
-    start = checkers.run_row(ctx, run_id, "the run after its first checkpoint")
-    wait_claimable(ctx, run_id)
     tool = ctx.env.tool.client()
     tool.set_fault("plain", "drop_after_act", count=len(OTHER_STEPS), run_id=run_id)
-    y = ctx.env.start_worker("Y", "ops", env=env)
-    lease = ctx.ok(y, "claim", run_id=run_id)
-    revision, others = lease["revision"], []
-    for step in (PLANNED_STEP, *OTHER_STEPS):
-        intent = ctx.ok(
-            y,
-            "register_intent",
-            run_id=run_id,
-            epoch=lease["epoch"],
-            expected_revision=revision,
-            step_id=step,
-            effect_version=1,
-            tool="plain",
-            request={"kind": "notice", "step": step},
-        )
-        revision = intent["revision"]
-        others.append(str(intent["operation_id"]))
-    planned = others.pop(0)
-    for op_id in others:
-        ctx.op(y, "dispatch", operation_id=op_id)
-    # The workflow's state back on top (the intents' checkpoints hold the ops
-    # interface's own), then the lease given up; either may have lapsed.
-    if first:
-        ctx.op(
-            y,
-            "save_checkpoint",
-            run_id=run_id,
-            epoch=lease["epoch"],
-            expected_revision=revision,
-            state=first[-1]["state_json"],
-            schema_version=first[-1]["schema_version"],
-            step=start.get("current_step"),
-        )
-    ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
-    wait_claimable(ctx, run_id)
+    planned, *others = _registered_beside_first_checkpoint(
+        ctx, run_id, env, (PLANNED_STEP, *OTHER_STEPS), dispatched=OTHER_STEPS
+    )
     tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(
         f"tool: run {run_id}'s plain creates ({len(others)}, through ops) lose their answers; "
@@ -687,6 +648,61 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _registered_beside_first_checkpoint(
+    ctx: ExperimentContext,
+    run_id: str,
+    env: dict[str, str | None],
+    steps: tuple[str, ...],
+    *,
+    dispatched: tuple[str, ...] = (),
+) -> list[str]:
+    """The workflow's first checkpoint, from the worker itself (A0 crashes
+    right after it); then, under an ops process's lease, one intent of the
+    plain tool per step of ``steps`` (those of ``dispatched`` dispatched), the
+    workflow's state put back on top (the intents' checkpoints hold the ops
+    interface's own) and the lease given up, so the run resumes from its first
+    checkpoint with those operations registered. Their ids, in ``steps``' order."""
+    ctx.arm("A0", "after_checkpoint_commit", Crash(), times=1)
+    finish(ctx, ctx.env.start_worker("A0", "run", ["--run-id", run_id, "--once"], env=env))
+    first = checkers.checkpoints(ctx, run_id)
+    start = checkers.run_row(ctx, run_id, "the run after its first checkpoint")
+    wait_claimable(ctx, run_id)
+    y = ctx.env.start_worker("Y", "ops", env=env)
+    lease = ctx.ok(y, "claim", run_id=run_id)
+    revision, ops = lease["revision"], []
+    for step in steps:
+        intent = ctx.ok(
+            y,
+            "register_intent",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=revision,
+            step_id=step,
+            effect_version=1,
+            tool="plain",
+            request={"kind": "notice", "step": step},
+        )
+        revision = intent["revision"]
+        ops.append(str(intent["operation_id"]))
+    for step, op_id in zip(steps, ops, strict=True):
+        if step in dispatched:
+            ctx.op(y, "dispatch", operation_id=op_id)
+    if first:  # either may have lapsed: judged by what follows
+        ctx.op(
+            y,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=revision,
+            state=first[-1]["state_json"],
+            schema_version=first[-1]["schema_version"],
+            step=start.get("current_step"),
+        )
+    ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
+    wait_claimable(ctx, run_id)
+    return ops
 
 
 def _finding_on_another_runs_operation(
@@ -910,41 +926,7 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext, *, rejected: bool = F
     queued alike."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
-    # The workflow's first checkpoint, from the worker itself: the state its
-    # run resumes from once the other operation is registered (as in
-    # others_in_doubt).
-    ctx.arm("A0", "after_checkpoint_commit", Crash(), times=1)
-    finish(ctx, ctx.env.start_worker("A0", "run", ["--run-id", run_id, "--once"], env=env))
-    first = checkers.checkpoints(ctx, run_id)
-    start = checkers.run_row(ctx, run_id, "the run after its first checkpoint")
-    wait_claimable(ctx, run_id)
-    y = ctx.env.start_worker("Y", "ops", env=env)
-    lease = ctx.ok(y, "claim", run_id=run_id)
-    intent = ctx.ok(
-        y,
-        "register_intent",
-        run_id=run_id,
-        epoch=lease["epoch"],
-        expected_revision=lease["revision"],
-        step_id=LIVE_STEP,
-        effect_version=1,
-        tool="plain",
-        request={"kind": "notice", "step": LIVE_STEP},
-    )
-    live_op = str(intent["operation_id"])
-    if first:
-        ctx.op(
-            y,
-            "save_checkpoint",
-            run_id=run_id,
-            epoch=lease["epoch"],
-            expected_revision=intent["revision"],
-            state=first[-1]["state_json"],
-            schema_version=first[-1]["schema_version"],
-            step=start.get("current_step"),
-        )
-    ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
-    wait_claimable(ctx, run_id)
+    (live_op,) = _registered_beside_first_checkpoint(ctx, run_id, env, (LIVE_STEP,))
     d = ctx.env.start_worker(
         "D", "ops", env={**env, "FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_TTL_MS)}
     )
