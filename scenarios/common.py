@@ -361,6 +361,16 @@ def next_version_judged_by_its_own_step(
         for o in checkers.ledger(ctx, run_id)
         if o["step_id"] == step
     ]
+    if not reply.ok and _lease_gone(ctx, run_id, row["epoch"]):
+        # A lease that ran out meanwhile (a busy machine) refuses any write:
+        # the protocol allows it, and the question was not asked.
+        ctx.not_judged(
+            name,
+            expected=f"register_intent of {step} v2 under the live lease of epoch {row['epoch']}",
+            observed=f"reply {reply.error}, the lease of epoch {row['epoch']} gone by database "
+            f"time when read after it; {step}: {after}",
+        )
+        return
     ctx.invariant(
         name,
         reply.ok and after == [(1, "failed_final"), (2, "prepared")],
@@ -368,6 +378,17 @@ def next_version_judged_by_its_own_step(
         f"whatever {busy_step} may still do",
         observed=f"reply {'ok' if reply.ok else reply.error}; {step}: {after}",
     )
+
+
+def _lease_gone(ctx: ExperimentContext, run_id: str, epoch: int) -> bool:
+    """The run's lease of ``epoch`` has expired or moved on, by the database's clock."""
+    rows = ctx.sql(
+        f"run {run_id[:8]}'s lease after a refusal",
+        "SELECT epoch, lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp() AS gone"
+        " FROM fencecheck_model.agent_runs WHERE run_id = %s",
+        [run_id],
+    )
+    return not rows or rows[0]["epoch"] != epoch or bool(rows[0]["gone"])
 
 
 def op_and_changes(

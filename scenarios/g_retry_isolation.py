@@ -155,6 +155,9 @@ def run(ctx: ExperimentContext) -> None:
     ctl = control_plane(ctx)
     op_before = _operation(ctx, moment.op_id)
     run_before = checkers.run_row(ctx, moment.run_id, "the callback's run before it")
+    if moment.may_converge:
+        _notice_without_resource_refused(ctx, ctl, moment)
+        op_before = _operation(ctx, moment.op_id)
     mark = checkers.audit_mark(ctx)
     delivered_at = time.time()
     reply = ctx.op(
@@ -227,6 +230,28 @@ def run(ctx: ExperimentContext) -> None:
     moment.then(op_after)
     checkers.recorded_results_are_the_tools(ctx, moment.run_id)
     checkers.lease_history_is_sound(ctx)
+
+
+def _notice_without_resource_refused(
+    ctx: ExperimentContext, ctl: WorkerProcess, moment: Moment
+) -> None:
+    """A callback for the same operation that names no resource (a tool's
+    progress or failure notice) converges nothing: the operation converges
+    only to the resource a callback names (contract section 5), and a
+    success without one is no fact about the tool."""
+    notice = {k: v for k, v in moment.payload.items() if k not in ("resource_id", "remote_id")}
+    before = _operation(ctx, moment.op_id)
+    reply = ctx.op(
+        ctl, "deliver_callback", run_id=moment.run_id, operation_id=moment.op_id, payload=notice
+    )
+    after = _operation(ctx, moment.op_id)
+    ctx.equal(
+        "a callback naming no resource converged nothing",
+        (after["status"], after["remote_id"]),
+        (before["status"], before["remote_id"]),
+        what=f"(status, remote_id) of the operation (reply ok={reply.ok} "
+        f"{reply.result or reply.error})",
+    )
 
 
 # -------------------------------------------------------------- the moments

@@ -5,6 +5,8 @@ epochs per run only grow, and every run finishes with one effect per step.
 
 from __future__ import annotations
 
+from typing import Any
+
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
@@ -31,6 +33,8 @@ SPEC = ExperimentSpec(
 
 RUNS = 24
 WORKERS = 6
+#: Contract section 2: database sessions of a long-lived worker between runs.
+IDLE_SESSIONS_MAX = 4
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -85,6 +89,12 @@ def run(ctx: ExperimentContext) -> None:
         )
     except TimeoutError as exc:
         ctx.command(str(exc))
+    sessions = ctx.sql(
+        "each worker's database sessions once every run was final",
+        "SELECT application_name AS worker, count(*) AS sessions FROM pg_stat_activity"
+        " WHERE datname = current_database() AND application_name = ANY(%s) GROUP BY 1",
+        [names],
+    )
     for w in workers:
         ctx.command(f"SIGTERM {w.worker_id}: exited with code {w.stop(grace_s=5)}")
     rows = ctx.sql(
@@ -121,5 +131,30 @@ def run(ctx: ExperimentContext) -> None:
         RUNS,
         what=f"runs succeeded (the others: {sorted(r['status'] for r in rows if r not in done)})",
     )
+    _sessions_do_not_pile_up(ctx, sessions, trail)
     checkers.lease_history_is_sound(ctx, run_ids)
     checkers.one_resource_per_operation(ctx)
+
+
+def _sessions_do_not_pile_up(
+    ctx: ExperimentContext, sessions: list[dict[str, Any]], trail: list[dict[str, Any]]
+) -> None:
+    """Contract section 2 (bounds the worker owns): a long-lived worker's
+    database sessions do not grow with the runs it has executed. Counted once
+    every run was final, so each worker sits between runs: one that kept a
+    session of each finished execution (its heartbeat's, a read-back's) holds
+    more than the bound after the runs Q gives it."""
+    held = {str(r["worker"]): int(r["sessions"]) for r in sessions}
+    claims: dict[str, int] = {}
+    for r in trail:
+        if r["owner"] and r["op"] == "UPDATE" and r["epoch"] != r["old_epoch"]:
+            name = str(r["owner"]).split("/")[0]
+            claims[name] = claims.get(name, 0) + 1
+    over = {w: n for w, n in held.items() if n > IDLE_SESSIONS_MAX}
+    ctx.invariant(
+        "no worker's database sessions pile up with the runs it executed",
+        not over,
+        expected=f"at most {IDLE_SESSIONS_MAX} sessions of each worker between runs",
+        observed=f"sessions {dict(sorted(held.items()))}; claims made "
+        f"{dict(sorted(claims.items()))}",
+    )

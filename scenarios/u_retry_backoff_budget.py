@@ -322,6 +322,16 @@ def _terminate_keeps_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, run_
         ("failed", ATTEMPTS, ATTEMPTS),
         what="(status, attempt_count, max_attempts) of the terminated run",
     )
+    # Its intent, back in prepared after the last 429, is cancelled with it:
+    # a failed run's intent left prepared is one a dispatcher may still send,
+    # and one that keeps its task from ever being purged.
+    ledger = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    ctx.equal(
+        "terminate cancels the run's prepared intents",
+        [op for op, status in ledger if status == "prepared"],
+        [],
+        what=f"operations of the terminated run still prepared (ledger {ledger})",
+    )
 
 
 def _retry_after_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, old: str) -> list[str]:

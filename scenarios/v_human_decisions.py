@@ -37,6 +37,8 @@ from scenarios.common import (
     finish_or_kill,
     new_run,
     op_and_changes,
+    paused_list_is_the_databases,
+    planted_secret,
     wait_claimable,
     writes_name_workflow_steps,
 )
@@ -135,7 +137,11 @@ def run(ctx: ExperimentContext) -> None:
     early = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
     code_early = finish(ctx, early)
     ctl = control_plane(ctx)
-    supplement = {"address": "corrected by support"}
+    # What an operator decides on: the run paused for a person is listed.
+    paused_list_is_the_databases(ctx, ctl)
+    # A sensitive field among them: a supplement is sealed at rest like the
+    # run's input it joins (the global effect.sensitive_field_stored_sealed).
+    supplement = {"address": "corrected by support", "card_number": planted_secret(ctx)}
     decide_args: dict[str, Any] = {
         "run_id": run_id,
         "decision": variant,

@@ -901,6 +901,12 @@ class WorkerProcess(ManagedProcess):
         value = self._env_overrides.get("FENCECHECK_LEASE_TTL_MS")
         return int(value) if value and value.isdigit() else None
 
+    @property
+    def dispatch_ttl_ms(self) -> int | None:
+        """The dispatch claim duration it was started with (FENCECHECK_DISPATCH_TTL_MS), if given."""
+        value = self._env_overrides.get("FENCECHECK_DISPATCH_TTL_MS")
+        return int(value) if value and value.isdigit() else None
+
     def start(self) -> Self:
         self._prepare_files()
         return super().start()

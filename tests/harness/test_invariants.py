@@ -145,6 +145,7 @@ def clean_story() -> Story:
         {
             "status": "dispatching",
             "dispatch_owner": "A/1",
+            "dispatch_until": iso(T0 + 0.9),
             "revision": 1,
             "first_dispatched_at": iso(T0 + 0.3),
         },
@@ -182,6 +183,7 @@ def evidence(s: Story) -> Evidence:
             account("fail", "save_checkpoint", event_id="e-lost"),
         ],
         lease_ttl_ms=800,
+        dispatch_ttl_ms_by_app={"A": 600},
         write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
         asked_write_path="fast",
         replies=[reply_entry("reconcile", {"id": 1, "ok": True, "result": {"changes": []}})],
@@ -700,7 +702,14 @@ def null_reconcile_item(ev: Evidence) -> None:
     ev.replies.append(reply_entry("reconcile", line))
 
 
+def claim_longer_than_asked(ev: Evidence) -> None:
+    # A's claim is 0.6 s long; A was given 0.4 s (a lease's duration taken
+    # for the claim's would do the same).
+    ev.dispatch_ttl_ms_by_app = {"A": 400}
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
+    "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
     "write.revisions_gapless": gap,
     "effect.one_real_resource_per_operation": duplicate_resource,
     "effect.no_resend_without_idempotency": resent_without_promise,

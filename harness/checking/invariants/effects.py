@@ -396,6 +396,38 @@ def first_dispatch_is_kept(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "effect.dispatch_claim_within_its_duration",
+    "SPEC rules 4, 5; English seed §9.2 (a dispatch claim's own deadline); worker contract "
+    "section 2 (FENCECHECK_DISPATCH_TTL_MS)",
+    "a dispatch claim made by a worker the harness started ends no later than the database "
+    "time of the claim plus the claim duration that worker was given (not its lease's, nor "
+    "any other): a longer claim keeps an operation from its reconciler past what was agreed",
+)
+def dispatch_claim_within_its_duration(ev: Evidence) -> Finding:
+    bad: list[dict[str, Any]] = []
+    judged = 0
+    for c in ev.of("tool_operations", "UPDATE"):
+        asked = ev.dispatch_ttl_ms_by_app.get(c.app)
+        until = ts(c.after("dispatch_until"))
+        if (
+            asked is None
+            or until is None
+            or c.after("status") != "dispatching"
+            or not c.changed("dispatch_until")
+            or c.by_harness
+        ):
+            continue
+        judged += 1
+        # The claim reads the clock a moment before the audit trigger does:
+        # a correct claim is never past; the tolerance absorbs rounding.
+        if until - c.at > asked / 1000 + 0.001:
+            row = c.brief("operation_id", "dispatch_owner", "dispatch_until")
+            row.update(claimed_for_ms=round((until - c.at) * 1000, 1), asked_ms=asked)
+            bad.append(row)
+    return Finding(judged, bad)
+
+
+@invariant(
     "effect.resend_claim_ends_within_the_tools_retention",
     "SPEC rules 4, 5; English seed §9.2 (the tool's key retention)",
     "a same-key resend's claim (an operation in doubt claimed again for dispatch) of a tool "

@@ -73,6 +73,11 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
                 for name, proc in env.workers.items()
                 if proc.lease_ttl_ms is not None
             },
+            # Every worker the harness started has one: its own or the experiment's.
+            dispatch_ttl_ms_by_app={
+                name: proc.dispatch_ttl_ms or env.dispatch_ttl_ms
+                for name, proc in env.workers.items()
+            },
             write_paths=declared_write_paths(tuple(worker_cmd)),
             asked_write_path=ctx.spec.write_path_for(ctx.variant),
             replies=ctx.ops_log,

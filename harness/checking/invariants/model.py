@@ -117,6 +117,9 @@ class Evidence:
     # The lease duration each worker the harness started was given, by its
     # application name (its worker id): what a grant by that session asks for.
     lease_ttl_ms_by_app: dict[str, int] = field(default_factory=dict)
+    # The dispatch claim duration each worker the harness started was given
+    # (FENCECHECK_DISPATCH_TTL_MS), by its application name.
+    dispatch_ttl_ms_by_app: dict[str, int] = field(default_factory=dict)
     # Write paths the worker declares (name -> text its top-level statement
     # contains), and the one the experiment asked for (None: not judged).
     write_paths: dict[str, str] = field(default_factory=dict)
