@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,9 +30,10 @@ from harness.checking import checkers
 from harness.contract import spec
 from harness.contract.spec import Operation
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
+from harness.parts.control import Hold
 from harness.parts.processes import WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
-from scenarios.common import new_run, renewal_stopped
+from scenarios.common import new_run, renewal_stopped, seen_within
 
 SPEC = ExperimentSpec(
     id="R",
@@ -311,11 +312,14 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
         expected="at least one renewal of B's lease by B's session (audit trail)",
         observed=f"{len(before)} renewal(s) by B before the stop",
     )
-    ctx.ok(b, "heartbeat", run_id=run_id, epoch=epoch, action="stop")
-    time.sleep(ctx.env.heartbeat_timeout_ms / 1000)  # a renewal already on its way
-    mark = checkers.audit_mark(ctx)
     # Two intervals, at least a second: a busy machine's stall must not hide one.
     window_s = max(2 * ctx.env.heartbeat_ms / 1000, 1.0)
+    stop: dict[str, Any] = {"run_id": run_id, "epoch": epoch, "action": "stop"}
+    if ctx.variant == "fast" and _stop_while_held(ctx, b, stop, renewals, window_s):
+        return
+    ctx.ok(b, "heartbeat", **stop)
+    time.sleep(ctx.env.heartbeat_timeout_ms / 1000)  # a renewal already on its way
+    mark = checkers.audit_mark(ctx)
     time.sleep(window_s)
     after = renewals(mark)
     ctx.invariant(
@@ -325,6 +329,50 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
         f"stop's reply for {window_s:.1f} s (two heartbeat intervals, at least 1 s)",
         observed=f"{len(after)} renewal(s): {[(c['seq'], str(c['at'])) for c in after] or 'none'}",
     )
+
+
+def _stop_while_held(
+    ctx: ExperimentContext,
+    b: WorkerProcess,
+    stop: dict[str, Any],
+    renewals: Callable[[int], list[dict[str, Any]]],
+    window_s: float,
+) -> bool:
+    """The stop arrives while B's heartbeat has woken for its next renewal but
+    not begun it (held at ``before_renew``, as a descheduled thread would be):
+    once the stop has answered, that renewal must never be sent; a heartbeat
+    that renews without looking again at its stop flag extends a lease its
+    holder gave up. False when the state was not reached (the caller judges
+    the plain stop instead)."""
+    ctx.arm(b.worker_id, "before_renew", Hold(), times=1)
+    try:
+        ctx.reached(b.worker_id, "before_renew", timeout_s=5.0, held=True)
+    except Inconclusive:
+        ctx.command("B's heartbeat never reached before_renew within 5 s: a plain stop")
+        return False
+    pending = ctx.op_async(b, "heartbeat", stop)
+    # A stop that waits for the heartbeat's thread answers only once it goes on.
+    answered = seen_within(
+        pending.done, what="B's heartbeat stop to answer while its heartbeat is held", timeout_s=8
+    )
+    mark = checkers.audit_mark(ctx)
+    ctx.release(b.worker_id, "before_renew")
+    reply = pending.result(15)
+    if not answered:
+        ctx.command("B's heartbeat stop answered only once its heartbeat went on: a plain stop")
+        return False
+    time.sleep(ctx.env.heartbeat_timeout_ms / 1000 + window_s)
+    after = renewals(mark)
+    ctx.invariant(
+        "no renewal after heartbeat stop",
+        reply.ok and not after,
+        expected="the stop answered while B's heartbeat was held before a renewal; no renewal of "
+        f"the lease by B's session from that answer, for one renewal timeout and {window_s:.1f} s "
+        "after the heartbeat was let go",
+        observed=f"stop {'ok' if reply.ok else reply.error}; {len(after)} renewal(s): "
+        f"{[(c['seq'], str(c['at'])) for c in after] or 'none'}",
+    )
+    return True
 
 
 def _lease_state(ctx: ExperimentContext, run_id: str) -> dict[str, Any]:

@@ -329,10 +329,11 @@ def _purge_between_made_and_ended(
     args: dict[str, Any],
 ) -> list[str] | None:
     """A purge whose cut-off falls after the eligible tasks were made and
-    before their runs ended: they ended within the retention, so nothing
+    before any of their runs ended: they ended within the retention, so nothing
     goes (blind bug hunt round 4, #07: a cut-off judged by when a run was
     created purged them). None when the gap is too short to place it."""
-    ended = max(
+    # The first to end: a cut-off after it would let that task go, rightly.
+    ended = min(
         float(r["ended"])
         for r in ctx.sql(
             "when the eligible runs ended (updated_at)",
