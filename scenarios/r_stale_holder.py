@@ -56,6 +56,8 @@ SPEC = ExperimentSpec(
     variant_write_paths=(("stepped", "stepped"),),
 )
 
+#: B's lease in R[fast] (see _stop_while_held).
+B_LONG_LEASE_MS = 15_000
 #: The identities a stale holder may present, as (owner, epoch) of (A, B).
 IDENTITIES = ("old owner, old epoch", "new owner, old epoch", "old owner, new epoch")
 #: The current holder's own identity: only the revision is stale.
@@ -131,7 +133,10 @@ def run(ctx: ExperimentContext) -> None:
     )
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
-    b = ctx.env.start_worker("B", "ops")
+    # R[fast]'s B holds a long lease: a stop held against its heartbeat for
+    # seconds (a stop that waits for the heartbeat's thread) must find it live.
+    long_lease = {"FENCECHECK_LEASE_TTL_MS": str(B_LONG_LEASE_MS)} if ctx.variant == "fast" else {}
+    b = ctx.env.start_worker("B", "ops", env=dict(long_lease))
     takeover = _take_over(ctx, run_id, a, b)
     if takeover.current_revision < 1:  # no revision the run has left behind
         table = [c for c in table if c.identity != HOLDER]
@@ -342,7 +347,8 @@ def _stop_while_held(
     not begun it (held at ``before_renew``, as a descheduled thread would be):
     once the stop has answered, that renewal must never be sent; a heartbeat
     that renews without looking again at its stop flag extends a lease its
-    holder gave up. False when the state was not reached (the caller judges
+    holder gave up (B's lease is long enough to be live still, whatever the
+    stop waited). False when the state was not reached (the caller judges
     the plain stop instead)."""
     ctx.arm(b.worker_id, "before_renew", Hold(), times=1)
     try:

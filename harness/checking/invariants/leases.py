@@ -81,7 +81,8 @@ def granted_only_when_free_or_expired(ev: Evidence) -> Finding:
     "lease.expiry_within_lease_duration",
     "SPEC rule 1; English seed §5.1, §5.2",
     "after any grant or renewal the lease ends no later than the database time of that change "
-    "plus the lease duration, and, for a worker the harness started, no earlier than the lease "
+    "plus the lease duration (that worker's own where the harness gave it one), and, for a "
+    "worker the harness started, no earlier than the lease "
     "duration it was given after the row's previous change committed (an expiry counted from "
     "before the row lock was granted, such as the transaction's start, is short by the wait); "
     f"tolerance {EXPIRY_TOLERANCE_S * 1000:.0f} ms",
@@ -107,7 +108,8 @@ def expiry_within_lease_duration(ev: Evidence) -> Finding:
         # duration after that commit, whatever the machine's load.
         asked = ev.lease_ttl_ms_by_app.get(c.app)  # known for the harness's own workers
         floor = previous.visible_at + asked / 1000 if previous is not None and asked else None
-        if expiry - c.at > ttl + EXPIRY_TOLERANCE_S or (
+        ceiling = asked / 1000 if asked else ttl  # a worker given a lease of its own
+        if expiry - c.at > ceiling + EXPIRY_TOLERANCE_S or (
             floor is not None and expiry < floor - EXPIRY_TOLERANCE_S
         ):
             row = c.brief("run_id", "epoch", "owner", "lease_expires_at")
