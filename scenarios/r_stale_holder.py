@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checking import checkers
-from harness.contract import spec
+from harness.contract import needs, spec
 from harness.contract.spec import Operation
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
 from harness.parts.control import Hold
@@ -54,6 +54,8 @@ SPEC = ExperimentSpec(
     # validates the lease in a statement of its own (lock_lease in the reference).
     variants=("fast", "stepped"),
     variant_write_paths=(("stepped", "stepped"),),
+    # R[fast] holds B's heartbeat there while its stop arrives.
+    needs=(needs.point("before_renew", "fast"),),
 )
 
 #: B's lease in R[fast] (see _stop_while_held).
