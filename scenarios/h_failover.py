@@ -165,18 +165,45 @@ def _local_commits_are_not_sync(ctx: ExperimentContext) -> None:
     """With standby names set, a session whose ``synchronous_commit`` is
     ``local`` commits without waiting for the standby: a worker that reads
     its mode as ``sync`` promises what the server does not do (blind bug hunt
-    round 4, #08: any level but ``off`` taken for sync). The worker's login
-    role gets ``local`` for the probe's session only, reset at once."""
+    round 4, #08: any level but ``off`` taken for sync). One whose level is
+    ``remote_write`` waits for the standby to have the commit written: that
+    is sync, and a worker reading it as async refuses to start where
+    ``--require-durability sync`` is met (round 11). The worker's login role
+    gets each level for one probe's session only, reset at once."""
+    for level, mode in (("local", "async"), ("remote_write", "sync")):
+        seen, declared = _declared_at_level(ctx, level)
+        ctx.fault(
+            f"the probe's role commits with synchronous_commit {level}",
+            any(f"synchronous_commit={level}" in str(r["setting"]) for r in seen),
+            expected=f"synchronous_commit={level} for the worker's login role in this database",
+            observed=f"{[r['setting'] for r in seen]}",
+        )
+        ctx.invariant(
+            f"a session that commits with synchronous_commit {level} is declared {mode}",
+            declared.get("mode") == mode,
+            expected=f"mode {mode}: the standby is named and streams, and this session's commits "
+            + ("do not wait for it" if mode == "async" else "wait until it has written them"),
+            observed=f"declared {declared}",
+        )
+
+
+def _declared_at_level(
+    ctx: ExperimentContext, level: str
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The role's settings and what a fresh ``ops`` worker's ``durability``
+    declares while its login role commits with ``synchronous_commit`` ``level``."""
     role = ctx.env.login_role(ctx.env.tenant_id, "worker")
     target = sql.SQL("ALTER ROLE {} IN DATABASE {} ").format(
         sql.Identifier(role), sql.Identifier(ctx.env.db.name)
     )
-    ctx.env.primary.execute(target + sql.SQL("SET synchronous_commit = 'local'"))
-    ctx.command(f"ALTER ROLE {role} IN DATABASE ... SET synchronous_commit = 'local'")
+    ctx.env.primary.execute(
+        target + sql.SQL("SET synchronous_commit = {}").format(sql.Literal(level))
+    )
+    ctx.command(f"ALTER ROLE {role} IN DATABASE ... SET synchronous_commit = '{level}'")
     try:
-        probe = ctx.env.start_worker("WL", "ops")
+        probe = ctx.env.start_worker(f"WL{level[0]}", "ops")
         seen = ctx.sql(
-            "WL's session settings",
+            f"the probe's session settings ({level})",
             "SELECT unnest(s.setconfig) AS setting FROM pg_db_role_setting s "
             "JOIN pg_roles r ON r.oid = s.setrole "
             "WHERE r.rolname = %s",
@@ -186,20 +213,8 @@ def _local_commits_are_not_sync(ctx: ExperimentContext) -> None:
     finally:
         ctx.env.primary.execute(target + sql.SQL("RESET synchronous_commit"))
         ctx.command(f"ALTER ROLE {role} IN DATABASE ... RESET synchronous_commit")
-    ctx.fault(
-        "the probe's role commits locally",
-        any("synchronous_commit=local" in str(r["setting"]) for r in seen),
-        expected="synchronous_commit=local for the worker's login role in this database",
-        observed=f"{[r['setting'] for r in seen]}",
-    )
-    ctx.invariant(
-        "a session that commits locally is not declared sync",
-        declared.get("mode") == "async",
-        expected="mode async: the standby is named and streams, but this session's commits "
-        "do not wait for it",
-        observed=f"declared {declared}",
-    )
     probe.stop()
+    return seen, declared
 
 
 def run(ctx: ExperimentContext) -> None:

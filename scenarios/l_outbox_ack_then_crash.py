@@ -39,7 +39,7 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
 from scenarios.common import new_run, seen_within
@@ -275,7 +275,16 @@ def _concurrent_relays(ctx: ExperimentContext, run_id: str, events: list[str]) -
     )
     ctx.release("R1", "after_outbox_batch_locked")
     first.result(15)
-    second.result(15)
+    reply = second.result(15)
+    # Rows another relay holds are no error: a relay that fails its cycle
+    # whenever another one holds a batch (NOWAIT) publishes nothing while any
+    # relay works, which the outbox cannot live with.
+    ctx.progress(
+        "a relay cycle beside another relay's held batch ends ok",
+        reply.ok,
+        expected="R2's relay answered ok (it skipped R1's rows or waited for them)",
+        observed=f"R2's relay: {'ok ' + plain(reply.result) if reply.ok else reply.error}",
+    )
 
 
 def _relay_keeps_its_limit(
