@@ -62,6 +62,7 @@ from scenarios.common import (
     intent_registered,
     new_run,
     next_version_judged_by_its_own_step,
+    op_and_changes,
     wait_claimable,
 )
 
@@ -254,6 +255,28 @@ def _notice_without_resource_refused(
     )
 
 
+def _no_retry_of_a_live_run(ctx: ExperimentContext, ctl: WorkerProcess, run_id: str) -> None:
+    """``retry_run`` of a task whose active run is live (here waiting on the
+    tool, its worker holding the answer) is refused and writes nothing: a
+    retry beside it would make two live runs of one task, both able to act
+    at the tool (contract section 5: only a paused or terminal run's task)."""
+    row = checkers.run_row(ctx, run_id, "the run before a retry of its task")
+    name = "a retry of a task whose run is live is refused and writes nothing"
+    if row["status"] != "waiting_tool":
+        ctx.not_judged(
+            name, expected="the task's run waiting_tool", observed=f"run {row['status']}"
+        )
+        return
+    reply, changes = op_and_changes(ctx, ctl, "retry_run", task_id=str(row["task_id"]))
+    ctx.invariant(
+        name,
+        not reply.ok and not changes,
+        expected="retry_run refused, no audited change, while the run is waiting_tool",
+        observed=f"reply {'ok ' + str(reply.result) if reply.ok else reply.error}; "
+        f"{len(changes)} change(s)",
+    )
+
+
 # -------------------------------------------------------------- the moments
 
 
@@ -263,6 +286,7 @@ def _superseded(ctx: ExperimentContext, *, name_the_new_run: bool = False) -> Mo
     (``name_the_new_run``) naming run 2, the task's active, live run."""
     old_run, a = _held(ctx, "after_tool_response_before_tx2_commit")
     ctl = control_plane(ctx)
+    _no_retry_of_a_live_run(ctx, ctl, old_run)
     ctx.ok(ctl, "cancel", run_id=old_run)
     # Naming the new run: A dies holding the tool's answer, so the operation
     # stays in flight (a released A records the result, cancelled or not).

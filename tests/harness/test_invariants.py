@@ -13,13 +13,15 @@ import copy
 import dataclasses
 import datetime as dt
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from harness.checking.history import Event
 from harness.checking.invariants import INVARIANTS, Change, Evidence, check
-from harness.checking.invariants.model import with_purged
+from harness.checking.invariants.model import WorkerLogs, with_purged
+from harness.checking.worker_logs import read_worker_logs
 from harness.contract.spec import reply_problems
 
 RUN, RUN2, TASK, TENANT = "r-1", "r-2", "t-1", "x"
@@ -184,6 +186,7 @@ def evidence(s: Story) -> Evidence:
         ],
         lease_ttl_ms=800,
         dispatch_ttl_ms_by_app={"A": 600},
+        worker_logs=WorkerLogs(files=3),
         write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
         asked_write_path="fast",
         replies=[reply_entry("reconcile", {"id": 1, "ok": True, "result": {"changes": []}})],
@@ -246,6 +249,7 @@ def test_clean_history_breaks_nothing() -> None:
         "run.only_finished_tasks_are_purged",
         "operator.audit_shows_the_rows_before_and_after",
         "run.leaves_doubt_only_with_nothing_in_doubt",
+        "effect.ledger_records_the_tools_own_retention",
     }
 
 
@@ -708,7 +712,13 @@ def claim_longer_than_asked(ev: Evidence) -> None:
     ev.dispatch_ttl_ms_by_app = {"A": 400}
 
 
+def token_logged(ev: Evidence) -> None:
+    assert ev.worker_logs is not None
+    ev.worker_logs.planted_at.append({"file": "worker-A.stderr.log", "line": 7})
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
+    "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
     "write.revisions_gapless": gap,
     "effect.one_real_resource_per_operation": duplicate_resource,
@@ -724,7 +734,12 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
 
 
 def test_every_invariant_has_a_violating_history() -> None:
-    covered = set(STORY_CHANGES) | set(EVIDENCE_CHANGES) | {"effect.cancelled_intent_never_sent"}
+    covered = set(STORY_CHANGES) | set(EVIDENCE_CHANGES)
+    # Each with a test of its own (below).
+    covered |= {
+        "effect.cancelled_intent_never_sent",
+        "effect.ledger_records_the_tools_own_retention",
+    }
     assert covered == set(INVARIANTS)
 
 
@@ -1121,3 +1136,34 @@ def test_a_grant_counted_from_before_its_row_lock_is_short() -> None:
     assert rows and rows[0]["after_previous_commit_ms"] < 800
     ev.lease_ttl_ms_by_app = {"B": 400}
     assert "lease.expiry_within_lease_duration" not in broken_by(ev)
+
+
+def test_the_workers_logs_are_read_for_planted_values(tmp_path: Path) -> None:
+    """Every line of each log holding a value of the planted shape is noted,
+    by file and line; a file never written is no file read."""
+    (tmp_path / "worker-A.stderr.log").write_text(
+        "started\nrequest customer_token=ct_" + "ab" * 12 + "\n"
+    )
+    (tmp_path / "A.events.jsonl").write_text('{"op": "claim"}\n')
+    logs = read_worker_logs(
+        [tmp_path / "worker-A.stderr.log", tmp_path / "A.events.jsonl", tmp_path / "absent.log"]
+    )
+    assert logs.files == 2
+    assert logs.planted_at == [{"file": "worker-A.stderr.log", "line": 2}]
+
+
+def test_a_retention_recorded_in_the_wrong_unit_breaks() -> None:
+    """An intent of the idempotent tool records the window the tool declares,
+    in milliseconds; seconds taken for milliseconds is a window 1000 times
+    too short. Not judged where the tool declares none."""
+    s = clean_story()
+    resend_past_retention(s)  # records retention_ms 500 on the operation
+    ev = evidence(s)
+    name = "effect.ledger_records_the_tools_own_retention"
+    assert next(r for r in check(ev) if r.name == name).checked == 0
+    ev.tool["server"] = {"idempotency_retention_s": 0.5}
+    result = next(r for r in check(ev) if r.name == name)
+    assert result.ok and result.checked == 1
+    ev.tool["server"] = {"idempotency_retention_s": 500}
+    result = next(r for r in check(ev) if r.name == name)
+    assert not result.ok and result.violations[0]["declared_ms"] == 500_000

@@ -428,6 +428,36 @@ def dispatch_claim_within_its_duration(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "effect.ledger_records_the_tools_own_retention",
+    "worker contract section 2 (the idempotency window: every path that registers an intent "
+    "records the tool's declared retention in retention_ms)",
+    "an intent of the idempotent tool that records a retention_ms records the retention the "
+    "tool itself declares (idempotency_retention_s, in milliseconds): a window recorded in "
+    "the wrong unit refuses resends the tool would still deduplicate, or allows them after",
+)
+def ledger_records_the_tools_own_retention(ev: Evidence) -> Finding:
+    declared_s = (ev.tool.get("server") or {}).get("idempotency_retention_s")
+    if declared_s is None:
+        return Finding(0, [], "the tool declares no retention: not judged")
+    declared_ms = round(float(declared_s) * 1000)
+    bad: list[dict[str, Any]] = []
+    judged = 0
+    for c in ev.of("tool_operations"):
+        recorded = c.after("retention_ms")
+        tool = str(c.after("tool_name"))
+        if recorded is None or c.by_harness or ev.capability(tool) != "idempotent":
+            continue
+        if c.op == "UPDATE" and not c.changed("retention_ms"):
+            continue
+        judged += 1
+        if int(recorded) != declared_ms:
+            row = c.brief("operation_id", "tool_name", "retention_ms")
+            row["declared_ms"] = declared_ms
+            bad.append(row)
+    return Finding(judged, bad)
+
+
+@invariant(
     "effect.resend_claim_ends_within_the_tools_retention",
     "SPEC rules 4, 5; English seed §9.2 (the tool's key retention)",
     "a same-key resend's claim (an operation in doubt claimed again for dispatch) of a tool "
@@ -536,6 +566,21 @@ def sensitive_field_stored_sealed(ev: Evidence) -> Finding:
             bad.append({"table": table, "column": path, "audit_seq": seq,
                         "why": "a planted sensitive value stored in clear"})  # fmt: skip
     return Finding(judged, bad)
+
+
+@invariant(
+    "effect.sensitive_field_never_logged",
+    "worker contract §9 (sensitive data: sent in clear only to the tool, never logged)",
+    "no line of any worker's stdout, stderr or event history holds a planted sensitive value "
+    "(ct_ and 24 hex digits) in clear: a log is read by people and kept by other systems",
+)
+def sensitive_field_never_logged(ev: Evidence) -> Finding:
+    if ev.worker_logs is None:
+        return Finding(0, [], "the workers' logs were not read")
+    bad = [
+        {**hit, "why": "a planted sensitive value in clear"} for hit in ev.worker_logs.planted_at
+    ]
+    return Finding(ev.worker_logs.files, bad)
 
 
 COMPENSATION = "agent.compensation_required"

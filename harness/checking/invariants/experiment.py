@@ -20,6 +20,7 @@ from harness.checking.history import read_history
 from harness.checking.invariants.gather import gather
 from harness.checking.invariants.paths import path_per_write, paths_taken
 from harness.checking.invariants.registry import check
+from harness.checking.worker_logs import read_worker_logs
 from harness.engine.experiment import ExperimentContext
 from harness.verdict import Verdict
 
@@ -78,6 +79,11 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
                 name: proc.dispatch_ttl_ms or env.dispatch_ttl_ms
                 for name, proc in env.workers.items()
             },
+            worker_logs=read_worker_logs(
+                path
+                for proc in env.workers.values()
+                for path in (proc.stdout_log, proc.stderr_log, proc.events_path)
+            ),
             write_paths=declared_write_paths(tuple(worker_cmd)),
             asked_write_path=ctx.spec.write_path_for(ctx.variant),
             replies=ctx.ops_log,

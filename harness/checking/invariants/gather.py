@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from harness.checking.history import Event
-from harness.checking.invariants.model import Change, Evidence, with_purged
+from harness.checking.invariants.model import Change, Evidence, WorkerLogs, with_purged
 from harness.model.compile import DECLARED
 from harness.model.entities import RELATIONS, relation
 
@@ -88,6 +88,7 @@ def gather(
     lease_ttl_ms: int,
     lease_ttl_ms_by_app: dict[str, int] | None = None,
     dispatch_ttl_ms_by_app: dict[str, int] | None = None,
+    worker_logs: WorkerLogs | None = None,
     write_paths: dict[str, str] | None = None,
     asked_write_path: str | None = None,
     replies: list[dict[str, Any]] | None = None,
@@ -101,6 +102,7 @@ def gather(
         lease_ttl_ms=lease_ttl_ms,
         lease_ttl_ms_by_app=dict(lease_ttl_ms_by_app or {}),
         dispatch_ttl_ms_by_app=dict(dispatch_ttl_ms_by_app or {}),
+        worker_logs=worker_logs,
         write_paths=dict(write_paths or {}),
         asked_write_path=asked_write_path,
         declared=declared(query),

@@ -103,6 +103,14 @@ class Change:
 
 
 @dataclass
+class WorkerLogs:
+    """The workers' log files an experiment left, as the harness read them."""
+
+    files: int = 0
+    planted_at: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass
 class Evidence:
     """Everything the global invariants read about one finished history."""
 
@@ -120,6 +128,10 @@ class Evidence:
     # The dispatch claim duration each worker the harness started was given
     # (FENCECHECK_DISPATCH_TTL_MS), by its application name.
     dispatch_ttl_ms_by_app: dict[str, int] = field(default_factory=dict)
+    # What the harness read of the workers' own logs (stdout, stderr, event
+    # history): how many files, and every line holding a planted sensitive
+    # value (file, line number). None: not read (judged vacuously).
+    worker_logs: WorkerLogs | None = None
     # Write paths the worker declares (name -> text its top-level statement
     # contains), and the one the experiment asked for (None: not judged).
     write_paths: dict[str, str] = field(default_factory=dict)
