@@ -314,6 +314,20 @@ def _superseded(ctx: ExperimentContext, *, name_the_new_run: bool = False) -> Mo
         expected_revision=lease["revision"],
         state={"step": "new run"},
     )["revision"]
+    if name_the_new_run:
+        # An operation of its own: what a refused callback naming this run
+        # keeps as evidence goes to the operation it names, never to this one.
+        rev = ctx.ok(
+            b,
+            "register_intent",
+            run_id=new_run_id,
+            epoch=lease["epoch"],
+            expected_revision=rev,
+            step_id="g.new_run",
+            effect_version=1,
+            tool=TOOL,
+            request={"kind": "return_label"},
+        )["revision"]
     op_id = _only_operation(ctx, old_run)
     before = checkers.run_row(ctx, new_run_id, "new run before the late callback")
     ledger_before = checkers.ledger(ctx, new_run_id)
