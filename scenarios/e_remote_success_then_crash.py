@@ -588,8 +588,17 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
     claim_a = next(
         (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
     )
-    wait_claimable(ctx, run_id)
+    # B is started while A's lease is still live (A froze right after its
+    # claim): a targeted takeover waits for that lease to run out, and never
+    # takes "held" for "nothing to take over" (blind hunt 11 #02).
+    live = ctx.sql(
+        "A's lease when B starts",
+        "SELECT lease_expires_at > clock_timestamp() AS live FROM fencecheck_model.agent_runs "
+        "WHERE run_id = %s",
+        [run_id],
+    )
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+    ctx.command(f"B started with A's lease {'live' if live and live[0]['live'] else 'gone'}")
     code_b = finish(ctx, b)
     converged = next(
         (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
