@@ -600,6 +600,18 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
     ctx.command(f"B started with A's lease {'live' if live and live[0]['live'] else 'gone'}")
     code_b = finish(ctx, b)
+    after_b = checkers.run_row(ctx, run_id, "the run once B exited")
+    # The state is reached with B started under A's live lease; one that gave
+    # up at once is judged here, not taken for a fault that did not happen.
+    gave_up = code_b == 0 and after_b["epoch"] <= (hit.epoch or 0)
+    ctx.invariant(
+        "a targeted takeover started under a live lease waits for it, never gives up",
+        not gave_up,
+        expected="B (run --run-id --once) took the run over once A's lease ran out, or exited "
+        "otherwise than 0 (nothing to take over is no answer while the run is live)",
+        observed=f"B exit {code_b}; run {after_b['status']} at epoch {after_b['epoch']} "
+        f"(A's {hit.epoch})",
+    )
     converged = next(
         (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
     )
@@ -615,9 +627,14 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         and state_a == "stopped"
         and claim_a is not None
         and claim_a["status"] == "dispatching"
-        and converged is not None
-        and converged["revision"] > claim_a["revision"]
-        and run_row["epoch"] > (hit.epoch or 0),
+        and (
+            gave_up
+            or (
+                converged is not None
+                and converged["revision"] > claim_a["revision"]
+                and run_row["epoch"] > (hit.epoch or 0)
+            )
+        ),
         expected="A stopped in the kernel right after its claim (ledger dispatching by A), "
         "still stopped when B had finished, B's claims after A's, the run at a newer epoch",
         observed=f"A {stopped.state!r} then {state_a!r}; A's claim "
