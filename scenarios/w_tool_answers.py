@@ -98,6 +98,7 @@ HELD_MAX_MS = 30_000
 FOUND_AFTER_FREEZE = "found_after_freeze"
 CRASH_MID_CONVERGE = "crash_mid_converge"
 CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
+FAILED_BEFORE_FREEZE = "failed_before_freeze"
 OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
 LOST_NOT_EXECUTED = "lost_not_executed"
@@ -187,6 +188,7 @@ SPEC = ExperimentSpec(
         FOUND_AFTER_FREEZE,
         CRASH_MID_CONVERGE,
         CONVERGED_BEFORE_FREEZE,
+        FAILED_BEFORE_FREEZE,
         OTHERS_IN_DOUBT,
         RESEND_UNANSWERED,
         LOST_NOT_EXECUTED,
@@ -194,6 +196,11 @@ SPEC = ExperimentSpec(
         REJECTED_BESIDE_LIVE_CLAIM,
     ),
     variant_faults=(
+        (
+            FAILED_BEFORE_FREEZE,
+            "the run's create held on the network, then lost there while the worker is held "
+            "after its empty query; a person converges the operation to failed_final meanwhile",
+        ),
         (
             LOST_NOT_EXECUTED,
             "the run's create (a tool with neither query nor key) held on the network past "
@@ -218,8 +225,10 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:query", FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE),
         needs.capability("ledger_tool:none", FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE),
         needs.point("after_reconcile_converge", CRASH_MID_CONVERGE),
-        needs.capability("ledger_tool:query", CONVERGED_BEFORE_FREEZE),
-        needs.point("after_reconcile_query", CONVERGED_BEFORE_FREEZE),
+        needs.capability("ledger_tool:query", CONVERGED_BEFORE_FREEZE, FAILED_BEFORE_FREEZE),
+        needs.point("after_reconcile_query", CONVERGED_BEFORE_FREEZE, FAILED_BEFORE_FREEZE),
+        needs.capability("operator_actions", FAILED_BEFORE_FREEZE),
+        needs.op("converge_operation", FAILED_BEFORE_FREEZE),
         needs.op("reconcile", FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE, CONVERGED_BEFORE_FREEZE),
         needs.capability("ledger_tool:query", OTHERS_IN_DOUBT),
         needs.capability("ledger_tool:none", OTHERS_IN_DOUBT),
@@ -243,6 +252,7 @@ SPEC = ExperimentSpec(
         (FOUND_AFTER_FREEZE, TOOL_TIMEOUT_MS / 1000),
         (CRASH_MID_CONVERGE, TOOL_TIMEOUT_MS / 1000),
         (CONVERGED_BEFORE_FREEZE, TOOL_TIMEOUT_MS / 1000),
+        (FAILED_BEFORE_FREEZE, TOOL_TIMEOUT_MS / 1000),
         (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
@@ -256,8 +266,8 @@ def run(ctx: ExperimentContext) -> None:
     if ctx.variant in (FOUND_AFTER_FREEZE, CRASH_MID_CONVERGE):
         _found_after_freeze(ctx, crash_mid_converge=ctx.variant == CRASH_MID_CONVERGE)
         return
-    if ctx.variant == CONVERGED_BEFORE_FREEZE:
-        _converged_before_freeze(ctx)
+    if ctx.variant in (CONVERGED_BEFORE_FREEZE, FAILED_BEFORE_FREEZE):
+        _converged_before_freeze(ctx, failed=ctx.variant == FAILED_BEFORE_FREEZE)
         return
     if ctx.variant == OTHERS_IN_DOUBT:
         _others_in_doubt(ctx)
@@ -762,9 +772,13 @@ def _reconciler_killed_mid_converge(
     )
 
 
-def _converged_before_freeze(ctx: ExperimentContext) -> None:
+def _converged_before_freeze(ctx: ExperimentContext, *, failed: bool = False) -> None:
     """Another reconciler converges the operation between the worker's query
-    (nothing found) and its freeze: the freeze must not commit."""
+    (nothing found) and its freeze: the freeze must not commit. With
+    ``failed`` the create is lost on the network instead (the tool never
+    acts) and a person converges the operation to failed_final meanwhile:
+    settled as much as by a success, nothing is left to freeze (blind hunt
+    11 #04: a freeze refused only over a success)."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
     tool = ctx.env.tool.client()
@@ -776,29 +790,10 @@ def _converged_before_freeze(ctx: ExperimentContext) -> None:
     ctx.arm("A", "after_reconcile_query", Hold())
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     ctx.reached("A", "after_reconcile_query")
-    arrived = _let_arrive(ctx, tool, run_id)
-    converged = ctx.op(ctl, "reconcile")
-    ops = checkers.ledger(ctx, run_id)
-    log = checkers.tool_log(ctx)
-    op_id = str(ops[0]["operation_id"]) if ops else ""
-    queried = [
-        (q["outcome"], q["received_at"]) for q in log["queries"] if q.get("operation_id") == op_id
-    ]
-    seen = [r for r in log["requests"] if r.get("run_id") == run_id]
-    took = ctx.fault(
-        "the operation converged while the worker held its empty query",
-        bool(arrived)
-        and len(seen) == 1
-        and bool(queried)
-        and queried[0][0] == "not_found"
-        and queried[0][1] < float(seen[0]["received_at"])
-        and [o["status"] for o in ops] == ["succeeded"],
-        expected="A's query found nothing before the tool saw the one request; then another "
-        "reconciler's cycle converged the operation to succeeded while A was held",
-        observed=f"queries {[(o, round(t, 3)) for o, t in queried]}; requests "
-        f"{[(r['outcome'], round(r['received_at'], 3)) for r in seen]}; reconcile "
-        f"{'ok' if converged.ok else converged.error}; ledger {[o['status'] for o in ops]}",
-    )
+    if failed:
+        took = _failed_while_held(ctx, tool, ctl, run_id)
+    else:
+        took = _succeeded_while_held(ctx, tool, ctl, run_id)
     ctx.release("A", "after_reconcile_query")
     code = finish(ctx, a)
     trail = checkers.audit(ctx, run_id)
@@ -813,11 +808,14 @@ def _converged_before_freeze(ctx: ExperimentContext) -> None:
             observed=f"paused_indoubt at audit seq {frozen or 'never'}; run {row['status']}; "
             f"ledger {[o['status'] for o in checkers.ledger(ctx, run_id)]} (A exit {code})",
         )
-        ctx.progress_equal(
-            "the run finished from the converged result",
-            row["status"],
-            "succeeded",
-            what=f"run status (A exit {code})",
+        # A success finishes the run; after a failure for good the workflow
+        # goes on as after the tool's own refusal (the step's next version,
+        # or a person's decision): never back in doubt.
+        ctx.progress(
+            "the run went on from the converged result",
+            row["status"] in (("succeeded", "paused_human") if failed else ("succeeded",)),
+            expected="run succeeded" + (" or paused for a person" if failed else ""),
+            observed=f"run {row['status']} (A exit {code})",
         )
     else:
         ctx.not_judged(
@@ -825,15 +823,78 @@ def _converged_before_freeze(ctx: ExperimentContext) -> None:
             expected="judged once the operation converged while the worker held its query",
             observed="the state was not reached (see the fault check)",
         )
+    ledger = checkers.ledger(ctx, run_id)  # by step, then version: version 1 first
+    first = str(ledger[0]["operation_id"]) if ledger else ""
     ctx.equal(
         "nothing resent",
-        [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)],
-        ["created"],
-        what="the run's create requests in the tool's log",
-    )
+        [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)
+         if str(r["operation_id"]) == first],
+        [] if failed else ["created"],
+        what=f"the tool's log of creates for the run's first operation {first}"
+        + (" (lost on the network, then settled by a person)" if failed else ""),
+    )  # fmt: skip
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _succeeded_while_held(
+    ctx: ExperimentContext, tool: ToolClient, ctl: WorkerProcess, run_id: str
+) -> bool:
+    """The held create arrives and another reconciler converges it to succeeded."""
+    arrived = _let_arrive(ctx, tool, run_id)
+    converged = ctx.op(ctl, "reconcile")
+    ops = checkers.ledger(ctx, run_id)
+    log = checkers.tool_log(ctx)
+    op_id = str(ops[0]["operation_id"]) if ops else ""
+    queried = [
+        (q["outcome"], q["received_at"]) for q in log["queries"] if q.get("operation_id") == op_id
+    ]
+    seen = [r for r in log["requests"] if r.get("run_id") == run_id]
+    return ctx.fault(
+        "the operation converged while the worker held its empty query",
+        bool(arrived)
+        and len(seen) == 1
+        and bool(queried)
+        and queried[0][0] == "not_found"
+        and queried[0][1] < float(seen[0]["received_at"])
+        and [o["status"] for o in ops] == ["succeeded"],
+        expected="A's query found nothing before the tool saw the one request; then another "
+        "reconciler's cycle converged the operation to succeeded while A was held",
+        observed=f"queries {[(o, round(t, 3)) for o, t in queried]}; requests "
+        f"{[(r['outcome'], round(r['received_at'], 3)) for r in seen]}; reconcile "
+        f"{'ok' if converged.ok else converged.error}; ledger {[o['status'] for o in ops]}",
+    )
+
+
+def _failed_while_held(
+    ctx: ExperimentContext, tool: ToolClient, ctl: WorkerProcess, run_id: str
+) -> bool:
+    """The held create is lost on the network (the tool never acts) and a
+    person converges the operation to failed_final."""
+    lost = tool.release(drop=True)
+    ctx.command(f"tool: run {run_id[:8]}'s held create lost on the network ({lost} held)")
+    ops = checkers.ledger(ctx, run_id)
+    op_id = str(ops[0]["operation_id"]) if ops else ""
+    reply = ctx.op(
+        ctl,
+        "converge_operation",
+        operation_id=op_id,
+        outcome="failed_final",
+        reason="never reached the tool",
+        ticket="OPS-47",
+    )
+    after = [o["status"] for o in checkers.ledger(ctx, run_id)]
+    seen = [r for r in checkers.tool_log(ctx)["requests"] if r.get("run_id") == run_id]
+    return ctx.fault(
+        "the operation converged to failed_final while the worker held its empty query",
+        lost >= 1 and not seen and reply.ok and after == ["failed_final"],
+        expected="A's create lost on the network (the tool saw none); a person's "
+        "converge_operation to failed_final taken while A was held",
+        observed=f"held requests lost {lost}; requests at the tool {len(seen)}; converge "
+        f"{'ok' if reply.ok else reply.error}; ledger {after} (was "
+        f"{[o['status'] for o in ops]})",
+    )
 
 
 def _lost_then_found_not_executed(ctx: ExperimentContext) -> None:
