@@ -133,9 +133,11 @@ def run(ctx: ExperimentContext) -> None:
     )
     run_id = new_run(ctx)
     a = ctx.env.start_worker("A", "ops")
-    # R[fast]'s B holds a long lease: a stop held against its heartbeat for
-    # seconds (a stop that waits for the heartbeat's thread) must find it live.
-    long_lease = {"FENCECHECK_LEASE_TTL_MS": str(B_LONG_LEASE_MS)} if ctx.variant == "fast" else {}
+    # Where R[fast] holds B's heartbeat against its stop, B holds a long
+    # lease: a stop that waits seconds for the held thread must find it live.
+    # Only there: a queue's driver may read the lease duration as its own
+    # staleness timer, and B must still take A's expired run over.
+    long_lease = {"FENCECHECK_LEASE_TTL_MS": str(B_LONG_LEASE_MS)} if _holds_the_stop(ctx) else {}
     b = ctx.env.start_worker("B", "ops", env=dict(long_lease))
     takeover = _take_over(ctx, run_id, a, b)
     if takeover.current_revision < 1:  # no revision the run has left behind
@@ -320,10 +322,7 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
     # Two intervals, at least a second: a busy machine's stall must not hide one.
     window_s = max(2 * ctx.env.heartbeat_ms / 1000, 1.0)
     stop: dict[str, Any] = {"run_id": run_id, "epoch": epoch, "action": "stop"}
-    # Where the system hosts the point (every contract worker does; a mapped
-    # system may not, and is judged on the plain stop, no need declared).
-    held = ctx.variant == "fast" and ctx.system.capabilities.hosts("before_renew")
-    if held and _stop_while_held(ctx, b, stop, renewals, window_s):
+    if _holds_the_stop(ctx) and _stop_while_held(ctx, b, stop, renewals, window_s):
         return
     ctx.ok(b, "heartbeat", **stop)
     time.sleep(ctx.env.heartbeat_timeout_ms / 1000)  # a renewal already on its way
@@ -337,6 +336,15 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
         f"stop's reply for {window_s:.1f} s (two heartbeat intervals, at least 1 s)",
         observed=f"{len(after)} renewal(s): {[(c['seq'], str(c['at'])) for c in after] or 'none'}",
     )
+
+
+def _holds_the_stop(ctx: ExperimentContext) -> bool:
+    """R[fast] holds B's heartbeat at before_renew while its stop arrives where
+    the system offers the heartbeat op and hosts the point (every contract
+    worker does; a mapped system may not, and is judged on the plain stop,
+    with no need declared)."""
+    caps = ctx.system.capabilities
+    return ctx.variant == "fast" and caps.offers_op("heartbeat") and caps.hosts("before_renew")
 
 
 def _stop_while_held(
