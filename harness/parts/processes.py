@@ -898,13 +898,15 @@ class WorkerProcess(ManagedProcess):
     @property
     def lease_ttl_ms(self) -> int | None:
         """The lease duration it was started with (FENCECHECK_LEASE_TTL_MS), if given."""
-        value = self._env_overrides.get("FENCECHECK_LEASE_TTL_MS")
-        return int(value) if value and value.isdigit() else None
+        return self._given_ms("FENCECHECK_LEASE_TTL_MS")
 
     @property
     def dispatch_ttl_ms(self) -> int | None:
         """The dispatch claim duration it was started with (FENCECHECK_DISPATCH_TTL_MS), if given."""
-        value = self._env_overrides.get("FENCECHECK_DISPATCH_TTL_MS")
+        return self._given_ms("FENCECHECK_DISPATCH_TTL_MS")
+
+    def _given_ms(self, name: str) -> int | None:
+        value = self._env_overrides.get(name)
         return int(value) if value and value.isdigit() else None
 
     def start(self) -> Self:
