@@ -59,10 +59,15 @@ class Heartbeat:
         self._thread.start()
         return self
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self) -> None:
+        """Stop renewing. The loop looks at the stop flag again between waking
+        and renewing, so a heartbeat held there (a descheduled thread, a
+        barrier) never renews after this returns and need not be waited for;
+        only a renewal already sent is, for its own bound (twice over, at least
+        a second: a busy machine's stall), before its connection is closed."""
         self._stop.set()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
-            self._thread.join(timeout_s)
+            self._thread.join(max(2 * self.timeout_s, 1.0))
         self._session.close()
 
     @property
