@@ -28,7 +28,7 @@ from harness.checking.history import Shorten, id_shortener, read_history, timeli
 from harness.checking.invariants import experiment as invariants
 from harness.contract import mapping, needs
 from harness.contract.mapping import Declaration
-from harness.engine import phases, stalls, starvation
+from harness.engine import job_order, phases, stalls, starvation
 from harness.engine.environment import (
     CALLS_FILE,
     Environment,
@@ -779,7 +779,8 @@ def run_jobs(
     on_result: Callable[[ExperimentResult], None] | None = None,
     retry_unknown: int = 0,
 ) -> list[ExperimentResult]:
-    """Run ``jobs``, ``parallel`` at a time; one result per job, in job order
+    """Run ``jobs``, ``parallel`` at a time, the longest expected first
+    (:mod:`harness.engine.job_order`); one result per job, in job order
     (``on_result`` gets each as it comes, from the experiment's thread). A job
     that ends *unknown* runs again, up to ``retry_unknown`` more times
     (:func:`again_while_unknown`); a *fail* never does.
@@ -793,7 +794,8 @@ def run_jobs(
     when the thread that started it exits, and ``--keep`` keeps children up.
     """
     results: list[ExperimentResult | None] = [None] * len(jobs)
-    queue = collections.deque(range(len(jobs)))
+    work_dir = shared.settings.work_dir
+    queue = collections.deque(job_order.longest_first(jobs, job_order.measured(work_dir)))
     started_at: dict[int, float] = {}
     cond = threading.Condition()
     finished_threads = 0
@@ -847,10 +849,15 @@ def run_jobs(
                 cond.wait(max(0.0, grace_ends - time.monotonic()))
         stopping.trace(f"{finished_threads} of {count} experiment thread(s) done")
     with cond:
-        return [
+        done = [
             r if r is not None else interrupted_result(jobs[i], started_at.get(i), progress)
             for i, r in enumerate(results)
         ]
+    # A mutant's runs say how long the mutant took, not the worker.
+    settings = shared.settings
+    if not stopping.requested() and settings.mutant is None and settings.generated_mutant is None:
+        job_order.remember(done, work_dir)
+    return done
 
 
 def again_while_unknown(
