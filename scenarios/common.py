@@ -102,6 +102,10 @@ def new_run(
             "customer_token": token,
             "billing": {"payment_token": nested},
             "contacts": [{"customer_email": listed}],
+            # Not ASCII, and part of every request: a digest or hash the worker
+            # computes must be of the canonical form (UTF-8, never \u-escaped),
+            # the one the tool and the harness compute (contract section 2).
+            "order_id": f"commande-zoë-{task_id[-8:]}",
             **(input or {}),
         },
     }
@@ -160,6 +164,35 @@ def resumed_once_converged(
         observed=f"reply ok={reply.ok} ({reply.error or ''}); ledger {ops_after}; "
         f"run status {row['status']}",
     )
+
+
+PAUSED = {"paused_human": "paused for a person", "paused_indoubt": "paused in doubt"}
+
+
+def cancel_ends_a_paused_run(ctx: ExperimentContext, ctl: WorkerProcess, run_id: str) -> bool:
+    """The control plane's ``cancel`` of a paused run (contract: any live or
+    paused status -> cancelled) ends it: a paused run nobody may cancel is a
+    task nobody can withdraw. Judged only when the run is paused (the caller's
+    own checks say why it is not); True when the cancel was taken."""
+    before = checkers.run_row(ctx, run_id, "the paused run before its cancel")
+    status = str(before["status"])
+    if status not in PAUSED:
+        ctx.not_judged(
+            "a cancel ends a paused run",
+            expected="a cancel of a run paused for a person or in doubt",
+            observed=f"not tried: the run is {status}",
+        )
+        return False
+    reply = ctx.op(ctl, "cancel", run_id=run_id, reason="customer withdrew")
+    after = checkers.run_row(ctx, run_id, "the run after its cancel")
+    ctx.invariant(
+        f"a cancel ends a run {PAUSED[status]}",
+        reply.ok and (after["status"], after["owner"]) == ("cancelled", None),
+        expected=f"cancel of the {status} run accepted; the run cancelled, no owner",
+        observed=f"reply {'ok' if reply.ok else f'{reply.error}: {reply.message}'}; run "
+        f"{after['status']}, owner {after['owner']}",
+    )
+    return reply.ok
 
 
 def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -> T | None:

@@ -160,7 +160,13 @@ VARIANTS: dict[str, tuple[Boundary, ...]] = {
 
 
 SIGTERM_BETWEEN_STEPS = "sigterm_between_steps"
+SIGTERM_AFTER_TOOL_STEP = "sigterm_after_tool_step"
 SIGTERM_POINT = "after_checkpoint_commit"
+# How many of the run's checkpoint commits A passes before it is held there
+# and told to stop: after plan's (the tool step still ahead), and after the
+# tool step's result (notify and the extra steps ahead: a worker that looks
+# at its stop only before a tool step goes on with every one of them).
+SIGTERM_PASSES = {SIGTERM_BETWEEN_STEPS: 1, SIGTERM_AFTER_TOOL_STEP: 4}
 SIGTERM_EXTRA_STEPS = 2
 # Work time per step: the signal handler of a worker whose main thread has just
 # been let go runs while that step waits, so at most the one step underway
@@ -194,13 +200,13 @@ SPEC = ExperimentSpec(
             for v, g in VARIANTS.items()
             for p in dict.fromkeys(p for b in g for p in (*b.before, b.point))
         ),
-        needs.point(SIGTERM_POINT, SIGTERM_BETWEEN_STEPS),
+        needs.point(SIGTERM_POINT, *SIGTERM_PASSES),
     ),
-    variants=(*VARIANTS, SIGTERM_BETWEEN_STEPS),
+    variants=(*VARIANTS, *SIGTERM_PASSES),
     variant_waits=tuple((v, max(b.wait_s for b in g)) for v, g in VARIANTS.items()),
     variant_points=(
         *((v, ", ".join(b.point for b in g)) for v, g in VARIANTS.items()),
-        (SIGTERM_BETWEEN_STEPS, SIGTERM_POINT),
+        *((v, SIGTERM_POINT) for v in SIGTERM_PASSES),
     ),
     variant_faults=(
         *((v, _describe(g)) for v, g in VARIANTS.items()),
@@ -208,13 +214,17 @@ SPEC = ExperimentSpec(
             SIGTERM_BETWEEN_STEPS,
             "SIGTERM to A while it is held right after its second checkpoint commits",
         ),
+        (
+            SIGTERM_AFTER_TOOL_STEP,
+            "SIGTERM to A while it is held right after the tool step's result commits",
+        ),
     ),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
-    if ctx.variant == SIGTERM_BETWEEN_STEPS:
-        _sigterm_between_steps(ctx)
+    if ctx.variant in SIGTERM_PASSES:
+        _sigterm_between_steps(ctx, SIGTERM_PASSES[ctx.variant])
         return
     group = VARIANTS[ctx.variant or next(iter(VARIANTS))]
     first = group[0]
@@ -355,14 +365,16 @@ def table_gaps(contract_points: list[str]) -> list[str]:
     return gaps
 
 
-def _sigterm_between_steps(ctx: ExperimentContext) -> None:
+def _sigterm_between_steps(ctx: ExperimentContext, passes: int) -> None:
     input_ = {"extra_steps": SIGTERM_EXTRA_STEPS, "step_delay_ms": SIGTERM_STEP_DELAY_MS}
     run_id = new_run(ctx, input=input_)
-    ctx.arm("A", SIGTERM_POINT, Continue(), times=1)
+    ctx.arm("A", SIGTERM_POINT, Continue(), times=passes)
     ctx.arm("A", SIGTERM_POINT, Hold(), times=1)
+    steps_ahead = workflow_steps(SIGTERM_EXTRA_STEPS)[passes + 1 :]
     a = _run_worker(ctx, "A", run_id)
     hit = ctx.reached("A", SIGTERM_POINT, held=True)
     at_signal = checkers.run_row(ctx, run_id, "the run when A is told to stop")
+    sent_before = {r["seq"] for r in checkers.tool_requests(ctx, run_id=run_id)}
     alive = a.is_alive()
     a.send_signal(signal.SIGTERM)
     signalled_at = time.time()
@@ -373,9 +385,12 @@ def _sigterm_between_steps(ctx: ExperimentContext) -> None:
     after_a = checkers.run_row(ctx, run_id, "the run once A has exited")
     ctx.fault(
         "A told to stop between two steps of the run",
-        alive and hit.run_id in (None, run_id) and at_signal["owner"] is not None,
-        expected="A alive, held after a committed checkpoint of the run it holds, when "
-        "SIGTERM is sent",
+        alive
+        and hit.run_id in (None, run_id)
+        and at_signal["owner"] is not None
+        and at_signal["revision"] == passes + 1,
+        expected=f"A alive, held after the run's checkpoint commit {passes + 1} (the steps "
+        f"ahead: {', '.join(steps_ahead)}), when SIGTERM is sent",
         observed=f"A alive: {alive}; point hit for run {hit.run_id} at revision "
         f"{hit.revision}; run owner {at_signal['owner']}, status {at_signal['status']}",
     )
@@ -383,16 +398,18 @@ def _sigterm_between_steps(ctx: ExperimentContext) -> None:
     by_a = [w for w in checkers.writes(ctx, run_id) if w["epoch"] == epoch_a]
     after = [w["revision"] for w in by_a if w["revision"] > at_signal["revision"]]
     requests = [
-        r["seq"] for r in checkers.tool_requests(ctx, run_id=run_id) if r["epoch"] == epoch_a
+        r["seq"]
+        for r in checkers.tool_requests(ctx, run_id=run_id)
+        if r["epoch"] == epoch_a and r["seq"] not in sent_before
     ]
     ctx.invariant(
         "a worker told to stop begins no new step",
         len(after) <= 1 and not requests,
-        expected=f"at most the step underway when the signal came (lookup) written after "
-        f"revision {at_signal['revision']}, no tool request: every later step is work "
+        expected=f"at most the step underway when the signal came ({steps_ahead[0]}) written "
+        f"after revision {at_signal['revision']}, no tool request: every later step is work "
         "the signal cancels",
         observed=f"A's writes after the signal at revisions {after}; tool requests with A's "
-        f"epoch {requests} (A exit {code_a})",
+        f"epoch after the signal {requests} (A exit {code_a})",
     )
     ctx.invariant(
         "a stopped worker leaves the run to a successor",

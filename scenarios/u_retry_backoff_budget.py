@@ -34,6 +34,7 @@ from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.processes import WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import (
+    cancel_ends_a_paused_run,
     control_plane,
     finish_or_take_over,
     seen_within,
@@ -146,6 +147,8 @@ def run(ctx: ExperimentContext) -> None:
         # budget's progress, judged above.
         ctx.not_judged("jitter spreads the runs", **jitter)
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
+    if retried:  # the old run, left paused for a person, is withdrawn
+        cancel_ends_a_paused_run(ctx, ctl, runs[0])
     retried.append(_the_last_attempt_finishes(ctx, ctl))
     if ctx.system.capabilities.offers_op("decide"):
         _terminate_keeps_the_budget(ctx, ctl, runs[1])

@@ -141,7 +141,13 @@ def run(ctx: ExperimentContext) -> None:
     paused_list_is_the_databases(ctx, ctl)
     # A sensitive field among them: a supplement is sealed at rest like the
     # run's input it joins (the global effect.sensitive_field_stored_sealed).
-    supplement = {"address": "corrected by support", "card_number": planted_secret(ctx)}
+    # And a correction of a field the request already carries (the run's
+    # amount is 10): a supplied field replaces the run's own value of it.
+    supplement = {
+        "address": "corrected by support",
+        "amount": 12,
+        "card_number": planted_secret(ctx),
+    }
     decide_args: dict[str, Any] = {
         "run_id": run_id,
         "decision": variant,
@@ -221,15 +227,16 @@ def run(ctx: ExperimentContext) -> None:
             "version 2 (not refused: the tool accepts the supplemented request)",
             observed=plain(versions),
         )
-        made = [(r["operation_id"], r["request"].get("address")) for r in resources]
+        supplied = ("address", "amount")
+        made = [(r["operation_id"], {k: r["request"].get(k) for k in supplied}) for r in resources]
         second = ops[1]["operation_id"] if len(ops) > 1 else None
         ctx.invariant(
             "one real resource, made from the supplemented request",
             len(resources) <= 1
-            and all(r["request"].get("address") == supplement["address"] for r in resources)
+            and all(r["request"].get(k) == supplement[k] for r in resources for k in supplied)
             and all(r["operation_id"] == second for r in resources),
             expected="the tool created at most one resource, for version 2, with the supplied "
-            "address",
+            "address and the corrected amount 12 (the run's own amount was 10)",
             observed=plain(made),
         )
         ctx.progress_equal(

@@ -71,9 +71,10 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
-from harness.parts.processes import WorkerProcess
+from harness.parts.processes import OpReply, WorkerProcess
 from mock_tool.client import ToolClient
 from scenarios.common import (
+    cancel_ends_a_paused_run,
     control_plane,
     crash_in_op,
     finish,
@@ -482,9 +483,32 @@ def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False
         expected=f"bystander paused_indoubt, its ledger {by_ops}",
         observed=f"bystander {by_after['status']}, its ledger {by_ops_after}",
     )
+    _withdrawn_while_in_doubt(ctx, ctl, bystander, by_ops)
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id, bystander])
     checkers.lease_history_is_sound(ctx, [run_id, bystander])
+
+
+def _withdrawn_while_in_doubt(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str, ops: list[tuple[Any, Any]]
+) -> None:
+    """The bystander, still paused in doubt, is cancelled (its task withdrawn);
+    a person then establishes that its lost create did act. The cancel must
+    be taken, and that late success asks for compensation (the global
+    effect.compensation_required_exactly_for_a_cancelled_runs_success judges
+    the event): nobody wants the effect any more."""
+    if not cancel_ends_a_paused_run(ctx, ctl, run_id) or len(ops) != 1:
+        return
+    if not ctx.system.capabilities.offers_op("converge_operation"):
+        return
+    reply, remote, after, status = _found_by_a_person(ctx, ctl, run_id, str(ops[0][0]), "OPS-77")
+    ctx.invariant(
+        "a cancelled run's operation in doubt still converges",
+        reply.ok and after == [("succeeded", remote)] and status == "cancelled",
+        expected=f"converge_operation to succeeded ({remote}) accepted; the run stays cancelled",
+        observed=f"reply {'ok' if reply.ok else f'{reply.error}: {reply.message}'}; ledger "
+        f"{after}; run {status}",
+    )
 
 
 def _let_arrive(
@@ -551,8 +575,32 @@ def _resend_unanswered(ctx: ExperimentContext) -> None:
         "the run paused in doubt", (status, ops), ("paused_indoubt", ["unknown"]),
         what=f"run status and ledger (A exit {code})",
     )  # fmt: skip
+    if (status, ops) == ("paused_indoubt", ["unknown"]) and op_id is not None:
+        _terminated_then_found(ctx, run_id, str(op_id))
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _terminated_then_found(ctx: ExperimentContext, run_id: str, op_id: str) -> None:
+    """A person gives the run paused in doubt up (``decide terminate``: failed);
+    later another finds that its late create did act and converges the
+    operation to that resource. The run stays failed, and no compensation
+    is asked for: nobody cancelled it (the global
+    effect.compensation_required_exactly_for_a_cancelled_runs_success)."""
+    caps = ctx.system.capabilities
+    if not (caps.offers_op("decide") and caps.offers_op("converge_operation")):
+        return
+    ctl = control_plane(ctx)
+    ended = ctx.op(ctl, "decide", run_id=run_id, decision="terminate", reason="give up")
+    found, remote, after, status = _found_by_a_person(ctx, ctl, run_id, op_id, "OPS-78")
+    ctx.invariant(
+        "a terminated run's operation in doubt converges, the run stays failed",
+        ended.ok and found.ok and after == [("succeeded", remote)] and status == "failed",
+        expected=f"decide terminate and converge_operation to succeeded ({remote}) accepted; "
+        "the run failed",
+        observed=f"terminate {'ok' if ended.ok else ended.error}; converge "
+        f"{'ok' if found.ok else f'{found.error}: {found.message}'}; ledger {after}; run {status}",
+    )
 
 
 def _others_in_doubt(ctx: ExperimentContext) -> None:
@@ -1024,6 +1072,8 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext, *, rejected: bool = F
     if not took:
         checkers.lease_history_is_sound(ctx, [run_id])
         return
+    if not rejected and ctx.system.capabilities.offers_op("converge_operation"):
+        _no_finding_under_a_live_claim(ctx, live_op)
     reply = ctx.op(control_plane(ctx), "reconcile")
     after = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
     status = checkers.run_row(ctx, run_id, "the run after the reconciler")["status"]
@@ -1061,3 +1111,53 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext, *, rejected: bool = F
         what=f"({live_op}'s status, run status)",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _no_finding_under_a_live_claim(ctx: ExperimentContext, op_id: str) -> None:
+    """A person's ``converge_operation`` names an operation a dispatcher holds
+    under a live claim (its request may be on its way): that is no operation
+    in doubt, and the finding must be refused with nothing written. Taken, a
+    `failed_final` lets the workflow plan the step again while the tool acts."""
+    reply, changed = op_and_changes(
+        ctx,
+        control_plane(ctx),
+        "converge_operation",
+        operation_id=op_id,
+        outcome="failed_final",
+        remote_id=None,
+        reason="no label in the tool's console yet",
+        ticket="OPS-79",
+    )
+    row = ctx.env.query(
+        "SELECT status FROM fencecheck_model.tool_operations WHERE operation_id = %s", [op_id]
+    )
+    ctx.invariant(
+        "no finding on an operation under a live dispatch claim",
+        not reply.ok and not changed and [r["status"] for r in row] == ["dispatching"],
+        expected=f"converge_operation of {op_id} (dispatching, its claim live) refused; nothing "
+        "written; the operation still dispatching",
+        observed=f"reply {'ok' if reply.ok else reply.error}; {len(changed)} change(s) "
+        f"{[(c['tbl'], c['op']) for c in changed]}; status {[r['status'] for r in row]}",
+    )
+
+
+def _found_by_a_person(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str, op_id: str, ticket: str
+) -> tuple[OpReply, str | None, list[tuple[Any, Any]], str]:
+    """A person's ``converge_operation`` of ``op_id`` to succeeded with the
+    resource the tool made for the run (one, whatever its creates): the reply,
+    that resource, the run's ledger (status, remote id) and status after."""
+    made = {str(r["resource_id"]) for r in checkers.tool_resources(ctx, run_id=run_id)}
+    remote = next(iter(made)) if len(made) == 1 else None
+    reply = ctx.op(
+        ctl,
+        "converge_operation",
+        operation_id=op_id,
+        outcome="succeeded",
+        remote_id=remote,
+        reason="the label exists in the tool's console",
+        ticket=ticket,
+    )
+    after = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
+    status = str(checkers.run_row(ctx, run_id, "the run after the person's finding")["status"])
+    return reply, remote, after, status
