@@ -1152,24 +1152,13 @@ def test_the_workers_logs_are_read_for_planted_values(tmp_path: Path) -> None:
     assert logs.planted_at == [{"file": "worker-A.stderr.log", "line": 2}]
 
 
-def _registered_with_retention(s: Story, retention_ms: int | None) -> None:
-    s.changes = [
-        dataclasses.replace(c, new={**c.new, "retention_ms": retention_ms})
-        if c.table == "tool_operations" and c.op == "INSERT" and c.new
-        else c
-        for c in s.changes
-    ]
-
-
 def test_a_retention_recorded_in_the_wrong_unit_breaks() -> None:
     """An intent of the idempotent tool records the window the tool declares,
     in milliseconds; seconds taken for milliseconds is a window 1000 times
     too short. Not judged where the tool declares none."""
     s = clean_story()
     resend_past_retention(s)  # records retention_ms 500 on the operation
-    _registered_with_retention(s, None)
     ev = evidence(s)
-    ev.declared = {"tool_operations": frozenset({"operation_id", "status"})}  # no such column
     name = "effect.ledger_records_the_tools_own_retention"
     assert next(r for r in check(ev) if r.name == name).checked == 0
     ev.tool["server"] = {"idempotency_retention_s": 0.5}
@@ -1178,34 +1167,3 @@ def test_a_retention_recorded_in_the_wrong_unit_breaks() -> None:
     ev.tool["server"] = {"idempotency_retention_s": 500}
     result = next(r for r in check(ev) if r.name == name)
     assert not result.ok and result.violations[0]["declared_ms"] == 500_000
-
-
-@pytest.mark.parametrize(
-    ("declared", "broken"),
-    [
-        (None, True),  # the contract's own ledger: it has the column
-        (frozenset({"operation_id", "status", "retention_ms"}), True),
-        (frozenset({"operation_id", "status"}), False),  # a mapped ledger without it
-    ],
-)
-def test_an_intent_registered_without_the_tools_retention_breaks(
-    declared: frozenset[str] | None, broken: bool
-) -> None:
-    """Every path that registers an intent of the idempotent tool records the
-    tool's retention (a path whose capability lookup fell back to defaults
-    records none): judged where the ledger has the column."""
-    s = clean_story()
-    ev = evidence(s)
-    ev.tool["server"] = {"idempotency_retention_s": 0.5}
-    ev.declared = None if declared is None else {"tool_operations": declared}
-    name = "effect.ledger_records_the_tools_own_retention"
-    result = next(r for r in check(ev) if r.name == name)
-    assert result.ok is not broken
-    if broken:
-        assert result.violations[0]["retention_ms"] is None
-    s2 = clean_story()
-    _registered_with_retention(s2, 500)
-    ev2 = evidence(s2)
-    ev2.tool["server"] = {"idempotency_retention_s": 0.5}
-    ev2.declared = ev.declared
-    assert next(r for r in check(ev2) if r.name == name).ok

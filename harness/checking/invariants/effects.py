@@ -431,31 +431,26 @@ def dispatch_claim_within_its_duration(ev: Evidence) -> Finding:
     "effect.ledger_records_the_tools_own_retention",
     "worker contract section 2 (the idempotency window: every path that registers an intent "
     "records the tool's declared retention in retention_ms)",
-    "an intent of the idempotent tool records the retention the tool itself declares "
-    "(idempotency_retention_s, in milliseconds) where the ledger has the column: a window "
-    "recorded in the wrong unit refuses resends the tool would still deduplicate, or allows "
-    "them after; one recorded as none leaves the resend judged by nothing the worker knew",
+    "an intent of the idempotent tool that records a retention_ms records the retention the "
+    "tool itself declares (idempotency_retention_s, in milliseconds): a window recorded in "
+    "the wrong unit refuses resends the tool would still deduplicate, or allows them after",
 )
 def ledger_records_the_tools_own_retention(ev: Evidence) -> Finding:
     declared_s = (ev.tool.get("server") or {}).get("idempotency_retention_s")
     if declared_s is None:
         return Finding(0, [], "the tool declares no retention: not judged")
     declared_ms = round(float(declared_s) * 1000)
-    # A mapped ledger without the column records none, rightly.
-    has_column = ev.declares("tool_operations", "retention_ms") is not False
     bad: list[dict[str, Any]] = []
     judged = 0
     for c in ev.of("tool_operations"):
         recorded = c.after("retention_ms")
         tool = str(c.after("tool_name"))
-        if c.by_harness or ev.capability(tool) != "idempotent":
-            continue
-        if recorded is None and not (c.op == "INSERT" and has_column):
+        if recorded is None or c.by_harness or ev.capability(tool) != "idempotent":
             continue
         if c.op == "UPDATE" and not c.changed("retention_ms"):
             continue
         judged += 1
-        if recorded is None or int(recorded) != declared_ms:
+        if int(recorded) != declared_ms:
             row = c.brief("operation_id", "tool_name", "retention_ms")
             row["declared_ms"] = declared_ms
             bad.append(row)
