@@ -203,8 +203,48 @@ def run(ctx: ExperimentContext) -> None:
         expected="queued-not-due, live, paused and finished runs as they were",
         observed=f"changed: {untouched}" if untouched else "all as they were",
     )
+    for state in ("paused_human", "succeeded", "cancelled"):
+        _no_write_without_a_lease(ctx, h, others[state], state)
     _dispatch_skips_a_held_intent(ctx)
     checkers.lease_history_is_sound(ctx)
+
+
+def _no_write_without_a_lease(
+    ctx: ExperimentContext, h: WorkerProcess, run_id: str, state: str
+) -> None:
+    """A checkpoint that names the run's current epoch and revision, sent while
+    nobody holds its lease (paused, finished: no owner, no expiry), is
+    refused with nothing written. H held the paused and the succeeded run
+    before; an owner check that lets NULL through (``<>`` where ``IS
+    DISTINCT FROM`` is meant) commits a checkpoint on a run nobody holds."""
+    before = _state(ctx, run_id, state)
+    if before["label"] != state or before["owner"] is not None:
+        ctx.not_judged(
+            f"a checkpoint of a run {state} holding no lease is refused",
+            expected=f"a run {state} with no owner",
+            observed=f"not tried: {_brief(before)}",
+        )
+        return
+    mark = checkers.audit_mark(ctx)
+    reply = ctx.op(
+        h,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=before["epoch"],
+        expected_revision=before["revision"],
+        state={"z": "no lease"},
+        event_id=ctx.uuid(),
+    )
+    after = _state(ctx, run_id, state)
+    changed = checkers.changes_by(ctx, ["H"], after_seq=mark)
+    ctx.invariant(
+        f"a checkpoint of a run {state} holding no lease is refused",
+        not reply.ok and not changed and after == before,
+        expected=f"refused (no lease to write under, at the run's own epoch {before['epoch']} "
+        f"and revision {before['revision']}); no audited change by H; the run as it was",
+        observed=f"{'ok' if reply.ok else reply.error}; run {_brief(before)} -> {_brief(after)}; "
+        f"changes {_changes(changed)}",
+    )
 
 
 def _dispatch_skips_a_held_intent(ctx: ExperimentContext) -> None:
