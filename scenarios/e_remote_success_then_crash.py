@@ -428,6 +428,17 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
         observed=f"{after['status']} by {after['dispatch_owner']} at revision "
         f"{after['revision']}; D1's reply {stale_reply.result if stale_reply.ok else stale_reply.error}",
     )
+    # The reply is the dispatcher's account (contract: `status`, the ledger's
+    # status after its cycle): a result it could not record is no success.
+    told = stale_reply.result.get("status") if stale_reply.ok else None
+    ctx.invariant(
+        "the stale dispatcher does not report the answer it could not record",
+        not stale_reply.ok or told == after["status"],
+        expected=f"D1 refused (its claim is gone), or its reply's status the ledger's as its "
+        f"cycle left it ({after['status']})",
+        observed=f"D1's reply {stale_reply.result if stale_reply.ok else stale_reply.error}; "
+        f"ledger {after['status']}",
+    )
     ctx.release("ctl", "after_dispatch_claim_commit")
     newer.result(15)
     # The reconciler's own claim outlived its deadline while it was held, so it
