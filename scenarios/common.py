@@ -457,6 +457,12 @@ def _another_body_refused(
         (2, "a step's next effect version is refused while the earlier one may happen",
          f"register_intent of effect_version 2 of step {step_id} while version 1 "
          f"({intent['operation_id']}) is registered and not failed_final or cancelled"),
+        # Every earlier version counts, not only the one before: no version 2
+        # stands between, and version 1 may still happen.
+        (3, "a later effect version is refused while any earlier one may happen",
+         f"register_intent of effect_version 3 of step {step_id} (no version 2) while "
+         f"version 1 ({intent['operation_id']}) is registered and not failed_final or "
+         "cancelled"),
     )  # fmt: skip
     for version, name, asked in probes:
         reply, changes = op_and_changes(
