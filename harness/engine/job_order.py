@@ -6,42 +6,44 @@ order, a 5 s experiment near the end of the list runs alone at the end; the
 longest first, the tail is one of the shortest (greedy longest-first, as
 the shards balance their parts).
 
-Expected durations are the ones measured on this machine: each label's last
-duration, kept in a small file in the state directory
-(``run_records.state_dir``); a label never run here gets the shards' static
-estimate (``shards.job_cost``), which sorts below every measured one of the
-same size. Order only: every job still runs in its own environment, results
-come back in job order, and no verdict depends on the order.
+Expected durations are measured ones, kept with the code
+(``expected_durations.json`` beside this module: the median duration of
+each label over the matrices it was made from, rewritten with
+``python -m harness.engine.job_order RUN_DIR...``). A label it does not
+know gets the shards' static estimate (``shards.job_cost``). The file is
+read, never written by a run: the order is the same on every machine, and
+a run leaves nothing behind for it. Order only: every job still runs in its
+own environment, results come back in job order, and no verdict depends on
+the order.
 """
 
 from __future__ import annotations
 
-import contextlib
+import argparse
+import functools
 import json
-import os
-from collections.abc import Iterable, Sequence
+import statistics
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from harness.engine.run_records import state_dir
+import yaml
+
 from harness.engine.shards import job_cost
 
 if TYPE_CHECKING:
     from harness.engine.runner import Job
-    from harness.evidence.summary import ExperimentResult
 
-FILE_NAME = "durations.json"
-
-
-def _path(work_dir: Path | None) -> Path:
-    return state_dir(work_dir) / FILE_NAME
+EXPECTED = Path(__file__).with_name("expected_durations.json")
 
 
-def measured(work_dir: Path | None) -> dict[str, float]:
-    """Each label's last measured duration here ({} when none is kept, or the
-    file is unreadable: the order then falls back to the static estimate)."""
+@functools.cache
+def expected_durations(path: Path = EXPECTED) -> dict[str, float]:
+    """Each label's expected seconds ({} when the file is missing or not a
+    map of numbers: the order then falls back to the static estimate)."""
     try:
-        data = json.loads(_path(work_dir).read_text())
+        data = json.loads(path.read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(data, dict):
@@ -63,18 +65,35 @@ def longest_first(jobs: Sequence[Job], known: dict[str, float]) -> list[int]:
     return sorted(range(len(jobs)), key=lambda i: -expected(i))
 
 
-def remember(results: Iterable[ExperimentResult], work_dir: Path | None) -> None:
-    """Keep the durations of ``results`` (those of a run that ran to its end:
-    an interrupted one says nothing of their length). Best effort: the order
-    is an optimisation, a file that cannot be written changes no result."""
-    ran = {r.label: round(r.duration_s, 3) for r in results if r.duration_s > 0}
-    if not ran:
-        return
-    path = _path(work_dir)
-    kept = measured(work_dir)
-    kept.update(ran)
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        scratch = path.with_name(f".{FILE_NAME}.{os.getpid()}")
-        scratch.write_text(json.dumps(kept, indent=0, sort_keys=True))
-        os.replace(scratch, path)  # a reader never sees half a file
+def measured(run_dirs: Sequence[Path]) -> dict[str, float]:
+    """The median ``duration_s`` of each label over the archives of ``run_dirs``
+    (runs that passed only: a failing or stalled run's length is no norm)."""
+    seen: dict[str, list[float]] = {}
+    for run_dir in run_dirs:
+        for archive in sorted((run_dir / "archives").glob("*.yaml")):
+            data = yaml.load(archive.read_text(), Loader=yaml.CSafeLoader)
+            if isinstance(data, dict) and data.get("pass_or_fail") == "pass":
+                seen.setdefault(archive.stem, []).append(float(data["duration_s"]))
+    return {label: round(statistics.median(s), 2) for label, s in sorted(seen.items())}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m harness.engine.job_order",
+        description="Rewrite the expected durations the matrix's order uses from the "
+        "archives of finished runs (each a `fencecheck run` directory).",
+    )
+    parser.add_argument("run_dirs", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    missing = [str(d) for d in args.run_dirs if not (d / "archives").is_dir()]
+    if missing:
+        print(f"job_order: no archives/ in {', '.join(missing)}", file=sys.stderr)
+        return 2
+    durations = measured(args.run_dirs)
+    EXPECTED.write_text(json.dumps(durations, indent=1, sort_keys=True) + "\n")
+    print(f"job_order: {len(durations)} label(s) written to {EXPECTED}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -794,8 +794,7 @@ def run_jobs(
     when the thread that started it exits, and ``--keep`` keeps children up.
     """
     results: list[ExperimentResult | None] = [None] * len(jobs)
-    work_dir = shared.settings.work_dir
-    queue = collections.deque(job_order.longest_first(jobs, job_order.measured(work_dir)))
+    queue = collections.deque(job_order.longest_first(jobs, job_order.expected_durations()))
     started_at: dict[int, float] = {}
     cond = threading.Condition()
     finished_threads = 0
@@ -849,15 +848,10 @@ def run_jobs(
                 cond.wait(max(0.0, grace_ends - time.monotonic()))
         stopping.trace(f"{finished_threads} of {count} experiment thread(s) done")
     with cond:
-        done = [
+        return [
             r if r is not None else interrupted_result(jobs[i], started_at.get(i), progress)
             for i, r in enumerate(results)
         ]
-    # A mutant's runs say how long the mutant took, not the worker.
-    settings = shared.settings
-    if not stopping.requested() and settings.mutant is None and settings.generated_mutant is None:
-        job_order.remember(done, work_dir)
-    return done
 
 
 def again_while_unknown(

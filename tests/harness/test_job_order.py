@@ -1,4 +1,4 @@
-"""The longest expected experiment run starts first: measured here, or estimated."""
+"""The longest expected experiment run starts first: measured, or estimated."""
 
 from __future__ import annotations
 
@@ -6,30 +6,15 @@ import itertools
 import json
 from pathlib import Path
 
+import yaml
+
 import scenarios
 from harness.engine import job_order
 from harness.engine.runner import jobs_for
 from harness.engine.shards import job_cost
-from harness.evidence.summary import ExperimentResult
-from harness.verdict import Verdict
 
 JOBS = jobs_for(scenarios.all_modules(), repeat=1)
-
-
-def _result(label: str, duration_s: float) -> ExperimentResult:
-    job = next(j for j in JOBS if j.label == label)
-    return ExperimentResult(
-        experiment_id=job.spec.id,
-        title=job.spec.title,
-        variant=job.variant,
-        repeat_index=0,
-        verdict=Verdict.PASS,
-        reason="",
-        duration_s=duration_s,
-        natural_wait_s=0.0,
-        archive_path=None,
-        invariant="",
-    )
+LABELS = {j.label for j in JOBS}
 
 
 def test_without_measurements_the_static_estimate_orders_ties_in_job_order() -> None:
@@ -42,23 +27,40 @@ def test_without_measurements_the_static_estimate_orders_ties_in_job_order() -> 
             assert a < b
 
 
-def test_measured_durations_come_back_and_put_the_longest_first(tmp_path: Path) -> None:
-    assert job_order.measured(tmp_path) == {}
+def test_a_measured_duration_wins_over_the_estimate() -> None:
     last = JOBS[-1].label
-    job_order.remember([_result(last, 99.0), _result(JOBS[0].label, 0.0)], tmp_path)
-    known = job_order.measured(tmp_path)
-    assert known == {last: 99.0}  # a run that never ran (0 s) says nothing
-    assert job_order.longest_first(JOBS, known)[0] == len(JOBS) - 1
-    # A later run keeps the others' figures and updates its own.
-    job_order.remember([_result(JOBS[1].label, 1.5)], tmp_path)
-    assert job_order.measured(tmp_path) == {last: 99.0, JOBS[1].label: 1.5}
+    assert job_order.longest_first(JOBS, {last: 99.0})[0] == len(JOBS) - 1
+
+
+def test_the_kept_durations_name_experiment_runs_of_the_matrix() -> None:
+    kept = job_order.expected_durations()
+    assert kept, f"{job_order.EXPECTED} is missing or unreadable"
+    assert set(kept) <= LABELS, f"labels no experiment has: {sorted(set(kept) - LABELS)}"
+
+
+def _archive(run: Path, label: str, verdict: str, duration_s: float) -> None:
+    (run / "archives").mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump({"pass_or_fail": verdict, "duration_s": duration_s})
+    (run / "archives" / f"{label}.yaml").write_text(text)
+
+
+def test_measured_is_the_median_of_passing_runs(tmp_path: Path) -> None:
+    runs = [tmp_path / f"run{i}" for i in range(3)]
+    for run, seconds in zip(runs, (1.0, 3.0, 2.0), strict=True):
+        _archive(run, "A", "pass", seconds)
+    _archive(runs[0], "B", "fail", 50.0)  # a failing run's length is no norm
+    assert job_order.measured(runs) == {"A": 2.0}
 
 
 def test_an_unreadable_file_falls_back_to_the_estimate(tmp_path: Path) -> None:
-    path = job_order._path(tmp_path)
-    path.parent.mkdir(parents=True)
+    path = tmp_path / "durations.json"
+    assert job_order.expected_durations(path) == {}
     for text in ("{not json", json.dumps([1, 2]), json.dumps({"A": "slow", "B": True, "C": -1})):
         path.write_text(text)
-        assert job_order.measured(tmp_path) == {}
-    job_order.remember([_result(JOBS[0].label, 2.0)], tmp_path)  # and is replaced whole
-    assert job_order.measured(tmp_path) == {JOBS[0].label: 2.0}
+        job_order.expected_durations.cache_clear()
+        assert job_order.expected_durations(path) == {}
+    job_order.expected_durations.cache_clear()
+
+
+def test_a_directory_without_archives_is_refused(tmp_path: Path) -> None:
+    assert job_order.main([str(tmp_path)]) == 2
