@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from harness.engine.shards import job_cost
+from harness.evidence.run_dir import NotARunDirectory, load_entries
+from harness.verdict import Verdict
 
 if TYPE_CHECKING:
     from harness.engine.runner import Job
@@ -67,13 +67,14 @@ def longest_first(jobs: Sequence[Job], known: dict[str, float]) -> list[int]:
 
 def measured(run_dirs: Sequence[Path]) -> dict[str, float]:
     """The median ``duration_s`` of each label over the archives of ``run_dirs``
-    (runs that passed only: a failing or stalled run's length is no norm)."""
+    (runs that passed only: a failing or stalled run's length is no norm, and
+    an unreadable archive reads as unknown). NotARunDirectory names a
+    directory without archives."""
     seen: dict[str, list[float]] = {}
     for run_dir in run_dirs:
-        for archive in sorted((run_dir / "archives").glob("*.yaml")):
-            data = yaml.load(archive.read_text(), Loader=yaml.CSafeLoader)
-            if isinstance(data, dict) and data.get("pass_or_fail") == "pass":
-                seen.setdefault(archive.stem, []).append(float(data["duration_s"]))
+        for entry in load_entries(run_dir):
+            if entry.verdict is Verdict.PASS and entry.duration_s is not None:
+                seen.setdefault(entry.label, []).append(entry.duration_s)
     return {label: round(statistics.median(s), 2) for label, s in sorted(seen.items())}
 
 
@@ -85,11 +86,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("run_dirs", nargs="+", type=Path)
     args = parser.parse_args(argv)
-    missing = [str(d) for d in args.run_dirs if not (d / "archives").is_dir()]
-    if missing:
-        print(f"job_order: no archives/ in {', '.join(missing)}", file=sys.stderr)
+    try:
+        durations = measured(args.run_dirs)
+    except NotARunDirectory as exc:
+        print(f"job_order: {exc}; nothing written", file=sys.stderr)
         return 2
-    durations = measured(args.run_dirs)
     EXPECTED.write_text(json.dumps(durations, indent=1, sort_keys=True) + "\n")
     print(f"job_order: {len(durations)} label(s) written to {EXPECTED}")
     return 0

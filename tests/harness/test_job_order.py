@@ -38,10 +38,15 @@ def test_the_kept_durations_name_experiment_runs_of_the_matrix() -> None:
     assert set(kept) <= LABELS, f"labels no experiment has: {sorted(set(kept) - LABELS)}"
 
 
+FIXTURE = Path(__file__).parents[1] / "report" / "fixtures" / "run-pass" / "archives" / "B.yaml"
+
+
 def _archive(run: Path, label: str, verdict: str, duration_s: float) -> None:
+    # A real archive (the schema is checked on reading), its verdict and length set.
+    data = yaml.safe_load(FIXTURE.read_text())
+    data.update(pass_or_fail=verdict, duration_s=duration_s)
     (run / "archives").mkdir(parents=True, exist_ok=True)
-    text = yaml.safe_dump({"pass_or_fail": verdict, "duration_s": duration_s})
-    (run / "archives" / f"{label}.yaml").write_text(text)
+    (run / "archives" / f"{label}.yaml").write_text(yaml.safe_dump(data))
 
 
 def test_measured_is_the_median_of_passing_runs(tmp_path: Path) -> None:
@@ -49,6 +54,7 @@ def test_measured_is_the_median_of_passing_runs(tmp_path: Path) -> None:
     for run, seconds in zip(runs, (1.0, 3.0, 2.0), strict=True):
         _archive(run, "A", "pass", seconds)
     _archive(runs[0], "B", "fail", 50.0)  # a failing run's length is no norm
+    (runs[1] / "archives" / "C.yaml").write_text("not: [an archive")  # unreadable: unknown
     assert job_order.measured(runs) == {"A": 2.0}
 
 
