@@ -135,6 +135,7 @@ from harness.parts.toxiproxy import (
     ToxiproxyServer,
 )
 from harness.parts.toxiproxy import free_port as free_loopback_port
+from harness.waiting import WaitTimeout, wait_for
 from mock_tool.client import ToolClient
 from mock_tool.errors import ToolError
 from mock_tool.process import MockToolProcess, MockToolStartError
@@ -161,6 +162,9 @@ INIT_SCRIPT_PATH = "/docker-entrypoint-initdb.d/fencecheck.sh"
 START_ATTEMPTS = 3
 STATUS_POLL_S = 0.5
 PROXY_POOL_ENV = "FENCECHECK_TOXIPROXY_PORTS"
+# How long a new proxy waits for a pool port when all are held: finished
+# experiments' teardowns give theirs back within seconds, even loaded.
+POOL_WAIT_S = 60.0
 # Where proxies to a stopped container point: a closed port in toxiproxy's
 # own container, so a dial is refused at once (see upstream_down).
 REFUSING = "127.0.0.1:1"
@@ -1206,21 +1210,18 @@ class ContainerToxiproxy(ToxiproxyServer):
         """A proxy on a pool port: 127.0.0.1:P for the host, <toxiproxy>:P on the network."""
         if listen is not None:
             raise ValueError("proxies of a toxiproxy container listen on its published pool")
-        with self._pool_lock:
-            empty = not self._free
-        if empty:
-            self._reclaim()
-        with self._pool_lock:
-            if not self._free:
-                raise ToxiproxyError(
-                    "POST",
-                    "/proxies",
-                    None,
-                    f"all {self.pool_size} published proxy ports are in use "
-                    f"(by {', '.join(sorted(self._port_of))}); raise "
-                    f"{PROXY_POOL_ENV} or run fewer experiments at once (--jobs)",
-                )
-            port = self._free.pop(0)
+        port = self._free_port()
+        if port is None:
+            with self._pool_lock:
+                holders = ", ".join(sorted(self._port_of))
+            raise ToxiproxyError(
+                "POST",
+                "/proxies",
+                None,
+                f"all {self.pool_size} published proxy ports stayed in use for "
+                f"{POOL_WAIT_S:.0f} s (by {holders}); raise {PROXY_POOL_ENV} or run fewer "
+                "experiments at once (--jobs)",
+            )
         try:
             info = self.client.create_proxy(name, upstream, listen=f"0.0.0.0:{port}")
         except BaseException:
@@ -1250,6 +1251,33 @@ class ContainerToxiproxy(ToxiproxyServer):
             self._upstream_of.pop(name, None)
             if port is not None:
                 self._free.append(port)
+
+    def _free_port(self) -> int | None:
+        """A pool port, taken; None when none came free within POOL_WAIT_S.
+        An empty pool is mostly finished experiments whose teardown (off the
+        critical path, behind the janitor) has not deleted their proxies yet:
+        their ports come back within seconds, so a new link waits for one
+        (and takes back the ports of proxies the server no longer lists)."""
+
+        def take() -> int | None:
+            with self._pool_lock:
+                if self._free:
+                    return self._free.pop(0)
+            self._reclaim()
+            with self._pool_lock:
+                return self._free.pop(0) if self._free else None
+
+        try:
+            return wait_for(
+                take,
+                what=f"a free port of the toxiproxy pool ({self.pool_size} ports, every one "
+                "held by a proxy)",
+                timeout_s=POOL_WAIT_S,
+                interval_s=0.1,
+                max_interval_s=0.5,
+            )
+        except WaitTimeout:
+            return None
 
     def _reclaim(self) -> None:
         """Give back the ports of proxies the server no longer lists (deleted,
