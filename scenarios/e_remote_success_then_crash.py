@@ -30,7 +30,9 @@ window ends. A resend claimed then may reach the tool after the window (a new
 resource): the claim must be refused (the global
 ``effect.resend_claim_ends_within_the_tools_retention``, which judges by the
 tool's own declared window where the ledger recorded none), and so must one
-after the window.
+after the window. The registering ``ops`` process first registers another
+run's intent with its link to the tool cut (no window recorded, rightly); its
+next intent, after the link healed, must record the tool's window.
 
 Variant ``superseded_claim``: A holds the run's lease (its heartbeat renews
 it) and the tool's answer, held before recording it until its dispatch claim
@@ -763,9 +765,10 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
     # Registered and dispatched through ops (E[retention_expired] takes the
     # workflow's path): every path that registers an intent must record the
     # tool's key window the reconciler's claim is bound by.
-    op_id = intent_registered(
-        ctx, ctx.env.start_worker("W", "ops"), run_id, tool="idem", step_id="e.label"
-    )
+    registrar = ctx.env.start_worker("W", "ops")
+    early_op = _first_lookup_meets_a_cut_link(ctx, registrar)
+    op_id = intent_registered(ctx, registrar, run_id, tool="idem", step_id="e.label")
+    _window_recorded_once_the_tool_answers(ctx, early_op, op_id)
     # A dies before its call: the tool knows nothing.
     code_a = crash_in_op(ctx, "A", point, "dispatch", {"operation_id": op_id})
     ttl_s = ctx.env.dispatch_ttl_ms / 1000
@@ -813,6 +816,63 @@ def _resend_at_window_end(ctx: ExperimentContext) -> None:
         f"{'ok' if later.ok else later.error})",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _first_lookup_meets_a_cut_link(ctx: ExperimentContext, registrar: WorkerProcess) -> str:
+    """The registrar's first intent, for another run, is registered while its link
+    to the tool is down: it cannot ask the tool for its key window and rightly
+    records none. The link is healed before the experiment's own intent (blind
+    bug hunt round 12, #12: a client that kept the default tool set after one
+    failed /health recorded no window for every later intent of the process)."""
+    early_run = new_run(ctx, tool="idem")
+    ctx.cut("worker_tool")
+    try:
+        early_op = intent_registered(ctx, registrar, early_run, tool="idem", step_id="e.label")
+    finally:
+        ctx.heal("worker_tool")
+    ctx.command(f"the registrar's first intent {early_op} registered with the tool's link cut")
+    return early_op
+
+
+def _window_recorded_once_the_tool_answers(
+    ctx: ExperimentContext, early_op: str, op_id: str
+) -> None:
+    """Once the link is healed, the same process asks the tool again: its next
+    intent records the window the tool declares. Not judged where the mapping
+    records no window, or where the first intent recorded one anyway (the
+    process learnt the window before the cut: the state was not reached)."""
+    judges = "an intent registered once the tool answers again records the tool's key window"
+    declared_ms = int(WINDOW_END_RETENTION_S * 1000)
+    mapped = ctx.env.query(
+        "SELECT EXISTS (SELECT 1 FROM fencecheck_model.declared WHERE relation = "
+        "'tool_operations' AND column_name = 'retention_ms') AS mapped"
+    )[0]["mapped"]
+    rows = {
+        str(r["operation_id"]): r["retention_ms"]
+        for r in ctx.sql(
+            "the window each of the registrar's intents recorded",
+            "SELECT operation_id, retention_ms FROM fencecheck_model.tool_operations "
+            "WHERE operation_id = ANY(%s)",
+            [[early_op, op_id]],
+        )
+    }
+    if not ctx.probe_reached(
+        "the registrar's first capability lookup met the tool's link cut",
+        bool(mapped) and early_op in rows and rows[early_op] is None,
+        judges=judges,
+        expected=f"the mapping records retention_ms; the intent {early_op} registered with the "
+        "link cut records none",
+        observed=f"mapped: {mapped}; recorded {rows}",
+    ):
+        return
+    ctx.invariant(
+        judges,
+        rows.get(op_id) == declared_ms,
+        expected=f"{op_id}, registered by the same process after the link healed, records "
+        f"retention_ms {declared_ms} (the tool's idempotency_retention_s "
+        f"{WINDOW_END_RETENTION_S:g}); a window left unrecorded bounds no resend",
+        observed=f"recorded {rows.get(op_id)}",
+    )
 
 
 def _since_first_dispatch(ctx: ExperimentContext, op_id: str, seconds: float, what: str) -> None:
