@@ -25,9 +25,9 @@ REPORT_DIR ?= reports
 ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: setup browser firewall run test test-fast lint bench bench-harness bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
+.PHONY: setup browser firewall faketime run test test-fast lint bench bench-harness bench-stop bench-explore smoke clean go-check go-matrix go-mutants go-bench
 
-setup: $(VENV)/.installed $(VENV)/.compiled $(TOXIPROXY) $(GO_WORKER) $(RIVER_DRIVER) $(ACTIONLINT) firewall
+setup: $(VENV)/.installed $(VENV)/.compiled $(TOXIPROXY) $(GO_WORKER) $(RIVER_DRIVER) $(ACTIONLINT) firewall faketime
 
 $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -72,6 +72,18 @@ firewall:
 	  echo "installing Debian's nftables (a run's ports reachable by the run alone)"; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null 2>&1 || \
 	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q nftables >/dev/null; }; \
+	fi
+
+# libfaketime, for a worker whose wall clock runs behind the database's
+# (harness/parts/clock_skew.py, E[frozen_dispatcher_clock_behind]): installed
+# with apt-get when missing and running as root. Without it that run is
+# unknown and says how to install it.
+faketime:
+	@if [ -n "$$FENCECHECK_LIBFAKETIME" ] || ls /usr/lib/*-linux-gnu/faketime/libfaketimeMT.so.1 >/dev/null 2>&1 || [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then :; \
+	else \
+	  echo "installing Debian's libfaketime (a worker's clock set back, E[frozen_dispatcher_clock_behind])"; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfaketime >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libfaketime >/dev/null; }; \
 	fi
 
 # River's driver needs the Go toolchain River v0.51 asks for (go 1.26: with

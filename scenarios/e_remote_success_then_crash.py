@@ -73,6 +73,7 @@ from harness.checking import checkers
 from harness.checking.history import load_history
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
+from harness.parts import clock_skew
 from harness.parts.control import Crash, Hit, Hold
 from harness.parts.processes import SignalRecord, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
@@ -103,6 +104,9 @@ CLAIM_ANSWER_LATE_MS = 250
 STALE_TIMEOUT_MS = 2000
 STALE_TIMEOUT_ARRIVE_MS = 3000
 RELEASE_PAST_DEADLINE_S = 0.1
+# frozen_dispatcher_clock_behind: how far A's wall clock runs behind the
+# database's (libfaketime); far more than A stays frozen past its claim.
+CLOCK_BEHIND_S = 30.0
 
 TOOL_FOR = {
     "idempotent": "idem",
@@ -126,7 +130,11 @@ SPEC = ExperimentSpec(
         *needs.capabilities("workflow", "ledger"),
         *(needs.capability(f"ledger_tool:{CAPABILITY[t]}", v) for v, t in TOOL_FOR.items()),
         needs.capability(
-            "ledger_tool:idempotent", "stale_dispatcher", "frozen_dispatcher", "frozen_reconciler"
+            "ledger_tool:idempotent",
+            "stale_dispatcher",
+            "frozen_dispatcher",
+            "frozen_dispatcher_clock_behind",
+            "frozen_reconciler",
         ),
         needs.op("reconcile", "frozen_reconciler", "resend_at_window_end"),
         needs.capability("ledger_tool:idempotent", "resend_at_window_end"),
@@ -145,9 +153,16 @@ SPEC = ExperimentSpec(
             "stale_timeout",
             "stale_dispatcher",
             "frozen_dispatcher",
+            "frozen_dispatcher_clock_behind",
             "frozen_reconciler",
         ),
-        needs.point("before_renew", "frozen_dispatcher", "frozen_before_claim"),
+        needs.point(
+            "before_renew",
+            "frozen_dispatcher",
+            "frozen_dispatcher_clock_behind",
+            "frozen_before_claim",
+        ),
+        needs.capability("clock_skew", "frozen_dispatcher_clock_behind"),
         needs.capability("ledger_tool:idempotent", "frozen_before_claim"),
         needs.point("after_outbound_intent_commit", "frozen_before_claim"),
         needs.capability("ledger_tool:idempotent", "superseded_claim", "slow_claim_answer"),
@@ -161,6 +176,7 @@ SPEC = ExperimentSpec(
         "stale_dispatcher",
         "stale_timeout",
         "frozen_dispatcher",
+        "frozen_dispatcher_clock_behind",
         "frozen_reconciler",
         "frozen_before_claim",
         "retention_expired",
@@ -177,6 +193,7 @@ SPEC = ExperimentSpec(
     ),
     variant_points=(
         ("frozen_dispatcher", "after_dispatch_claim_commit"),
+        ("frozen_dispatcher_clock_behind", "after_dispatch_claim_commit"),
         ("frozen_reconciler", "after_dispatch_claim_commit"),
         ("frozen_before_claim", "after_outbound_intent_commit"),
         ("slow_claim_answer", "after_dispatch_claim_commit"),
@@ -208,6 +225,11 @@ SPEC = ExperimentSpec(
             "operation; then SIGCONT A",
         ),
         (
+            "frozen_dispatcher_clock_behind",
+            f"as frozen_dispatcher, with A's wall clock {CLOCK_BEHIND_S:g} s behind the "
+            "database's (libfaketime preloaded; its monotonic clock untouched)",
+        ),
+        (
             "frozen_reconciler",
             "SIGKILL of A after its dispatch claim; SIGSTOP of reconciler R1 right after its "
             "same-key resend's claim commits, before its call; R2 expires that claim and "
@@ -237,6 +259,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "frozen_dispatcher":
         _frozen_dispatcher(ctx)
+        return
+    if variant == "frozen_dispatcher_clock_behind":
+        _frozen_dispatcher(ctx, clock_behind_s=CLOCK_BEHIND_S)
         return
     if variant == "frozen_reconciler":
         _frozen_reconciler(ctx)
@@ -573,7 +598,7 @@ def _past_deadline(ctx: ExperimentContext, op_id: str, whose: str) -> None:
 
 
 def _frozen_at(
-    ctx: ExperimentContext, run_id: str, point: str
+    ctx: ExperimentContext, run_id: str, point: str, env: dict[str, str | None] | None = None
 ) -> tuple[WorkerProcess, Hit, SignalRecord]:
     """A ``run`` worker A on ``run_id``, SIGSTOPped right after ``point`` with
     its heartbeat parked between two renewals; A, its hit at ``point``, the
@@ -583,7 +608,7 @@ def _frozen_at(
     reached (a worker without the deadline check went uncaught at load 8, its
     heartbeat winning the race). Parked, a renewal can only wait."""
     ctx.arm("A", point, Hold())
-    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     hit = ctx.reached("A", point)
     ctx.arm("A", "before_renew", Hold())
     ctx.reached("A", "before_renew", held=True)
@@ -593,11 +618,19 @@ def _frozen_at(
     return a, hit, stopped
 
 
-def _frozen_dispatcher(ctx: ExperimentContext) -> None:
+def _frozen_dispatcher(ctx: ExperimentContext, clock_behind_s: float | None = None) -> None:
     """A frozen right after its dispatch claim, before its call; resumed only
-    after B took over and converged the operation with a claim of its own."""
+    after B took over and converged the operation with a claim of its own.
+    With ``clock_behind_s``, A's wall clock runs that far behind the database's
+    (blind hunt 13 #06: a claim's deadline taken from the database's
+    ``dispatch_until`` and compared with the worker's wall clock is right on
+    one host only)."""
     run_id = new_run(ctx, tool="idem")
-    a, hit, stopped = _frozen_at(ctx, run_id, "after_dispatch_claim_commit")
+    a, hit, stopped = _frozen_at(
+        ctx, run_id, "after_dispatch_claim_commit", env=_clock_behind(clock_behind_s)
+    )
+    if clock_behind_s is not None:
+        _clock_was_behind(ctx, a, clock_behind_s)
     claim_a = next(
         (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
     )
@@ -629,8 +662,11 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
     )
     state_a = a.kernel_state()
+    # Counted, not timed: A writes nothing while stopped, so its records past
+    # these are its own after the resume (its clock may be set back).
+    records = len(load_history([a.events_path]))
     resumed = ctx.resume(a)
-    decided = _dispatcher_moved_on(ctx, a, run_id, resumed.sent_at)
+    decided = _dispatcher_moved_on(ctx, a, run_id, resumed.sent_at, records)
     ctx.release("A", "before_renew")
     code_a = finish(ctx, a)
     run_row = checkers.run_row(ctx, run_id)
@@ -678,6 +714,38 @@ def _frozen_dispatcher(ctx: ExperimentContext) -> None:
         what=f"run status (B exit {code_b})",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _clock_behind(behind_s: float | None) -> dict[str, str | None] | None:
+    """The environment that sets a worker's wall clock back, or None."""
+    if behind_s is None:
+        return None
+    try:
+        return dict(clock_skew.skewed_env(behind_s))
+    except clock_skew.ClockSkewUnavailable as exc:
+        raise Inconclusive(str(exc)) from exc
+
+
+def _clock_was_behind(ctx: ExperimentContext, a: WorkerProcess, behind_s: float) -> None:
+    """The skew took effect: on this host (the harness's own probe under the same
+    preload) and in A itself (its first history record, stamped with its wall
+    clock, reads earlier than the harness started A by nearly the whole skew).
+    A worker that reads the clock without the C library is not moved: unknown."""
+    probe = clock_skew.measure(behind_s)
+    records = load_history([a.events_path])
+    first = min((e.time for e in records), default=None)
+    lag = None if first is None or a.started_at is None else a.started_at - first
+    least = behind_s - 2.0
+    ctx.fault(
+        f"A's wall clock ran {behind_s:g} s behind the database's",
+        probe.behind_s >= least and lag is not None and lag >= least,
+        expected=f"the harness's probe and A's first history record both read their clock at "
+        f"least {least:g} s behind the harness's (the database's host) at the time",
+        observed=f"probe {probe.behind_s:.3f} s behind ({probe.detail}); A's first record "
+        + (f"{lag:.3f} s before A was started" if lag is not None else "missing")
+        + " (a program that reads the clock without the C library, such as a Go binary, is "
+        "not moved: its mapping declares clock_skew: false)",
+    )
 
 
 def _frozen_reconciler(ctx: ExperimentContext) -> None:
@@ -905,8 +973,11 @@ def _frozen_before_claim(ctx: ExperimentContext) -> None:
         (o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == hit.operation_id), None
     )
     state_a = a.kernel_state()
+    # Counted, not timed: A writes nothing while stopped, so its records past
+    # these are its own after the resume (its clock may be set back).
+    records = len(load_history([a.events_path]))
     resumed = ctx.resume(a)
-    decided = _dispatcher_moved_on(ctx, a, run_id, resumed.sent_at)
+    decided = _dispatcher_moved_on(ctx, a, run_id, resumed.sent_at, records)
     ctx.release("A", "before_renew")
     code_a = finish(ctx, a)
     ctx.fault(
@@ -1010,11 +1081,12 @@ def _superseded_claim(ctx: ExperimentContext) -> None:
 
 
 def _dispatcher_moved_on(
-    ctx: ExperimentContext, a: WorkerProcess, run_id: str, since: float
+    ctx: ExperimentContext, a: WorkerProcess, run_id: str, since: float, records: int
 ) -> str | None:
     """How A showed that its dispatcher got past its resume (its heartbeat still
-    parked), or None after 5 s. A's own account only decides when the wait ends;
-    what A sent is judged from the tool's log."""
+    parked), or None after 5 s: ``records`` is how many history records A had
+    before it. A's own account only decides when the wait ends; what A sent
+    is judged from the tool's log."""
 
     def moved_on() -> str | None:
         if not a.is_alive():
@@ -1022,7 +1094,7 @@ def _dispatcher_moved_on(
         sent = [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["received_at"] >= since]
         if sent:
             return f"the tool received request {sent[0]['seq']}"
-        steps = [e for e in load_history([a.events_path]) if e.time >= since and e.op != "renew"]
+        steps = [e for e in load_history([a.events_path])[records:] if e.op != "renew"]
         return f"A recorded {steps[0].type} {steps[0].op}" if steps else None
 
     try:

@@ -16,9 +16,12 @@ accepts again: the retry is a new run with the contract's initial values (a
 fresh attempt budget, never the spent one: a retried run that started with
 the old attempt count would pause for a human at its first requeue, or
 never be worked), which a worker finishes; the old run is left as it was.
-Last, a run given two attempts is refused once and requeued: its last
+Then a run given two attempts is refused once and requeued: its last
 attempt, which the tool accepts, must finish it (the budget ends a run only
-at a requeue past it, never at another write of its last attempt).
+at a requeue past it, never at another write of its last attempt). Last, a
+run whose first holder dies right after its claim is taken over within the
+same attempt (a newer epoch, the same attempt count) and its successor is
+refused: that requeue's delay must be the declared one for its attempt.
 """
 
 from __future__ import annotations
@@ -31,13 +34,16 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
+from harness.parts.control import Crash
 from harness.parts.processes import WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 from scenarios.common import (
     cancel_ends_a_paused_run,
     control_plane,
+    finish,
     finish_or_take_over,
     seen_within,
+    wait_claimable,
     writes_name_workflow_steps,
 )
 
@@ -50,8 +56,9 @@ SPEC = ExperimentSpec(
     "three runs' delays not all within 0.5 ms at every attempt); after max_attempts the run is "
     "paused for a human and no further request reaches the tool",
     fault="the tool refuses every create with 429 (retry later); then a retry of a run whose "
-    "attempt budget is spent",
-    needs=needs.capabilities("workflow", "ledger"),
+    "attempt budget is spent; then a run taken over within its first attempt (its first "
+    "holder SIGKILLed at after_lease_acquired) whose successor is refused with 429",
+    needs=(*needs.capabilities("workflow", "ledger"), needs.point("after_lease_acquired")),
     rules=(4, 5),
     natural_wait_s=0.9,
     # The requeue and its attempt budget on each write path the worker declares.
@@ -84,18 +91,7 @@ SUCCESSORS = 4
 
 def run(ctx: ExperimentContext) -> None:
     ctl = control_plane(ctx)
-    runs = [
-        str(
-            ctx.ok(
-                ctl,
-                "create_run",
-                task_id=f"task-u-{ctx.uuid()[:8]}",
-                input={"tool": "plain"},
-                max_attempts=ATTEMPTS,
-            )["run_id"]
-        )
-        for _ in range(RUNS)
-    ]
+    runs = [_plain_run(ctx, ctl, "task-u", ATTEMPTS) for _ in range(RUNS)]
     for r in runs:
         ctx.note_run(r)
     ctx.env.tool.client().set_fault("plain", "reject_429", count=0)
@@ -152,8 +148,36 @@ def run(ctx: ExperimentContext) -> None:
     retried.append(_the_last_attempt_finishes(ctx, ctl))
     if ctx.system.capabilities.offers_op("decide"):
         _terminate_keeps_the_budget(ctx, ctl, runs[1])
-    writes_name_workflow_steps(ctx, [*runs, *retried])
-    checkers.lease_history_is_sound(ctx, [*runs, *retried])
+    taken_over = _requeued_after_a_takeover(ctx, ctl)
+    writes_name_workflow_steps(ctx, [*runs, *retried, taken_over])
+    checkers.lease_history_is_sound(ctx, [*runs, *retried, taken_over])
+
+
+def _plain_run(ctx: ExperimentContext, ctl: WorkerProcess, task: str, attempts: int) -> str:
+    """A new task's run of the ``plain`` tool given ``attempts``; its id."""
+    return str(
+        ctx.ok(
+            ctl,
+            "create_run",
+            task_id=f"{task}-{ctx.uuid()[:8]}",
+            input={"tool": "plain"},
+            max_attempts=attempts,
+        )["run_id"]
+    )
+
+
+def _refused_once(
+    ctx: ExperimentContext, run_id: str, worker: str
+) -> tuple[int, dict[str, Any], list[str]]:
+    """Work the run with a new ``run --once`` worker while the tool refuses its
+    next create (429): the worker's exit, the run row after, the creates' outcomes."""
+    ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
+    ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 429")
+    code = finish_or_take_over(
+        ctx, ctx.env.start_worker(worker, "run", ["--run-id", run_id, "--once"]), run_id
+    )
+    row = checkers.run_row(ctx, run_id, f"the run after {worker}'s refused create")
+    return code, row, [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)]
 
 
 def _the_last_attempt_finishes(ctx: ExperimentContext, ctl: WorkerProcess) -> str:
@@ -161,23 +185,9 @@ def _the_last_attempt_finishes(ctx: ExperimentContext, ctl: WorkerProcess) -> st
     and then worked on its last attempt, which the tool accepts: the budget
     ends a run only at a requeue past it, so that attempt's writes go through
     and the run succeeds with attempt_count 2 of 2. The run's id."""
-    run_id = str(
-        ctx.ok(
-            ctl,
-            "create_run",
-            task_id=f"task-u-last-{ctx.uuid()[:8]}",
-            input={"tool": "plain"},
-            max_attempts=2,
-        )["run_id"]
-    )
+    run_id = _plain_run(ctx, ctl, "task-u-last", 2)
     ctx.note_run(run_id)
-    ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
-    ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 429")
-    first = finish_or_take_over(
-        ctx, ctx.env.start_worker("L1", "run", ["--run-id", run_id, "--once"]), run_id
-    )
-    requeued = checkers.run_row(ctx, run_id, "the run after its first attempt")
-    refused = [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)]
+    first, requeued, refused = _refused_once(ctx, run_id, "L1")
     name = "the last attempt finishes the run"
     if not ctx.probe_reached(
         "a run requeued once, its last attempt left",
@@ -211,6 +221,38 @@ def _the_last_attempt_finishes(ctx: ExperimentContext, ctl: WorkerProcess) -> st
         ("succeeded", 2),
         what=f"(status, attempt_count) of a run given 2 attempts (L2 exit {last})",
     )
+    return run_id
+
+
+def _requeued_after_a_takeover(ctx: ExperimentContext, ctl: WorkerProcess) -> str:
+    """A run whose first holder dies right after its claim is taken over once
+    the lease ran out: a new epoch within the same attempt. The successor's
+    create is refused (429) and the run requeued: its delay is the one for
+    its attempt, not for its epoch (blind hunt 13 #09: a backoff computed
+    from the lease's epoch, "one grant per attempt", waits as if for a later
+    attempt). The run's id."""
+    run_id = _plain_run(ctx, ctl, "task-u-takeover", ATTEMPTS)
+    ctx.note_run(run_id)
+    ctx.arm("K1", "after_lease_acquired", Crash())
+    first = finish(ctx, ctx.env.start_worker("K1", "run", ["--run-id", run_id, "--once"]))
+    wait_claimable(ctx, run_id)
+    second, row, refused = _refused_once(ctx, run_id, "K2")
+    if ctx.probe_reached(
+        "a run taken over within its first attempt, then requeued",
+        first == -9
+        and refused == ["rejected_429"]
+        and row["status"] == "queued"
+        and row["attempt_count"] == 1
+        and row["epoch"] >= 2,
+        judges="the requeue after a takeover waits the delay of its attempt",
+        expected="K1 killed right after its claim (exit -9); K2 took the run over, its create "
+        "refused with 429; the run queued at attempt_count 1 and epoch 2 or more",
+        observed=f"K1 exit {first}, K2 exit {second}; creates {refused}; status "
+        f"{row['status']}, attempt_count {row['attempt_count']}, epoch {row['epoch']}",
+    ):
+        _delays_as_declared(
+            ctx, [run_id], name="the requeue after a takeover waits the delay of its attempt"
+        )
     return run_id
 
 
@@ -250,14 +292,17 @@ def _no_dispatch_while_paused(ctx: ExperimentContext, runs: list[str]) -> None:
     )
 
 
-def _delays_as_declared(ctx: ExperimentContext, runs: list[str]) -> None:
+def _delays_as_declared(
+    ctx: ExperimentContext,
+    runs: list[str],
+    name: str = "every delay within the declared backoff for its attempt",
+) -> None:
     """Every requeue's delay within the bounds the system declares for its
     attempt (mapping ``capabilities.backoff``), give or take the stated
     tolerance: a jitter that reaches past the exponential delay, or a delay
     of the wrong attempt, is out of them. Declared values, not a comparison
     of two measurements; not judged where nothing is declared."""
     declared = ctx.system.capabilities.backoff
-    name = "every delay within the declared backoff for its attempt"
     if declared is None:
         ctx.not_judged(
             name,

@@ -93,7 +93,9 @@ exec {APP}/.venv/bin/python -m harness.cli "$@"
 
 def dockerfile(*, debian_postgres: bool, tag: str) -> str:
     """Dependencies first, sources last: an edit rebuilds only the last layers."""
-    apt = "python3-venv ca-certificates libnss-wrapper" + (" postgresql" if debian_postgres else "")
+    apt = "python3-venv ca-certificates libnss-wrapper libfaketime" + (
+        " postgresql" if debian_postgres else ""
+    )
     return f"""FROM {python_image()}
 RUN mkdir -p /etc/postgresql-common \\
  && echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf \\

@@ -69,6 +69,8 @@ CAPABILITIES: dict[str, str] = {
     "contract_schema": "the tables of contract section 6 under their own names (N probes them "
     "with raw statements, M plants a checkpoint row)",
     "renewal:per_lease": "each lease renewed by its holder on request (the heartbeat op)",
+    "clock_skew": "a wall clock the harness can set back (libfaketime preloaded: a program "
+    "that reads the clock through the C library; Go binaries do not)",
 }
 
 #: The capability each op of operations.json belongs to where it has one: a
@@ -142,6 +144,9 @@ class Capabilities:
     retention: bool = False
     #: Optional in the mapping: the requeue delays it schedules (None: not declared).
     backoff: Backoff | None = None
+    #: Optional in the mapping (default true): the harness can set the worker's
+    #: wall clock back (harness/parts/clock_skew.py).
+    clock_skew: bool = True
 
     def offers(self, name: str) -> bool:
         """Whether the system offers capability ``name`` of :data:`CAPABILITIES`."""
@@ -248,6 +253,7 @@ def parse(text: str, source: str) -> Declaration:
         contract_schema=model.identity,
         retention=caps.get("retention", False),
         backoff=Backoff(**caps["backoff"]) if "backoff" in caps else None,
+        clock_skew=caps.get("clock_skew", True),
     )
     return Declaration(
         system=data["system"]["name"],

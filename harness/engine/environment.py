@@ -852,7 +852,9 @@ class Environment:
             control_socket=self.control.socket_path,
             env={**self.worker_env(tenant_id, pg_link, role), **metrics_env, **(env or {})},
             registry=self.shared.registry,
-            fork_server=self.shared.fork_server,
+            # A preloaded library (harness/parts/clock_skew.py) takes effect
+            # at exec only: such a worker is never a fork of the server.
+            fork_server=None if env and env.get("LD_PRELOAD") else self.shared.fork_server,
         )
         with phases.phase("scenario.worker start"):
             proc.start()

@@ -5,6 +5,7 @@ mapping that declares it is validated, naming the field of every problem."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -97,4 +98,21 @@ def test_the_reference_workers_declare_their_own() -> None:
     assert python.own and python.capabilities.lacks() == []
     assert python.capabilities.injection_points == mapping.default().capabilities.injection_points
     go = Path(__file__).resolve().parents[2] / "reference_impl/go/fencecheck-mapping.yaml"
-    assert mapping.of_file(go).capabilities == python.capabilities
+    # The same but for the one thing a Go binary cannot offer: a clock the
+    # harness sets back by preloading a library.
+    go_caps = mapping.of_file(go).capabilities
+    assert go_caps.lacks() == ["clock_skew"]
+    assert dataclasses.replace(go_caps, clock_skew=True) == python.capabilities
+
+
+def test_a_clock_that_cannot_be_set_back_declines_only_the_skewed_run() -> None:
+    """The Go worker reads the kernel's clock itself (libfaketime cannot move
+    it) and says so: the skewed variant is not applicable, its twin runs."""
+    e = {m.SPEC.id: m.SPEC for m in scenarios.all_modules()}["E"]
+    go = mapping.of_file(Path(__file__).parents[2] / "reference_impl/go/fencecheck-mapping.yaml")
+    assert not go.capabilities.clock_skew and mapping.default().capabilities.clock_skew
+    assert needs.declined(e.needs_for("frozen_dispatcher_clock_behind"), go) == (
+        "not applicable: the system declares no clock_skew"
+    )
+    assert needs.declined(e.needs_for("frozen_dispatcher"), go) is None
+    assert needs.declined(e.needs_for("frozen_dispatcher_clock_behind"), mapping.default()) is None
