@@ -55,14 +55,16 @@ def expected_durations(path: Path = EXPECTED) -> dict[str, float]:
     }
 
 
+def expected_seconds(job: Job, known: dict[str, float] | None = None) -> float:
+    """One run's expected seconds: measured where ``known`` (default: the file
+    kept with the code) has its label, else the shards' static estimate."""
+    known = expected_durations() if known is None else known
+    return known.get(job.label, job_cost(job))
+
+
 def longest_first(jobs: Sequence[Job], known: dict[str, float]) -> list[int]:
     """Indices of ``jobs``, the longest expected first; ties keep job order."""
-
-    def expected(i: int) -> float:
-        job = jobs[i]
-        return known.get(job.label, job_cost(job))
-
-    return sorted(range(len(jobs)), key=lambda i: -expected(i))
+    return sorted(range(len(jobs)), key=lambda i: -expected_seconds(jobs[i], known))
 
 
 def measured(run_dirs: Sequence[Path]) -> dict[str, float]:

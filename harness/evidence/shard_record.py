@@ -20,7 +20,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from harness.engine.shards import MUTANT_SERVICES_S, Shard, assign, job_cost, job_key
+from harness.engine.job_order import expected_seconds
+from harness.engine.shards import MUTANT_SERVICES_S, Shard, assign, job_key
 from harness.evidence import bounded_read
 
 if TYPE_CHECKING:
@@ -146,12 +147,14 @@ def new_record(
 
 def job_items(jobs: Sequence[Job], count: int) -> list[ShardItem]:
     """Every job with its shard; raises ShardError when ``count`` parts cannot be made."""
-    shard_of = assign(jobs, count, key=job_key, cost=job_cost)
+    # Measured durations where the code keeps them (the same file on every
+    # machine, so every part of a run computes the same plan).
+    shard_of = assign(jobs, count, key=job_key, cost=expected_seconds)
     return [
         ShardItem(
             label=job.label,
             shard=s,
-            cost_s=job_cost(job),
+            cost_s=expected_seconds(job),
             experiment=job.spec.id,
             variant=job.variant,
             repeat=job.repeat_index,
