@@ -11,18 +11,28 @@ as a restore or a reused id would leave it). The read-back then finds one of
 the two rows: that is no commit. The worker must not answer ok, and says
 CommitInconsistent ("one without the other means freeze and alert"; a `run`
 worker also freezes the run, an `ops` write only answers).
+
+Variant ``run_half_found``: the same in ``run`` mode, on the workflow's
+second write: the worker must freeze the run in doubt with an
+``agent.commit_inconsistent`` event and write nothing on top of that write.
 """
 
 from __future__ import annotations
 
+import time
+
 from harness.checking import checkers
+from harness.checking.history import load_history
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
-from harness.parts.processes import OpReply
-from scenarios.common import new_run, seen_within
+from harness.parts.processes import OpReply, WorkerProcess
+from scenarios.common import finish, new_run, seen_within
 
 HALF_FOUND = "half_found"
+RUN_HALF_FOUND = "run_half_found"
+# run_half_found: W's lease, far longer than the case (its renewals are parked).
+RUN_HALF_FOUND_LEASE_MS = 30_000
 
 SPEC = ExperimentSpec(
     id="O",
@@ -36,8 +46,13 @@ SPEC = ExperimentSpec(
     "without its checkpoint before the heal",
     rules=(9,),
     injection_point="before_commit",
-    needs=(*needs.capabilities("checkpoints", "outbox"), needs.point("before_commit")),
-    variants=("request_lost", "response_lost", HALF_FOUND),
+    needs=(
+        *needs.capabilities("checkpoints", "outbox"),
+        needs.point("before_commit"),
+        needs.capability("workflow", RUN_HALF_FOUND),
+        needs.point("before_renew", RUN_HALF_FOUND),
+    ),
+    variants=("request_lost", "response_lost", HALF_FOUND, RUN_HALF_FOUND),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",
     # The race is about a COMMIT's outcome, not expiry: the read-back after
@@ -49,6 +64,9 @@ SPEC = ExperimentSpec(
 
 def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "request_lost"
+    if variant == RUN_HALF_FOUND:
+        _run_half_found(ctx)
+        return
     run_id = new_run(ctx)
     w = ctx.env.start_worker("W", "ops")
     lease = ctx.ok(w, "claim", run_id=run_id)
@@ -71,10 +89,7 @@ def run(ctx: ExperimentContext) -> None:
         worker_async=True,
     )
     ctx.reached("W", "before_commit", held=True)  # not the first write's passage
-    sessions = [
-        r["pid"]
-        for r in ctx.env.query("SELECT pid FROM pg_stat_activity WHERE application_name = 'W'")
-    ]
+    sessions = _sessions_of(ctx, "W")
     link = ctx.env.links["worker_pg"]
     fault = link.cut() if variant != "response_lost" else link.drop_responses(close_after_ms=400)
     ctx.command(f"toxiproxy: {fault.detail}")
@@ -93,15 +108,7 @@ def run(ctx: ExperimentContext) -> None:
     # Heal only once W's sessions from before the fault are gone on the server
     # (toxiproxy closed them): a cut COMMIT cannot travel on them any more, and
     # a dropped answer to a COMMIT stays lost.
-    sessions_ended = bool(
-        seen_within(
-            lambda: (
-                not ctx.env.query("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [sessions])
-            ),
-            what="W's sessions from before the fault to end on the server",
-            timeout_s=10,
-        )
-    )
+    sessions_ended = _sessions_ended(ctx, sessions)
     committed_while_cut = bool(
         ctx.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
     )
@@ -196,6 +203,136 @@ def run(ctx: ExperimentContext) -> None:
         what="outbox events of the run since the claim",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _run_half_found(ctx: ExperimentContext) -> None:
+    """half_found in ``run`` mode: the workflow's second write (its first after
+    ``start``) loses its COMMIT, and its event appears without its checkpoint.
+    The worker must freeze the run in doubt with the evidence in an
+    ``agent.commit_inconsistent`` event (rule 9) while its lease is its own,
+    never leave it running with the inconsistency unrecorded."""
+    run_id = new_run(ctx)
+    ctx.arm("W", "before_commit", Hold())
+    # A lease that outlasts the whole case, and renewals parked while the link
+    # is cut: a renewal refused by the cut link rightly cancels the worker
+    # (exit 10), and the case would then probe nothing.
+    w = ctx.env.start_worker(
+        "W",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={"FENCECHECK_LEASE_TTL_MS": str(RUN_HALF_FOUND_LEASE_MS)},
+    )
+    ctx.reached("W", "before_commit")  # start: let through, the next one held
+    ctx.arm("W", "before_commit", Hold())
+    ctx.release("W", "before_commit")
+    hit = ctx.reached("W", "before_commit", held=True)
+    ctx.arm("W", "before_renew", Hold())
+    ctx.reached("W", "before_renew", held=True)
+    event_id = _pending_event_id(w, run_id)
+    base = int(checkers.run_row(ctx, run_id, "the run while W's write waits")["revision"])
+    sessions = _sessions_of(ctx, "W")
+    ctx.cut("worker_pg")
+    ctx.release("W", "before_commit")
+    sessions_ended = _sessions_ended(ctx, sessions)
+    committed_while_cut = bool(
+        event_id
+        and ctx.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
+    )
+    if event_id is not None:
+        _plant_event(ctx, run_id, event_id)
+    ctx.heal("worker_pg")
+    healed = time.time()
+    seen_within(
+        lambda: (
+            not w.is_alive()
+            or ctx.env.query(
+                "SELECT status <> 'running' AS moved FROM fencecheck_model.agent_runs "
+                "WHERE run_id = %s",
+                [run_id],
+            )[0]["moved"]
+        ),
+        what="W to settle its write once the link healed (exit, or the run out of running)",
+        timeout_s=20,
+    )
+    ctx.release("W", "before_renew")
+    code = finish(ctx, w)
+    mine = [c for c in checkers.checkpoints(ctx, run_id) if str(c["event_id"]) == event_id]
+    planted = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == event_id]
+    ctx.fault(
+        "W's COMMIT never reached the server, and its event appeared without it",
+        event_id is not None and sessions_ended and not committed_while_cut and not mine
+        and len(planted) == 1,
+        expected="W held before the COMMIT of its second write (its event_id in its history's "
+        "invoke record), the link cut, W's sessions gone before the heal; then one outbox row "
+        "with that event_id and no checkpoint of it",
+        observed=f"event_id {event_id}; sessions ended: {sessions_ended}; committed while cut: "
+        f"{committed_while_cut}; checkpoints with the id {len(mine)}; outbox rows {len(planted)}",
+    )  # fmt: skip
+    row = checkers.run_row(ctx, run_id, "the run once W exited")
+    alerts = [
+        e for e in checkers.outbox(ctx, run_id) if e["event_type"] == "agent.commit_inconsistent"
+    ]
+    # Redone under a new event_id, or gone on to the next step as if committed:
+    # the only write above the held one's base is the freeze with its alert.
+    alert_ids = {str(e["event_id"]) for e in alerts}
+    later = [
+        (wr["revision"], str(wr["event_id"]))
+        for wr in checkers.writes(ctx, run_id)
+        if wr["revision"] > base
+    ]
+    ctx.invariant(
+        "nothing written on top of a write that did not commit",
+        all(e in alert_ids for _, e in later),
+        expected=f"no checkpoint above revision {base} (the run's while W's write waited) but "
+        "the freeze (its outbox event "
+        "agent.commit_inconsistent): not the write again under a new event_id, not a next step",
+        observed=f"checkpoints above it {later}; commit_inconsistent events {sorted(alert_ids)}",
+    )
+    ctx.progress(
+        "the run is frozen in doubt with the evidence",
+        row["status"] == "paused_indoubt" and len(alerts) == 1,
+        expected="W froze the run (paused_indoubt) with one agent.commit_inconsistent event, "
+        "its lease still its own (exit 11)",
+        observed=f"run {row['status']} at epoch {row['epoch']} (W's {hit.epoch}), W exit {code}; "
+        f"commit_inconsistent events {len(alerts)}",
+        since=healed,
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _sessions_of(ctx: ExperimentContext, worker: str) -> list[int]:
+    """The server pids of the worker's sessions."""
+    return [
+        r["pid"]
+        for r in ctx.env.query(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [worker]
+        )
+    ]
+
+
+def _sessions_ended(ctx: ExperimentContext, sessions: list[int]) -> bool:
+    """Whether those sessions ended on the server (toxiproxy closed them) within
+    10 s: a cut COMMIT cannot travel on them any more, a dropped answer stays lost."""
+    return bool(
+        seen_within(
+            lambda: (
+                not ctx.env.query("SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [sessions])
+            ),
+            what="the worker's sessions from before the fault to end on the server",
+            timeout_s=10,
+        )
+    )
+
+
+def _pending_event_id(w: WorkerProcess, run_id: str) -> str | None:
+    """The event_id of W's write in flight: its history's last invoke of the run
+    with one (the worker's account picks which row to plant; every verdict is
+    judged from the database)."""
+    records = [
+        e for e in load_history([w.events_path])
+        if e.type == "invoke" and e.run_id == run_id and e.event_id
+    ]  # fmt: skip
+    return str(records[-1].event_id) if records else None
 
 
 def _plant_event(ctx: ExperimentContext, run_id: str, event_id: str) -> None:

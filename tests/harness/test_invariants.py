@@ -393,6 +393,20 @@ def test_a_success_after_the_cancel_with_its_compensation_breaks_nothing() -> No
     assert "effect.compensation_required_exactly_for_a_cancelled_runs_success" not in broken
 
 
+def test_a_run_frozen_for_an_inconsistent_commit_can_wait_for_a_person() -> None:
+    """Rule 9: paused in doubt with nothing in its ledger in doubt, but with its
+    agent.commit_inconsistent event; without that event the pause is named."""
+    s = clean_story()
+    paused_without_doubt(s)
+    assert "run.every_run_can_progress_at_the_end" in broken_by(evidence(s))
+    s.tx(0.95, app="A")(
+        "outbox",
+        None,
+        {"event_id": "e-alert", "run_id": RUN, "event_type": "agent.commit_inconsistent"},
+    )
+    assert "run.every_run_can_progress_at_the_end" not in broken_by(evidence(s))
+
+
 def test_compensation_for_a_live_runs_success_is_named() -> None:
     s = clean_story()
     compensation_for_a_live_runs_success(s)

@@ -135,7 +135,8 @@ def history_is_append_only(ev: Evidence) -> Finding:
     "run.every_run_can_progress_at_the_end",
     "SPEC rules 4, 5; English seed §9.3 (unknown converges or a person decides)",
     "when the experiment ends every run is terminal, paused for a person, paused in doubt "
-    "with an operation in doubt (unknown or dispatching) named in its ledger, queued, or "
+    "with an operation in doubt (unknown or dispatching) named in its ledger or frozen for a "
+    "commit read back inconsistent (its agent.commit_inconsistent event: rule 9), queued, or "
     "holding a lease a successor can take over once it expires",
 )
 def every_run_can_progress(ev: Evidence) -> Finding:
@@ -143,12 +144,20 @@ def every_run_can_progress(ev: Evidence) -> Finding:
         (o for o in ev.rows("tool_operations") if o.get("status") in IN_FLIGHT),
         lambda o: str(o["run_id"]),
     )
+    # Rule 9: a checkpoint and its outbox row disagreeing freezes the run in
+    # doubt with nothing in its ledger in doubt; a person looks at the event.
+    frozen = {
+        str(e["run_id"])
+        for e in ev.rows("outbox")
+        if e.get("event_type") == "agent.commit_inconsistent"
+    }
     bad = []
     runs = ev.rows("agent_runs")
     for run in runs:
         status = run.get("status")
         why = ""
-        if status == "paused_indoubt" and not doubt.get(str(run["run_id"])):
+        run_id = str(run["run_id"])
+        if status == "paused_indoubt" and not doubt.get(run_id) and run_id not in frozen:
             why = "paused in doubt without an operation in doubt in its ledger"
         elif status in HOLDS_LEASE and (
             run.get("owner") is None or not run.get("lease_expires_at")
