@@ -206,7 +206,12 @@ def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -
 
 
 def crash_in_op(
-    ctx: ExperimentContext, name: str, point: str, op: str, args: dict[str, Any]
+    ctx: ExperimentContext,
+    name: str,
+    point: str,
+    op: str,
+    args: dict[str, Any],
+    tenant_id: str | None = None,
 ) -> int:
     """Start ``name`` as an ops process with a crash armed at ``point``, send it
     ``op`` and wait for it to die there (it never answers); its exit code. One
@@ -214,7 +219,7 @@ def crash_in_op(
     (not -9) lets the caller's fault check say the crash did not take effect.
     One that does neither in 15 s breaks the bound (ExitTimeout names it)."""
     ctx.arm(name, point, Crash())
-    worker = ctx.env.start_worker(name, "ops")
+    worker = ctx.env.start_worker(name, "ops", tenant_id=tenant_id)
     pending = ctx.op_async(worker, op, args)
     ended = seen_within(
         lambda: not worker.is_alive() or pending.done(),

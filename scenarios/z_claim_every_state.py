@@ -43,7 +43,7 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.processes import WorkerProcess
-from scenarios.common import control_plane, intent_registered, new_run
+from scenarios.common import control_plane, crash_in_op, intent_registered, new_run, seen_within
 
 SHORT_TTL_MS = 300
 LONG_TTL_MS = 60_000
@@ -67,7 +67,10 @@ SPEC = ExperimentSpec(
     layer="queue",
     lease_ttl_ms=LONG_TTL_MS,
     natural_wait_s=SHORT_TTL_MS / 1000,
-    needs=needs.capabilities("workflow", "ledger"),
+    needs=(
+        *needs.capabilities("workflow", "ledger"),
+        needs.point("after_dispatch_claim_commit"),
+    ),
 )
 
 
@@ -206,6 +209,7 @@ def run(ctx: ExperimentContext) -> None:
     for state in ("paused_human", "succeeded", "cancelled"):
         _no_write_without_a_lease(ctx, h, others[state], state)
     _dispatch_skips_a_held_intent(ctx)
+    _reconcile_skips_a_held_claim(ctx)
     checkers.lease_history_is_sound(ctx)
 
 
@@ -258,14 +262,33 @@ def _dispatch_skips_a_held_intent(ctx: ExperimentContext) -> None:
     for i, run in enumerate(runs):
         worker = ctx.env.start_worker(f"I{i}", "ops", tenant_id=tenant)
         ops.append(intent_registered(ctx, worker, run, tool="plain", step_id="z.intent"))
-    d = ctx.env.start_worker("D", "ops", tenant_id=tenant)
+    _cycle_beside_a_held_row(
+        ctx,
+        ctx.env.start_worker("D", "ops", tenant_id=tenant),
+        "dispatch",
+        runs,
+        ops,
+        "a dispatcher's claim of any intent skips a ledger row another session holds",
+    )
+
+
+def _cycle_beside_a_held_row(
+    ctx: ExperimentContext,
+    worker: WorkerProcess,
+    cycle: str,
+    runs: list[str],
+    ops: list[str],
+    name: str,
+) -> None:
+    """Judge ``name``: a ``cycle`` (dispatch, reconcile) of ``worker`` answers
+    while the harness holds the ledger row of ``ops[0]``, none of its sessions
+    waiting on it."""
     with checkers.row_locked(ctx, "tool_operations", "operation_id", ops[0]) as lock:
-        pending = ctx.op_async(d, "dispatch", {})
-        waited = lock.answered_or_waiting(pending, "D")
+        pending = ctx.op_async(worker, cycle, {})
+        waited = lock.answered_or_waiting(pending, worker.worker_id)
     reply = pending.result(15.0)
-    name = "a dispatcher's claim of any intent skips a ledger row another session holds"
     if reply.error == "Unsupported":
-        ctx.not_judged(name, expected="a dispatch cycle", observed="the system has none")
+        ctx.not_judged(name, expected=f"a {cycle} cycle", observed="the system has none")
         return
     statuses = [
         next((o["status"] for o in checkers.ledger(ctx, run) if o["operation_id"] == op), None)
@@ -274,10 +297,57 @@ def _dispatch_skips_a_held_intent(ctx: ExperimentContext) -> None:
     ctx.invariant(
         name,
         waited is None,
-        expected="the dispatch cycle answered while the harness held the older intent's "
-        "ledger row, none of its sessions waiting on it",
+        expected=f"the {cycle} cycle answered while the harness held {ops[0]}'s ledger row, "
+        "none of its sessions waiting on it",
         observed=(waited or "answered without waiting")
-        + f"; reply {reply.result if reply.ok else reply.error}; the two intents now {statuses}",
+        + f"; reply {reply.result if reply.ok else reply.error}; the two operations now "
+        f"{statuses}",
+    )
+
+
+def _reconcile_skips_a_held_claim(ctx: ExperimentContext) -> None:
+    """A reconciler's sweep of expired dispatch claims skips a ledger row another
+    session holds, as a dispatcher's claim does: in the other tenant, two
+    intents whose dispatchers died right after their claims, both claims
+    expired by database time, the older one's row held by the harness; the
+    reconcile cycle must answer without waiting on it (generated mutant
+    cd21bfc9: the sweep without SKIP LOCKED waits for the holder)."""
+    tenant = ctx.env.other_tenant_id
+    runs = [new_run(ctx, tool="plain", tenant_id=tenant) for _ in range(2)]
+    ops = [
+        intent_registered(
+            ctx, ctx.env.start_worker(f"J{i}", "ops", tenant_id=tenant), run, tool="plain",
+            step_id="z.claimed",
+        )
+        for i, run in enumerate(runs)
+    ]  # fmt: skip
+    codes = [
+        crash_in_op(ctx, f"K{i}", "after_dispatch_claim_commit", "dispatch",
+                    {"operation_id": op}, tenant_id=tenant)
+        for i, op in enumerate(ops)
+    ]  # fmt: skip
+    expired = seen_within(
+        lambda: ctx.env.query(
+            "SELECT count(*) = 2 AS both FROM fencecheck_model.tool_operations WHERE "
+            "operation_id = ANY(%s) AND status = 'dispatching' "
+            "AND dispatch_until < clock_timestamp()",
+            [ops],
+        )[0]["both"],
+        what="both dispatch claims to expire by database time",
+        timeout_s=10,
+    )
+    name = "a reconciler's sweep of expired claims skips a ledger row another session holds"
+    if not ctx.probe_reached(
+        "two dispatch claims expired, their dispatchers dead",
+        codes == [-9, -9] and bool(expired),
+        judges=name,
+        expected="K0 and K1 killed right after their dispatch claims (exit -9), both "
+        "operations dispatching with their claims expired by database time",
+        observed=f"exits {codes}; both expired: {bool(expired)}",
+    ):
+        return
+    _cycle_beside_a_held_row(
+        ctx, ctx.env.start_worker("R", "ops", tenant_id=tenant), "reconcile", runs, ops, name
     )
 
 

@@ -238,13 +238,17 @@ END
 $$;
 
 -- Dispatch claims past their deadline become unknown (never prepared: the
--- tool may have acted).
+-- tool may have acted). A row another session holds is passed by (SKIP
+-- LOCKED) and expired by a later cycle: one held row never stalls the sweep.
 CREATE OR REPLACE FUNCTION fencecheck.reconcile_expire_claims()
 RETURNS SETOF text
 LANGUAGE sql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
   UPDATE public.tool_operations
      SET status = 'unknown', revision = revision + 1, updated_at = clock_timestamp()
-   WHERE status = 'dispatching' AND dispatch_until < clock_timestamp()
+   WHERE operation_id IN (
+     SELECT operation_id FROM public.tool_operations
+      WHERE status = 'dispatching' AND dispatch_until < clock_timestamp()
+        FOR UPDATE SKIP LOCKED)
   RETURNING operation_id
 $$;
 

@@ -228,14 +228,18 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
  ORDER BY dispatch_until LIMIT $1`,
 		// English seed section 9.2, the reconciler's statement: the claim's
 		// owner and revision stay in the condition, so a row re-claimed or
-		// written back meanwhile is left alone.
+		// written back meanwhile is left alone. A row another session holds
+		// is passed by (SKIP LOCKED), as the SQL sweep does: the next cycle
+		// expires it, and one held row never stalls every reconciler.
 		ExpireClaim: `UPDATE tool_operations
    SET status = 'unknown', dispatch_owner = NULL, dispatch_until = NULL,
        evidence = evidence || jsonb_build_array(jsonb_build_object(
          'at', clock_timestamp(), 'event', 'claim_expired', 'dispatch_owner', $2::text)),
        revision = revision + 1, updated_at = clock_timestamp()
- WHERE operation_id = $1 AND status = 'dispatching' AND dispatch_owner = $2
-   AND revision = $3 AND dispatch_until <= clock_timestamp()`,
+ WHERE operation_id = (SELECT operation_id FROM tool_operations
+   WHERE operation_id = $1 AND status = 'dispatching' AND dispatch_owner = $2
+     AND revision = $3 AND dispatch_until <= clock_timestamp()
+   FOR UPDATE SKIP LOCKED)`,
 		UnknownOps: `SELECT o.operation_id, o.run_id::text, o.tool_name, o.tool_capability, o.request_digest, o.revision, r.status
   FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
  WHERE o.status = 'unknown' ORDER BY o.updated_at LIMIT $1`,
