@@ -106,11 +106,15 @@ def run(ctx: ExperimentContext) -> None:
     )
     middle = _purge_between_made_and_ended(ctx, ctl, made, eligible, args)
     _purge_without_room_for_its_archive(ctx, ctl, [tasks[r] for r in eligible], args)
-    second = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=0, limit=1, **args))
+    # A cut-off halfway back to the last eligible end: both are older than it
+    # in milliseconds (blind hunt 14 #06: the window read as seconds kept them).
+    window_ms = _half_since_the_last_end(ctx, eligible)
+    second = _purged(ctx, ctx.ok(ctl, "purge", older_than_ms=window_ms, limit=1, **args))
     ctx.invariant(
         "a purge takes at most its limit, and only eligible tasks",
         len(second) == 1 and set(second) <= {tasks[r] for r in eligible},
-        expected=f"one of {sorted(tasks[r] for r in eligible)}",
+        expected=f"one of {sorted(tasks[r] for r in eligible)} (limit 1, older_than_ms "
+        f"{window_ms}: half the time since the later of them ended)",
         observed=plain(second),
     )
     rest = [r for r in eligible if tasks[r] not in second]
@@ -360,6 +364,18 @@ def _purge_between_made_and_ended(
         f"made {int((now - made) * 1000)} ms and ended {int((now - ended) * 1000)} ms back)",
     )
     return middle
+
+
+def _half_since_the_last_end(ctx: ExperimentContext, eligible: list[str]) -> int:
+    """Half the milliseconds since the last of the eligible runs ended, by the
+    database's clock (at least 1): a retention both are older than."""
+    rows = ctx.sql(
+        "milliseconds since the last eligible run ended",
+        "SELECT extract(epoch FROM clock_timestamp() - max(updated_at)) * 1000 AS ms "
+        "FROM fencecheck_model.agent_runs WHERE run_id = ANY(%s)",
+        [eligible],
+    )
+    return max(1, int(float(rows[0]["ms"]) / 2))
 
 
 def _purge_without_room_for_its_archive(
