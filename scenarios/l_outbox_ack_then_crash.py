@@ -127,6 +127,37 @@ def run(ctx: ExperimentContext) -> None:
         observed=f"{[(str(r['event_id'])[:8], r['published_at']) for r in outbox]}",
     )
     _nothing_marked_before_the_broker(ctx, run_id, "in the end")
+    _published_stays_published(ctx, run_id)
+
+
+def _published_stays_published(ctx: ExperimentContext, run_id: str) -> None:
+    """One more relay cycle once every row is marked: a row marked published is
+    never handed to the broker again (blind hunt 14 #02: a batch lock without
+    ``published_at IS NULL`` republished every row at every cycle)."""
+    marked = {str(r["event_id"]) for r in checkers.outbox(ctx, run_id) if r["published_at"]}
+    name = "a relay cycle publishes no row already marked published"
+    if len(marked) < EVENTS:
+        ctx.not_judged(
+            name,
+            expected=f"judged once all {EVENTS} rows are marked",
+            observed=f"{len(marked)} marked",
+        )
+        return
+
+    def copies() -> int:
+        return sum(1 for m in checkers.tool_log(ctx)["messages"] if str(m["event_id"]) in marked)
+
+    before = copies()
+    reply = ctx.op(ctx.env.start_worker("R9", "ops"), "relay")
+    after = copies()
+    ctx.invariant(
+        name,
+        after == before,
+        expected=f"the broker's copies of the {EVENTS} marked rows unchanged by one more relay "
+        "cycle",
+        observed=f"copies {before} before, {after} after (the cycle answered "
+        f"{reply.result if reply.ok else reply.error})",
+    )
 
 
 def _outbox_events(ctx: ExperimentContext) -> tuple[str, list[str]]:
