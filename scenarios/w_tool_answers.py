@@ -752,7 +752,8 @@ def _registered_beside_first_checkpoint(
         if step in dispatched:
             ctx.op(y, "dispatch", operation_id=op_id)
     if first:  # either may have lapsed: judged by what follows
-        ctx.op(
+        was = checkers.run_row(ctx, run_id, "the run before Y's checkpoint")["status"]
+        saved = ctx.op(
             y,
             "save_checkpoint",
             run_id=run_id,
@@ -762,6 +763,16 @@ def _registered_beside_first_checkpoint(
             schema_version=first[-1]["schema_version"],
             step=start.get("current_step"),
         )
+        now = checkers.run_row(ctx, run_id, "the run after Y's checkpoint")["status"]
+        if saved.ok:
+            # Only a tool intent or result moves running <-> waiting_tool (blind
+            # hunt 14 #11: a checkpoint that set running hid the intents).
+            ctx.invariant(
+                "a checkpoint leaves the run's status as it was",
+                now == was,
+                expected=f"status {was} after Y's save_checkpoint, as before it",
+                observed=f"status {now}",
+            )
     ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
     wait_claimable(ctx, run_id)
     return ops
