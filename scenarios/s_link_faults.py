@@ -122,6 +122,13 @@ FAULTS: tuple[LinkFault, ...] = (
         "dispatch claim", 1.1,
     ),
     LinkFault(
+        "pg_reset_early", "pg", "reset", "heartbeat",
+        "A's link to PostgreSQL resets every connection on its next request while A holds a "
+        "dispatch claim, A let go one heartbeat interval later, its claim still live: the "
+        "renewal that met the reset failed at once", 1.1,
+        release_early=True,
+    ),
+    LinkFault(
         "pg_latency", "pg", "latency", "heartbeat",
         f"answers on A's link to PostgreSQL delayed {PG_LATENCY_MS} ms, longer than the "
         "heartbeat timeout: each renewal lands, its answer comes too late", 1.1,
@@ -289,12 +296,18 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
     # the database's clock; one that answered late and kept renewing would
     # keep it alive (the visible row: a renewal still waiting is not visible).
     hb_s = (env.heartbeat_ms + env.heartbeat_timeout_ms) / 1000
+    # A reset fails the next renewal at once (an error, not a silence): that
+    # renewal starts within one interval, and A is let go then, its dispatch
+    # claim still live (blind hunt 14 #05: a renewal's error that killed the
+    # heartbeat thread instead of cancelling A went unseen once the claim had
+    # expired by the time A was let go).
+    act_s = env.heartbeat_ms / 1000 if fault.kind == "reset" else hb_s
     released_at: float | None = None
     if fault.release_early:
         # The renewal in flight at t0 started at most one interval before; its
         # timeout has passed by now, and the lease (renewed at most then) has
         # not run out: a heartbeat that kept waiting has not cancelled A.
-        time.sleep(max(0.0, t0 + hb_s + EARLY_SLACK_S - time.time()))
+        time.sleep(max(0.0, t0 + act_s + EARLY_SLACK_S - time.time()))
         released_at = time.time()
         ctx.release("A", HOLD_POINT)
     bound_s = env.lease_ttl_ms / 1000 + 2 * hb_s + PG_LATENCY_MS / 1000 + 5
@@ -363,8 +376,13 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
             "A's execution was cancelled within its renewal timeout",
             not late,
             expected=f"no tool request with A's epoch after the fault: A let go "
-            f"{released_at - t0:.2f} s after it, past one heartbeat interval plus the renewal "
-            f"timeout ({hb_s:.2f} s), before its lease could run out",
+            f"{released_at - t0:.2f} s after it, past "
+            + (
+                f"one heartbeat interval ({act_s:.2f} s: a reset fails the renewal at once)"
+                if fault.kind == "reset"
+                else f"one heartbeat interval plus the renewal timeout ({act_s:.2f} s)"
+            )
+            + ", before its lease could run out",
             observed=f"requests {[(r['seq'], round(r['received_at'] - t0, 3)) for r in late]} "
             "(seconds after the fault)",
             since=t0,
