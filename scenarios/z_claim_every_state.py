@@ -41,7 +41,8 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
+from harness.parts.control import Hold
 from harness.parts.processes import WorkerProcess
 from scenarios.common import control_plane, crash_in_op, intent_registered, new_run, seen_within
 
@@ -210,6 +211,7 @@ def run(ctx: ExperimentContext) -> None:
         _no_write_without_a_lease(ctx, h, others[state], state)
     _dispatch_skips_a_held_intent(ctx)
     _reconcile_skips_a_held_claim(ctx)
+    _reconcile_lists_every_expiry(ctx)
     checkers.lease_history_is_sound(ctx)
 
 
@@ -272,6 +274,107 @@ def _dispatch_skips_a_held_intent(ctx: ExperimentContext) -> None:
     )
 
 
+def _reconcile_lists_every_expiry(ctx: ExperimentContext) -> None:
+    """One dispatcher session claims two intents at once (two async dispatch
+    requests, both held right after their claims) and is killed: two expired
+    claims of one owner at the same ledger revision. A reconcile reply lists
+    every change its cycle made, as the audit trail has them (generated
+    mutant 3123006a: an expiry that also expired the owner's other claim at
+    that revision without listing it)."""
+    tenant = ctx.env.other_tenant_id
+    _, ops = _two_intents(ctx, tenant, "M", "z.listed")
+    point = "after_dispatch_claim_commit"
+    ctx.arm("D2", point, Hold(), times=2)
+    d = ctx.env.start_worker("D2", "ops", tenant_id=tenant)
+    for op in ops:
+        ctx.op_async(d, "dispatch", {"operation_id": op}, worker_async=True)
+    hits = [ctx.reached("D2", point), ctx.reached("D2", point)]
+    ctx.kill(d)
+    claims = ctx.sql(
+        "the two claims once their dispatcher was killed",
+        "SELECT operation_id, dispatch_owner, revision FROM fencecheck_model.tool_operations "
+        "WHERE operation_id = ANY(%s) AND status = 'dispatching'",
+        [ops],
+    )
+    expired = _claims_expired(ctx, ops, "D2's")
+    name = "a reconcile reply lists every change its cycle made"
+    if not ctx.probe_reached(
+        "two claims of one dispatcher session, expired",
+        len(hits) == 2
+        and len(claims) == 2
+        and len({(c["dispatch_owner"], c["revision"]) for c in claims}) == 1
+        and expired,
+        judges=name,
+        expected="D2 held right after both claims, then SIGKILLed: both operations dispatching "
+        "by one owner at one ledger revision, both claims expired by database time",
+        observed=f"hits {[h.operation_id for h in hits]}; claims {plain(claims)}; both "
+        f"expired: {expired}",
+    ):
+        return
+    seq = ctx.audit_seq() or 0
+    reply = ctx.op(ctx.env.start_worker("R2", "ops", tenant_id=tenant), "reconcile")
+    if reply.error == "Unsupported":
+        ctx.not_judged(name, expected="a reconcile cycle", observed="the system has none")
+        return
+    changed = sorted(
+        {
+            str(r["operation_id"])
+            for r in ctx.sql(
+                "the ledger rows the reconcile cycle changed (audit trail)",
+                "SELECT DISTINCT new->>'operation_id' AS operation_id FROM fencecheck_audit.changes "
+                "WHERE tbl = 'tool_operations' AND op = 'UPDATE' AND seq > %s "
+                "AND new->>'operation_id' = ANY(%s) AND new->>'status' IS DISTINCT FROM "
+                "old->>'status'",
+                [seq, ops],
+            )
+        }
+    )
+    listed = sorted(
+        {str(c.get("operation_id")) for c in (reply.result or {}).get("changes", [])} & set(ops)
+    )
+    ctx.invariant(
+        name,
+        reply.ok and listed == changed,
+        expected=f"the reply's changes name every operation of {ops} whose status the cycle "
+        "changed (audit trail)",
+        observed=f"listed {listed}; changed {changed}; reply "
+        f"{reply.result if reply.ok else reply.error}",
+    )
+
+
+def _two_intents(
+    ctx: ExperimentContext, tenant: str, prefix: str, step: str
+) -> tuple[list[str], list[str]]:
+    """Two runs of ``tenant``, each with one plain-tool intent registered by an
+    ops process of its own (its lease kept): the runs and their operations."""
+    runs = [new_run(ctx, tool="plain", tenant_id=tenant) for _ in range(2)]
+    ops = [
+        intent_registered(
+            ctx, ctx.env.start_worker(f"{prefix}{i}", "ops", tenant_id=tenant), run,
+            tool="plain", step_id=step,
+        )
+        for i, run in enumerate(runs)
+    ]  # fmt: skip
+    return runs, ops
+
+
+def _claims_expired(ctx: ExperimentContext, ops: list[str], whose: str) -> bool:
+    """Whether every operation of ``ops`` is dispatching under a claim expired
+    by database time, within 10 s."""
+    return bool(
+        seen_within(
+            lambda: ctx.env.query(
+                "SELECT count(*) = %s AS every FROM fencecheck_model.tool_operations WHERE "
+                "operation_id = ANY(%s) AND status = 'dispatching' "
+                "AND dispatch_until < clock_timestamp()",
+                [len(ops), ops],
+            )[0]["every"],
+            what=f"{whose} dispatch claims to expire by database time",
+            timeout_s=10,
+        )
+    )
+
+
 def _cycle_beside_a_held_row(
     ctx: ExperimentContext,
     worker: WorkerProcess,
@@ -313,37 +416,21 @@ def _reconcile_skips_a_held_claim(ctx: ExperimentContext) -> None:
     reconcile cycle must answer without waiting on it (generated mutant
     cd21bfc9: the sweep without SKIP LOCKED waits for the holder)."""
     tenant = ctx.env.other_tenant_id
-    runs = [new_run(ctx, tool="plain", tenant_id=tenant) for _ in range(2)]
-    ops = [
-        intent_registered(
-            ctx, ctx.env.start_worker(f"J{i}", "ops", tenant_id=tenant), run, tool="plain",
-            step_id="z.claimed",
-        )
-        for i, run in enumerate(runs)
-    ]  # fmt: skip
+    runs, ops = _two_intents(ctx, tenant, "J", "z.claimed")
     codes = [
         crash_in_op(ctx, f"K{i}", "after_dispatch_claim_commit", "dispatch",
                     {"operation_id": op}, tenant_id=tenant)
         for i, op in enumerate(ops)
     ]  # fmt: skip
-    expired = seen_within(
-        lambda: ctx.env.query(
-            "SELECT count(*) = 2 AS both FROM fencecheck_model.tool_operations WHERE "
-            "operation_id = ANY(%s) AND status = 'dispatching' "
-            "AND dispatch_until < clock_timestamp()",
-            [ops],
-        )[0]["both"],
-        what="both dispatch claims to expire by database time",
-        timeout_s=10,
-    )
+    expired = _claims_expired(ctx, ops, "the")
     name = "a reconciler's sweep of expired claims skips a ledger row another session holds"
     if not ctx.probe_reached(
         "two dispatch claims expired, their dispatchers dead",
-        codes == [-9, -9] and bool(expired),
+        codes == [-9, -9] and expired,
         judges=name,
         expected="K0 and K1 killed right after their dispatch claims (exit -9), both "
         "operations dispatching with their claims expired by database time",
-        observed=f"exits {codes}; both expired: {bool(expired)}",
+        observed=f"exits {codes}; both expired: {expired}",
     ):
         return
     _cycle_beside_a_held_row(
