@@ -9,6 +9,7 @@ violating history is the clean one with one thing changed.
 
 from __future__ import annotations
 
+import base64
 import copy
 import dataclasses
 import datetime as dt
@@ -238,8 +239,9 @@ def test_clean_history_breaks_nothing() -> None:
     assert broken == {}
     # Not vacuous: each invariant judged something of the clean run, except what
     # the clean run has none of (a cancel, a return to prepared, a risky tool,
-    # a takeover, a resend, a run leaving a pause in doubt).
+    # a takeover, a resend, a run leaving a pause in doubt, a sealed value).
     assert {n for n, r in results.items() if r.checked == 0} == {
+        "effect.sealed_values_never_share_a_nonce",
         "lease.takeover_counts_no_attempt",
         "effect.cancelled_intent_never_sent",
         "effect.no_resend_without_idempotency",
@@ -714,6 +716,26 @@ def stored_in_clear(ev: Evidence) -> None:
     row["state"] = {"billing": {"payment_token": "ct_" + "0f" * 12}}
 
 
+def sealed(nonce: bytes, ciphertext: bytes) -> dict[str, str]:
+    return {"$sealed": "v1:" + base64.b64encode(nonce + ciphertext).decode()}
+
+
+def sealed_under_one_nonce(ev: Evidence) -> None:
+    # Two different values sealed with one nonce (a nonce drawn once per process).
+    row = ev.tables["agent_checkpoints"][0]
+    row["state"] = {
+        "customer_token": sealed(b"n" * 12, b"first value"),
+        "billing": {"payment_token": sealed(b"n" * 12, b"other value")},
+    }
+
+
+def test_one_sealed_value_copied_as_it_was_shares_its_nonce_rightly() -> None:
+    ev = clean()
+    same = sealed(b"n" * 12, b"one value")
+    ev.tables["agent_checkpoints"][0]["state"] = {"customer_token": same, "again": [same]}
+    assert "effect.sealed_values_never_share_a_nonce" not in broken_by(ev)
+
+
 def null_reconcile_item(ev: Evidence) -> None:
     # A reconcile reply listing an operation it learnt nothing about as null.
     line = {"id": 2, "ok": True, "result": {"changes": [None]}}
@@ -743,6 +765,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "worker.accounts_match_the_evidence": lying_account,
     "worker.replies_match_the_contract": null_reconcile_item,
     "effect.sensitive_field_stored_sealed": stored_in_clear,
+    "effect.sealed_values_never_share_a_nonce": sealed_under_one_nonce,
     "effect.sensitive_field_reaches_the_tool_in_clear": sealed_value_sent,
 }
 

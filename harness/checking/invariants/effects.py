@@ -7,6 +7,9 @@ and the outcome (did it act?), and every real resource it made.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -566,6 +569,50 @@ def sensitive_field_stored_sealed(ev: Evidence) -> Finding:
             bad.append({"table": table, "column": path, "audit_seq": seq,
                         "why": "a planted sensitive value stored in clear"})  # fmt: skip
     return Finding(judged, bad)
+
+
+# The contract's example sealed form (section 9): {"$sealed": "v1:<base64 of a
+# 12-byte nonce, then the AES-GCM ciphertext>"}, in a decoded row or in text.
+SEALED_V1 = re.compile(r'\$sealed\\?"\s*:\s*\\?"v1:([A-Za-z0-9+/]+=*)')
+
+
+def _sealed_v1_nonces(row: Any) -> Iterator[tuple[bytes, str]]:
+    """(nonce, the whole sealed text) of every sealed value of the example form
+    anywhere in ``row``."""
+    for match in SEALED_V1.finditer(json.dumps(row, default=str)):
+        try:
+            raw = base64.b64decode(match.group(1), validate=True)
+        except (binascii.Error, ValueError):
+            continue
+        if len(raw) > 12:
+            yield raw[:12], match.group(1)
+
+
+@invariant(
+    "effect.sealed_values_never_share_a_nonce",
+    "worker contract §9 (stored sealed); NIST SP 800-38D §8 (a GCM nonce is never reused "
+    "under one key)",
+    "two different sealed values of the contract's example form (v1: a 12-byte nonce, then "
+    "the AES-GCM ciphertext) never begin with the same nonce: one nonce for two messages "
+    "gives away their XOR and the key's authentication; a value copied as it was sealed is "
+    "the same value; not judged for another sealed form",
+)
+def sealed_values_never_share_a_nonce(ev: Evidence) -> Finding:
+    first: dict[bytes, tuple[str, str, int | None]] = {}
+    bad: list[dict[str, Any]] = []
+    images = [(t, r, None) for t, rows in ev.tables.items() for r in rows] + [
+        (c.table, c.new, c.seq) for c in ev.changes if c.new is not None and not c.by_harness
+    ]
+    for table, row, seq in images:
+        for nonce, sealed in _sealed_v1_nonces(row):
+            was = first.setdefault(nonce, (sealed, table, seq))
+            if was[0] != sealed and len(bad) < 20:
+                bad.append({"table": table, "audit_seq": seq, "also_in": was[1],
+                            "nonce": nonce.hex(),
+                            "why": "two different sealed values under one nonce"})  # fmt: skip
+    if not first:
+        return Finding(0, [], "no sealed value of the example form: not judged")
+    return Finding(len(first), bad)
 
 
 @invariant(
