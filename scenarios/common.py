@@ -192,7 +192,31 @@ def cancel_ends_a_paused_run(ctx: ExperimentContext, ctl: WorkerProcess, run_id:
         observed=f"reply {'ok' if reply.ok else f'{reply.error}: {reply.message}'}; run "
         f"{after['status']}, owner {after['owner']}",
     )
+    if reply.ok and after["status"] == "cancelled":
+        _cancel_of_an_ended_run_changes_nothing(ctx, ctl, run_id)
     return reply.ok
+
+
+def _cancel_of_an_ended_run_changes_nothing(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str
+) -> None:
+    """A second cancel of the run it already ended (a customer who clicks
+    twice) tells nobody anything new: taken or refused, it writes no run
+    change and no outbox event (blind hunt 15 #03: an agent.cancelled event
+    for every cancel of an ended run)."""
+    reply, changes = op_and_changes(ctx, ctl, "cancel", run_id=run_id, reason="clicked twice")
+    written = [
+        (c["tbl"], c["op"])
+        for c in changes
+        if c["tbl"] in ("agent_runs", "outbox", "agent_checkpoints", "tool_operations")
+    ]
+    ctx.invariant(
+        "a cancel of an ended run writes nothing",
+        not written,
+        expected="the second cancel of the cancelled run changes no run, checkpoint, ledger or "
+        "outbox row (its answer may be ok or a refusal)",
+        observed=f"reply {'ok' if reply.ok else reply.error}; rows written {written}",
+    )
 
 
 def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -> T | None:
