@@ -212,6 +212,7 @@ def run(ctx: ExperimentContext) -> None:
     _dispatch_skips_a_held_intent(ctx)
     _reconcile_skips_a_held_claim(ctx)
     _reconcile_lists_every_expiry(ctx)
+    _dispatch_claims_one(ctx)
     checkers.lease_history_is_sound(ctx)
 
 
@@ -339,6 +340,46 @@ def _reconcile_lists_every_expiry(ctx: ExperimentContext) -> None:
         "changed (audit trail)",
         observed=f"listed {listed}; changed {changed}; reply "
         f"{reply.result if reply.ok else reply.error}",
+    )
+
+
+def _dispatch_claims_one(ctx: ExperimentContext) -> None:
+    """A dispatch cycle without an operation id claims one prepared intent and
+    sends it, whatever else is prepared (contract section 5, ``dispatch``; blind
+    hunt 15 #10: a claim without its LIMIT took every prepared intent of the
+    tenant at once, sent none, and left them all to expire into doubt)."""
+    tenant = ctx.env.other_tenant_id
+    _two_intents(ctx, tenant, "P", "z.one")
+    name = "a dispatch cycle claims one prepared intent"
+
+    def prepared() -> list[str]:
+        return [
+            str(r["operation_id"])
+            for r in ctx.sql(
+                "the tenant's prepared intents of live runs",
+                "SELECT o.operation_id FROM fencecheck_model.tool_operations o "
+                "JOIN fencecheck_model.agent_runs r ON r.run_id = o.run_id "
+                "WHERE o.tenant_id = %s AND o.status = 'prepared' "
+                "AND r.status IN ('running', 'waiting_tool')",
+                [tenant],
+            )
+        ]
+
+    before = prepared()
+    sent_before = len(checkers.tool_requests(ctx))
+    reply = ctx.op(ctx.env.start_worker("D3", "ops", tenant_id=tenant), "dispatch")
+    if reply.error == "Unsupported":
+        ctx.not_judged(name, expected="a dispatch cycle", observed="the system has none")
+        return
+    after = prepared()
+    sent = len(checkers.tool_requests(ctx)) - sent_before
+    ctx.invariant(
+        name,
+        reply.ok and len(before) >= 2 and len(before) - len(after) == 1 and sent == 1,
+        expected=f"of the {len(before)} prepared intents, the cycle claimed one and the tool "
+        "received one request; the rest still prepared",
+        observed=f"prepared {len(before)} before, {len(after)} after; requests sent {sent}; "
+        f"reply {reply.result if reply.ok else reply.error}",
     )
 
 
