@@ -125,7 +125,9 @@ class ForkServer:
         self._send_lock = threading.Lock()
         self._spawns: dict[int, tuple[threading.Event, list[Any]]] = {}
         self._children: dict[int, ForkedChild] = {}
-        self._early: dict[int, int] = {}  # exits that came before their spawn reply
+        # Exits that came before their child was adopted: pid -> (status, the
+        # last spawn id asked for when the exit came).
+        self._early: dict[int, tuple[int, int]] = {}
         self._closed = False
         self.pid: int | None = None
         self.why_not = ""
@@ -262,7 +264,7 @@ class ForkServer:
             self._children[pid] = child
             early = self._early.pop(pid, None)
         if early is not None:
-            child._set_exit(early)
+            child._set_exit(early[0])
         return child
 
     # ----------------------------------------------------------------- reading
@@ -283,6 +285,15 @@ class ForkServer:
         if "spawned" in msg:
             with self._lock:
                 entry = self._spawns.pop(int(msg["spawned"]), None)
+                # An exit on record for this pid that came before this spawn
+                # was even asked for is an older child's (one never adopted).
+                # Pids wrap (pid_max is often 32768): left, it would report
+                # this new child dead at once while it runs.
+                if "pid" in msg:
+                    pid = int(msg["pid"])
+                    stale = self._early.get(pid)
+                    if stale is not None and stale[1] < int(msg["spawned"]):
+                        del self._early[pid]
             if entry is not None:
                 entry[1].append(msg)
                 entry[0].set()
@@ -291,7 +302,7 @@ class ForkServer:
             with self._lock:
                 child = self._children.pop(pid, None)
                 if child is None:
-                    self._early[pid] = status
+                    self._early[pid] = (status, self._ids)
             if child is not None:
                 child._set_exit(status)
 

@@ -94,3 +94,27 @@ def test_a_command_without_the_mode_is_exec_d(tmp_path: Path) -> None:
     )
     assert not fork.start(timeout_s=5)
     assert "does not offer it" in fork.why_not
+
+
+def test_an_older_childs_exit_is_not_a_new_childs_with_the_same_pid(tmp_path: Path) -> None:
+    """Pids wrap: an exit on record for a pid nobody adopted (it came before
+    the new spawn was asked for) must not mark the new child of that pid dead.
+    An exit that comes after the spawn reply and before the adoption is the
+    new child's own and is applied."""
+    import subprocess
+
+    fork = ForkServer(COMMAND, log_path=tmp_path / "fork-server.log", env=dict(os.environ))
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        fork._ids = 1
+        fork._dispatch({"exited": 1, "pid": alive.pid, "status": -9})  # an older child
+        fork._ids = 2
+        fork._dispatch({"spawned": 2, "pid": alive.pid})
+        assert fork.adopt(alive.pid, None, None).poll() is None
+        fork._children.clear()
+        fork._dispatch({"spawned": 3, "pid": alive.pid})
+        fork._dispatch({"exited": 3, "pid": alive.pid, "status": 7})  # its own, before adopt
+        assert fork.adopt(alive.pid, None, None).poll() == 7
+    finally:
+        alive.kill()
+        alive.wait()
