@@ -257,6 +257,19 @@ def _publish_fails(ctx: ExperimentContext, run_id: str, events: list[str]) -> No
         for r in checkers.outbox(ctx, run_id)
         if str(r["event_id"]) in taken and r["published_at"] is None
     ]
+    # In outbox order, stopping at the refusal: no later row of the run may
+    # reach the broker before an earlier one still pending (blind hunt 16
+    # #04: a relay that went on past the refused row published out of order).
+    ids = {str(r["event_id"]): int(r["id"]) for r in checkers.outbox(ctx, run_id)}
+    refused_id = ids.get(refused[0]) if refused else None
+    past = sorted(e[:8] for e in taken if refused_id is not None and ids.get(e, 0) > refused_id)
+    ctx.invariant(
+        "a relay cycle stops at a refused publish",
+        not past,
+        expected="no row after the refused one (by outbox id) taken by the broker in that cycle: "
+        "a run's events reach the broker in outbox order",
+        observed=f"taken after the refused row: {past or 'none'}",
+    )
     ctx.invariant(
         "a refused publish keeps the cycle's other marks",
         reply.ok and not unmarked,
