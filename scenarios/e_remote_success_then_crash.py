@@ -73,6 +73,7 @@ from harness.checking import checkers
 from harness.checking.history import load_history
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive, plain
+from harness.model.compile import DECLARED
 from harness.parts import clock_skew
 from harness.parts.control import Crash, Hit, Hold
 from harness.parts.processes import SignalRecord, WorkerProcess
@@ -912,8 +913,8 @@ def _window_recorded_once_the_tool_answers(
     judges = "an intent registered once the tool answers again records the tool's key window"
     declared_ms = int(WINDOW_END_RETENTION_S * 1000)
     mapped = ctx.env.query(
-        "SELECT EXISTS (SELECT 1 FROM fencecheck_model.declared WHERE relation = "
-        "'tool_operations' AND column_name = 'retention_ms') AS mapped"
+        f"SELECT EXISTS (SELECT 1 FROM {DECLARED} WHERE relation = 'tool_operations' "
+        "AND column_name = 'retention_ms') AS mapped"
     )[0]["mapped"]
     rows = {
         str(r["operation_id"]): r["retention_ms"]

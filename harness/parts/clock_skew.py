@@ -38,7 +38,7 @@ from pathlib import Path
 #: Where Debian's ``libfaketime`` package puts the library (the multi-threaded
 #: build: workers have threads), and the variable that names another.
 LIBRARY_ENV = "FENCECHECK_LIBFAKETIME"
-DEBIAN_LIBRARY = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1")
+DEBIAN_LIBRARIES = "/usr/lib/*-linux-gnu/faketime/libfaketimeMT.so.1"
 PROBE_TIMEOUT_S = 10.0
 
 
@@ -49,20 +49,16 @@ class ClockSkewUnavailable(RuntimeError):
 def library() -> Path:
     """The libfaketime library to preload, or :class:`ClockSkewUnavailable`."""
     named = os.environ.get(LIBRARY_ENV)
-    candidates = [Path(named)] if named else [DEBIAN_LIBRARY, *_other_arches()]
+    candidates = [Path(named)] if named else sorted(Path("/").glob(DEBIAN_LIBRARIES[1:]))
     for path in candidates:
         if path.is_file():
             return path
     raise ClockSkewUnavailable(
-        f"libfaketime not found (looked for {', '.join(str(p) for p in candidates)}): a worker "
+        f"libfaketime not found (looked for {named or DEBIAN_LIBRARIES}): a worker "
         "with a clock behind the database's needs it. Install it with `apt-get install "
         f"libfaketime` (`make setup` does, as root), or set {LIBRARY_ENV} to the path of "
         "libfaketimeMT.so.1"
     )
-
-
-def _other_arches() -> list[Path]:
-    return sorted(Path("/usr/lib").glob("*-linux-gnu/faketime/libfaketimeMT.so.1"))
 
 
 def skewed_env(behind_s: float) -> dict[str, str]:
