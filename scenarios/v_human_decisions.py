@@ -35,6 +35,7 @@ from scenarios.common import (
     control_plane,
     finish,
     finish_or_kill,
+    intent_registered,
     new_run,
     op_and_changes,
     paused_list_is_the_databases,
@@ -155,6 +156,7 @@ def run(ctx: ExperimentContext) -> None:
         "reason": "customer called support",
         "ticket": "CS-7",
     }
+    bystander = _bystander_intent(ctx) if variant == "terminate" else None
     if variant == "terminate":
         reply = _two_operators_decide_together(ctx, ctl, decide_args)
     else:
@@ -255,6 +257,8 @@ def run(ctx: ExperimentContext) -> None:
             1,
             what="creates the tool received",
         )
+        if bystander is not None:
+            _bystander_untouched(ctx, *bystander)
     actions = ctx.sql(
         "operator decisions on the run",
         "SELECT action, operator, ticket, before->>'status' AS before, after->>'status' AS after"
@@ -392,6 +396,28 @@ def _two_operators_decide_together(
         ),
     )
     return taken[0] if taken else replies[0]
+
+
+def _bystander_intent(ctx: ExperimentContext) -> tuple[str, str]:
+    """Another live run of the tenant with an intent prepared (an ``ops``
+    process holds its lease): a terminate cancels its own run's prepared
+    operations, never this one (generated mutant: the cancel without its
+    run's filter). The run and its operation."""
+    other = new_run(ctx, tool="plain")
+    op = intent_registered(ctx, ctx.env.start_worker("X", "ops"), other, tool="plain",
+                           step_id="create_label")  # fmt: skip
+    return other, op
+
+
+def _bystander_untouched(ctx: ExperimentContext, run_id: str, op_id: str) -> None:
+    ops = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    ctx.equal(
+        "a terminate cancels no other run's prepared intent",
+        ops,
+        [(op_id, "prepared")],
+        what=f"the ledger of another live run ({run_id[:8]}, its intent registered before the "
+        "decision)",
+    )
 
 
 def _resolve_the_second_version(

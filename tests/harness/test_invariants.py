@@ -250,6 +250,7 @@ def test_clean_history_breaks_nothing() -> None:
         "effect.not_executed_only_where_the_tool_did_not_act",
         "run.only_finished_tasks_are_purged",
         "operator.audit_shows_the_rows_before_and_after",
+        "operator.a_decision_changes_only_its_run",
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
     }
@@ -588,13 +589,19 @@ def paused_in_doubt(s: Story) -> tuple[dict[str, Any], dict[str, Any]]:
     return run, op
 
 
-def operator_resolves(s: Story, *, before_taken_late: bool = False) -> None:
+def operator_resolves(
+    s: Story, *, before_taken_late: bool = False, touches_another_run: bool = False
+) -> None:
     """An operator's resolve_indoubt: the operation converges, the run is queued
     and the decision audited, in one transaction. ``before_taken_late``: the
     ``before`` snapshot read after the ledger change (the operation already
-    succeeded)."""
+    succeeded). ``touches_another_run``: the same transaction also changes the
+    first run (generated mutants: a supplement or a terminate without its
+    run's filter)."""
     run, op = paused_in_doubt(s)
     tx = s.tx(1.0, app="ctl")
+    if touches_another_run:
+        tx("agent_runs", s.state("agent_runs", (RUN,)), {"max_attempts": 9})
     tx("tool_operations", op, {"status": "succeeded", "remote_id": "res-3", "revision": 3})
     resolved = s.state("tool_operations", (OP3,))
     tx("agent_runs", run, {"status": "queued"})
@@ -658,6 +665,9 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "effect.resend_claim_ends_within_the_tools_retention": resend_past_retention,
     "operator.audit_shows_the_rows_before_and_after": lambda s: operator_resolves(
         s, before_taken_late=True
+    ),
+    "operator.a_decision_changes_only_its_run": lambda s: operator_resolves(
+        s, touches_another_run=True
     ),
 }
 

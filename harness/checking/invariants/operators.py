@@ -45,11 +45,7 @@ Image = dict[str, Any] | None
 def audit_shows_rows_before_and_after(ev: Evidence) -> Finding:
     if ev.declares("operator_actions", "before") is False:
         return Finding(0, [], "the system keeps no before/after of operator decisions: not judged")
-    decisions = [
-        c
-        for c in ev.of("operator_actions", "INSERT")
-        if not c.by_harness and c.row.get("run_id") is not None  # a purge names no run
-    ]
+    decisions = _decisions_on_runs(ev)
     if not decisions:
         return Finding(0, [], "no operator decision on a run in this history")
     per_tx = group(decisions, lambda c: c.txid)
@@ -95,6 +91,51 @@ def audit_shows_rows_before_and_after(ev: Evidence) -> Finding:
                     }
                 )
     return Finding(len(decisions), bad)
+
+
+@invariant(
+    "operator.a_decision_changes_only_its_run",
+    "contract section 7.7 (cancel, decide, resolve_indoubt, converge_operation each name one run)",
+    "a transaction holding an operator decision on a run changes no other run and no other "
+    "run's operation: every agent_runs and tool_operations row it changed, as the audit trail "
+    "saw it, is of the run the decision names",
+)
+def a_decision_changes_only_its_run(ev: Evidence) -> Finding:
+    decisions = _decisions_on_runs(ev)
+    if not decisions:
+        return Finding(0, [], "no operator decision on a run in this history")
+    named: dict[int, set[str]] = {}
+    for d in decisions:
+        named.setdefault(d.txid, set()).add(str(d.row["run_id"]))
+    bad: list[dict[str, Any]] = []
+    for c in ev.changes:
+        if c.txid not in named or c.table not in ("agent_runs", "tool_operations"):
+            continue
+        # Both images: a row moved out of the named run is another run's change too.
+        runs = {str(i["run_id"]) for i in (c.old, c.new) if i is not None and "run_id" in i}
+        if runs - named[c.txid]:
+            bad.append(
+                {
+                    "seq": c.seq,
+                    "txid": c.txid,
+                    "app": c.app,
+                    "table": c.table,
+                    "op": c.op,
+                    "row": _key(c),
+                    "of_run": sorted(runs),
+                    "decision_names": sorted(named[c.txid]),
+                }
+            )
+    return Finding(len(decisions), bad)
+
+
+def _decisions_on_runs(ev: Evidence) -> list[Change]:
+    """The audit rows of the workers' decisions that name a run (a purge names none)."""
+    return [
+        c
+        for c in ev.of("operator_actions", "INSERT")
+        if not c.by_harness and c.row.get("run_id") is not None
+    ]
 
 
 def _key(c: Change) -> str:
