@@ -353,7 +353,15 @@ def _relay_keeps_its_limit(
 ) -> None:
     """A cycle with limit 1 over the run's unpublished rows publishes and marks
     one of them at most (contract section 5, relay: "up to limit"), and one at
-    least: nothing else holds them."""
+    least: nothing else holds them. The one it takes is the oldest (a cycle
+    publishes in outbox order; a batch ordered by the random event_id took
+    any: blind hunt 17 #03)."""
+    oldest = ctx.sql(
+        "the oldest unpublished outbox row before the limit-1 cycle",
+        "SELECT event_id FROM fencecheck_model.outbox WHERE published_at IS NULL "
+        "AND tenant_id = %s ORDER BY id LIMIT 1",
+        [ctx.env.tenant_id],
+    )
     mark = checkers.audit_mark(ctx)
     reply = ctx.ok(relay, "relay", limit=1)
     marked = [
@@ -374,6 +382,13 @@ def _relay_keeps_its_limit(
         len(published) == 1,
         expected="one event published by the limit-1 cycle (nothing else holds the rows)",
         observed=f"reply {published}",
+    )
+    first = str(oldest[0]["event_id"]) if oldest else None
+    ctx.invariant(
+        "a limit-1 relay cycle publishes the oldest unpublished row",
+        all(str(m["event_id"]) == first for m in sent),
+        expected=f"the broker's copy from that cycle is of the row first in outbox order ({first})",
+        observed=f"broker copies {[str(m['event_id']) for m in sent]}",
     )
 
 

@@ -283,13 +283,19 @@ def run(ctx: ExperimentContext) -> None:
 def _supplement_twice(ctx: ExperimentContext) -> None:
     """Supplements accumulate (contract section 5, decide): the tool refuses
     version 1 and then the supplemented version 2 for good; a second person
-    supplies another field; version 3's request carries both supplements, and
-    the run finishes with one resource, made by version 3."""
+    supplies another field and corrects the first person's again; version 3's
+    request carries both supplements, the later value of the field both give
+    (a merge with its operands swapped kept the earlier one: blind hunt 17
+    #01), and the run finishes with one resource, made by version 3."""
     run_id = new_run(ctx, tool="plain")
     ctx.env.tool.client().set_fault("plain", "reject_final", count=2, run_id=run_id)
     ctx.command(f"tool: the next two creates of 'plain' for run {run_id[:8]} answer 422")
     ctl = control_plane(ctx)
-    given = ({"address": "corrected by support"}, {"phone": "+1 555 0100"})
+    given = (
+        {"address": "corrected by support"},
+        {"phone": "+1 555 0100", "address": "corrected again"},
+    )
+    merged = {k: v for sup in given for k, v in sup.items()}  # a later value wins
     replies, pauses = [], []
     for n, supplement in enumerate(given, start=1):
         code = finish(ctx, ctx.env.start_worker(f"W{n}", "run", ["--run-id", run_id, "--once"]))
@@ -331,10 +337,10 @@ def _supplement_twice(ctx: ExperimentContext) -> None:
     request = made[0]["request"] if made else {}
     ctx.invariant(
         "the third version carries both supplements",
-        all(request.get(k) == v for sup in given for k, v in sup.items()) if made else True,
+        all(request.get(k) == v for k, v in merged.items()) if made else True,
         expected=f"version 3's request, as the tool made its resource from it, holds "
-        f"{given[0]} and {given[1]}",
-        observed=f"{ {k: request.get(k) for sup in given for k in sup} if made else 'no resource' }",
+        f"{given[0]} and {given[1]}, the later address winning: {merged}",
+        observed=f"{ {k: request.get(k) for k in merged} if made else 'no resource' }",
     )
     ctx.progress_equal(
         "the run finishes with version 3",

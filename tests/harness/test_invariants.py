@@ -126,7 +126,7 @@ def protected(s: Story, at: float, rev: int, event: str, **run: Any) -> Callable
             "schema_version": 2,
         },
     )
-    tx("outbox", None, {"event_id": event, "run_id": RUN, "published_at": None})
+    tx("outbox", None, {"id": rev, "event_id": event, "run_id": RUN, "published_at": None})
     return tx
 
 
@@ -251,6 +251,7 @@ def test_clean_history_breaks_nothing() -> None:
         "run.only_finished_tasks_are_purged",
         "operator.audit_shows_the_rows_before_and_after",
         "operator.a_decision_changes_only_its_run",
+        "outbox.a_relay_cycle_publishes_in_outbox_order",
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
     }
@@ -763,6 +764,17 @@ def token_logged(ev: Evidence) -> None:
     ev.worker_logs.planted_at.append({"file": "worker-A.stderr.log", "line": 7})
 
 
+def relayed_out_of_order(ev: Evidence) -> None:
+    """One relay transaction marks e2 and e3, whose copies reached the broker
+    e3 first (blind hunt 17 #03: a batch ordered by the random event_id)."""
+    s = clean_story()
+    relay = s.tx(0.75, app="R")
+    for e in ("e2", "e3"):
+        relay("outbox", s.state("outbox", (e,)), {"published_at": iso(T0 + 0.75)})
+    ev.changes[:] = s.changes
+    ev.tool["messages"] += [message("e3", 0.72), message("e2", 0.73)]
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
@@ -771,6 +783,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "effect.no_resend_without_idempotency": resent_without_promise,
     "effect.sent_only_under_a_dispatch_claim": sent_before_claim,
     "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
+    "outbox.a_relay_cycle_publishes_in_outbox_order": relayed_out_of_order,
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
     "worker.replies_match_the_contract": null_reconcile_item,
@@ -1214,3 +1227,11 @@ def test_a_retention_recorded_in_the_wrong_unit_breaks() -> None:
     ev.tool["server"] = {"idempotency_retention_s": 500}
     result = next(r for r in check(ev) if r.name == name)
     assert not result.ok and result.violations[0]["declared_ms"] == 500_000
+
+
+def test_a_relay_cycle_in_outbox_order_breaks_nothing() -> None:
+    ev = clean()
+    relayed_out_of_order(ev)
+    ev.tool["messages"][-2:] = [message("e2", 0.72), message("e3", 0.73)]
+    result = {r.name: r for r in check(ev)}["outbox.a_relay_cycle_publishes_in_outbox_order"]
+    assert result.ok and result.checked == 1

@@ -37,6 +37,51 @@ def marked_only_after_broker(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "outbox.a_relay_cycle_publishes_in_outbox_order",
+    "contract section 5 (relay: a cycle publishes in outbox order); SPEC rule 10",
+    "the rows one transaction marks published reached the broker in outbox order: for each "
+    "such transaction, the broker's copies it published (the last copy of each event received "
+    "before its mark) carry increasing broker seq along increasing outbox id; not judged where "
+    "a transaction marks one row",
+)
+def a_relay_cycle_publishes_in_outbox_order(ev: Evidence) -> Finding:
+    if ev.declares("outbox", "id") is False:
+        return Finding(0, [], "the system's outbox declares no order (id): not judged")
+    marks = [
+        c
+        for c in ev.of("outbox", "UPDATE")
+        if c.before("published_at") is None and c.after("published_at") is not None
+    ]
+    messages = group(ev.tool.get("messages", []), lambda m: str(m.get("event_id")))
+    bad: list[dict[str, object]] = []
+    cycles = [tx for tx in group(marks, lambda c: c.txid).values() if len(tx) > 1]
+    for tx in cycles:
+        sent: list[tuple[int, float]] = []  # (outbox id, the broker's order of its copy)
+        for c in tx:
+            copies = [
+                m
+                for m in messages.get(str(c.row.get("event_id")), [])
+                if float(m["received_at"]) <= c.at + CLOCK_TOLERANCE_S
+            ]
+            # No copy: the invariant above names it. The broker's seq where it
+            # logs one, else its receipt time (one clock: the broker's).
+            if copies and c.row.get("id") is not None:
+                last = copies[-1]
+                sent.append((int(c.row["id"]), float(last.get("seq", last["received_at"]))))
+        sent.sort()
+        order = [at for _, at in sent]
+        if order != sorted(order):
+            bad.append(
+                {
+                    "txid": tx[0].txid,
+                    "app": tx[0].app,
+                    "outbox_id_and_broker_order": [[i, at] for i, at in sent],
+                }
+            )
+    return Finding(len(cycles), bad)
+
+
+@invariant(
     "consumer.business_effect_at_most_once_per_event",
     "SPEC rule 10; Chinese seed §11, §13.2",
     "each consumer applies its business effect at most once per event_id",
