@@ -231,6 +231,7 @@ def _operator_converges(
     ctx: ExperimentContext, run_id: str, op_id: str, sent: list[dict[str, object]]
 ) -> None:
     remote = str(sent[0]["resource_id"]) if sent else None
+    _bystander_in_doubt(ctx)
     before = checkers.run_row(ctx, run_id)["status"]
     ctx.fault(
         "the operator converges an operation of a run paused in doubt",
@@ -291,6 +292,27 @@ def _operator_converges(
         seen == [("converge", "OPS-43", "paused_indoubt", "queued")],
         expected="one row: converge, ticket OPS-43, paused_indoubt -> queued",
         observed=f"{seen}",
+    )
+
+
+def _bystander_in_doubt(ctx: ExperimentContext) -> None:
+    """Another run of the tenant paused in doubt on its own unknown operation
+    while the operator converges this one's last: whether this run has nothing
+    left in doubt is asked of its own operations only (generated mutant
+    2e2128fe, blind hunt 17 #12 in the reconciler's path: a NOT EXISTS
+    without its run)."""
+    bystander = new_run(ctx, tool="plain")
+    ctx.env.tool.client().set_fault("plain", "drop_after_act", run_id=bystander)
+    ctx.command(f"tool: the bystander {bystander[:8]}'s create of 'plain' loses its answer")
+    z = ctx.env.start_worker("Z", "run", ["--run-id", bystander, "--once"])
+    code = finish_or_take_over(ctx, z, bystander)
+    row = checkers.run_row(ctx, bystander, "the bystander before the convergence")
+    ops = [o["status"] for o in checkers.ledger(ctx, bystander)]
+    ctx.fault(
+        "another run of the tenant is in doubt during the convergence",
+        row["status"] == "paused_indoubt" and ops == ["unknown"],
+        expected="the bystander paused_indoubt on its one unknown operation",
+        observed=f"bystander {row['status']}, ledger {ops} (Z exit {code})",
     )
 
 
