@@ -116,7 +116,7 @@ LIVE_CLAIM_TTL_MS = 60_000
 RESEND_LATE_MS = 2000
 LATE_CREATES = 100
 #: others_in_doubt: the steps of the run's other operations (a plain tool).
-OTHER_STEPS = ("w.other_1", "w.other_2", "w.other_3")
+OTHER_STEPS = ("w.other_1", "w.other_2", "w.other_3", "w.other_4")
 #: others_in_doubt: an intent of yet another step, registered first and never
 #: sent: the workflow adopts its tool step's result beside it.
 PLANNED_STEP = "w.planned"
@@ -607,8 +607,13 @@ def _terminated_then_found(ctx: ExperimentContext, run_id: str, op_id: str) -> N
 
 
 def _others_in_doubt(ctx: ExperimentContext) -> None:
-    """Three operations of the run on other steps are in doubt when its own
-    tool step freezes it: every convergence but the last leaves it paused."""
+    """Four operations of the run on other steps are in doubt when its own
+    tool step freezes it: every convergence but the last leaves it paused. The
+    last two are converged by two operators at once, the harness holding the
+    run's row until each has waited on it or answered: a convergence that
+    judged "nothing else in doubt" without the run's row read the other's
+    operation still unknown, and neither queued the run (generated mutants
+    d0a61808, b5a0091c)."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
     tool = ctx.env.tool.client()
@@ -673,26 +678,7 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
             f"{what} converged it", (reply.ok, converged), (True, "succeeded"),
             what=f"{op}'s reply ok and {op_id}'s status",
         )  # fmt: skip
-    # The last one converges to failed_final (a person found it never took
-    # effect): it settles the last doubt as much as a success does.
-    last = ctx.op(
-        ctl,
-        "converge_operation",
-        operation_id=others[2],
-        outcome="failed_final",
-        reason="not in the tool's console",
-        ticket="OPS-46",
-    )
-    ops_after = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
-    status = checkers.run_row(ctx, run_id, "the run after the last convergence")["status"]
-    left = [o for o, s in ops_after if s in ("unknown", "dispatching")]
-    ctx.invariant(
-        "a run with nothing left in doubt is not left paused in doubt",
-        not last.ok or status != "paused_indoubt" or bool(left),
-        expected="the last convergence (to failed_final) accepted, nothing left in doubt, the "
-        "run out of paused_indoubt at once",
-        observed=f"reply {'ok' if last.ok else last.error}; run {status}; ledger {ops_after}",
-    )
+    _last_two_converged_together(ctx, ctl, run_id, others[2:], made)
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"], env=env)
     code_b = finish(ctx, b)
     sent = checkers.tool_requests(ctx, run_id=run_id)
@@ -710,6 +696,51 @@ def _others_in_doubt(ctx: ExperimentContext) -> None:
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _last_two_converged_together(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str, last: list[str],
+    made: dict[str, str],
+) -> None:  # fmt: skip
+    """Two operators converge the run's last two operations in doubt at once
+    (one to failed_final: a person found it never took effect, which settles
+    a doubt as much as a success does); the run must leave paused_indoubt."""
+    ctl2 = ctx.env.start_worker("ctl2", "ops", role="operator")
+    outcomes = (("failed_final", None, "OPS-46"), ("succeeded", made.get(last[1]), "OPS-47"))
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        pending = [
+            ctx.op_async(worker, "converge_operation", {
+                "operation_id": op_id, "outcome": outcome, "remote_id": remote,
+                "reason": "checked in the tool's console", "ticket": ticket,
+            })
+            for worker, op_id, (outcome, remote, ticket)
+            in zip((ctl, ctl2), last, outcomes, strict=True)
+        ]  # fmt: skip
+        seen = [
+            lock.answered_or_waiting(p, w) for p, w in zip(pending, ("ctl", "ctl2"), strict=True)
+        ]
+    ctx.command(
+        "while the harness held the run's row: "
+        + "; ".join(f"{w}: {s or 'answered'}" for w, s in zip(("ctl", "ctl2"), seen, strict=True))
+    )
+    replies = [p.result(15.0) for p in pending]
+    ops_after = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    status = checkers.run_row(ctx, run_id, "the run after the last convergences")["status"]
+    left = [o for o, s in ops_after if s in ("unknown", "dispatching")]
+    ctx.invariant(
+        "a run with nothing left in doubt is not left paused in doubt",
+        not all(r.ok for r in replies) or status != "paused_indoubt" or bool(left),
+        expected="both convergences accepted, nothing left in doubt, the run out of "
+        "paused_indoubt at once, whichever committed first",
+        observed=f"replies {[('ok' if r.ok else r.error) for r in replies]}; run {status}; "
+        f"ledger {ops_after}",
+    )
+    ctx.progress(
+        "both last convergences were taken",
+        all(r.ok for r in replies),
+        expected="converge_operation of each of the last two unknown operations accepted",
+        observed=f"{[(r.error, r.message) for r in replies if not r.ok] or 'both ok'}",
+    )
 
 
 def _registered_beside_first_checkpoint(

@@ -143,8 +143,7 @@ func (p *Protocol) RecordResult(ctx context.Context, q Querier, op *Operation, o
 			op.OperationID, owner, op.Revision, op.Digest, a.Kind, a.RemoteID, string(result)); err != nil {
 			return err
 		}
-		_, err := q.Exec(ctx, p.SQL.ResumeRun, op.OperationID)
-		return err
+		return p.resumeRun(ctx, q, op.OperationID)
 	}
 	var err error
 	if db, ok := q.(DB); ok {
@@ -155,6 +154,21 @@ func (p *Protocol) RecordResult(ctx context.Context, q Querier, op *Operation, o
 	if err == nil {
 		outcomeCommitted(op.RunID, op.OperationID)
 	}
+	return err
+}
+
+// resumeRun puts the run of opID back in the queue when it is paused in
+// doubt and nothing of it is in doubt any more. The run's row is locked
+// first, in a statement of its own, so the check runs on a snapshot taken
+// after that lock: of two convergences of a run's last two doubts at once,
+// the second sees the first's commit. One UPDATE judged its NOT EXISTS on the
+// snapshot from before its wait, and neither queued the run (found by
+// W[others_in_doubt], two operators converging at once).
+func (p *Protocol) resumeRun(ctx context.Context, q Querier, opID string) error {
+	if _, err := q.Exec(ctx, p.SQL.LockRunOfOperation, opID); err != nil {
+		return err
+	}
+	_, err := q.Exec(ctx, p.SQL.ResumeRun, opID)
 	return err
 }
 
@@ -185,8 +199,7 @@ func (p *Protocol) SettleWithoutResult(ctx context.Context, q Querier, op *Opera
 		}
 		// Back to prepared, nothing of the run may be in doubt any more: a run
 		// paused in doubt goes back to the queue in the same transaction.
-		_, err := q.Exec(ctx, p.SQL.ResumeRun, op.OperationID)
-		return err
+		return p.resumeRun(ctx, q, op.OperationID)
 	}
 	var err error
 	if db, ok := q.(DB); ok && to == "prepared" {
@@ -390,8 +403,7 @@ func (r *Reconciler) ReconcileOne(ctx context.Context, q Querier, u UnknownOp) (
 			// Between the two halves: a crash here must leave both or neither.
 			injection.Point("after_reconcile_converge", u.RunID, nil, nil, u.OperationID)
 			// Nothing of a run paused in doubt left in doubt: back to the queue.
-			_, err = q.Exec(ctx, r.D.P.SQL.ResumeRun, u.OperationID)
-			return err
+			return r.D.P.resumeRun(ctx, q, u.OperationID)
 		}
 		// One transaction: a crash between the two statements must not leave a
 		// run paused in doubt with nothing in doubt (nobody would resume it).

@@ -264,7 +264,7 @@ func (p *Protocol) ConvergeOperation(ctx context.Context, db DB, opID, outcome s
 			opID, runID, outcome, remoteID, "operator_converged", reason, ticket); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, p.SQL.ResumeRun, opID); err != nil {
+		if err := p.resumeRun(ctx, tx, opID); err != nil {
 			return err
 		}
 		id, err := p.Audit(ctx, tx, p, AuditRow{RunID: &runID, OperationID: &opID, Action: "converge",

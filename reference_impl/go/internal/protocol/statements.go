@@ -15,6 +15,7 @@ type Statements struct {
 	// Dispatcher and reconciler (rule 4; English seed section 9).
 	DispatchClaim, RecordResult, MarkUnknown, ReturnRejected, ExpiredClaims, ExpireClaim string
 	UnknownOps, Converge, ResumeRun, ClaimRetry, AddEvidence, Operation, StepVersions    string
+	LockRunOfOperation                                                                   string
 	// Control plane (rules 6, 7) and the operator's decisions (contract section 7).
 	CreateTenant, CreateTask, CreateRun                         string
 	LockTask, ActiveRun, InsertRetryRun, SwitchTask             string
@@ -249,6 +250,9 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
          'at', clock_timestamp(), 'event', 'converged', 'evidence', $6::jsonb)),
        revision = revision + 1, updated_at = clock_timestamp()
  WHERE operation_id = $1 AND status = 'unknown' AND revision = $2`,
+		// Taken before ResumeRun, in a statement of its own (see resumeRun).
+		LockRunOfOperation: `SELECT 1 FROM agent_runs r
+ WHERE r.run_id = (SELECT o.run_id FROM tool_operations o WHERE o.operation_id = $1) FOR UPDATE`,
 		// A run paused in doubt whose operations all converged goes back to
 		// the queue (Chinese seed 8.3: confirmed -> forward); its worker
 		// continues from the ledger.
