@@ -149,6 +149,8 @@ def run(ctx: ExperimentContext) -> None:
     if ctx.system.capabilities.offers_op("decide"):
         _terminate_keeps_the_budget(ctx, ctl, runs[1])
     taken_over = _requeued_after_a_takeover(ctx, ctl)
+    if ctx.system.capabilities.offers_op("decide"):
+        _approve_changes_no_other_run(ctx, ctl, runs[2])
     writes_name_workflow_steps(ctx, [*runs, *retried, taken_over])
     checkers.lease_history_is_sound(ctx, [*runs, *retried, taken_over])
 
@@ -254,6 +256,41 @@ def _requeued_after_a_takeover(ctx: ExperimentContext, ctl: WorkerProcess) -> st
             ctx, [run_id], name="the requeue after a takeover waits the delay of its attempt"
         )
     return run_id
+
+
+def _approve_changes_no_other_run(ctx: ExperimentContext, ctl: WorkerProcess, run_id: str) -> None:
+    """An operator's ``decide approve`` of a run paused with its budget spent
+    (the contract leaves the budget after an approve to the system; the
+    reference grants one more attempt) changes no other run's budget
+    (generated mutant 394288ad raised every run's max_attempts; the global
+    operator.a_decision_changes_only_its_run judges the whole transaction)."""
+    row = ctx.sql(
+        "the third run before the operator's approve",
+        "SELECT status, attempt_count, max_attempts FROM fencecheck_model.agent_runs "
+        "WHERE run_id = %s",
+        [run_id],
+    )[0]
+    if (row["status"], row["attempt_count"]) != ("paused_human", row["max_attempts"]):
+        ctx.not_judged(
+            "an approve changes no other run's budget",
+            expected="a run paused for a person with attempt_count at max_attempts",
+            observed=f"not tried: {row['status']}, attempt_count {row['attempt_count']} "
+            f"of {row['max_attempts']}",
+        )
+        return
+    budgets = (
+        "SELECT run_id, max_attempts FROM fencecheck_model.agent_runs WHERE run_id <> %s "
+        "ORDER BY run_id"
+    )
+    before = ctx.sql("every other run's budget before the approve", budgets, [run_id])
+    ctx.ok(ctl, "decide", run_id=run_id, decision="approve", reason="budget spent: one more try")
+    after = ctx.sql("every other run's budget after the approve", budgets, [run_id])
+    ctx.equal(
+        "an approve changes no other run's budget",
+        [(str(r["run_id"])[:8], r["max_attempts"]) for r in after],
+        [(str(r["run_id"])[:8], r["max_attempts"]) for r in before],
+        what="(run, max_attempts) of every other run",
+    )
 
 
 def _no_dispatch_while_paused(ctx: ExperimentContext, runs: list[str]) -> None:
