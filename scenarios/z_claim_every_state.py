@@ -211,8 +211,11 @@ def run(ctx: ExperimentContext) -> None:
         _no_write_without_a_lease(ctx, h, others[state], state)
     _dispatch_skips_a_held_intent(ctx)
     _reconcile_skips_a_held_claim(ctx)
-    _reconcile_lists_every_expiry(ctx)
+    # Before the step that holds dispatchers at a point: a cycle that claims
+    # and never sends fails here, and never reaches that point (generated
+    # mutant d5b28d1a).
     _dispatch_claims_one(ctx)
+    _reconcile_lists_every_expiry(ctx)
     checkers.lease_history_is_sound(ctx)
 
 

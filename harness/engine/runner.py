@@ -500,6 +500,12 @@ def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str |
         verdict, reason = ctx.verdict()
         return verdict, reason, None
     except Inconclusive as exc:
+        # As for a harness error below: an invariant that already broke, its
+        # faults confirmed, stands; a later step that could not be judged
+        # (a point the worker never reached) does not erase it.
+        checked, why = ctx.verdict()
+        if checked is Verdict.FAIL:
+            return checked, f"{why} (then inconclusive: {exc})", None
         return Verdict.UNKNOWN, f"inconclusive: {exc}", None
     except SetupRefused as exc:
         # The worker turned down what the contract says it does, for a reason no

@@ -204,6 +204,39 @@ class _Refusing:
         raise SetupRefused("ctl", "create_run", self.error, "insert or update violates ...")
 
 
+class _FailThenStuck:
+    """A scenario module whose invariant breaks, then whose worker never
+    reaches a later point (the bug that broke it skipped the point too)."""
+
+    SPEC = SPEC
+
+    def __init__(self, broken: bool) -> None:
+        self.broken = broken
+
+    def run(self, ctx: ExperimentContext) -> None:
+        from harness.engine.experiment import Inconclusive
+
+        ctx.fault("the fault", True, expected="-", observed="-")
+        ctx.invariant("one request sent", not self.broken, expected="1", observed="0")
+        raise Inconclusive("worker 'D2' did not reach point 'after_dispatch_claim_commit'")
+
+
+@pytest.mark.parametrize(("broken", "verdict"), [(True, Verdict.FAIL), (False, Verdict.UNKNOWN)])
+def test_a_later_inconclusive_step_leaves_a_broken_invariant_failed(
+    broken: bool, verdict: Verdict
+) -> None:
+    from harness.engine.runner import Job, _run_scenario
+
+    class Env:
+        def abort(self, timeout_s: float) -> None: ...
+
+    ctx = ExperimentContext(spec=SPEC, env=Env())  # type: ignore[arg-type]
+    job = Job(module=_FailThenStuck(broken), variant=None, repeat_index=0)  # type: ignore[arg-type]
+    got, reason, harness_error = _run_scenario(job, ctx)
+    assert (got, harness_error) == (verdict, None), reason
+    assert "did not reach point" in reason
+
+
 def test_a_probe_not_reached_is_not_judged_and_leaves_the_fail_before_it() -> None:
     ctx = _ctx()
     ctx.invariant("both writes committed", False, expected="2", observed="0")
