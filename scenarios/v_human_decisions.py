@@ -283,16 +283,18 @@ def run(ctx: ExperimentContext) -> None:
 def _supplement_twice(ctx: ExperimentContext) -> None:
     """Supplements accumulate (contract section 5, decide): the tool refuses
     version 1 and then the supplemented version 2 for good; a second person
-    supplies another field and corrects the first person's again; version 3's
-    request carries both supplements, the later value of the field both give
-    (a merge with its operands swapped kept the earlier one: blind hunt 17
-    #01), and the run finishes with one resource, made by version 3."""
+    supplies another field and corrects one of the first person's two again;
+    version 3's request carries both supplements, the later value of the
+    field both give (a merge with its operands swapped kept the earlier one:
+    blind hunt 17 #01) and the first person's other field (a supplement that
+    replaced the earlier ones lost it: blind hunt 18 #09), and the run
+    finishes with one resource, made by version 3."""
     run_id = new_run(ctx, tool="plain")
     ctx.env.tool.client().set_fault("plain", "reject_final", count=2, run_id=run_id)
     ctx.command(f"tool: the next two creates of 'plain' for run {run_id[:8]} answer 422")
     ctl = control_plane(ctx)
     given = (
-        {"address": "corrected by support"},
+        {"address": "corrected by support", "floor": "3"},
         {"phone": "+1 555 0100", "address": "corrected again"},
     )
     merged = {k: v for sup in given for k, v in sup.items()}  # a later value wins

@@ -1235,3 +1235,29 @@ def test_a_relay_cycle_in_outbox_order_breaks_nothing() -> None:
     ev.tool["messages"][-2:] = [message("e2", 0.72), message("e3", 0.73)]
     result = {r.name: r for r in check(ev)}["outbox.a_relay_cycle_publishes_in_outbox_order"]
     assert result.ok and result.checked == 1
+
+
+def cancel_after_a_write(s: Story, *, before_read_early: bool) -> None:
+    """A cancel of a run another session wrote to after the cancel's
+    transaction began and before it locked the run (blind hunt 18 #03: the
+    audit's ``before`` read ahead of the lock shows the row as it was at the
+    start, not as the cancel's own change found it)."""
+    run, _ = paused_in_doubt(s)
+    decision = s.tx(1.0, app="ctl")
+    s.tx(1.0, app="B")("agent_runs", run, {"revision": 5})
+    written = s.state("agent_runs", (RUN3,))
+    decision("agent_runs", written, {"status": "cancelled"})
+    before = snapshot(run if before_read_early else written, None)
+    after = snapshot(s.state("agent_runs", (RUN3,)), None)
+    audit = {"id": 1, "run_id": RUN3, "operation_id": None, "action": "cancel"}
+    decision("operator_actions", None, {**audit, "before": before, "after": after})
+
+
+def test_a_changed_rows_before_is_the_image_its_own_change_found() -> None:
+    s = clean_story()
+    cancel_after_a_write(s, before_read_early=False)
+    assert OPERATOR_AUDIT not in broken_by(evidence(s))
+    s = clean_story()
+    cancel_after_a_write(s, before_read_early=True)
+    (row,) = broken_by(evidence(s))[OPERATOR_AUDIT]
+    assert row["part"] == "before" and row["differs"] == {"revision": [0, 5]}

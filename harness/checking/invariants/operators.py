@@ -156,16 +156,17 @@ def _decision(d: Change) -> dict[str, Any]:
 def _images(timeline: list[Change], d: Change, side: str) -> list[Image]:
     """The row's images a snapshot of ``side`` may show, the likeliest last.
 
-    Changed by the decision's transaction: before = the images it could read
-    from its start up to its first change of the row (locked from then on),
-    after = the image its last change left. Untouched by it: any image the
-    row had while the decision ran (another session may commit in between;
-    a change audited after the decision's row was not visible to it)."""
+    Changed by the decision's transaction: before = the image its first
+    change of the row found (the row as it was just before that transaction
+    changed it: a snapshot read ahead of the row's lock may show an image
+    another session replaced meanwhile, blind hunt 18 #03), after = the image
+    its last change left. Untouched by it: any image the row had while the
+    decision ran (another session may commit in between; a change audited
+    after the decision's row was not visible to it)."""
     own = [c for c in timeline if c.txid == d.txid]
-    if side == "after" and own:
-        return [own[-1].new]
-    until = own[0].seq if own else d.seq
-    earlier = [c for c in timeline if c.seq < until and c.txid != d.txid]
+    if own:
+        return [own[-1].new] if side == "after" else [own[0].old]
+    earlier = [c for c in timeline if c.seq < d.seq and c.txid != d.txid]
     # A row's changes commit in audit order (each waits for the previous
     # one's row lock), so the image in force at the start is the last one
     # committed by then, and every later one may have been read.
@@ -173,8 +174,6 @@ def _images(timeline: list[Change], d: Change, side: str) -> list[Image]:
     start = settled[-1] if settled else 0
     images: list[Image] = [] if settled else [None]
     images += [c.new for c in earlier[start:]]
-    if own:
-        images.append(own[0].old)
     return images
 
 
