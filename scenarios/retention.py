@@ -54,14 +54,16 @@ def run(ctx: ExperimentContext) -> None:
     live = new_run(ctx, tool="plain")
     tasks = {r: _task_of(ctx, r) for r in (*eligible, live)}
     theirs = new_run(ctx, tool="plain", tenant_id=t2, task_id=tasks[eligible[0]])
-    workers = [
-        ctx.env.start_worker(f"W{i}", "run", ["--run-id", r, "--once"])
+    # One after the other: the first is then the older by any measure (made,
+    # ended), the one a limit-1 purge must take (contract purge: oldest first).
+    codes = [
+        finish(ctx, ctx.env.start_worker(f"W{i}", "run", ["--run-id", r, "--once"]))
         for i, r in enumerate(eligible, 1)
     ]
-    workers.append(ctx.env.start_worker("T2", "run", ["--run-id", theirs, "--once"], tenant_id=t2))
+    other = ctx.env.start_worker("T2", "run", ["--run-id", theirs, "--once"], tenant_id=t2)
     inflight, holder = _cancelled_in_flight(ctx)
     tasks[inflight] = _task_of(ctx, inflight)
-    codes = [finish(ctx, w) for w in workers]
+    codes.append(finish(ctx, other))
     _relay_all(ctx, "R1", None)
     _relay_all(ctx, "R2", t2)
     unrelayed = new_run(ctx, tool="plain")
@@ -115,6 +117,13 @@ def run(ctx: ExperimentContext) -> None:
         len(second) == 1 and set(second) <= {tasks[r] for r in eligible},
         expected=f"one of {sorted(tasks[r] for r in eligible)} (limit 1, older_than_ms "
         f"{window_ms}: half the time since the later of them ended)",
+        observed=plain(second),
+    )
+    ctx.invariant(
+        "a limited purge takes the oldest eligible task first",
+        len(second) != 1 or second == [tasks[eligible[0]]],
+        expected=f"{tasks[eligible[0]]}, made and finished before {tasks[eligible[1]]} "
+        "(blind hunt 19 #11: a pick ordered newest first)",
         observed=plain(second),
     )
     rest = [r for r in eligible if tasks[r] not in second]
