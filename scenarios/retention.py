@@ -26,6 +26,7 @@ harness reads itself and the archive file the worker wrote:
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 from harness.checking import checkers
@@ -45,6 +46,8 @@ HOUR_MS = 3_600_000
 #: The archive's line from an earlier purge, there before this experiment's.
 EARLIER_LINE = json.dumps({"task_id": "archived-by-an-earlier-purge", "runs": []})
 RELAY_ROUNDS = 10
+#: Between making the eligible tasks and starting their first run.
+MADE_TO_RUN_S = 0.4
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -54,6 +57,9 @@ def run(ctx: ExperimentContext) -> None:
     live = new_run(ctx, tool="plain")
     tasks = {r: _task_of(ctx, r) for r in (*eligible, live)}
     theirs = new_run(ctx, tool="plain", tenant_id=t2, task_id=tasks[eligible[0]])
+    # Room for a cut-off between their making and their first end (the purge
+    # between below), which one run alone may otherwise finish too soon for.
+    time.sleep(MADE_TO_RUN_S)
     # One after the other: the first is then the older by any measure (made,
     # ended), the one a limit-1 purge must take (contract purge: oldest first).
     codes = [
@@ -384,7 +390,9 @@ def _half_since_the_last_end(ctx: ExperimentContext, eligible: list[str]) -> int
         "FROM fencecheck_model.agent_runs WHERE run_id = ANY(%s)",
         [eligible],
     )
-    return max(1, int(float(rows[0]["ms"]) / 2))
+    ms = rows[0]["ms"] if rows else None
+    # None: an earlier purge already deleted them (its own check failed it).
+    return 1 if ms is None else max(1, int(float(ms) / 2))
 
 
 def _purge_without_room_for_its_archive(

@@ -748,6 +748,9 @@ class ExperimentContext:
                 "done": time.time(),
                 "seq_before": seq_before,
                 "seq_after": self.audit_seq(),
+                # What a reconcile cycle says it changed (judged globally
+                # against the audit trail: worker.reconcile_lists_every_change).
+                "changes": _listed_changes(op, reply),
                 # The reply line against ops.schema.json (judged globally:
                 # worker.replies_match_the_contract).
                 "schema_problems": spec.reply_problems(op, reply.raw)
@@ -839,3 +842,14 @@ class LoggedOp:
             self.worker.worker_id, self.op, self.args, reply, self.at, self.seq_before,
             self.worker.tenant_id,
         )  # fmt: skip
+
+
+def _listed_changes(op: str, reply: OpReply | None) -> list[str] | None:
+    """The operation ids an ok reconcile reply lists in its ``changes`` (None
+    for any other reply, or one without such a list)."""
+    if op != "reconcile" or reply is None or not reply.ok or not isinstance(reply.result, dict):
+        return None
+    changes = reply.result.get("changes")
+    if not isinstance(changes, list):
+        return None
+    return [str(c.get("operation_id")) for c in changes if isinstance(c, dict)]

@@ -252,6 +252,7 @@ def test_clean_history_breaks_nothing() -> None:
         "operator.audit_shows_the_rows_before_and_after",
         "operator.a_decision_changes_only_its_run",
         "outbox.a_relay_cycle_publishes_in_outbox_order",
+        "worker.reconcile_lists_every_change",
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
     }
@@ -775,6 +776,24 @@ def relayed_out_of_order(ev: Evidence) -> None:
     ev.tool["messages"] += [message("e3", 0.72), message("e2", 0.73)]
 
 
+def reconcile_leaves_out_a_move(ev: Evidence, *, listed: bool = False) -> None:
+    """A reconcile reply of the session that moved the operation, alone in its
+    window, that does not list it (blind hunt 19 #07: a resend's move there
+    and back left out as "no change")."""
+    move = next(c for c in ev.changes if c.table == "tool_operations" and c.changed("status"))
+    ev.replies.append(
+        {
+            **reply_entry("reconcile", {"id": 9, "ok": True, "result": {"changes": []}}),
+            "worker": move.app,
+            "changes": [str(move.row["operation_id"])] if listed else [],
+            "at": move.at - 0.01,
+            "done": move.at + 0.01,
+            "seq_before": move.seq - 1,
+            "seq_after": move.seq,
+        }
+    )
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
@@ -784,6 +803,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "effect.sent_only_under_a_dispatch_claim": sent_before_claim,
     "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
     "outbox.a_relay_cycle_publishes_in_outbox_order": relayed_out_of_order,
+    "worker.reconcile_lists_every_change": reconcile_leaves_out_a_move,
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
     "worker.replies_match_the_contract": null_reconcile_item,
@@ -1261,3 +1281,10 @@ def test_a_changed_rows_before_is_the_image_its_own_change_found() -> None:
     cancel_after_a_write(s, before_read_early=True)
     (row,) = broken_by(evidence(s))[OPERATOR_AUDIT]
     assert row["part"] == "before" and row["differs"] == {"revision": [0, 5]}
+
+
+def test_a_reconcile_reply_that_lists_its_move_breaks_nothing() -> None:
+    ev = clean()
+    reconcile_leaves_out_a_move(ev, listed=True)
+    result = {r.name: r for r in check(ev)}["worker.reconcile_lists_every_change"]
+    assert result.ok and result.checked == 1

@@ -7,7 +7,9 @@ the operation definitely happened, a ``fail`` that it definitely did not
 
 from __future__ import annotations
 
-from harness.checking.invariants.model import Evidence, Finding
+from typing import Any
+
+from harness.checking.invariants.model import Evidence, Finding, group
 from harness.checking.invariants.registry import invariant
 
 # Ops whose event_id names something other than the worker's own write.
@@ -100,3 +102,42 @@ def replies_match(ev: Evidence) -> Finding:
         broken,
         f"{len(ev.replies)} repl(ies), {len(broken)} breaking the schema",
     )
+
+
+@invariant(
+    "worker.reconcile_lists_every_change",
+    "contract section 5 (reconcile: its reply lists every operation whose status its cycle "
+    "changed)",
+    "an ok reconcile reply lists in its changes every operation whose status the requesting "
+    "process's sessions changed between the request and the reply, as the audit trail saw it "
+    "(a move there and back, unknown -> dispatching -> unknown, is a change); judged only "
+    "where no other request of that process overlapped the cycle",
+)
+def reconcile_lists_every_change(ev: Evidence) -> Finding:
+    per_worker = group(ev.replies, lambda r: r.get("worker"))
+    cycles = [
+        r
+        for r in ev.replies
+        if r.get("op") == "reconcile"
+        and r.get("changes") is not None
+        and r.get("seq_before") is not None
+        and r.get("seq_after") is not None
+        and not any(
+            o is not r and o["at"] < r["done"] and o["done"] > r["at"]
+            for o in per_worker[r.get("worker")]
+        )
+    ]
+    if not cycles:
+        return Finding(0, [], "no reconcile reply to judge alone")
+    moves = [c for c in ev.of("tool_operations", "UPDATE") if c.changed("status")]
+    bad: list[dict[str, Any]] = []
+    for r in cycles:
+        changed = {
+            str(c.row.get("operation_id"))
+            for c in moves
+            if r["seq_before"] < c.seq <= r["seq_after"] and c.app == r["worker"]
+        }
+        missing = sorted(changed - set(r["changes"]))
+        if missing:
+            bad.append({"worker": r["worker"], "listed": r["changes"], "not_listed": missing})
+    return Finding(len(cycles), bad)
