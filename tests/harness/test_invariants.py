@@ -253,6 +253,7 @@ def test_clean_history_breaks_nothing() -> None:
         "operator.a_decision_changes_only_its_run",
         "outbox.a_relay_cycle_publishes_in_outbox_order",
         "worker.reconcile_lists_every_change",
+        "run.purged_only_past_the_retention",
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
     }
@@ -794,6 +795,27 @@ def reconcile_leaves_out_a_move(ev: Evidence, *, listed: bool = False) -> None:
     )
 
 
+def purged_inside_the_retention(ev: Evidence, *, older_than_ms: int = 1000) -> None:
+    """A purge request with a retention of ``older_than_ms`` deletes the run
+    that ended (its last write) 0.5 s before (blind hunt 19 #01: the cut-off
+    judged by when a run was created)."""
+    s = clean_story()
+    purge(s)
+    ev.changes[:] = s.changes
+    tx = [c for c in ev.changes if c.app == "ctl" and c.op == "DELETE"]
+    gone = next(c for c in tx if c.table == "agent_runs")
+    assert gone.old is not None
+    gone.old["updated_at"] = iso(T0 + 0.5)
+    ev.replies.append(
+        {
+            **reply_entry("purge", {"id": 9, "ok": True, "result": {"purged": 1}}),
+            "args": {"older_than_ms": older_than_ms, "limit": 100},
+            "seq_before": tx[0].seq - 1,
+            "seq_after": tx[-1].seq,
+        }
+    )
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
@@ -804,6 +826,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
     "outbox.a_relay_cycle_publishes_in_outbox_order": relayed_out_of_order,
     "worker.reconcile_lists_every_change": reconcile_leaves_out_a_move,
+    "run.purged_only_past_the_retention": purged_inside_the_retention,
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
     "worker.replies_match_the_contract": null_reconcile_item,
@@ -1287,4 +1310,11 @@ def test_a_reconcile_reply_that_lists_its_move_breaks_nothing() -> None:
     ev = clean()
     reconcile_leaves_out_a_move(ev, listed=True)
     result = {r.name: r for r in check(ev)}["worker.reconcile_lists_every_change"]
+    assert result.ok and result.checked == 1
+
+
+def test_a_run_purged_past_its_retention_breaks_nothing() -> None:
+    ev = clean()
+    purged_inside_the_retention(ev, older_than_ms=400)
+    result = {r.name: r for r in check(ev)}["run.purged_only_past_the_retention"]
     assert result.ok and result.checked == 1

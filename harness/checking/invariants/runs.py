@@ -13,6 +13,7 @@ from harness.checking.invariants.model import (
     Evidence,
     Finding,
     group,
+    ts,
 )
 from harness.checking.invariants.registry import invariant
 
@@ -265,4 +266,48 @@ def only_finished_tasks_are_purged(ev: Evidence) -> Finding:
             why = ""
         if why:
             bad.append({**c.brief(*PURGED_TABLES[c.table]), "why": why})
+    return Finding(checked, bad)
+
+
+#: The harness's clock and the database's are one host's clock: this only
+#: absorbs rounding of the timestamps.
+PURGE_CLOCK_TOLERANCE_S = 0.005
+
+
+@invariant(
+    "run.purged_only_past_the_retention",
+    "contract section 5 (purge: tasks whose every run ended older_than_ms ago or earlier)",
+    "a run a purge request deleted had ended (its updated_at) at least the request's "
+    "older_than_ms before the deletion, by the database's clock: judged for each purge "
+    "request of the harness's ops log against the runs its process deleted while it ran",
+)
+def purged_only_past_the_retention(ev: Evidence) -> Finding:
+    purges = [
+        r
+        for r in ev.replies
+        if r.get("op") == "purge"
+        and r.get("ok")
+        and isinstance(r.get("args"), dict)
+        and isinstance(r["args"].get("older_than_ms"), int)
+        and r.get("seq_before") is not None
+        and r.get("seq_after") is not None
+    ]
+    deleted = [c for c in ev.of("agent_runs", "DELETE") if not c.by_harness]
+    bad: list[dict[str, Any]] = []
+    checked = 0
+    for r in purges:
+        window_s = r["args"]["older_than_ms"] / 1000
+        for c in deleted:
+            if not (r["seq_before"] < c.seq <= r["seq_after"] and c.app == r["worker"]):
+                continue
+            checked += 1
+            ended = ts((c.old or {}).get("updated_at"))
+            if ended is not None and ended > c.at - window_s + PURGE_CLOCK_TOLERANCE_S:
+                bad.append(
+                    {
+                        "run_id": _run_of(c),
+                        "older_than_ms": r["args"]["older_than_ms"],
+                        "ended_ms_before_the_deletion": round((c.at - ended) * 1000, 1),
+                    }
+                )
     return Finding(checked, bad)
