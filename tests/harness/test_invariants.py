@@ -239,10 +239,11 @@ def test_clean_history_breaks_nothing() -> None:
     assert broken == {}
     # Not vacuous: each invariant judged something of the clean run, except what
     # the clean run has none of (a cancel, a return to prepared, a risky tool,
-    # a takeover, a resend, a run leaving a pause in doubt, a sealed value).
+    # a takeover, a renewal, a resend, a run leaving a pause in doubt, a sealed value).
     assert {n for n, r in results.items() if r.checked == 0} == {
         "effect.sealed_values_never_share_a_nonce",
         "lease.takeover_counts_no_attempt",
+        "lease.renewed_only_while_unexpired",
         "effect.cancelled_intent_never_sent",
         "effect.no_resend_without_idempotency",
         "effect.resend_claim_ends_within_the_tools_retention",
@@ -285,6 +286,16 @@ def grant_over_live_lease(s: Story) -> None:
         "agent_runs",
         {**held, "lease_expires_at": iso(T0 + 1.5)},
         {"epoch": 2, "owner": "B/1", "lease_expires_at": iso(T0 + 1.7)},
+    )
+
+
+def revived_lease(s: Story) -> None:
+    # A renews its lease 100 ms after it expired at 0.8, nobody having taken it over.
+    held = {**s.state("agent_runs", (RUN,)), "status": "running", "owner": "A/1"}
+    s.tx(0.9)(
+        "agent_runs",
+        {**held, "lease_expires_at": iso(T0 + 0.8)},
+        {"lease_expires_at": iso(T0 + 1.7)},
     )
 
 
@@ -642,6 +653,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.granted_only_when_free_or_expired": grant_over_live_lease,
     "lease.live_lease_moved_only_by_its_holder": released_by_another_session,
     "lease.takeover_counts_no_attempt": takeover_counted_as_attempt,
+    "lease.renewed_only_while_unexpired": revived_lease,
     "lease.expiry_within_lease_duration": lease_too_long,
     "write.only_under_the_current_unexpired_lease": stale_checkpoint,
     "write.revision_advances_by_one": revision_skips,
@@ -897,6 +909,28 @@ def test_grant_over_live_lease_reports_the_row() -> None:
     grant_over_live_lease(s)
     (row,) = broken_by(evidence(s))["lease.granted_only_when_free_or_expired"]
     assert row["epoch"] == [1, 2] and row["owner"] == ["A/1", "B/1"]
+
+
+def test_a_renewal_is_judged_against_its_transactions_start() -> None:
+    name = "lease.renewed_only_while_unexpired"
+    s = clean_story()
+    revived_lease(s)
+    (row,) = broken_by(evidence(s))[name]
+    assert row["expired_ms_before_the_renewal_began"] == pytest.approx(100.0)
+    # Renewed while live, or begun while live and granted the row after it ran
+    # out (a wait for the row lock): the protocol allows both.
+    for began in (0.5, 0.79):
+        s = clean_story()
+        held = {**s.state("agent_runs", (RUN,)), "status": "running", "owner": "A/1"}
+        tx = s.tx(began)
+        tx(
+            "agent_runs",
+            {**held, "lease_expires_at": iso(T0 + 0.8)},
+            {"lease_expires_at": iso(T0 + 1.6)},
+        )
+        s.changes[-1] = dataclasses.replace(s.changes[-1], at=T0 + 0.85)
+        result = next(r for r in check(evidence(s)) if r.name == name)
+        assert result.ok and result.checked == 1, began
 
 
 def test_live_lease_moves_allowed_to_its_holder_and_a_cancel() -> None:

@@ -181,3 +181,34 @@ def takeover_counts_no_attempt(ev: Evidence) -> Finding:
             row["status_before"] = c.before("status")
             bad.append(row)
     return Finding(len(taken_over), bad)
+
+
+def is_renewal(c: Change) -> bool:
+    """A renewal: the same holder and epoch, the lease pushed later."""
+    if c.op != "UPDATE" or is_grant(c) or c.before("owner") is None:
+        return False
+    old, new = ts(c.before("lease_expires_at")), ts(c.after("lease_expires_at"))
+    return old is not None and new is not None and new > old and not c.changed("owner")
+
+
+@invariant(
+    "lease.renewed_only_while_unexpired",
+    "SPEC rule 1; contract `renew` (only while owner and epoch match and the lease is "
+    "unexpired by database time); English seed §5.1",
+    "a renewal (same owner and epoch, a later expiry) is made only of a lease that had not "
+    "expired when the renewing transaction began: an expired lease nobody took over yet is "
+    "never revived by its old holder (judged against the transaction's start, so a lease "
+    "that ran out while the renewal waited for the row is not counted)",
+)
+def renewed_only_while_unexpired(ev: Evidence) -> Finding:
+    bad = []
+    renewals = [c for c in ev.of("agent_runs", "UPDATE") if is_renewal(c) and not c.by_harness]
+    for c in renewals:
+        expiry = ts(c.before("lease_expires_at"))
+        if expiry is not None and expiry <= c.tx_start:
+            row = c.brief("run_id", "epoch", "owner", "status")
+            row["expired_at"] = c.before("lease_expires_at")
+            row["renewed_to"] = c.after("lease_expires_at")
+            row["expired_ms_before_the_renewal_began"] = round((c.tx_start - expiry) * 1000, 1)
+            bad.append(row)
+    return Finding(len(renewals), bad)
