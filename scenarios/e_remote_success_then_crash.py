@@ -61,7 +61,9 @@ late while it claims an intent; it is held right after the claim and let go
 past the claim's deadline by database time, but within that delay. Its
 deadline counts from when it sent the claim, which is before the database
 made it: it must send nothing. One that counts from the answer still
-believes it holds the claim.
+believes it holds the claim. Variant ``slow_resend_claim_answer``: the same
+for a reconciler's same-key resend of an operation left ``unknown`` by a
+create lost on the network; its reply must also list that operation.
 """
 
 from __future__ import annotations
@@ -105,6 +107,10 @@ CLAIM_ANSWER_LATE_MS = 250
 STALE_TIMEOUT_MS = 2000
 STALE_TIMEOUT_ARRIVE_MS = 3000
 RELEASE_PAST_DEADLINE_S = 0.1
+# slow_resend_claim_answer: the first dispatcher's tool timeout (its create is
+# held on the network until the harness drops it), and the bound on that hold.
+LOST_CALL_TIMEOUT_MS = 300
+HELD_MAX_MS = 30_000
 # frozen_dispatcher_clock_behind: how far A's wall clock runs behind the
 # database's (libfaketime); far more than A stays frozen past its claim.
 CLOCK_BEHIND_S = 30.0
@@ -166,8 +172,14 @@ SPEC = ExperimentSpec(
         needs.capability("clock_skew", "frozen_dispatcher_clock_behind"),
         needs.capability("ledger_tool:idempotent", "frozen_before_claim"),
         needs.point("after_outbound_intent_commit", "frozen_before_claim"),
-        needs.capability("ledger_tool:idempotent", "superseded_claim", "slow_claim_answer"),
-        needs.point("after_dispatch_claim_commit", "slow_claim_answer"),
+        needs.capability(
+            "ledger_tool:idempotent",
+            "superseded_claim",
+            "slow_claim_answer",
+            "slow_resend_claim_answer",
+        ),
+        needs.point("after_dispatch_claim_commit", "slow_claim_answer", "slow_resend_claim_answer"),
+        needs.op("reconcile", "slow_resend_claim_answer"),
         needs.point("after_tool_response_before_tx2_commit", "superseded_claim"),
     ),
     variants=(
@@ -184,6 +196,7 @@ SPEC = ExperimentSpec(
         "resend_at_window_end",
         "superseded_claim",
         "slow_claim_answer",
+        "slow_resend_claim_answer",
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -198,6 +211,7 @@ SPEC = ExperimentSpec(
         ("frozen_reconciler", "after_dispatch_claim_commit"),
         ("frozen_before_claim", "after_outbound_intent_commit"),
         ("slow_claim_answer", "after_dispatch_claim_commit"),
+        ("slow_resend_claim_answer", "after_dispatch_claim_commit"),
     ),
     variant_faults=(
         (
@@ -212,6 +226,14 @@ SPEC = ExperimentSpec(
             f"the dispatcher's database answers delayed {CLAIM_ANSWER_LATE_MS} ms (toxiproxy) "
             "while it claims; it is held right after the claim and let go past the claim's "
             "deadline by database time, within that delay",
+        ),
+        (
+            "slow_resend_claim_answer",
+            f"an idempotent tool's create held on the network past the dispatcher's "
+            f"{LOST_CALL_TIMEOUT_MS} ms tool timeout, then lost (the operation unknown); a "
+            f"reconciler's database answers delayed {CLAIM_ANSWER_LATE_MS} ms while it claims "
+            "the same-key resend; it is held right after that claim and let go past its deadline "
+            "by database time, within that delay",
         ),
         (
             "superseded_claim",
@@ -278,6 +300,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "slow_claim_answer":
         _slow_claim_answer(ctx)
+        return
+    if variant == "slow_resend_claim_answer":
+        _slow_resend_claim_answer(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -1144,14 +1169,65 @@ def _slow_claim_answer(ctx: ExperimentContext) -> None:
     op_id = intent_registered(
         ctx, ctx.env.start_worker("W", "ops"), run_id, tool="idem", step_id="e.label"
     )
-    ctx.env.add_pg_link("pg_D")
-    d = ctx.env.start_worker("D", "ops", pg_link="pg_D")
-    link = ctx.env.links["pg_D"]
-    ctx.arm("D", "after_dispatch_claim_commit", Hold())
+    _let_go_past_a_slow_claim(ctx, "D", "dispatch", {"operation_id": op_id}, run_id, op_id)
+
+
+def _slow_resend_claim_answer(ctx: ExperimentContext) -> None:
+    """The same for a reconciler's same-key resend (blind hunt 19 #12, a resend
+    deadline counted from the claim's answer): the operation is ``unknown``
+    when the cycle starts, its first create lost on the network (so a query
+    finds nothing), and R's resend claim is answered late. R must send
+    nothing, and its reply must list the operation, whose status its cycle
+    moved ``unknown -> dispatching -> unknown`` (blind hunt 19 #07: a reply
+    that leaves out a move back to where it began; the global
+    ``worker.reconcile_lists_every_change`` judges it)."""
+    run_id = new_run(ctx, tool="idem")
+    op_id = intent_registered(
+        ctx, ctx.env.start_worker("W", "ops"), run_id, tool="idem", step_id="e.label"
+    )
+    tool = ctx.env.tool.client()
+    tool.set_fault("idem", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id[:8]}'s create of 'idem' held on the network")
+    d = ctx.env.start_worker(
+        "D", "ops", env={"FENCECHECK_TOOL_TIMEOUT_MS": str(LOST_CALL_TIMEOUT_MS)}
+    )
+    first = ctx.op(d, "dispatch", operation_id=op_id)
+    lost = tool.release(drop=True)
+    ctx.command(f"tool: {lost} held create(s) lost on the network (released with drop)")
+    ops = [o["status"] for o in checkers.ledger(ctx, run_id)]
+    if not ctx.fault(
+        "the operation unknown, nothing at the tool",
+        lost == 1 and ops == ["unknown"] and not checkers.tool_requests(ctx, run_id=run_id),
+        expected="D's create held on the network past its tool timeout, then lost: the "
+        "operation unknown, the tool's log empty",
+        observed=f"D answered {plain(first.result) if first.ok else first.error}; held creates "
+        f"lost {lost}; ledger {ops}",
+    ):
+        return
+    _let_go_past_a_slow_claim(ctx, "R", "reconcile", {}, run_id, op_id)
+
+
+def _let_go_past_a_slow_claim(
+    ctx: ExperimentContext,
+    who: str,
+    op: str,
+    args: dict[str, Any],
+    run_id: str,
+    op_id: str,
+) -> None:
+    """``who`` (an ``ops`` process on a link of its own) runs ``op``, whose
+    claim of ``op_id`` is answered late; held right after the claim, it is let
+    go past the claim's deadline by database time, within that delay: the
+    tool must receive nothing for the run."""
+    link_name = f"pg_{who}"
+    ctx.env.add_pg_link(link_name)
+    d = ctx.env.start_worker(who, "ops", pg_link=link_name)
+    link = ctx.env.links[link_name]
+    ctx.arm(who, "after_dispatch_claim_commit", Hold())
     slow = link.latency(CLAIM_ANSWER_LATE_MS)
     ctx.command(f"toxiproxy: {slow.detail}")
-    pending = ctx.op_async(d, "dispatch", {"operation_id": op_id}, worker_async=True)
-    hit = ctx.reached("D", "after_dispatch_claim_commit")
+    pending = ctx.op_async(d, op, args, worker_async=True)
+    hit = ctx.reached(who, "after_dispatch_claim_commit")
     link.stop(slow)
     late_s = CLAIM_ANSWER_LATE_MS / 1000
 
@@ -1172,29 +1248,30 @@ def _slow_claim_answer(ctx: ExperimentContext) -> None:
         timeout_s=10.0,
     )
     released = claim_row()
-    ctx.release("D", "after_dispatch_claim_commit")
+    ctx.release(who, "after_dispatch_claim_commit")
     reply = pending.result(15)
     claimed_at_s = until_s - ctx.env.dispatch_ttl_ms / 1000
     answer_late_s = hit.received_at - claimed_at_s
     past_s = float(released["now_s"]) - until_s
     ctx.fault(
-        "D's claim was answered late and D let go past its deadline, within that delay",
+        f"{who}'s claim was answered late and {who} let go past its deadline, within that delay",
         claim["status"] == "dispatching"
         and answer_late_s >= late_s
         and 0 < past_s < answer_late_s - 0.05,
-        expected=f"D's claim (dispatching) reached D at least {late_s:.2f} s after the database "
-        "made it; D let go after the claim's deadline by database time, by less than that "
-        "delay",
+        expected=f"{who}'s claim (dispatching) reached {who} at least {late_s:.2f} s after the "
+        f"database made it; {who} let go after the claim's deadline by database time, by less "
+        "than that delay",
         observed=f"claim {claim['status']} by {claim['dispatch_owner']} until "
-        f"{claim['dispatch_until']}; D at the point {answer_late_s:.3f} s after the claim; let go "
-        f"{past_s:.3f} s past the deadline; D answered "
+        f"{claim['dispatch_until']}; {who} at the point {answer_late_s:.3f} s after the claim; "
+        f"let go {past_s:.3f} s past the deadline; {who} answered "
         + (f"ok {plain(reply.result)}" if reply.ok else f"{reply.error}"),
     )
     sent = checkers.tool_requests(ctx, run_id=run_id)
     ctx.equal(
-        "a dispatcher past its claim's deadline sends nothing",
+        f"a {'dispatcher' if op == 'dispatch' else 'reconciler'} past its claim's deadline "
+        "sends nothing",
         [r["outcome"] for r in sent],
         [],
-        what="requests the tool received for the run (its claim expired before D went on)",
+        what="requests the tool received for the run (its claim expired before it went on)",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
