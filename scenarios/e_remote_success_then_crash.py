@@ -101,7 +101,16 @@ ARRIVE_LATE_MS = 2000
 # slow_claim_answer: how late the database's answers reach the dispatcher while
 # it claims (toxiproxy latency on its link, downstream), and how far past the
 # claim's deadline (database time) the harness lets it go on: inside that delay.
-CLAIM_ANSWER_LATE_MS = 250
+# A worker that counts from the answer holds its claim until at least that
+# delay past the database's deadline, so the harness must let go in between.
+# The point comes one to three round trips after the claim (the reference
+# workers read the run's epoch and more in statements of their own), each
+# slowed alike; with this claim length and delay the harness has 0.3 s for
+# its own stalls whether the point comes one, two or three round trips after
+# the claim (250 ms and the default 600 ms claim left 0.1 s, which a machine
+# at load 14 outran once).
+CLAIM_ANSWER_LATE_MS = 450
+SLOW_CLAIM_TTL_MS = 1300
 # stale_timeout: D1's tool timeout, past its claim (600 ms) and the reconciler's
 # claim after it, and how late its request reaches the tool: after that timeout.
 STALE_TIMEOUT_MS = 2000
@@ -1221,7 +1230,8 @@ def _let_go_past_a_slow_claim(
     tool must receive nothing for the run."""
     link_name = f"pg_{who}"
     ctx.env.add_pg_link(link_name)
-    d = ctx.env.start_worker(who, "ops", pg_link=link_name)
+    env: dict[str, str | None] = {"FENCECHECK_DISPATCH_TTL_MS": str(SLOW_CLAIM_TTL_MS)}
+    d = ctx.env.start_worker(who, "ops", pg_link=link_name, env=env)
     link = ctx.env.links[link_name]
     ctx.arm(who, "after_dispatch_claim_commit", Hold())
     slow = link.latency(CLAIM_ANSWER_LATE_MS)
@@ -1250,17 +1260,18 @@ def _let_go_past_a_slow_claim(
     released = claim_row()
     ctx.release(who, "after_dispatch_claim_commit")
     reply = pending.result(15)
-    claimed_at_s = until_s - ctx.env.dispatch_ttl_ms / 1000
+    claimed_at_s = until_s - SLOW_CLAIM_TTL_MS / 1000
     answer_late_s = hit.received_at - claimed_at_s
     past_s = float(released["now_s"]) - until_s
+    # The claim's answer reached the worker at least late_s after the database
+    # made it, whatever else the worker did before the point: a deadline
+    # counted from that answer lies at least late_s past the database's.
     ctx.fault(
         f"{who}'s claim was answered late and {who} let go past its deadline, within that delay",
-        claim["status"] == "dispatching"
-        and answer_late_s >= late_s
-        and 0 < past_s < answer_late_s - 0.05,
-        expected=f"{who}'s claim (dispatching) reached {who} at least {late_s:.2f} s after the "
-        f"database made it; {who} let go after the claim's deadline by database time, by less "
-        "than that delay",
+        claim["status"] == "dispatching" and answer_late_s >= late_s and 0 < past_s < late_s - 0.05,
+        expected=f"{who}'s claim (dispatching, for {SLOW_CLAIM_TTL_MS} ms) answered at least "
+        f"{late_s:.2f} s after the database made it; {who} let go after the claim's deadline by "
+        f"database time, by less than {late_s - 0.05:.2f} s",
         observed=f"claim {claim['status']} by {claim['dispatch_owner']} until "
         f"{claim['dispatch_until']}; {who} at the point {answer_late_s:.3f} s after the claim; "
         f"let go {past_s:.3f} s past the deadline; {who} answered "

@@ -104,6 +104,25 @@ class DeadlineFromAnswerLedger(Ledger):
         return self._claimed(row, time.monotonic())
 
 
+class ResendDeadlineFromAnswerLedger(Ledger):
+    """A same-key resend's claim whose local deadline counts from its answer."""
+
+    def claim_retry(self, conn: Conn, owner: str, op_id: str, revision: int) -> Operation | None:
+        row = conn.execute(
+            self.q.sql("claim_retry"),
+            {
+                "dispatch_owner": owner,
+                "ttl_ms": self.dispatch_ttl_ms,
+                "operation_id": op_id,
+                "expected_revision": revision,
+            },
+        ).fetchone()
+        # MUTANT: as claim_deadline_from_answer, for the reconciler's resend
+        # (blind bug hunt round 19, #12, in Go): a resend claim answered late
+        # is believed to hold past the database's deadline.
+        return self._claimed(row, time.monotonic())
+
+
 class ConflictAsSuccessDispatcher(Dispatcher):
     """Takes any 409 under our key for our success."""
 
@@ -206,6 +225,15 @@ MUTANTS = (
         "was sent: an answer that came late leaves the dispatcher believing it holds a claim "
         "the database has expired, and it sends (blind bug hunt round 6, #14, in Go)",
         Component("ledger_cls", DeadlineFromAnswerLedger),
+    ),
+    Mutant(
+        "resend_deadline_from_answer",
+        4,
+        ("E",),
+        "a same-key resend claim's local deadline counts from the claim's answer, not from "
+        "when it was sent: a reconciler whose resend claim was answered late sends under a "
+        "claim the database has expired (blind bug hunt round 19, #12, in Go)",
+        Component("ledger_cls", ResendDeadlineFromAnswerLedger),
     ),
     Mutant(
         "new_operation_id_on_retry",

@@ -437,6 +437,9 @@ func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (
 	if err != nil || op == nil {
 		return nil, err
 	}
+	if r.D.P.ResendDeadlineFromAnswer {
+		sent = time.Now()
+	}
 	if !r.D.P.ResendWithoutDeadline {
 		op.LocalDeadline = sent.Add(time.Duration(r.TTLMS) * time.Millisecond)
 	}

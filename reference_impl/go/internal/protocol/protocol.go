@@ -39,6 +39,9 @@ type Protocol struct {
 	// DeadlineFromAnswer counts a dispatch claim's local deadline from the
 	// claim's answer instead of from when it was sent (only a mutant sets it).
 	DeadlineFromAnswer bool
+	// ResendDeadlineFromAnswer does the same for a same-key resend's claim
+	// (only a mutant sets it).
+	ResendDeadlineFromAnswer bool
 	// OnRenewUnconfirmed is what the heartbeat does with an unconfirmed
 	// renewal: cancel the execution with its cause (rule 8).
 	OnRenewUnconfirmed func(cancel context.CancelCauseFunc, cause error)
