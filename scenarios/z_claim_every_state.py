@@ -48,6 +48,9 @@ from scenarios.common import control_plane, crash_in_op, intent_registered, new_
 
 SHORT_TTL_MS = 300
 LONG_TTL_MS = 60_000
+#: The lease of the run whose renewal the harness holds on its row: long
+#: enough for the renewal to be seen waiting while it is live.
+HELD_RENEWAL_TTL_MS = 1000
 CLAIMABLE = ("queued, due", "running, expired", "waiting_tool, expired")
 
 SPEC = ExperimentSpec(
@@ -59,7 +62,8 @@ SPEC = ExperimentSpec(
     "come or a running / waiting_tool run whose lease expired by database time, and changes "
     "nothing otherwise; a claim of any run takes exactly those, expired leases first, skips a "
     "row another session holds instead of waiting for it, and touches no other run; a "
-    "dispatch cycle skips a prepared intent whose ledger row another session holds",
+    "dispatch cycle skips a prepared intent whose ledger row another session holds; a "
+    "renewal held on the run's row until its lease ran out is refused",
     fault="one run in each state (queued due / not due, running and waiting_tool live and "
     "expired, paused for a person, succeeded, cancelled, missing); one claimable run's row "
     "held locked by the harness during the claims of any run, and one prepared intent's ledger "
@@ -216,6 +220,7 @@ def run(ctx: ExperimentContext) -> None:
     # mutant d5b28d1a).
     _dispatch_claims_one(ctx)
     _reconcile_lists_every_expiry(ctx)
+    _renewal_held_past_the_lease(ctx)
     checkers.lease_history_is_sound(ctx)
 
 
@@ -343,6 +348,53 @@ def _reconcile_lists_every_expiry(ctx: ExperimentContext) -> None:
         "changed (audit trail)",
         observed=f"listed {listed}; changed {changed}; reply "
         f"{reply.result if reply.ok else reply.error}",
+    )
+
+
+def _renewal_held_past_the_lease(ctx: ExperimentContext) -> None:
+    """A renewal sent while its lease is live, held on the run's row (the
+    harness's lock, which changes nothing) until the lease has run out by
+    database time, must be refused once it gets the row: it judges the expiry
+    while it holds the row, not before it waited (found beside blind hunt 20:
+    the reference's renew was one UPDATE whose expiry test, evaluated before
+    the wait, stood after a lock that changed nothing, and revived the lease)."""
+    name = "a renewal held on the row past the lease's end is refused"
+    caps = ctx.system.capabilities
+    if not caps.offers_op("renew") or caps.renewal == "per_process":
+        ctx.not_judged(
+            name, expected="a renewal on request", observed="the system renews no single lease"
+        )
+        return
+    run_id = new_run(ctx)
+    holder = ctx.env.start_worker(
+        "L", "ops", env={"FENCECHECK_LEASE_TTL_MS": str(HELD_RENEWAL_TTL_MS)}
+    )
+    lease = ctx.ok(holder, "claim", run_id=run_id)
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        pending = ctx.op_async(holder, "renew", {"run_id": run_id, "epoch": lease["epoch"]})
+        waited = lock.answered_or_waiting(pending, "L")
+        live = checkers.run_row(ctx, run_id, "the lease while L's renewal waits")
+        if waited is not None and not live["lease_expired"]:
+            checkers.wait_lease_expired(ctx, run_id)
+        expired = checkers.run_row(ctx, run_id, "the lease before the harness lets go")
+    reply = pending.result(15.0)
+    after = checkers.run_row(ctx, run_id, "the lease once L's renewal was answered")
+    if not ctx.probe_reached(
+        "a renewal sent while the lease was live, held on the run's row until it ran out",
+        waited is not None and not live["lease_expired"] and bool(expired["lease_expired"]),
+        judges=name,
+        expected="L's renew waiting on the row the harness held while the lease was live; the "
+        "lease expired by database time before the harness let go",
+        observed=f"L {waited or 'answered before waiting'}; expired while waiting: "
+        f"{live['lease_expired']}; expired when let go: {expired['lease_expired']}",
+    ):
+        return
+    ctx.invariant(
+        name,
+        not reply.ok and after["epoch"] == lease["epoch"] and bool(after["lease_expired"]),
+        expected="refused (the lease expired); the lease still expired at the same epoch",
+        observed=f"renew {'ok ' + str(reply.result) if reply.ok else reply.error}; lease "
+        f"epoch {after['epoch']}, owner {after['owner']}, expired {after['lease_expired']}",
     )
 
 

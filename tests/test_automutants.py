@@ -30,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 EXPECTED = {
     # renew without its expiry conjunct revives an expired lease: K.
-    "reference_impl/sql/migrations/003_api.sql:fencecheck.renew:drop_conjunct:ab7b800f": "caught",
+    "reference_impl/sql/migrations/015_renew_locks_first.sql:fencecheck.renew:drop_conjunct:ab7b800f": "caught",
     # the heartbeat no longer cancels the execution on an unconfirmed renewal: P.
     "reference_impl/heartbeat.py:Heartbeat.on_unconfirmed:drop_call:bf812847": "caught",
     # the worker module no longer calls main(): migrate does nothing, no schema.
@@ -85,7 +85,9 @@ def _run_sample(
     assert all("confirmed" in o.detail for o in caught)
     # by experiment id (K runs on each write path: K-fast, K-stepped)
     assert {o.mutant.id: sorted({c.split("-")[0] for c in o.caught_by}) for o in caught} == {
-        "reference_impl/sql/migrations/003_api.sql:fencecheck.renew:drop_conjunct:ab7b800f": ["K"],
+        "reference_impl/sql/migrations/015_renew_locks_first.sql:fencecheck.renew:drop_conjunct:ab7b800f": [
+            "K"
+        ],
         "reference_impl/heartbeat.py:Heartbeat.on_unconfirmed:drop_call:bf812847": ["P"],
     }
     entries = [entry(o, REPO) for o in run.outcomes]
