@@ -366,7 +366,9 @@ def test_cli_lists_without_running_and_refuses_unknown_ids(
     out = capsys.readouterr().out
     assert "r.lease_expires_at > clock_timestamp()" in out and "of " in out
     assert cli_main(["mutants", "--auto", "--diff", "*:fencecheck.renew:drop_conjunct:*"]) == 0
-    assert "+++ b/reference_impl/sql/migrations/015_renew_locks_first.sql" in capsys.readouterr().out
+    assert (
+        "+++ b/reference_impl/sql/migrations/015_renew_locks_first.sql" in capsys.readouterr().out
+    )
     assert cli_main(["mutants", "--auto", "*no-such-mutant*"]) == 64
     assert cli_main(["mutants", "--auto", "--worker-cmd", "true", "--list"]) == 64
 
