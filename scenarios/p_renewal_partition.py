@@ -34,8 +34,8 @@ SPEC = ExperimentSpec(
     seed_section="English seed §5.2, §7 (heartbeat); Chinese seed §5",
     invariant="after the cut, A's execution is cancelled and A sends no new request to the "
     "tool; B takes over with the next epoch and finishes the run; an ops session whose "
-    "renewal went unconfirmed writes nothing more under that lease; a renewal held past the "
-    "lease's expiry never commits",
+    "renewal went unconfirmed writes nothing more under that lease, and that renewal never "
+    "commits past its bound; a renewal held past the lease's expiry never commits",
     fault="A's link to PostgreSQL cut (toxiproxy) while A is about to call the tool; an ops "
     "session's renewal held on the run's row lock past its timeout, and another's until its "
     "lease expired",
@@ -155,6 +155,40 @@ def run(ctx: ExperimentContext) -> None:
 # lease (the experiment's), so that it is still live when the harness writes.
 OPS_INTERVAL_MS = 50
 OPS_TIMEOUT_MS = 80
+# How far past its bound a committed renewal may lie: a bound kept by the
+# server (a statement timeout) cancels the wait at the bound, so this only
+# absorbs timestamp rounding; the harness holds the row 100 ms past it.
+RENEWAL_BOUND_TOLERANCE_MS = 50
+
+
+def _renewals_end_within_their_bound(
+    ctx: ExperimentContext, app: str, run_id: str, bound_ms: int
+) -> None:
+    """Every renewal of ``run_id`` that ``app`` committed ended within its bound
+    of its transaction's start (contract section 2: a renewal that has not
+    ended by then counts as refused, and its work is cancelled; committing it
+    later extends a lease nobody works under, which a successor then waits
+    out). Blind hunt 20 #06 (the heartbeat's connection without its statement
+    timeout) let a renewal held on the row commit once the harness let go."""
+    late = ctx.sql(
+        f"renewals of run {run_id[:8]} by {app} and how long each took (audit trail)",
+        "SELECT seq, round((extract(epoch FROM at - tx_start) * 1000)::numeric, 1)::float8 "
+        "AS took_ms FROM fencecheck_audit.changes WHERE app = %s AND tbl = 'agent_runs' "
+        "AND op = 'UPDATE' AND new->>'run_id' = %s AND old - 'lease_expires_at' - "
+        "'updated_at' = new - 'lease_expires_at' - 'updated_at' AND at - tx_start > "
+        "make_interval(secs => %s)",
+        [app, run_id, (bound_ms + RENEWAL_BOUND_TOLERANCE_MS) / 1000],
+    )
+    ctx.invariant(
+        f"{app}'s renewals end within their bound",
+        not late,
+        expected=f"every renewal {app} committed took at most its bound, {bound_ms} ms (+"
+        f"{RENEWAL_BOUND_TOLERANCE_MS} ms), from its transaction's start; the one held on the "
+        "row past it never commits",
+        observed=f"renewals past the bound {[(r['seq'], r['took_ms']) for r in late]}"
+        if late
+        else "none",
+    )
 
 
 def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
@@ -208,6 +242,7 @@ def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
         since=waited_at + timeout_s,
         until=released_at + 1.0,
     )
+    _renewals_end_within_their_bound(ctx, "R", run_id, ctx.env.heartbeat_timeout_ms)
     return run_id
 
 
@@ -272,6 +307,7 @@ def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
         since=waited_at + timeout_s,
         until=max(asked_at, answered_at),
     )
+    _renewals_end_within_their_bound(ctx, "O", run_id, OPS_TIMEOUT_MS)
     return run_id
 
 
