@@ -106,9 +106,14 @@ RESEND_UNANSWERED = "resend_unanswered"
 LOST_NOT_EXECUTED = "lost_not_executed"
 BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
 REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
+ANSWERED_BESIDE_LIVE_CLAIM = "answered_beside_live_claim"
+LIVE_CLAIM_VARIANTS = (BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM, ANSWERED_BESIDE_LIVE_CLAIM)
 #: converged_beside_live_claim: the step of the operation a dispatcher holds
 #: claimed, and how long its claim lives (past the whole experiment).
 LIVE_STEP = "w.live"
+#: answered_beside_live_claim: a second operation under a live claim, whose
+#: dispatcher's answer comes first.
+SECOND_LIVE_STEP = "w.live_2"
 LIVE_CLAIM_TTL_MS = 60_000
 # resend_unanswered: how late each create of the run reaches the tool (past
 # the worker's timeout, its query and its resend), and for how many creates:
@@ -196,6 +201,7 @@ SPEC = ExperimentSpec(
         LOST_NOT_EXECUTED,
         BESIDE_LIVE_CLAIM,
         REJECTED_BESIDE_LIVE_CLAIM,
+        ANSWERED_BESIDE_LIVE_CLAIM,
     ),
     variant_faults=(
         (
@@ -220,6 +226,11 @@ SPEC = ExperimentSpec(
             "the same, and the held dispatcher's create then refused with 429 (the tool did "
             "not act)",
         ),
+        (
+            ANSWERED_BESIDE_LIVE_CLAIM,
+            "the same with two operations of the run under live claims, two dispatchers "
+            "held; the second's answer comes back while the first's claim is still live",
+        ),
     ),
     needs=(
         *needs.capabilities("workflow", "ledger"),
@@ -243,11 +254,11 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
         needs.capability("operator_actions", LOST_NOT_EXECUTED),
         needs.op("resolve_indoubt", LOST_NOT_EXECUTED),
-        needs.capability("ledger_tool:query", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
-        needs.capability("ledger_tool:none", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
-        needs.point("after_checkpoint_commit", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
-        needs.point("after_dispatch_claim_commit", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
-        needs.op("reconcile", BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM),
+        needs.capability("ledger_tool:query", *LIVE_CLAIM_VARIANTS),
+        needs.capability("ledger_tool:none", *LIVE_CLAIM_VARIANTS),
+        needs.point("after_checkpoint_commit", *LIVE_CLAIM_VARIANTS),
+        needs.point("after_dispatch_claim_commit", *LIVE_CLAIM_VARIANTS),
+        needs.op("reconcile", *LIVE_CLAIM_VARIANTS),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -260,6 +271,7 @@ SPEC = ExperimentSpec(
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
+        (ANSWERED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -280,8 +292,12 @@ def run(ctx: ExperimentContext) -> None:
     if ctx.variant == LOST_NOT_EXECUTED:
         _lost_then_found_not_executed(ctx)
         return
-    if ctx.variant in (BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM):
-        _converged_beside_a_live_claim(ctx, rejected=ctx.variant == REJECTED_BESIDE_LIVE_CLAIM)
+    if ctx.variant in LIVE_CLAIM_VARIANTS:
+        _converged_beside_a_live_claim(
+            ctx,
+            rejected=ctx.variant == REJECTED_BESIDE_LIVE_CLAIM,
+            second=ctx.variant == ANSWERED_BESIDE_LIVE_CLAIM,
+        )
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -1067,7 +1083,9 @@ def _lost_then_found_not_executed(ctx: ExperimentContext) -> None:
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
-def _converged_beside_a_live_claim(ctx: ExperimentContext, *, rejected: bool = False) -> None:
+def _converged_beside_a_live_claim(
+    ctx: ExperimentContext, *, rejected: bool = False, second: bool = False
+) -> None:
     """The last unknown operation of a run paused in doubt converges while
     another of its operations is dispatching under a live claim (a dispatcher
     held right after claiming it): that one may still act, so the run stays
@@ -1078,23 +1096,32 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext, *, rejected: bool = F
     nobody resumes; both reference workers left it paused until this state
     showed it). With ``rejected`` the tool refuses that create with 429: the
     operation goes back to prepared, nothing is in doubt, and the run is
-    queued alike."""
+    queued alike. With ``second`` a second dispatcher holds another operation
+    under a live claim; its answer, recorded first, must leave the run paused
+    while the first's claim lives (blind hunt 21 #01: the resume after a
+    recorded answer counted only ``unknown`` as in doubt)."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
-    (live_op,) = _registered_beside_first_checkpoint(ctx, run_id, env, (LIVE_STEP,))
-    d = ctx.env.start_worker(
-        "D", "ops", env={**env, "FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_TTL_MS)}
-    )
+    steps = (LIVE_STEP, SECOND_LIVE_STEP) if second else (LIVE_STEP,)
+    live_op, *seconds = _registered_beside_first_checkpoint(ctx, run_id, env, steps)
+    claim_env = {**env, "FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_TTL_MS)}
+    d = ctx.env.start_worker("D", "ops", env=claim_env)
     ctx.arm("D", "after_dispatch_claim_commit", Hold())
     held = ctx.op_async(d, "dispatch", {"operation_id": live_op})
     ctx.reached("D", "after_dispatch_claim_commit", held=True)
+    held_2 = None
+    if seconds:
+        d2 = ctx.env.start_worker("D2", "ops", env=claim_env)
+        ctx.arm("D2", "after_dispatch_claim_commit", Hold())
+        held_2 = ctx.op_async(d2, "dispatch", {"operation_id": seconds[0]})
+        ctx.reached("D2", "after_dispatch_claim_commit", held=True)
     tool = ctx.env.tool.client()
     tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(f"tool: run {run_id[:8]}'s create of 'queryable' held on the network")
     code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
     _let_arrive(ctx, tool, run_id)
     ledger = {str(o["operation_id"]): o for o in checkers.ledger(ctx, run_id)}
-    own = [k for k in ledger if k != live_op]
+    own = [k for k in ledger if k != live_op and k not in seconds]
     live = ctx.env.query(
         "SELECT status, dispatch_until > clock_timestamp() AS live"
         " FROM fencecheck_model.tool_operations WHERE operation_id = %s",
@@ -1134,6 +1161,19 @@ def _converged_beside_a_live_claim(ctx: ExperimentContext, *, rejected: bool = F
         (True, "succeeded"),
         what=f"reconcile's reply ok and {own[0]}'s status",
     )
+    if held_2 is not None:
+        ctx.release("D2", "after_dispatch_claim_commit")
+        answered_2 = held_2.result(15)
+        now = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+        status = checkers.run_row(ctx, run_id, "the run after D2's answer")["status"]
+        ctx.invariant(
+            "a recorded answer leaves the run paused while another operation is dispatching",
+            status == "paused_indoubt" or now.get(live_op) != "dispatching",
+            expected=f"run paused_indoubt while {live_op} is dispatching under a live claim, "
+            "whatever D2's answer settled",
+            observed=f"D2 {'ok' if answered_2.ok else answered_2.error}; run {status}; "
+            f"ledger {now}",
+        )
     if rejected:
         ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
         ctx.command(f"tool: the held dispatcher's create of 'plain' for run {run_id[:8]} gets 429")
