@@ -155,14 +155,27 @@ def _operator_resolves(
     # The held arrival: the refusal probes above passed this point too, and
     # under load their hits came first (the release then found nothing held).
     ctx.reached("ctl", "after_operator_lock", held=True)
+    # The point's promise (contract: the decision holds the run's row lock
+    # there) is the worker's to keep: a decision that let go of it already
+    # (its lock taken outside its transaction, blind hunt 21 #06) fails here,
+    # not as a race that did not happen.
+    held = checkers.row_lock_held(ctx, "agent_runs", "run_id", run_id)
+    ctx.invariant(
+        "the decision holds the run's row at after_operator_lock",
+        held,
+        expected="the run's row locked by the held decision (the harness's FOR UPDATE NOWAIT "
+        "refused)",
+        observed="locked" if held else "the harness locked the row at once: nobody held it",
+    )
     racer = ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"])
     waited = checkers.backend_waiting_on_lock(ctx, "W2")
-    ctx.fault(
-        "a worker's takeover raced the operator's decision",
-        waited,
-        expected="W2's takeover blocked on the run's row lock while the operator held it",
-        observed="blocked on a lock" if waited else "W2 never waited on a lock",
-    )
+    if held:
+        ctx.fault(
+            "a worker's takeover raced the operator's decision",
+            waited,
+            expected="W2's takeover blocked on the run's row lock while the operator held it",
+            observed="blocked on a lock" if waited else "W2 never waited on a lock",
+        )
     ctx.release("ctl", "after_operator_lock")
     reply = decision.result(15)
     code_racer = finish(ctx, racer)

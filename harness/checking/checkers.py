@@ -265,6 +265,28 @@ def row_locked(
             ctx.command(f"harness lets go of {what}")
 
 
+def row_lock_held(ctx: ExperimentContext, relation: str, column: str, value: object) -> bool:
+    """Whether another session holds ``fencecheck_model.<relation>``'s row
+    ``column = value`` locked now: the harness's ``FOR UPDATE NOWAIT`` is
+    refused (any row lock conflicts with it); when it is granted, it is let go
+    at once."""
+    statement = sql.SQL("SELECT 1 FROM fencecheck_model.{} WHERE {} = %s FOR UPDATE NOWAIT").format(
+        sql.Identifier(relation), sql.Identifier(column)
+    )
+    with psycopg.connect(
+        ctx.env.db.admin_dsn, connect_timeout=5, application_name="fencecheck-harness-probe"
+    ) as conn:
+        try:
+            conn.execute(statement, [value]).fetchall()
+        except psycopg.errors.LockNotAvailable:
+            conn.rollback()
+            ctx.command(f"harness probes {relation} row {column} = {value}: locked by another")
+            return True
+        conn.rollback()
+    ctx.command(f"harness probes {relation} row {column} = {value}: nobody holds it")
+    return False
+
+
 def as_worker_role(
     ctx: ExperimentContext, tenant_id: str, statement: str, params: list[Any] | None = None
 ) -> tuple[str, list[dict[str, Any]] | str]:
