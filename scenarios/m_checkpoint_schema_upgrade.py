@@ -42,6 +42,8 @@ SPEC = ExperimentSpec(
     lease_ttl_ms=500,
     natural_wait_s=0.5,
 )
+#: The lease of the worker that resumes the run from the migrated checkpoint.
+RESUMING_LEASE_TTL_MS = 5000
 
 
 def _plant(
@@ -153,7 +155,15 @@ def run(ctx: ExperimentContext) -> None:
     )
     read = ctx.op(a, "read_checkpoint", run_id=run_id)
     wait_claimable(ctx, run_id)
-    b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
+    # B's lease is long: M tests what B reads, not timing, and under load a
+    # 500 ms lease ran out while B's renewal waited on its own slow write
+    # (refused, as it must be: B cancelled itself and the run stayed unfinished).
+    b = ctx.env.start_worker(
+        "B",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={"FENCECHECK_LEASE_TTL_MS": str(RESUMING_LEASE_TTL_MS)},
+    )
     code_b = finish(ctx, b)
     row = checkers.run_row(ctx, run_id)
     after = [c for c in checkers.checkpoints(ctx, run_id) if c["revision"] > planted]
