@@ -234,6 +234,7 @@ def run_job(
                 "started_at": _iso(st.started_at),
                 "length_s": round(st.length_s, 3),
                 "waited_s": round(st.waited_s, 3),
+                "waited_for": st.waited_for,
             }
             for st in starved
             if _ours(st, job.label)
@@ -362,8 +363,8 @@ def _ours(episode: starvation.Starvation, label: str) -> bool:
 def _worst_starvation(
     episodes: list[starvation.Starvation], timer_s: float
 ) -> tuple[float, list[starvation.Starvation]] | None:
-    """The most one process waited for a CPU within one timer's span, and the
-    episodes that make it up. Summed, not the longest single episode: the
+    """The most one process waited (for a CPU or the disk) within one timer's
+    span, and the episodes that make it up. Summed, not the longest single episode: the
     sampler closes an episode at a tick without delay, and a renewal timer
     fires on the waits it spans (a CI run's worker waited 0.146 s and, 0.05 s
     later, 0.082 s: 0.23 s within one 0.3 s renewal timeout, each under the
@@ -379,6 +380,11 @@ def _worst_starvation(
     return best
 
 
+def _waited_for(episodes: list[starvation.Starvation]) -> str:
+    """What the episodes waited for: a CPU, the disk, or both in turn."""
+    return " and ".join(sorted({e.waited_for for e in episodes}))
+
+
 def group_by_pid(
     episodes: list[starvation.Starvation],
 ) -> dict[int, list[starvation.Starvation]]:
@@ -392,8 +398,9 @@ def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
     """What can excuse unmet progress in a window (ExperimentContext.verdict):
     a stall of the harness of at least the workers' shortest protocol timer
     (the renewal timeout, the lease slack, the dispatch deadline), or a
-    process of this experiment whose thread waited for a CPU for at least
-    half that timer: long enough that a correct worker's timer could fire.
+    process of this experiment whose thread waited for a CPU or the disk for
+    at least half that timer: long enough that a correct worker's timer could
+    fire.
     Both are the harness's own measurements. "A process of this experiment"
     includes the database backends serving its workers (a renewal is a
     statement a backend must run): until they were watched, the harness's
@@ -424,9 +431,10 @@ def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
             first, last = episodes[0], episodes[-1]
             span = last.ended_at - first.started_at
             return (
-                f"{first.process} (pid {first.pid}) waited {waited_s:.2f}s for a CPU in "
-                f"{len(episodes)} episode(s) within {span:.2f}s from {first.describe()}, at least "
-                f"the {starved_limit:.2f}s that can fire a protocol timer"
+                f"{first.process} (pid {first.pid}) waited {waited_s:.2f}s for "
+                f"{_waited_for(episodes)} in {len(episodes)} episode(s) within {span:.2f}s from "
+                f"{first.describe()}, at least the {starved_limit:.2f}s that can fire a protocol "
+                "timer"
             )
         return None
 
@@ -445,8 +453,8 @@ def bound_excuse(
 ) -> BoundExcuse:
     """What can excuse a bound one process broke (it gave no answer, or did
     not exit, within ``bound_s``): the harness stalled, or that very process
-    waited for a CPU, for at least half the bound in its window, in all. No
-    other process's starvation: a control-plane worker starved for 0.45 s
+    waited for a CPU or the disk, for at least half the bound in its window,
+    in all. No other process's starvation: a control-plane worker starved for 0.45 s
     excused a worker that looped for 20 s. And nothing shorter: a process
     that had more than half its bound to run in and did not answer broke it.
     The process's own monitors unless others are given."""
@@ -467,8 +475,8 @@ def bound_excuse(
         waited_s = sum(e.waited_s for e in episodes)
         if waited_s >= need:
             return (
-                f"{episodes[0].process} (pid {bound.pid}) waited {waited_s:.2f}s for a CPU in "
-                f"the {bound.bound_s:g}s bound, at least half of it"
+                f"{episodes[0].process} (pid {bound.pid}) waited {waited_s:.2f}s for "
+                f"{_waited_for(episodes)} in the {bound.bound_s:g}s bound, at least half of it"
             )
         return None
 

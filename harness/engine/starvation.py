@@ -12,6 +12,16 @@ half of a sampling interval in a row; a process stopped by SIGSTOP or
 blocked on I/O waits on no run queue, so a fault the harness injected never
 reads as starvation.
 
+Waiting for the disk is measured too, from the process's state: a process
+seen in uninterruptible sleep (``D`` in ``/proc/PID/stat``) at consecutive
+ticks waited for I/O at least the time between the first and the last of
+them (one sighting alone counts nothing, so a short fsync is never inflated
+to a tick). Under a machine's heavy I/O a worker's own write can sit in its
+backend's fsync while its renewal queues behind that write's row lock, and
+the lease runs out: correct behaviour (the renewal is refused and the worker
+cancels itself), no bug. No fault the harness injects puts a process in
+``D``: a SIGSTOP is ``T``, a partitioned socket is ``S``.
+
 The database backends serving an experiment are watched too
 (:meth:`StarvationMonitor.watch_backends`): a worker's renewal is a
 statement its backend must run, so a backend starved of CPU times out a
@@ -43,6 +53,7 @@ MAX_KEPT = 20_000
 # client's startup packet: it is looked at again for this many ticks.
 UNTITLED_TICKS = 100
 TITLE_PREFIX = "postgres: "
+DISK = "the disk"
 
 
 @dataclass(frozen=True)
@@ -55,6 +66,7 @@ class Starvation:
     started_at: float
     length_s: float
     waited_s: float
+    waited_for: str = "a CPU"  # or DISK
 
     @property
     def ended_at(self) -> float:
@@ -63,7 +75,7 @@ class Starvation:
     def describe(self) -> str:
         at = dt.datetime.fromtimestamp(self.started_at, dt.UTC).isoformat(timespec="milliseconds")
         return (
-            f"{self.process} (pid {self.pid}) waited {self.waited_s:.2f}s for a CPU "
+            f"{self.process} (pid {self.pid}) waited {self.waited_s:.2f}s for {self.waited_for} "
             f"in {self.length_s:.2f}s from {at}"
         )
 
@@ -83,6 +95,26 @@ def _thread_delays(pid: int) -> dict[int, int] | None:
         except (OSError, IndexError, ValueError):
             continue
     return delays
+
+
+def _in_disk_wait(pid: int) -> bool:
+    """Whether ``pid``'s main thread is in uninterruptible sleep (I/O)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may
+    # itself hold spaces or parentheses.
+    rest = raw[raw.rfind(b")") + 1 :].split()
+    return bool(rest) and rest[0] == b"D"
+
+
+def _writes_to_disk(name: str) -> bool:
+    """Whether a watched process is one that writes to disk on a worker's
+    path (a database backend, the mock tool): only those are read for disk
+    waits, which halves the sampling's own cost."""
+    return "/backend " in name or "mock tool" in name
 
 
 def _children(pid: int) -> list[int]:
@@ -152,10 +184,45 @@ class _Server:
 
 
 @dataclass
+class DiskWait:
+    """Consecutive sightings of one process in disk wait, made an episode."""
+
+    name: str
+    pid: int
+    first_seen: float | None = None  # wall time of the run's first sighting
+    last_seen: float = 0.0
+
+    def sample(self, blocked: bool, now: float) -> Starvation | None:
+        """Note one tick's sighting; the episode a run of sightings made once
+        it ends (None while it goes on, or for a single sighting)."""
+        if blocked:
+            if self.first_seen is None:
+                self.first_seen = now
+            self.last_seen = now
+            return None
+        return self.close()
+
+    def close(self) -> Starvation | None:
+        first, self.first_seen = self.first_seen, None
+        if first is None or self.last_seen <= first:
+            return None
+        length = self.last_seen - first
+        return Starvation(self.name, self.pid, first, length, length, DISK)
+
+    def open_episode(self) -> Starvation | None:
+        """The run going on now, as an episode so far."""
+        if self.first_seen is None or self.last_seen <= self.first_seen:
+            return None
+        length = self.last_seen - self.first_seen
+        return Starvation(self.name, self.pid, self.first_seen, length, length, DISK)
+
+
+@dataclass
 class _Watched:
     name: str
     pid: int
     last: dict[int, int]
+    disk: DiskWait
     open_since: float | None = None  # wall time the current episode began
     open_waited: float = 0.0
 
@@ -183,7 +250,7 @@ class StarvationMonitor:
         if first is None:
             return
         with self._lock:
-            self._watched[pid] = _Watched(name, pid, first)
+            self._watched[pid] = _Watched(name, pid, first, DiskWait(name, pid))
             self._ensure_thread()
 
     def watch_backends(
@@ -233,6 +300,8 @@ class StarvationMonitor:
                 for w in self._watched.values()
                 if w.open_since is not None and w.open_since < until
             ]
+            going = [w.disk.open_episode() for w in self._watched.values()]
+            found += [e for e in going if e is not None and e.started_at < until]
         return found
 
     def _run(self) -> None:
@@ -259,7 +328,7 @@ class StarvationMonitor:
         first = _thread_delays(pid)
         if first is not None:
             with self._lock:
-                self._watched.setdefault(pid, _Watched(name, pid, first))
+                self._watched.setdefault(pid, _Watched(name, pid, first, DiskWait(name, pid)))
 
     def _sample(self, w: _Watched, interval: float) -> None:
         now = time.time()
@@ -267,11 +336,14 @@ class StarvationMonitor:
         if delays is None:
             with self._lock:
                 self._close(w, now)
+                self._keep(w.disk.close())
                 self._watched.pop(w.pid, None)
             return
         waited = max(((d - w.last.get(tid, d)) / 1e9 for tid, d in delays.items()), default=0.0)
         w.last = delays
+        blocked = _writes_to_disk(w.name) and _in_disk_wait(w.pid)
         with self._lock:
+            self._keep(w.disk.sample(blocked, now))
             if waited >= STARVED_SHARE * interval:
                 if w.open_since is None:
                     w.open_since = now - interval
@@ -283,12 +355,16 @@ class StarvationMonitor:
     def _close(self, w: _Watched, ended_at: float) -> None:
         if w.open_since is None:
             return
-        self._episodes.append(
+        self._keep(
             Starvation(w.name, w.pid, w.open_since, max(0.0, ended_at - w.open_since),
                        w.open_waited)
         )  # fmt: skip
-        del self._episodes[:-MAX_KEPT]
         w.open_since = None
+
+    def _keep(self, episode: Starvation | None) -> None:
+        if episode is not None:
+            self._episodes.append(episode)
+            del self._episodes[:-MAX_KEPT]
 
 
 _MONITOR = StarvationMonitor()

@@ -211,3 +211,55 @@ def test_starvation_is_summed_within_one_timer_per_process() -> None:
     # Spread over more than one timer, the same waits excuse nothing.
     spread = [_episode(2, 100.0, 0.05, 0.1), _episode(2, 100.5, 0.05, 0.1)]
     assert _worst_starvation(spread, timer_s=0.3) == (0.1, [spread[0]])
+
+
+def test_disk_waits_count_only_between_consecutive_sightings() -> None:
+    """A process seen in disk wait at ticks 0.05 s apart waited at least the
+    time from the first sighting to the last; one sighting alone (a short
+    fsync caught by chance) counts nothing."""
+    from harness.engine.starvation import DISK, DiskWait
+
+    disk = DiskWait("M/backend worker_b", 7)
+    assert disk.sample(True, 100.0) is None
+    assert disk.sample(False, 100.05) is None  # seen once: no episode
+    for at in (101.0, 101.05, 101.10, 101.15):
+        assert disk.sample(True, at) is None
+    going = disk.open_episode()
+    assert going is not None and round(going.length_s, 2) == 0.15
+    episode = disk.sample(False, 101.2)
+    assert episode is not None
+    assert (episode.started_at, round(episode.waited_s, 2)) == (101.0, 0.15)
+    assert episode.waited_for == DISK
+    assert "waited 0.15s for the disk" in episode.describe()
+    assert disk.open_episode() is None and disk.close() is None
+
+
+def test_a_disk_wait_and_a_cpu_wait_of_one_process_add_up_within_a_timer() -> None:
+    """A backend that waited for a CPU and then for its fsync within one
+    renewal timeout could fire it as surely as either alone."""
+    from harness.engine.runner import _waited_for, _worst_starvation
+    from harness.engine.starvation import DISK, Starvation
+
+    episodes = [
+        _episode(2, 100.0, 0.1, 0.1),
+        Starvation("Q/backend worker_b", 2, 100.12, 0.1, 0.1, DISK),
+    ]
+    worst = _worst_starvation(episodes, timer_s=0.3)
+    assert worst is not None and round(worst[0], 2) == 0.2
+    assert _waited_for(worst[1]) == "a CPU and the disk"
+
+
+def test_a_running_or_sleeping_process_is_not_in_disk_wait() -> None:
+    import os
+    import subprocess
+
+    from harness.engine.starvation import _in_disk_wait
+
+    assert not _in_disk_wait(os.getpid())
+    sleeper = subprocess.Popen(["sleep", "5"])
+    try:
+        assert not _in_disk_wait(sleeper.pid)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert not _in_disk_wait(2**22 + 1)  # no such process
