@@ -324,7 +324,9 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
     stop: dict[str, Any] = {"run_id": run_id, "epoch": epoch, "action": "stop"}
     if _holds_the_stop(ctx) and _stop_while_held(ctx, b, stop, renewals, window_s):
         return
-    ctx.ok(b, "heartbeat", **stop)
+    stopped_at = time.time()
+    reply = ctx.ok(b, "heartbeat", **stop)
+    _stop_reports_no_cancel(ctx, reply, before, since=stopped_at - window_s)
     time.sleep(ctx.env.heartbeat_timeout_ms / 1000)  # a renewal already on its way
     mark = checkers.audit_mark(ctx)
     time.sleep(window_s)
@@ -335,6 +337,28 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
         expected=f"no renewal of the lease by B's session from one renewal timeout after the "
         f"stop's reply for {window_s:.1f} s (two heartbeat intervals, at least 1 s)",
         observed=f"{len(after)} renewal(s): {[(c['seq'], str(c['at'])) for c in after] or 'none'}",
+    )
+
+
+def _stop_reports_no_cancel(
+    ctx: ExperimentContext, reply: dict[str, Any], before: list[dict[str, Any]], since: float
+) -> None:
+    """The stop's ``cancelled`` (where the system answers one) says whether a
+    refused or unconfirmed renewal cancelled the lease's work. B's renewals
+    were confirmed (the audit trail has them and the lease is B's): true
+    there is a worker that reports its own stop as a cancel. A renewal can
+    time out on a busy machine, so this is progress, excused by a measured
+    stall or starvation within the interval before the stop."""
+    if "cancelled" not in reply:
+        return
+    ctx.progress(
+        "B's heartbeat stop reports no cancelled work",
+        reply["cancelled"] is False,
+        expected="cancelled false: B's renewals were confirmed (renewals by B's session in the "
+        "audit trail, its lease live) and none was refused (contract section 5, heartbeat)",
+        observed=f"stop answered {plain(reply)}; {len(before)} renewal(s) by B before it",
+        since=since,
+        until=time.time(),
     )
 
 
