@@ -36,6 +36,15 @@ FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
     ("a negative lease", {"FENCECHECK_LEASE_TTL_MS": "-800"}),
     ("a lease that is not whole milliseconds", {"FENCECHECK_LEASE_TTL_MS": "10s"}),
     ("a heartbeat interval of 0 ms", {"FENCECHECK_HEARTBEAT_MS": "0"}),
+    # Every duration, not only the lease's: a lease "10s" read as 10 ms is
+    # refused anyway (not longer than the heartbeat), so only these show a
+    # parser that drops a unit instead of refusing it (blind bug hunt 22, #01).
+    ("a heartbeat interval that is not whole milliseconds", {"FENCECHECK_HEARTBEAT_MS": "10s"}),
+    (
+        "a renewal timeout that is not whole milliseconds",
+        {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "10s"},
+    ),
+    ("a dispatch claim that is not whole milliseconds", {"FENCECHECK_DISPATCH_TTL_MS": "10s"}),
     ("a heartbeat as long as the lease", {"FENCECHECK_HEARTBEAT_MS": str(LEASE_TTL_MS)}),
     ("a renewal timeout of 0 ms", {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "0"}),
     ("a dispatch claim of 0 ms", {"FENCECHECK_DISPATCH_TTL_MS": "0"}),
