@@ -92,7 +92,8 @@ SUCCESSORS = 4
 
 def run(ctx: ExperimentContext) -> None:
     ctl = control_plane(ctx)
-    runs = [_plain_run(ctx, "task-u", ATTEMPTS) for _ in range(RUNS)]
+    runs = [_plain_run(ctx, "task-u", ATTEMPTS) for _ in range(RUNS - 1)]
+    runs.append(_retried_run(ctx, ctl, "task-u", ATTEMPTS))
     for r in runs:
         ctx.note_run(r)
     ctx.env.tool.client().set_fault("plain", "reject_429", count=0)
@@ -254,25 +255,56 @@ def _requeued_after_a_takeover(ctx: ExperimentContext, ctl: WorkerProcess) -> st
     return run_id
 
 
+def _retried_run(ctx: ExperimentContext, ctl: WorkerProcess, task: str, attempts: int) -> str:
+    """A run whose task has an earlier, cancelled run (a retry of it), where
+    the system offers both: the operator's approve at the end then has a
+    sibling run to leave alone (blind bug hunt 22, #05: an approve that
+    raised the budget of every run of the task, a terminal one included)."""
+    caps = ctx.system.capabilities
+    first = _plain_run(ctx, task, attempts)
+    if not (caps.offers_op("cancel") and caps.offers_op("retry_run")):
+        return first
+    ctx.note_run(first)
+    ctx.ok(ctl, "cancel", run_id=first, reason="withdrawn before its first attempt")
+    task_id = checkers.run_row(ctx, first, "the cancelled run, before its retry")["task_id"]
+    return str(ctx.ok(ctl, "retry_run", task_id=task_id)["run_id"])
+
+
+def _budget(ctx: ExperimentContext, run_id: str, why: str) -> dict[str, Any]:
+    return ctx.sql(
+        why,
+        "SELECT status, attempt_count, max_attempts FROM fencecheck_model.agent_runs "
+        "WHERE run_id = %s",
+        [run_id],
+    )[0]
+
+
+def _spent_budget(
+    ctx: ExperimentContext, run_id: str, why: str, judged: str
+) -> dict[str, Any] | None:
+    """The run's budget row when it is paused for a person with its attempts
+    spent (the state a decision on a spent budget needs); else None, and the
+    check ``judged`` recorded as not judged."""
+    row = _budget(ctx, run_id, why)
+    if (row["status"], row["attempt_count"]) == ("paused_human", row["max_attempts"]):
+        return row
+    ctx.not_judged(
+        judged,
+        expected="a run paused for a person with attempt_count at max_attempts",
+        observed=f"not tried: {row['status']}, attempt_count {row['attempt_count']} "
+        f"of {row['max_attempts']}",
+    )
+    return None
+
+
 def _approve_changes_no_other_run(ctx: ExperimentContext, ctl: WorkerProcess, run_id: str) -> None:
     """An operator's ``decide approve`` of a run paused with its budget spent
     (the contract leaves the budget after an approve to the system; the
     reference grants one more attempt) changes no other run's budget
     (generated mutant 394288ad raised every run's max_attempts; the global
     operator.a_decision_changes_only_its_run judges the whole transaction)."""
-    row = ctx.sql(
-        "the third run before the operator's approve",
-        "SELECT status, attempt_count, max_attempts FROM fencecheck_model.agent_runs "
-        "WHERE run_id = %s",
-        [run_id],
-    )[0]
-    if (row["status"], row["attempt_count"]) != ("paused_human", row["max_attempts"]):
-        ctx.not_judged(
-            "an approve changes no other run's budget",
-            expected="a run paused for a person with attempt_count at max_attempts",
-            observed=f"not tried: {row['status']}, attempt_count {row['attempt_count']} "
-            f"of {row['max_attempts']}",
-        )
+    if _spent_budget(ctx, run_id, "the third run before the operator's approve",
+                     "an approve changes no other run's budget") is None:  # fmt: skip
         return
     budgets = (
         "SELECT run_id, max_attempts FROM fencecheck_model.agent_runs WHERE run_id <> %s "
@@ -378,25 +410,11 @@ def _terminate_keeps_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, run_
     ends it (failed) and leaves its budget as it was: a decision spends and
     grants no attempt, and a later retry copies max_attempts from this run."""
 
-    def budget(why: str) -> dict[str, Any]:
-        return ctx.sql(
-            why,
-            "SELECT status, attempt_count, max_attempts FROM fencecheck_model.agent_runs "
-            "WHERE run_id = %s",
-            [run_id],
-        )[0]
-
-    before = budget("the second run, before the operator's terminate")
-    if (before["status"], before["attempt_count"]) != ("paused_human", before["max_attempts"]):
-        ctx.not_judged(
-            "terminate leaves the attempt budget as it was",
-            expected="a run paused for a person with attempt_count at max_attempts",
-            observed=f"not tried: {before['status']}, attempt_count {before['attempt_count']} "
-            f"of {before['max_attempts']}",
-        )
+    name = "terminate leaves the attempt budget as it was"
+    if _spent_budget(ctx, run_id, "the second run, before the operator's terminate", name) is None:
         return
     ctx.ok(ctl, "decide", run_id=run_id, decision="terminate", reason="budget spent: give up")
-    after = budget("the second run after the terminate")
+    after = _budget(ctx, run_id, "the second run after the terminate")
     ctx.equal(
         "terminate leaves the attempt budget as it was",
         (after["status"], after["attempt_count"], after["max_attempts"]),
