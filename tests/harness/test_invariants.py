@@ -243,6 +243,7 @@ def test_clean_history_breaks_nothing() -> None:
     assert {n for n, r in results.items() if r.checked == 0} == {
         "effect.sealed_values_never_share_a_nonce",
         "lease.takeover_counts_no_attempt",
+        "lease.takeover_keeps_the_status",
         "lease.renewed_only_while_unexpired",
         "effect.cancelled_intent_never_sent",
         "effect.no_resend_without_idempotency",
@@ -307,6 +308,17 @@ def takeover_counted_as_attempt(s: Story) -> None:
         "agent_runs",
         {**held, "lease_expires_at": iso(T0 + 0.8), "attempt_count": 1},
         {"epoch": 2, "owner": "B/1", "lease_expires_at": iso(T0 + 1.7), "attempt_count": 2},
+    )
+
+
+def takeover_moves_the_status(s: Story) -> None:
+    # B takes over A's expired lease while A's intent is in flight and makes
+    # the run running: only a tool intent or result moves waiting_tool.
+    held = {**s.state("agent_runs", (RUN,)), "status": "waiting_tool", "owner": "A/1"}
+    s.tx(0.9, app="B")(
+        "agent_runs",
+        {**held, "lease_expires_at": iso(T0 + 0.8)},
+        {"epoch": 2, "owner": "B/1", "lease_expires_at": iso(T0 + 1.7), "status": "running"},
     )
 
 
@@ -653,6 +665,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "lease.granted_only_when_free_or_expired": grant_over_live_lease,
     "lease.live_lease_moved_only_by_its_holder": released_by_another_session,
     "lease.takeover_counts_no_attempt": takeover_counted_as_attempt,
+    "lease.takeover_keeps_the_status": takeover_moves_the_status,
     "lease.renewed_only_while_unexpired": revived_lease,
     "lease.expiry_within_lease_duration": lease_too_long,
     "write.only_under_the_current_unexpired_lease": stale_checkpoint,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from harness.checking.invariants.model import Change, Evidence, Finding, ts
+from harness.checking.invariants.model import HOLDS_LEASE, Change, Evidence, Finding, ts
 from harness.checking.invariants.registry import invariant
 
 # How far past "database time of the change + lease duration" a recorded
@@ -179,6 +179,29 @@ def takeover_counts_no_attempt(ev: Evidence) -> Finding:
             row = c.brief("run_id", "epoch", "owner", "status")
             row["attempt_count"] = f"{before} -> {after}"
             row["status_before"] = c.before("status")
+            bad.append(row)
+    return Finding(len(taken_over), bad)
+
+
+@invariant(
+    "lease.takeover_keeps_the_status",
+    "contract §6 (grants: only a queued run becomes running; run statuses: only a tool intent "
+    "or result moves running and waiting_tool); English seed §5.1",
+    "a grant of a run that held a lease (running or waiting_tool, taken over once it expired) "
+    "leaves its status as it was: a run waiting for a tool is still waiting for it when its "
+    "work changes hands, so its successor looks at the operation in flight first",
+)
+def takeover_keeps_the_status(ev: Evidence) -> Finding:
+    bad = []
+    taken_over = [
+        c
+        for c in grants(ev)
+        if c.before("status") in HOLDS_LEASE and c.after("status") is not None and not c.by_harness
+    ]
+    for c in taken_over:
+        if c.after("status") != c.before("status"):
+            row = c.brief("run_id", "epoch", "owner")
+            row["status"] = f"{c.before('status')} -> {c.after('status')}"
             bad.append(row)
     return Finding(len(taken_over), bad)
 
