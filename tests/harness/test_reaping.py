@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -74,8 +75,12 @@ def test_a_killed_run_is_reaped(tmp_path: Path, reaper: str) -> None:
         assert proc.returncode == 0, proc.stdout + proc.stderr
         reaped = [line for line in proc.stdout.splitlines() if "reaped" in line]
         print("\n".join(reaped))
-        assert f"reaped run of pid {run.proc.pid}" in proc.stdout
-        assert f"{len(segments)} shared memory segment(s)" in proc.stdout
+        (line,) = [x for x in reaped if f"reaped run of pid {run.proc.pid}" in x]
+        # At least every segment the test saw: a server that came up just
+        # before the kill, after the test's last look at the postmaster.pid
+        # files, is the reaper's to count too (a CI run saw 7, reaped 8).
+        counted = re.search(r"(\d+) shared memory segment\(s\)", line)
+        assert counted and int(counted.group(1)) >= len(segments), (line, segments)
         assert outside.leftovers(seen, run.tmpdir) == []
     finally:
         run.close()
