@@ -174,15 +174,13 @@ def _renewals_end_within_their_bound(
     later extends a lease nobody works under, which a successor then waits
     out). Blind hunt 20 #06 (the heartbeat's connection without its statement
     timeout) let a renewal held on the row commit once the harness let go."""
-    late = ctx.sql(
-        f"renewals of run {run_id[:8]} by {app} and how long each took (audit trail)",
-        "SELECT seq, round((extract(epoch FROM at - tx_start) * 1000)::numeric, 1)::float8 "
-        "AS took_ms FROM fencecheck_audit.changes WHERE app = %s AND tbl = 'agent_runs' "
-        "AND op = 'UPDATE' AND new->>'run_id' = %s AND old - 'lease_expires_at' - "
-        "'updated_at' = new - 'lease_expires_at' - 'updated_at' AND at - tx_start > "
-        "make_interval(secs => %s)",
-        [app, run_id, (bound_ms + RENEWAL_BOUND_TOLERANCE_MS) / 1000],
-    )
+    late = [
+        c
+        for c in checkers.changes_by(ctx, [app])
+        if c["renewal"]
+        and c["run_id"] == run_id
+        and c["took_ms"] > bound_ms + RENEWAL_BOUND_TOLERANCE_MS
+    ]
     ctx.invariant(
         f"{app}'s renewals end within their bound",
         not late,

@@ -91,10 +91,12 @@ def changes_by(
 ) -> list[dict[str, Any]]:
     """Every audited change of a contract table made by sessions of ``apps``
     after audit position ``after_seq`` (and database time ``since``);
-    ``renewal`` marks a change of agent_runs that only moved the lease expiry."""
+    ``renewal`` marks a change of agent_runs that only moved the lease expiry;
+    ``took_ms`` is the time from its transaction's start to the change."""
     return ctx.sql(
         f"changes by {', '.join(apps)} (audit trail)",
         "SELECT seq, at, txid, app, tbl, op, coalesce(new, old)->>'run_id' AS run_id, "
+        "round((extract(epoch FROM at - tx_start) * 1000)::numeric, 1)::float8 AS took_ms, "
         "(tbl = 'agent_runs' AND op = 'UPDATE' AND old - 'lease_expires_at' - 'updated_at' "
         " = new - 'lease_expires_at' - 'updated_at') AS renewal, "
         "left(statement, 120) AS statement FROM fencecheck_audit.changes "
