@@ -136,15 +136,31 @@ def writes_name_workflow_steps(
     """Every protected write of these built-in-workflow runs sets
     ``current_step`` to the workflow step it belongs to (worker contract §6),
     on the faulty paths too: a requeue, a pause or a freeze belongs to the
-    tool step, never to a reason or an outcome."""
-    steps = set(workflow_steps(extra_steps))
-    seen = [(r[:8], w["revision"], w["current_step"]) for r in run_ids for w in writes(ctx, r)]
-    odd = [s for s in seen if s[2] not in steps]
+    tool step, never to a reason or an outcome. And a run that succeeded went
+    through every step, in the workflow's order (the first write of each
+    step; a step done again after a takeover or a pause comes later): a
+    worker that adopted a result another process recorded and skipped the
+    next step finished a run whose work was never done (blind hunt 23 #10:
+    Go state advanced before a tool_result write that was refused)."""
+    order = list(dict.fromkeys(workflow_steps(extra_steps)))
+    by_run = {r: writes(ctx, r) for r in run_ids}
+    seen = [(r[:8], w["revision"], w["current_step"]) for r, ws in by_run.items() for w in ws]
+    odd = [s for s in seen if s[2] not in order]
     ctx.invariant(
         "every protected write names its workflow step",
         not odd,
-        expected=f"current_step of every protected write in {sorted(steps)}",
+        expected=f"current_step of every protected write in {sorted(order)}",
         observed=f"{len(seen)} writes; others: {odd or 'none'}",
+    )
+    succeeded = [r for r in run_ids if checkers.run_row(ctx, r)["status"] == "succeeded"]
+    firsts = {r: list(dict.fromkeys(w["current_step"] for w in by_run[r])) for r in succeeded}
+    skipped = {r[:8]: f for r, f in firsts.items() if f != order}
+    ctx.invariant(
+        "a run that succeeded went through every workflow step in order",
+        not skipped,
+        expected=f"the first protected write of each step in the order {order}, for each of "
+        f"{len(succeeded)} succeeded run(s)",
+        observed=f"steps in order of their first write: {skipped}" if skipped else "as expected",
     )
 
 

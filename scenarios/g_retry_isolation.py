@@ -64,6 +64,7 @@ from scenarios.common import (
     next_version_judged_by_its_own_step,
     op_and_changes,
     wait_claimable,
+    writes_name_workflow_steps,
 )
 
 TOOL = "plain"  # no query, no idempotency: the callback is the only news of the effect
@@ -549,6 +550,7 @@ def _release_and_finish(
             "succeeded",
             what=f"run status ({worker.worker_id} exit {code})",
         )
+        writes_name_workflow_steps(ctx, [run_id])
 
     return then
 
