@@ -100,13 +100,21 @@ class Runner:
     def acquire(self, run_id: uuid.UUID | None) -> Grant | None:
         """A grant (maybe not acquired: poll again), or None when there is nothing to wait for."""
         rt = self.rt
-        with history.operation("claim", run_id=run_id) as h:
-            if run_id is None:
-                grant = rt.leases.claim(rt.conn, rt.owner, rt.settings.lease_ttl_ms)
-            else:
-                grant = rt.leases.takeover(rt.conn, run_id, rt.owner, rt.settings.lease_ttl_ms)
-            h.ids.update(run_id=grant.run_id, epoch=grant.epoch, revision=grant.revision)
-            h.detail.update(outcome=grant.outcome, owner=rt.owner)
+        # A claim that was not granted is recorded fail, as the ops claim's
+        # refusal is: an ok claim says the lease is ours (contract section 4),
+        # and this poll's epoch, when the run is held, is another holder's.
+        try:
+            with history.operation("claim", run_id=run_id) as h:
+                if run_id is None:
+                    grant = rt.leases.claim(rt.conn, rt.owner, rt.settings.lease_ttl_ms)
+                else:
+                    grant = rt.leases.takeover(rt.conn, run_id, rt.owner, rt.settings.lease_ttl_ms)
+                h.ids.update(run_id=grant.run_id, epoch=grant.epoch, revision=grant.revision)
+                h.detail.update(outcome=grant.outcome, owner=rt.owner)
+                if not grant.acquired:
+                    raise e.NotClaimable(f"not claimable: {grant.outcome}", reason=grant.outcome)
+        except e.NotClaimable:
+            pass  # polled again, or nothing to take over (below)
         if run_id is not None and grant.outcome in ("missing", "terminal", "paused"):
             log(
                 _log,

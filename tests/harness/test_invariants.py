@@ -1166,6 +1166,22 @@ def test_a_claim_reported_refused_that_its_own_session_was_granted_is_a_lie() ->
     assert "worker.accounts_match_the_evidence" not in broken_by(ev)
 
 
+def test_a_claim_reported_ok_for_another_sessions_grant_is_a_lie() -> None:
+    """B says it was granted epoch 1, which the audit trail gave A's session
+    (blind hunt 23 #03: refused claims logged ok with the holder's epoch).
+    Judged only for a worker some grant names: a system whose sessions carry
+    another application_name is not told apart this way."""
+    s = clean_story()
+    regrant(s, 0.9, 2, "B/1", 1.7)
+    ev = evidence(s)
+    ev.history.append(dataclasses.replace(account("ok", "claim", epoch=1), worker="B"))
+    (row,) = broken_by(ev)["worker.accounts_match_the_evidence"]
+    assert row["why"] == "reported a claim the audit trail granted to another session (A)"
+    ev = clean()
+    ev.history.append(dataclasses.replace(account("ok", "claim", epoch=1), worker="C"))
+    assert "worker.accounts_match_the_evidence" not in broken_by(ev)
+
+
 OPERATOR_AUDIT = "operator.audit_shows_the_rows_before_and_after"
 
 

@@ -21,7 +21,8 @@ NOT_WRITES = frozenset({"relay", "consume"})
     "SPEC (evidence, not claims); worker contract §4",
     "every write a worker reported ok (by event_id) is in the outbox, none it reported fail "
     "is (unless it later reported the same event_id ok or info), every claim it reported "
-    "ok granted that epoch of that run in the audit trail, and none it reported fail was "
+    "ok granted that epoch of that run in the audit trail (to its own session, where its "
+    "sessions name it), and none it reported fail was "
     "granted to its own session at the epoch it named (unless it reported that grant ok)",
 )
 def accounts_match(ev: Evidence) -> Finding:
@@ -40,6 +41,7 @@ def accounts_match(ev: Evidence) -> Finding:
         for c in ev.of("agent_runs", "UPDATE")
         if c.changed("epoch") and c.after("epoch") is not None and c.after("owner") is not None
     }
+    grantees = set(granted_to.values())
     reported_ok = {
         (e.worker, e.run_id, e.epoch) for e in ev.history if e.op == "claim" and e.type == "ok"
     }
@@ -61,8 +63,14 @@ def accounts_match(ev: Evidence) -> Finding:
                     why = "reported fail, but its event_id is in the outbox"
         elif e.op == "claim" and e.type == "ok" and e.run_id and e.epoch is not None:
             checked += 1
+            holder = granted_to.get((e.run_id, int(e.epoch)))
             if (e.run_id, e.epoch) not in granted:
                 why = "reported a claim the audit trail never granted"
+            elif holder is not None and holder != e.worker and e.worker in grantees:
+                # Judged only for a worker whose sessions name it in the audit
+                # trail (some grant went to it): a system whose sessions carry
+                # another application_name is not told apart this way.
+                why = f"reported a claim the audit trail granted to another session ({holder})"
         elif e.op == "claim" and e.type == "fail" and e.run_id and e.epoch is not None:
             checked += 1
             mine = granted_to.get((e.run_id, int(e.epoch))) == e.worker
