@@ -751,6 +751,8 @@ class ExperimentContext:
                 # What a reconcile cycle says it changed (judged globally
                 # against the audit trail: worker.reconcile_lists_every_change).
                 "changes": _listed_changes(op, reply),
+                # What a relay cycle says it marked (worker.relay_lists_what_it_marked).
+                "published": _listed_published(op, reply),
                 # The reply line against ops.schema.json (judged globally:
                 # worker.replies_match_the_contract).
                 "schema_problems": spec.reply_problems(op, reply.raw)
@@ -842,6 +844,17 @@ class LoggedOp:
             self.worker.worker_id, self.op, self.args, reply, self.at, self.seq_before,
             self.worker.tenant_id,
         )  # fmt: skip
+
+
+def _listed_published(op: str, reply: OpReply | None) -> list[str] | None:
+    """The event ids an ok relay reply lists in its ``published`` (None for
+    any other reply, or one without such a list)."""
+    if op != "relay" or reply is None or not reply.ok or not isinstance(reply.result, dict):
+        return None
+    published = reply.result.get("published")
+    if not isinstance(published, list):
+        return None
+    return [str(p) for p in published]
 
 
 def _listed_changes(op: str, reply: OpReply | None) -> list[str] | None:

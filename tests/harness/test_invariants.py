@@ -255,6 +255,7 @@ def test_clean_history_breaks_nothing() -> None:
         "operator.a_decision_changes_only_its_run",
         "outbox.a_relay_cycle_publishes_in_outbox_order",
         "worker.reconcile_lists_every_change",
+        "worker.relay_lists_what_it_marked",
         "run.purged_only_past_the_retention",
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
@@ -820,6 +821,24 @@ def reconcile_leaves_out_a_move(ev: Evidence, *, listed: bool = False) -> None:
     )
 
 
+def relay_lists_run_ids(ev: Evidence, *, listed: str | None = None) -> None:
+    """A relay reply of the session that marked e1 published, alone in its
+    window, that lists the row's run id instead of its event id (blind hunt
+    24 #10: a Go loop appending the row's neighbouring field)."""
+    mark = next(c for c in ev.changes if c.table == "outbox" and c.changed("published_at"))
+    ev.replies.append(
+        {
+            **reply_entry("relay", {"id": 9, "ok": True, "result": {"published": []}}),
+            "worker": mark.app,
+            "published": [listed or str(mark.row["run_id"])],
+            "at": mark.at - 0.01,
+            "done": mark.at + 0.01,
+            "seq_before": mark.seq - 1,
+            "seq_after": mark.seq,
+        }
+    )
+
+
 def purged_inside_the_retention(ev: Evidence, *, older_than_ms: int = 1000) -> None:
     """A purge request with a retention of ``older_than_ms`` deletes the run
     that ended (its last write) 0.5 s before (blind hunt 19 #01: the cut-off
@@ -851,6 +870,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "outbox.marked_published_only_after_the_broker_has_it": marked_before_broker,
     "outbox.a_relay_cycle_publishes_in_outbox_order": relayed_out_of_order,
     "worker.reconcile_lists_every_change": reconcile_leaves_out_a_move,
+    "worker.relay_lists_what_it_marked": relay_lists_run_ids,
     "run.purged_only_past_the_retention": purged_inside_the_retention,
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
@@ -1180,6 +1200,17 @@ def test_a_claim_reported_ok_for_another_sessions_grant_is_a_lie() -> None:
     ev = clean()
     ev.history.append(dataclasses.replace(account("ok", "claim", epoch=1), worker="C"))
     assert "worker.accounts_match_the_evidence" not in broken_by(ev)
+
+
+def test_a_relay_reply_listing_what_it_marked_holds() -> None:
+    ev = clean()
+    relay_lists_run_ids(ev, listed="e1")
+    result = {r.name: r for r in check(ev)}["worker.relay_lists_what_it_marked"]
+    assert result.ok and result.checked == 1
+    ev = clean()
+    relay_lists_run_ids(ev)
+    (row,) = broken_by(ev)["worker.relay_lists_what_it_marked"]
+    assert row["marked_not_listed"] == ["e1"] and row["listed_not_marked"] == [RUN]
 
 
 OPERATOR_AUDIT = "operator.audit_shows_the_rows_before_and_after"

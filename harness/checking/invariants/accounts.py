@@ -113,6 +113,60 @@ def replies_match(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "worker.relay_lists_what_it_marked",
+    "contract section 5 (relay: published, the event ids marked published in this cycle)",
+    "an ok relay reply's published list is exactly the event ids of the outbox rows the "
+    "requesting process's sessions marked published between the request and the reply, as "
+    "the audit trail saw it; judged only where no other request of that process overlapped "
+    "the cycle",
+)
+def relay_lists_what_it_marked(ev: Evidence) -> Finding:
+    cycles = _alone(ev, "relay", "published")
+    if not cycles:
+        return Finding(0, [], "no relay reply to judge alone")
+    marks = [
+        c
+        for c in ev.of("outbox", "UPDATE")
+        if c.changed("published_at") and c.after("published_at") is not None
+    ]
+    bad: list[dict[str, Any]] = []
+    for r in cycles:
+        marked = {
+            str(c.row.get("event_id"))
+            for c in marks
+            if r["seq_before"] < c.seq <= r["seq_after"] and c.app == r["worker"]
+        }
+        listed = set(r["published"])
+        if listed != marked:
+            bad.append(
+                {
+                    "worker": r["worker"],
+                    "listed_not_marked": sorted(listed - marked),
+                    "marked_not_listed": sorted(marked - listed),
+                }
+            )
+    return Finding(len(cycles), bad)
+
+
+def _alone(ev: Evidence, op: str, field: str) -> list[dict[str, Any]]:
+    """The ok ``op`` replies carrying ``field`` whose process had no other
+    request in flight meanwhile (what its sessions changed is then its own)."""
+    per_worker = group(ev.replies, lambda r: r.get("worker"))
+    return [
+        r
+        for r in ev.replies
+        if r.get("op") == op
+        and r.get(field) is not None
+        and r.get("seq_before") is not None
+        and r.get("seq_after") is not None
+        and not any(
+            o is not r and o["at"] < r["done"] and o["done"] > r["at"]
+            for o in per_worker[r.get("worker")]
+        )
+    ]
+
+
+@invariant(
     "worker.reconcile_lists_every_change",
     "contract section 5 (reconcile: its reply lists every operation whose status its cycle "
     "changed)",
@@ -122,19 +176,7 @@ def replies_match(ev: Evidence) -> Finding:
     "where no other request of that process overlapped the cycle",
 )
 def reconcile_lists_every_change(ev: Evidence) -> Finding:
-    per_worker = group(ev.replies, lambda r: r.get("worker"))
-    cycles = [
-        r
-        for r in ev.replies
-        if r.get("op") == "reconcile"
-        and r.get("changes") is not None
-        and r.get("seq_before") is not None
-        and r.get("seq_after") is not None
-        and not any(
-            o is not r and o["at"] < r["done"] and o["done"] > r["at"]
-            for o in per_worker[r.get("worker")]
-        )
-    ]
+    cycles = _alone(ev, "reconcile", "changes")
     if not cycles:
         return Finding(0, [], "no reconcile reply to judge alone")
     moves = [c for c in ev.of("tool_operations", "UPDATE") if c.changed("status")]
