@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from harness.checking.invariants.model import Evidence, Finding, group
+from harness.checking.invariants.model import Change, Evidence, Finding, group
 from harness.checking.invariants.registry import invariant
 
 # Ops whose event_id names something other than the worker's own write.
@@ -131,11 +131,7 @@ def relay_lists_what_it_marked(ev: Evidence) -> Finding:
     ]
     bad: list[dict[str, Any]] = []
     for r in cycles:
-        marked = {
-            str(c.row.get("event_id"))
-            for c in marks
-            if r["seq_before"] < c.seq <= r["seq_after"] and c.app == r["worker"]
-        }
+        marked = {str(c.row.get("event_id")) for c in _by_the_cycle(r, marks)}
         listed = set(r["published"])
         if listed != marked:
             bad.append(
@@ -146,6 +142,16 @@ def relay_lists_what_it_marked(ev: Evidence) -> Finding:
                 }
             )
     return Finding(len(cycles), bad)
+
+
+def _by_the_cycle(reply: dict[str, Any], changes: list[Change]) -> list[Change]:
+    """The changes the replying process's sessions made between its request
+    and its reply (audit positions)."""
+    return [
+        c
+        for c in changes
+        if reply["seq_before"] < c.seq <= reply["seq_after"] and c.app == reply["worker"]
+    ]
 
 
 def _alone(ev: Evidence, op: str, field: str) -> list[dict[str, Any]]:
@@ -182,11 +188,7 @@ def reconcile_lists_every_change(ev: Evidence) -> Finding:
     moves = [c for c in ev.of("tool_operations", "UPDATE") if c.changed("status")]
     bad: list[dict[str, Any]] = []
     for r in cycles:
-        changed = {
-            str(c.row.get("operation_id"))
-            for c in moves
-            if r["seq_before"] < c.seq <= r["seq_after"] and c.app == r["worker"]
-        }
+        changed = {str(c.row.get("operation_id")) for c in _by_the_cycle(r, moves)}
         missing = sorted(changed - set(r["changes"]))
         if missing:
             bad.append({"worker": r["worker"], "listed": r["changes"], "not_listed": missing})
