@@ -303,8 +303,8 @@ def _approve_changes_no_other_run(ctx: ExperimentContext, ctl: WorkerProcess, ru
     reference grants one more attempt) changes no other run's budget
     (generated mutant 394288ad raised every run's max_attempts; the global
     operator.a_decision_changes_only_its_run judges the whole transaction)."""
-    if _spent_budget(ctx, run_id, "the third run before the operator's approve",
-                     "an approve changes no other run's budget") is None:  # fmt: skip
+    name = "an approve changes no other run's budget"
+    if _spent_budget(ctx, run_id, "the third run before the operator's approve", name) is None:
         return
     budgets = (
         "SELECT run_id, max_attempts FROM fencecheck_model.agent_runs WHERE run_id <> %s "
@@ -314,7 +314,7 @@ def _approve_changes_no_other_run(ctx: ExperimentContext, ctl: WorkerProcess, ru
     ctx.ok(ctl, "decide", run_id=run_id, decision="approve", reason="budget spent: one more try")
     after = ctx.sql("every other run's budget after the approve", budgets, [run_id])
     ctx.equal(
-        "an approve changes no other run's budget",
+        name,
         [(str(r["run_id"])[:8], r["max_attempts"]) for r in after],
         [(str(r["run_id"])[:8], r["max_attempts"]) for r in before],
         what="(run, max_attempts) of every other run",
@@ -416,7 +416,7 @@ def _terminate_keeps_the_budget(ctx: ExperimentContext, ctl: WorkerProcess, run_
     ctx.ok(ctl, "decide", run_id=run_id, decision="terminate", reason="budget spent: give up")
     after = _budget(ctx, run_id, "the second run after the terminate")
     ctx.equal(
-        "terminate leaves the attempt budget as it was",
+        name,
         (after["status"], after["attempt_count"], after["max_attempts"]),
         ("failed", ATTEMPTS, ATTEMPTS),
         what="(status, attempt_count, max_attempts) of the terminated run",
