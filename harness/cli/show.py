@@ -51,12 +51,22 @@ def main(args: argparse.Namespace) -> int:
         print(
             f"stall:      harness did not run for {stall['length_s']}s from {stall['started_at']}"
         )
+    window = archive.get("worst_wait_window")
+    if window:
+        most = sorted(window["by_who"].items(), key=lambda kv: -kv[1])[:3]
+        named = ", ".join(f"{who} {s}s" for who, s in most) or "nothing"
+        print(
+            f"busy:       one chain waited {window['waited_s']}s within one "
+            f"{window['length_s']}s timer at worst ({named})"
+        )
     print("\nchecks:")
     for check in archive["checks"]:
         mark = "n/j" if check["kind"] == "not_judged" else "ok " if check["ok"] else "NOT"
         print(f"  [{mark}] ({check['kind']}) {check['name']}")
         print(f"         expected: {check['expected']}")
         print(f"         observed: {check['observed']}")
+        if check.get("excused_by"):
+            print(f"         excused:  {check['excused_by']}")
     print("\ntimeline (* = observed by the harness itself):")
     for line in archive.get("timeline") or ["  (empty)"]:
         print(f"  {line}")

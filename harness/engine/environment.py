@@ -36,7 +36,7 @@ import psycopg
 from harness import stopping
 from harness.backends.base import Backend, make_backend
 from harness.contract import mapping
-from harness.engine import phases, stalls, starvation
+from harness.engine import phases, stalls, starvation, waits
 from harness.engine.janitor import Janitor
 from harness.engine.run_records import Reaped, RunRecord
 from harness.evidence import metrics as worker_metrics
@@ -63,6 +63,8 @@ from mock_tool.process import HostedTool, MockToolProcess
 
 DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")
 TEMPLATE_NAME = "fencecheck_template"
+# The harness's GIL switch interval while a run is up (see SharedServices).
+SWITCH_INTERVAL_S = 0.001
 # Where a traced worker lists the functions it ran (Settings.trace_calls).
 CALLS_FILE = "python-calls.txt"
 # The group roles a worker's `migrate` creates (worker contract v2): a login
@@ -375,6 +377,13 @@ class SharedServices:
             self._stack.callback(self._reap_processes)
             stalls.monitor().start()
             self._stack.callback(stalls.monitor().stop)
+            # A worker at an injection point waits for a harness thread to get
+            # the GIL; by default a busy thread keeps it 5 ms per wake-up, and
+            # the points inside a write add those waits to the time the write
+            # holds the run's row (a renewal queued behind it can time out).
+            previous_interval = sys.getswitchinterval()
+            sys.setswitchinterval(SWITCH_INTERVAL_S)
+            self._stack.callback(sys.setswitchinterval, previous_interval)
             self._stack.callback(stopping.on_stop(self.interrupt))
             self.toxiproxy = self.backend.start_toxiproxy(self.log_dir, self.registry)
             toxiproxy = self.toxiproxy
@@ -637,6 +646,8 @@ class Environment:
     standby: PostgresCluster | None = None
     replication: Literal["async", "sync"] | None = None
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
+    #: Every worker process started, in order (``workers`` keeps the last per id).
+    started_workers: list[WorkerProcess] = field(default_factory=list)
     aborted: str | None = None
     interrupted: str | None = None
     extra_links: list[str] = field(default_factory=list)
@@ -860,6 +871,7 @@ class Environment:
             proc.start()
         starvation.monitor().watch(proc.pid, f"{self.name}/worker {worker_id}")
         self.workers[worker_id] = proc
+        self.started_workers.append(proc)
         return proc
 
     def event_files(self) -> list[Path]:
@@ -937,9 +949,11 @@ def experiment_environment(
                 tool.pid, "run/mock tool host" if hosted else f"{name}/mock tool"
             )
         add_link("worker_tool", shared.backend.inner_address("127.0.0.1", tool.port))
-        control = stack.enter_context(
-            ControlServer(work_dir, on_gap=_control_gap(f"control server of {name}"))
-        )
+        control = stack.enter_context(ControlServer(work_dir, on_gap=_control_gap(name)))
+        if control.accept_tid is not None:
+            starvation.monitor().watch(
+                os.getpid(), waits.control_server(name, None), tids=[control.accept_tid]
+            )
         env = Environment(
             name=name,
             shared=shared,
@@ -992,9 +1006,20 @@ def experiment_environment(
             shared.janitor.defer(name, stack.pop_all())
 
 
-def _control_gap(seen_by: str) -> Callable[[float], None]:
+def _control_gap(name: str) -> Callable[[float, str | None], None]:
+    """Where the control server of experiment ``name`` reports how late it
+    answered: a long gap is a stall of the harness, and every gap is a wait
+    in a chain (the worker that hit the point waited that long; a late
+    accept loop, any worker of the experiment)."""
     monitor = stalls.monitor()
-    return lambda late_s: monitor.gap(late_s, seen_by=seen_by)
+
+    def gap(late_s: float, worker: str | None) -> None:
+        monitor.gap(late_s, seen_by=f"control server of {name}")
+        end = time.time()
+        who = waits.control_server(name, worker)
+        waits.log().add(who, os.getpid(), end - late_s, end, late_s)
+
+    return gap
 
 
 def _drop_database(primary: PostgresCluster, name: str) -> None:

@@ -28,7 +28,7 @@ from harness.checking.history import Shorten, id_shortener, read_history, timeli
 from harness.checking.invariants import experiment as invariants
 from harness.contract import mapping, needs
 from harness.contract.mapping import Declaration
-from harness.engine import job_order, phases, stalls, starvation
+from harness.engine import job_order, phases, stalls, starvation, waits
 from harness.engine.environment import (
     CALLS_FILE,
     Environment,
@@ -239,6 +239,7 @@ def run_job(
             for st in starved
             if _ours(st, job.label)
         ],
+        worst_wait_window=_worst_wait_window(job, started, finished),
         interrupted=interrupted,
     )
     written: Path | None = None
@@ -407,7 +408,13 @@ def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
     stall stood for them, and a successor's 300 ms renewal that timed out
     inside a 0.56 s stall, under the 0.65 s limit, with no worker thread
     starved, failed the correct Go worker in S[pg_blackhole] under six CPU
-    hogs."""
+    hogs. Third, for a worker that cancelled itself (exit 10) in the
+    window: the short waits of its chain (:func:`chain_waits`) summed within
+    one timer's length in the seconds before its exit, at least half of it.
+    A renewal that queued behind the worker's own write waits on every
+    process that write needs, the harness answering its injection points
+    among them, and a correct worker whose renewal timed out cancels
+    itself; no other ending is explained by it."""
     harness_limit = min(
         stalls.limit_s(spec.lease_ttl_ms, spec.heartbeat_ms, spec.dispatch_ttl_ms),
         env.heartbeat_timeout_ms / 1000,
@@ -436,9 +443,95 @@ def timing_excuse(env: Environment, spec: ExperimentSpec) -> Excuse:
                 f"{first.describe()}, at least the {starved_limit:.2f}s that can fire a protocol "
                 "timer"
             )
+        for worker, ended in _cancelled_workers(env, since, until):
+            chain = chain_waits(
+                env.name, max(since, ended - CANCEL_LOOKBACK_S), ended, 2 * starved_limit, worker
+            )
+            if chain.waited_s >= starved_limit:
+                return (
+                    f"worker {worker} cancelled itself (exit {EXIT_CANCELLED}) after its chain "
+                    f"(the worker, a backend, the control server answering it) waited "
+                    f"{chain.describe()} for a CPU, the disk or the harness, at least the "
+                    f"{starved_limit:.2f}s that can fire its renewal timer"
+                )
         return None
 
     return excuse
+
+
+def _worst_wait_window(job: Job, started: float, finished: float) -> dict[str, Any]:
+    """The experiment's worst window of one timer, as archive evidence."""
+    spec = job.spec
+    timer_s = min(spec.lease_ttl_ms - spec.heartbeat_ms, spec.dispatch_ttl_ms) / 1000
+    timer_s = min(timer_s, spec.heartbeat_timeout_ms / 1000)
+    window = chain_waits(job.label, started, finished, timer_s)
+    return {
+        "started_at": _iso(window.start),
+        "length_s": round(window.length_s, 3),
+        "waited_s": round(window.waited_s, 3),
+        "by_who": {who: round(s, 3) for who, s in sorted(window.by_who.items()) if s >= 0.0005},
+    }
+
+
+#: The exit code of a worker that cancelled itself (its renewal failed or
+#: its lease was lost): the one way a timer that fired stops a correct worker.
+EXIT_CANCELLED = 10
+#: How far before a cancelled worker's exit (as the harness noticed it) the
+#: renewal that timed out may lie: one timer, then stopping what it was doing.
+CANCEL_LOOKBACK_S = 3.0
+
+
+def _cancelled_workers(env: Environment, since: float, until: float) -> list[tuple[str, float]]:
+    """(worker id, exit time) of every worker that exited cancelled in
+    [since, until] (or up to a second after: the check may read the status
+    before the harness notices the exit)."""
+    return [
+        (w.worker_id, w.ended_at)
+        for w in env.started_workers
+        if w.returncode == EXIT_CANCELLED
+        and w.ended_at is not None
+        and since <= w.ended_at <= until + 1.0
+    ]
+
+
+def chain_waits(
+    label: str, since: float, until: float, timer_s: float, only: str | None = None
+) -> waits.Window:
+    """The worst window of one timer in [since, until] for one chain of the
+    experiment ``label``: one worker's waits, one database backend's and the
+    control server's answering that worker (and its accept loop), added up;
+    the worst worker and backend. A renewal's timer spans such a chain when
+    the worker's own write holds the run's row: the worker's threads, the
+    backend running that write, and the harness answering the write's
+    injection points. Each waits its share; none needs to have waited half
+    the timer alone. Other workers and backends run beside the chain, not in
+    it: adding theirs would excuse a quiet machine (six workers' backends
+    together waited 0.28 s of a 0.3 s window in Q with no load beside it).
+    ``only``: that worker's chains alone."""
+    logged = waits.log().within(label, since, until)
+
+    def source(w: waits.Wait) -> str:
+        return f"{w.who} (pid {w.pid})" if "/backend " in w.who else w.who
+
+    rows = waits.binned(logged, since, until, source)
+    backends: list[dict[str, list[float]]] = [{k: r} for k, r in rows.items() if "/backend " in k]
+    by_worker: dict[str, dict[str, list[float]]] = {}
+    shared: dict[str, list[float]] = {}
+    for k, r in rows.items():
+        worker = waits.worker_of(k)
+        if worker is not None:
+            by_worker.setdefault(worker, {})[k] = r
+        elif "/backend " not in k:
+            shared[k] = r  # the control server's accept loop, the mock tool
+    worst = waits.best_window(shared, since, timer_s)
+    chains = [r for w, r in by_worker.items() if only is None or w == only]
+    for mine in chains or [{}]:
+        for backend in backends or [{}]:
+            chain = shared | mine | backend
+            window = waits.best_window(chain, since, timer_s)
+            if window.waited_s > worst.waited_s:
+                worst = window
+    return worst
 
 
 #: The share of a bound a process (or the harness) must have spent unable to

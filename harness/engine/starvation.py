@@ -45,6 +45,8 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from harness.engine import waits
+
 TICK_S = 0.05
 # A sample counts as starved when one thread waited this share of it.
 STARVED_SHARE = 0.5
@@ -80,12 +82,16 @@ class Starvation:
         )
 
 
-def _thread_delays(pid: int) -> dict[int, int] | None:
-    """Run delay (ns) of every thread of ``pid``; None once it is gone."""
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return None
+def _thread_delays(pid: int, only: frozenset[int] | None = None) -> dict[int, int] | None:
+    """Run delay (ns) of every thread of ``pid`` (or of its threads ``only``);
+    None once it is gone (or every one of those threads is)."""
+    if only is not None:
+        tids: list[str] | list[int] = sorted(only)
+    else:
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return None
     delays: dict[int, int] = {}
     for tid in tids:
         try:
@@ -94,7 +100,7 @@ def _thread_delays(pid: int) -> dict[int, int] | None:
             delays[int(tid)] = int(fields[1])
         except (OSError, IndexError, ValueError):
             continue
-    return delays
+    return None if only is not None and not delays else delays
 
 
 def _in_disk_wait(pid: int) -> bool:
@@ -223,6 +229,7 @@ class _Watched:
     pid: int
     last: dict[int, int]
     disk: DiskWait
+    only: frozenset[int] | None = None  # some threads of the process, not all
     open_since: float | None = None  # wall time the current episode began
     open_waited: float = 0.0
 
@@ -239,18 +246,21 @@ class StarvationMonitor:
         self._thread: threading.Thread | None = None
         self.available = os.path.exists(f"/proc/{os.getpid()}/task/{os.getpid()}/schedstat")
 
-    def watch(self, pid: int, name: str) -> None:
-        """Start measuring process ``pid`` (until it exits)."""
+    def watch(self, pid: int, name: str, *, tids: Iterable[int] | None = None) -> None:
+        """Start measuring process ``pid`` (until it exits), or only its
+        threads ``tids`` (until they exit: a server thread of the harness)."""
         if not self.available:
             return
+        only = frozenset(tids) if tids is not None else None
+        key = min(only) if only else pid  # thread ids and pids share one space
         with self._lock:
-            if pid in self._watched:  # a shared process (the tool host): watched once
+            if key in self._watched:  # a shared process (the tool host): watched once
                 return
-        first = _thread_delays(pid)
+        first = _thread_delays(pid, only)
         if first is None:
             return
         with self._lock:
-            self._watched[pid] = _Watched(name, pid, first, DiskWait(name, pid))
+            self._watched[key] = _Watched(name, pid, first, DiskWait(name, pid), only)
             self._ensure_thread()
 
     def watch_backends(
@@ -332,15 +342,18 @@ class StarvationMonitor:
 
     def _sample(self, w: _Watched, interval: float) -> None:
         now = time.time()
-        delays = _thread_delays(w.pid)
+        delays = _thread_delays(w.pid, w.only)
         if delays is None:
             with self._lock:
                 self._close(w, now)
                 self._keep(w.disk.close())
-                self._watched.pop(w.pid, None)
+                self._watched.pop(min(w.only) if w.only else w.pid, None)
             return
         waited = max(((d - w.last.get(tid, d)) / 1e9 for tid, d in delays.items()), default=0.0)
         w.last = delays
+        # Every wait, however short, for the sums within one timer (waits.py):
+        # over the tick's real length, which a busy harness stretches.
+        waits.log().add(w.name, w.pid, now - interval, now, waited)
         blocked = _writes_to_disk(w.name) and _in_disk_wait(w.pid)
         with self._lock:
             self._keep(w.disk.sample(blocked, now))
@@ -363,6 +376,11 @@ class StarvationMonitor:
 
     def _keep(self, episode: Starvation | None) -> None:
         if episode is not None:
+            if episode.waited_for == DISK:  # CPU waits went to the log tick by tick
+                waits.log().add(
+                    episode.process, episode.pid, episode.started_at, episode.ended_at,
+                    episode.waited_s,
+                )  # fmt: skip
             self._episodes.append(episode)
             del self._episodes[:-MAX_KEPT]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import socket
 import struct
 import threading
@@ -39,6 +40,8 @@ from harness.parts.os_user import OsUser, first_untraversable
 
 ANY_WORKER = "*"
 READ_TIMEOUT_S = 5.0
+# The serving loop wakes at least this often to notice close() and expire holds.
+LOOP_TICK_S = 0.1
 DEFAULT_HOLD_TIMEOUT_S = 120.0
 # sockaddr_un.sun_path is 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH = 107
@@ -134,6 +137,16 @@ class _Arm:
 
 
 @dataclass
+class _Reading:
+    """A connection whose message is not read whole yet."""
+
+    peer_pid: int | None
+    peer_uid: int | None
+    deadline: float  # monotonic: no whole line by then is a protocol error
+    data: bytes = b""
+
+
+@dataclass
 class _Held:
     seq: int
     conn: socket.socket
@@ -158,7 +171,7 @@ def _opt_str(value: Any) -> str | None:
 
 
 class ControlServer:
-    """Unix-socket server answering injection points; a thread per connection.
+    """Unix-socket server answering injection points; one thread serves every connection.
 
     Use as a context manager; `close()` stops accepting, closes every held
     connection and removes the socket file.
@@ -171,7 +184,7 @@ class ControlServer:
         socket_name: str = "control.sock",
         worker_user: OsUser | None = None,
         hold_timeout_s: float = DEFAULT_HOLD_TIMEOUT_S,
-        on_gap: Callable[[float], None] | None = None,
+        on_gap: Callable[[float, str | None], None] | None = None,
     ) -> None:
         self.socket_path = Path(directory) / socket_name
         if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
@@ -194,13 +207,13 @@ class ControlServer:
         self._hits: list[Hit] = []
         self._held: dict[tuple[str, str], deque[_Held]] = {}
         self._cursors: dict[tuple[str, str], int] = {}
-        self._handlers: set[threading.Thread] = set()
         self._listener: socket.socket | None = None
         self._accept_thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._aborted: str | None = None
         # Told how late the server answered (its accept loop woke late, or a
-        # hit whose answer is immediate took long): the harness was stalled.
+        # hit whose answer is immediate took long: then which worker waited):
+        # the harness was stalled.
         self._on_gap = on_gap
         self.protocol_errors: list[str] = []
 
@@ -218,8 +231,7 @@ class ControlServer:
         if self.worker_user is not None and os.geteuid() == 0:
             os.chown(self.socket_path, self.worker_user.uid, self.worker_user.gid)
         listener.listen(128)
-        # A short accept timeout lets the loop notice close() and expire holds.
-        listener.settimeout(0.1)
+        listener.setblocking(False)
         self._listener = listener
         self._accept_thread = threading.Thread(
             target=self._accept_loop, name=f"control-accept:{self.socket_path.name}", daemon=True
@@ -235,10 +247,6 @@ class ControlServer:
         if self._listener is not None:
             self._listener.close()
         self.release_all()
-        with self._cond:
-            handlers = list(self._handlers)
-        for thread in handlers:
-            thread.join(timeout=READ_TIMEOUT_S + 1.0)
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
 
@@ -254,6 +262,13 @@ class ControlServer:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+    @property
+    def accept_tid(self) -> int | None:
+        """The kernel's id of the thread that accepts hits (its run-queue delay
+        is how late the harness wakes to a worker's connect)."""
+        thread = self._accept_thread
+        return thread.native_id if thread is not None else None
 
     @property
     def env(self) -> dict[str, str]:
@@ -294,57 +309,124 @@ class ControlServer:
     # -- serving -----------------------------------------------------------
 
     def _accept_loop(self) -> None:
+        """Accept, read and answer every hit in this one thread. A worker at a
+        point inside its own write waits for the answer while that write
+        holds the run's row: a thread started per hit made it wait for a new
+        thread to be scheduled as well, 0.2 s in a 0.3 s renewal timeout on a
+        loaded machine. The message is nearly always in the socket when the
+        connect is accepted, so most hits are answered in one wake-up."""
         listener = self._listener
         assert listener is not None
-        timeout = listener.gettimeout() or 0.0
+        tick = LOOP_TICK_S
+        selector = selectors.DefaultSelector()
+        selector.register(listener, selectors.EVENT_READ, None)
+        reading: dict[socket.socket, _Reading] = {}
         last = time.monotonic()
-        while not self._closing.is_set():
+        last_sweep = last
+        try:
+            while not self._closing.is_set():
+                try:
+                    events = selector.select(timeout=tick)
+                except OSError:
+                    if self._closing.is_set():
+                        return
+                    raise
+                woke = time.monotonic()
+                if not events:
+                    self._gap(woke - last - tick)  # it woke late: the harness did not run
+                last = woke
+                for key, _ in events:
+                    if key.data is None:
+                        self._accept_all(listener, selector, reading, woke)
+                    else:
+                        self._read(key.fileobj, selector, reading, woke)  # type: ignore[arg-type]
+                if woke - last_sweep >= tick:
+                    last_sweep = woke
+                    self._expire_holds()
+                    self._drop_slow_readers(selector, reading, woke)
+        finally:
+            for conn in list(reading):
+                conn.close()
+            selector.close()
+
+    def _accept_all(
+        self,
+        listener: socket.socket,
+        selector: selectors.BaseSelector,
+        reading: dict[socket.socket, _Reading],
+        woke: float,
+    ) -> None:
+        while True:
             try:
                 conn, _ = listener.accept()
-            except TimeoutError:
-                now = time.monotonic()
-                self._gap(now - last - timeout)
-                last = now
-                self._expire_holds()
-                continue
+            except (BlockingIOError, InterruptedError):
+                return
             except OSError:
                 if self._closing.is_set():
                     return
                 raise
-            last = time.monotonic()
-            thread = threading.Thread(
-                target=self._handle, args=(conn,), name="control-conn", daemon=True
-            )
-            with self._cond:
-                self._handlers.add(thread)
-            thread.start()
+            conn.setblocking(False)
+            peer_pid, peer_uid = _peer_credentials(conn)
+            reading[conn] = _Reading(peer_pid, peer_uid, woke + READ_TIMEOUT_S)
+            selector.register(conn, selectors.EVENT_READ, True)
+            self._read(conn, selector, reading, woke)  # usually already there
 
-    def _handle(self, conn: socket.socket) -> None:
-        try:
-            self._serve_one(conn)
-        finally:
-            with self._cond:
-                self._handlers.discard(threading.current_thread())
-
-    def _gap(self, late_s: float) -> None:
-        if self._on_gap is not None and late_s > 0:
-            self._on_gap(late_s)
-
-    def _serve_one(self, conn: socket.socket) -> None:
-        peer_pid, peer_uid = _peer_credentials(conn)
-        conn.settimeout(READ_TIMEOUT_S)
-        data = b""
-        try:
-            while b"\n" not in data and len(data) < 65536:
-                chunk = conn.recv(4096)
-                if not chunk:
-                    break
-                data += chunk
-        except OSError as exc:
-            self._protocol_error(f"read from pid {peer_pid} failed: {exc!r}", conn)
+    def _read(
+        self,
+        conn: socket.socket,
+        selector: selectors.BaseSelector,
+        reading: dict[socket.socket, _Reading],
+        woke: float,
+    ) -> None:
+        state = reading.get(conn)
+        if state is None:
             return
+        try:
+            chunk = conn.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._done_reading(conn, selector, reading)
+            self._protocol_error(f"read from pid {state.peer_pid} failed: {exc!r}", conn)
+            return
+        state.data += chunk
+        if chunk and b"\n" not in state.data and len(state.data) < 65536:
+            return  # more to come
+        self._done_reading(conn, selector, reading)
+        conn.setblocking(True)
+        conn.settimeout(READ_TIMEOUT_S)
+        self._serve_one(conn, state, woke)
+
+    @staticmethod
+    def _done_reading(
+        conn: socket.socket,
+        selector: selectors.BaseSelector,
+        reading: dict[socket.socket, _Reading],
+    ) -> None:
+        reading.pop(conn, None)
+        with contextlib.suppress(KeyError, ValueError):
+            selector.unregister(conn)
+
+    def _drop_slow_readers(
+        self, selector: selectors.BaseSelector, reading: dict[socket.socket, _Reading], now: float
+    ) -> None:
+        for conn, state in list(reading.items()):
+            if now >= state.deadline:
+                self._done_reading(conn, selector, reading)
+                self._protocol_error(
+                    f"read from pid {state.peer_pid} failed: no whole line within "
+                    f"{READ_TIMEOUT_S}s (got {state.data[:300]!r})",
+                    conn,
+                )
+
+    def _gap(self, late_s: float, worker: str | None = None) -> None:
+        if self._on_gap is not None and late_s > 0:
+            self._on_gap(late_s, worker)
+
+    def _serve_one(self, conn: socket.socket, state: _Reading, woke: float) -> None:
+        """Answer one hit read whole; ``woke`` is when the loop woke to it."""
+        peer_pid, peer_uid, data = state.peer_pid, state.peer_uid, state.data
         received_at = time.time()
-        got = time.monotonic()
         try:
             msg = json.loads(data.split(b"\n", 1)[0])
             if not isinstance(msg, dict) or msg.get("type") != "point":
@@ -381,9 +463,10 @@ class ControlServer:
         with contextlib.suppress(OSError):
             conn.sendall((json.dumps(action.reply()) + "\n").encode())
         conn.close()
-        # From the message read to the answer sent is the harness's time alone
-        # (well under a millisecond): taking long means it was not running.
-        self._gap(time.monotonic() - got)
+        # From the wake-up to the answer sent is the harness's time alone (well
+        # under a millisecond): taking long means it was not running, and the
+        # worker waited that long at its point.
+        self._gap(time.monotonic() - woke, worker)
 
     def _protocol_error(self, text: str, conn: socket.socket) -> None:
         with self._cond:

@@ -199,6 +199,34 @@ def test_bad_message_is_recorded_not_answered(control: ControlServer) -> None:
     assert control.hits() == []
 
 
+def test_a_silent_connection_blocks_no_other_hit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One thread serves every connection: a client that connects and says
+    nothing (or half a line) neither delays another worker's answer nor stays
+    open past the read timeout, which records it as a protocol error."""
+    import socket
+
+    from harness.parts import control as control_module
+
+    monkeypatch.setattr(control_module, "READ_TIMEOUT_S", 0.5)
+    with ControlServer(tmp_path) as control, socket.socket(socket.AF_UNIX) as silent:
+        silent.connect(str(control.socket_path))
+        silent.sendall(b'{"type": "po')  # half a message, then nothing
+        with socket.socket(socket.AF_UNIX) as s:
+            s.settimeout(5)
+            s.connect(str(control.socket_path))
+            started = time.monotonic()
+            s.sendall(b'{"type": "point", "point": "before_commit", "worker": "A"}\n')
+            assert json.loads(s.recv(100)) == {"action": "continue"}
+            assert time.monotonic() - started < 0.4  # not after the silent one's timeout
+        assert [h.point for h in control.hits()] == ["before_commit"]
+        wait_for(lambda: control.protocol_errors, what="the silent client dropped", timeout_s=5)
+        assert "no whole line within 0.5s" in control.protocol_errors[0]
+        silent.settimeout(5)
+        assert silent.recv(100) == b""  # closed, never answered
+
+
 def test_socket_is_private_and_removed_on_close(tmp_path: Path) -> None:
     with ControlServer(tmp_path) as control:
         assert oct(os.stat(control.socket_path).st_mode & 0o777) == "0o600"

@@ -263,3 +263,132 @@ def test_a_running_or_sleeping_process_is_not_in_disk_wait() -> None:
         sleeper.kill()
         sleeper.wait()
     assert not _in_disk_wait(2**22 + 1)  # no such process
+
+
+def _wait(who: str, start: float, end: float, waited: float, pid: int | None = None) -> Any:
+    from harness.engine.waits import Wait
+
+    return Wait(who, pid, start, end, waited)
+
+
+def test_short_waits_of_a_chain_add_up_within_one_timer() -> None:
+    """The side-by-side case: a successor's renewal queued behind its own
+    write, whose worker, backend and control server each waited a little;
+    none reached half the timer alone, the three did within one 0.3 s timer."""
+    from harness.engine.waits import worst_window
+
+    waits = [
+        _wait("P/worker B", 100.00, 100.10, 0.06),
+        _wait("P/backend w", 100.10, 100.20, 0.05),
+        _wait("P/control server for B", 100.15, 100.25, 0.05),
+        _wait("P/worker B", 102.00, 102.05, 0.05),  # a second later: another timer
+    ]
+    window = worst_window(waits, 99.0, 103.0, 0.3)
+    assert round(window.waited_s, 3) == 0.16
+    assert 99.95 <= window.start <= 100.0
+    assert {who: round(s, 3) for who, s in window.by_who.items() if s} == {
+        "P/worker B": 0.06,
+        "P/backend w": 0.05,
+        "P/control server for B": 0.05,
+    }
+    assert "P/worker B 0.060s" in window.describe()
+    # The same waits spread over a second fill no timer.
+    spread = [_wait("P/worker B", 100.0 + i * 0.3, 100.05 + i * 0.3, 0.05) for i in range(4)]
+    assert round(worst_window(spread, 99.0, 103.0, 0.3).waited_s, 3) == 0.05
+
+
+def test_two_observers_of_one_freeze_count_it_once() -> None:
+    """Two reports of one source over the same time: a source waits at most
+    the time that passed."""
+    from harness.engine.waits import worst_window
+
+    waits = [
+        _wait("P/control server", 100.0, 100.1, 0.1),
+        _wait("P/control server", 100.0, 100.1, 0.1),
+    ]
+    assert round(worst_window(waits, 99.0, 101.0, 0.3).waited_s, 3) == 0.1
+
+
+def test_a_chain_is_one_worker_one_backend_and_its_answers(monkeypatch: Any) -> None:
+    """Other workers and other backends run beside a chain, not in it: six
+    workers each waiting a little on a quiet machine excuse nothing."""
+    from harness.engine import runner, waits
+
+    log = waits.WaitLog()
+    monkeypatch.setattr(waits, "_LOG", log)
+    for i in range(6):
+        log.add(f"Q/worker w{i}", 10 + i, 100.0, 100.3, 0.05)
+        log.add(
+            "Q/backend fcw",
+            20 + i,
+            100.0,
+            100.3,
+            0.03,
+        )
+        log.add(f"Q/control server for w{i}", 1, 100.0, 100.3, 0.01)
+    log.add("Q/control server", 1, 100.0, 100.3, 0.02)  # the accept loop: every chain's
+    log.add("R/worker w0", 30, 100.0, 100.3, 0.25)  # another experiment's
+    chain = runner.chain_waits("Q", 99.0, 101.0, 0.3)
+    assert round(chain.waited_s, 3) == 0.11  # 0.05 + 0.03 + 0.01 + 0.02
+    assert {waits.worker_of(who) for who in chain.by_who} == {None, "w0"}
+    log.add("Q/worker w3", 13, 100.1, 100.2, 0.06)
+    assert round(runner.chain_waits("Q", 99.0, 101.0, 0.3).waited_s, 3) == 0.17
+
+
+def test_the_log_keeps_waits_in_their_window_and_drops_noise() -> None:
+    from harness.engine.waits import FLOOR_S, WaitLog
+
+    log = WaitLog(retain_s=10.0)
+    log.add("P/worker A", 1, 100.0, 100.05, FLOOR_S / 2)  # noise: not kept
+    log.add("P/worker A", 1, 100.0, 100.05, 0.2)  # capped at its span
+    log.add("Q/worker A", 2, 100.0, 100.05, 0.01)
+    assert [round(w.waited_s, 3) for w in log.within("P", 0.0, 200.0)] == [0.05]
+    assert len(log.within("P", 100.06, 200.0)) == 0
+    for i in range(1000):  # the log forgets what is older than it keeps
+        log.add("P/worker A", 1, 120.0 + i * 0.001, 120.05 + i * 0.001, 0.01)
+    assert log.within("Q", 0.0, 200.0) == []
+    assert len(log.within("P", 0.0, 200.0)) == 1000
+
+
+def test_worker_of_names_the_chain_a_source_belongs_to() -> None:
+    from harness.engine.waits import control_server, worker_of
+
+    assert worker_of("P/worker B") == "B"
+    assert worker_of(control_server("P", "B")) == "B"
+    assert worker_of(control_server("P", None)) is None
+    assert worker_of("P/backend fcw_p") is None
+
+
+def test_a_chain_excuses_only_a_worker_that_cancelled_itself(monkeypatch: Any) -> None:
+    """The chain explains one thing: a renewal that timed out, after which a
+    correct worker cancels itself (exit 10). A worker that ended otherwise
+    (it finished the run wrongly, it crashed) is not excused by its waits,
+    however long; nor are waits more than a lookback before the exit."""
+    from types import SimpleNamespace
+
+    from harness.engine import runner, waits
+    from harness.engine.experiment import ExperimentSpec
+
+    log = waits.WaitLog()
+    monkeypatch.setattr(waits, "_LOG", log)
+    log.add("P/worker B", 1, 100.0, 100.1, 0.08)
+    log.add("P/backend fcw", 2, 100.1, 100.2, 0.05)
+    log.add("P/control server for B", 3, 100.1, 100.2, 0.03)
+
+    def worker(code: int, ended: float) -> Any:
+        return SimpleNamespace(worker_id="B", returncode=code, ended_at=ended)
+
+    def env(*started: Any) -> Any:
+        return SimpleNamespace(
+            name="P", started_workers=list(started), heartbeat_timeout_ms=300,
+            lease_ttl_ms=800, heartbeat_ms=150, dispatch_ttl_ms=600,
+        )  # fmt: skip
+
+    spec = ExperimentSpec(id="P", title="t", seed_section="s", invariant="i", fault="f", rules=(1,))
+    cancelled = runner.timing_excuse(env(worker(10, 100.5)), spec)(99.0, 101.0)
+    assert cancelled is not None and "worker B cancelled itself (exit 10)" in cancelled
+    assert "P/worker B 0.080s" in cancelled
+    assert runner.timing_excuse(env(worker(0, 100.5)), spec)(99.0, 101.0) is None
+    assert runner.timing_excuse(env(worker(1, 100.5)), spec)(99.0, 101.0) is None
+    late = worker(10, 100.2 + runner.CANCEL_LOOKBACK_S + 1)
+    assert runner.timing_excuse(env(late), spec)(99.0, 106.0) is None
