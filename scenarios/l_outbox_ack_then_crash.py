@@ -46,6 +46,8 @@ from scenarios.common import new_run, seen_within
 
 EVENTS = 3
 CONSUMER = "billing"
+# A second consumer of the same events, after the first (its own dedup rows).
+SECOND_CONSUMER = "audit"
 # The relay's own call timeout in late_ack (FENCECHECK_TOOL_TIMEOUT_MS), and
 # how long the broker holds that publish before it takes it: well past it.
 RELAY_TIMEOUT_MS = 300
@@ -57,7 +59,8 @@ SPEC = ExperimentSpec(
     seed_section="Chinese seed §11, §13.2 (Outbox ACK 后崩溃); English seed §12",
     invariant="at-least-once: a row is marked published only after the broker has its message, "
     "a refused or unanswered publish is published again; every event the broker holds is "
-    "handed to the consumer and its business effect happens exactly once",
+    "handed to the consumer and its business effect happens exactly once, and once more for a "
+    "second consumer name",
     fault="one per variant: the relay SIGKILLed between the broker's ack and the mark; the "
     "broker refuses one publish of a batch, acks after the relay's timeout, hands a message "
     "out twice, hands a read out of order; the consumer's database link cut between its read "
@@ -119,6 +122,7 @@ def run(ctx: ExperimentContext) -> None:
     ctx.ok(consumer, "consume", consumer=CONSUMER)  # a second pass sees nothing new
     variant.confirm(ctx, events)
     checkers.every_event_applied_once(ctx, CONSUMER)
+    _another_consumer_applies_them_too(ctx, consumer)
     outbox = checkers.outbox(ctx, run_id)
     ctx.progress(
         "every outbox row finally marked",
@@ -128,6 +132,29 @@ def run(ctx: ExperimentContext) -> None:
     )
     _nothing_marked_before_the_broker(ctx, run_id, "in the end")
     _published_stays_published(ctx, run_id)
+
+
+def _another_consumer_applies_them_too(ctx: ExperimentContext, consumer: WorkerProcess) -> None:
+    """Deduplication is per consumer: a second consumer name reading the same
+    events applies each once of its own (contract section 6: consumed_events
+    is keyed by consumer_name and event_id; blind bug hunt round 25, #08: a
+    key of event_id alone turned every event away from the second consumer as
+    a duplicate). Judged on what the broker handed that pass (its delivery
+    log): an event handed to an ok pass and not applied is lost for that
+    consumer, whose position has moved past it."""
+    reads_before = len(checkers.tool_log(ctx).get("deliveries", []))
+    ctx.ok(consumer, "consume", consumer=SECOND_CONSUMER)
+    reads = checkers.tool_log(ctx).get("deliveries", [])[reads_before:]
+    handed = {str(e) for d in reads for e in d.get("event_ids", [])}
+    effects = checkers.consumer_effects(ctx, SECOND_CONSUMER)
+    wrong = sorted(f"{e[:8]}: {effects.get(e, 0)} effects" for e in handed if effects.get(e) != 1)
+    ctx.invariant(
+        "a second consumer applies every event it is handed once of its own",
+        bool(handed) and not wrong,
+        expected=f"each event the broker handed {SECOND_CONSUMER}'s pass applied once by "
+        f"{SECOND_CONSUMER}, whatever {CONSUMER} applied before",
+        observed="; ".join(wrong) or f"{len(handed)} event(s) handed, each applied once",
+    )
 
 
 def _published_stays_published(ctx: ExperimentContext, run_id: str) -> None:

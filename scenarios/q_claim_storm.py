@@ -13,14 +13,15 @@ from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Hold
 from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
-from scenarios.common import new_run
+from scenarios.common import finish, new_run
 
 SPEC = ExperimentSpec(
     id="Q",
     title="claim storm",
     seed_section="Chinese seed §5 (SKIP LOCKED claim); English seed §5.1, §11",
     invariant="no run held by two owners in one epoch; epochs strictly increase per run; every "
-    "run finishes, each tool operation with one real resource",
+    "run finishes, each tool operation with one real resource; a run --once worker among them "
+    "executes one run and exits",
     fault="6 workers claim 24 runs concurrently; 2 of them are SIGSTOPped holding a lease "
     "(frozen at after_lease_acquired) until others take their runs over",
     rules=(1, 4),
@@ -35,6 +36,10 @@ RUNS = 24
 WORKERS = 6
 #: Contract section 2: database sessions of a long-lived worker between runs.
 IDLE_SESSIONS_MAX = 4
+#: A worker started with ``run --once`` beside the others, and how long it has
+#: to exit once every run is final (its one run is long done by then).
+ONCE = "once"
+ONCE_EXIT_S = 15.0
 
 
 def run(ctx: ExperimentContext) -> None:
@@ -47,6 +52,9 @@ def run(ctx: ExperimentContext) -> None:
     frozen_names = rng.sample(names, 2)
     for name in frozen_names:
         ctx.arm(name, "after_lease_acquired", Hold())
+    # Started first, so that runs are still queued when it looks: it must
+    # execute one and exit (idle, it exits too: nothing is left to claim).
+    once = ctx.env.start_worker(ONCE, "run", ["--once", "--exit-when-idle"])
     workers: list[WorkerProcess] = [ctx.env.start_worker(n, "run") for n in names]
     frozen = [w for w in workers if w.worker_id in frozen_names]
     held: list[tuple[str, int]] = []
@@ -134,6 +142,33 @@ def run(ctx: ExperimentContext) -> None:
     _sessions_do_not_pile_up(ctx, sessions, trail)
     checkers.lease_history_is_sound(ctx, run_ids)
     checkers.one_resource_per_operation(ctx)
+    _once_executes_one_run(ctx, once, trail)
+
+
+def _once_executes_one_run(
+    ctx: ExperimentContext, once: WorkerProcess, trail: list[dict[str, Any]]
+) -> None:
+    """A ``run --once`` worker among the claimers executes one run and exits
+    (contract section 1; blind bug hunt round 25, #03: a worker that went on
+    claiming after its run, where every other experiment names the run with
+    ``--run-id``). Read from the audit trail: the runs whose lease passed to
+    it from another owner. Its exit is bounded like any worker's."""
+    claimed = sorted(
+        {
+            str(r["run_id"])
+            for r in trail
+            if r["op"] == "UPDATE"
+            and (r["owner"] or "").split("/")[0] == ONCE
+            and (r["old_owner"] or "").split("/")[0] != ONCE
+        }
+    )
+    ctx.invariant(
+        "a --once worker executes one run",
+        len(claimed) <= 1,
+        expected=f"{ONCE} (run --once --exit-when-idle) claimed at most one run",
+        observed=f"claimed {len(claimed)} run(s) {[r[:8] for r in claimed]}",
+    )
+    finish(ctx, once, timeout_s=ONCE_EXIT_S)
 
 
 def _sessions_do_not_pile_up(

@@ -452,6 +452,17 @@ def recorded_results_are_the_tools(ctx: ExperimentContext, run_id: str) -> None:
     )
 
 
+def consumer_effects(ctx: ExperimentContext, consumer: str) -> dict[str, int]:
+    """How many business effects ``consumer`` wrote, per event id."""
+    rows = ctx.sql(
+        f"business effects of consumer {consumer} per event",
+        "SELECT event_id, count(*) AS effects FROM fencecheck_model.consumer_effects "
+        "WHERE consumer_name = %s GROUP BY event_id",
+        [consumer],
+    )
+    return {str(r["event_id"]): int(r["effects"]) for r in rows}
+
+
 def every_event_applied_once(ctx: ExperimentContext, consumer: str) -> None:
     """Rule 10, judged on every event, not one: each distinct event the broker
     holds was handed out by it (its own delivery log) and has exactly one
@@ -461,13 +472,7 @@ def every_event_applied_once(ctx: ExperimentContext, consumer: str) -> None:
     log = tool_log(ctx)
     held = list(dict.fromkeys(str(m["event_id"]) for m in log["messages"]))
     delivered = {str(e) for d in log.get("deliveries", []) for e in d.get("event_ids", [])}
-    rows = ctx.sql(
-        f"business effects of consumer {consumer} per event",
-        "SELECT event_id, count(*) AS effects FROM fencecheck_model.consumer_effects WHERE consumer_name = %s "
-        "GROUP BY event_id",
-        [consumer],
-    )
-    effects = {str(r["event_id"]): int(r["effects"]) for r in rows}
+    effects = consumer_effects(ctx, consumer)
     twice = [f"{e[:8]}: {n} effects" for e, n in effects.items() if n > 1]
     undelivered = [f"{e[:8]}: applied, never handed out" for e in effects if e not in delivered]
     # Safety: never twice, never without a delivery. Progress: every event the

@@ -753,6 +753,8 @@ class ExperimentContext:
                 "changes": _listed_changes(op, reply),
                 # What a relay cycle says it marked (worker.relay_lists_what_it_marked).
                 "published": _listed_published(op, reply),
+                # What a consume cycle says it applied (worker.consume_counts_what_it_applied).
+                "consumed": _counted_consumed(op, reply),
                 # The reply line against ops.schema.json (judged globally:
                 # worker.replies_match_the_contract).
                 "schema_problems": spec.reply_problems(op, reply.raw)
@@ -855,6 +857,15 @@ def _listed_published(op: str, reply: OpReply | None) -> list[str] | None:
     if not isinstance(published, list):
         return None
     return [str(p) for p in published]
+
+
+def _counted_consumed(op: str, reply: OpReply | None) -> int | None:
+    """The count an ok consume reply gives as ``consumed`` (None for any other
+    reply, or one without a whole number there)."""
+    if op != "consume" or reply is None or not reply.ok or not isinstance(reply.result, dict):
+        return None
+    consumed = reply.result.get("consumed")
+    return consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None
 
 
 def _listed_changes(op: str, reply: OpReply | None) -> list[str] | None:

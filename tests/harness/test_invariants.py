@@ -256,6 +256,7 @@ def test_clean_history_breaks_nothing() -> None:
         "outbox.a_relay_cycle_publishes_in_outbox_order",
         "worker.reconcile_lists_every_change",
         "worker.relay_lists_what_it_marked",
+        "worker.consume_counts_what_it_applied",
         "run.purged_only_past_the_retention",
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
@@ -839,6 +840,24 @@ def relay_lists_run_ids(ev: Evidence, *, listed: str | None = None) -> None:
     )
 
 
+def consume_counts_a_duplicate(ev: Evidence, *, consumed: int = 2) -> None:
+    """A consume reply of the session that inserted e1's dedup row, alone in
+    its window, that counts a duplicate it turned away as applied (blind hunt
+    25 #10: a Go flag set before the dedup insert decided it)."""
+    dedup = next(c for c in ev.changes if c.table == "consumed_events")
+    ev.replies.append(
+        {
+            **reply_entry("consume", {"id": 8, "ok": True, "result": {"consumed": consumed}}),
+            "worker": dedup.app,
+            "consumed": consumed,
+            "at": dedup.at - 0.01,
+            "done": dedup.at + 0.01,
+            "seq_before": dedup.seq - 1,
+            "seq_after": dedup.seq,
+        }
+    )
+
+
 def purged_inside_the_retention(ev: Evidence, *, older_than_ms: int = 1000) -> None:
     """A purge request with a retention of ``older_than_ms`` deletes the run
     that ended (its last write) 0.5 s before (blind hunt 19 #01: the cut-off
@@ -871,6 +890,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "outbox.a_relay_cycle_publishes_in_outbox_order": relayed_out_of_order,
     "worker.reconcile_lists_every_change": reconcile_leaves_out_a_move,
     "worker.relay_lists_what_it_marked": relay_lists_run_ids,
+    "worker.consume_counts_what_it_applied": consume_counts_a_duplicate,
     "run.purged_only_past_the_retention": purged_inside_the_retention,
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
     "worker.accounts_match_the_evidence": lying_account,
@@ -1211,6 +1231,17 @@ def test_a_relay_reply_listing_what_it_marked_holds() -> None:
     relay_lists_run_ids(ev)
     (row,) = broken_by(ev)["worker.relay_lists_what_it_marked"]
     assert row["marked_not_listed"] == ["e1"] and row["listed_not_marked"] == [RUN]
+
+
+def test_a_consume_reply_counting_what_it_applied_holds() -> None:
+    ev = clean()
+    consume_counts_a_duplicate(ev, consumed=1)
+    result = {r.name: r for r in check(ev)}["worker.consume_counts_what_it_applied"]
+    assert result.ok and result.checked == 1
+    ev = clean()
+    consume_counts_a_duplicate(ev)
+    (row,) = broken_by(ev)["worker.consume_counts_what_it_applied"]
+    assert (row["consumed"], row["dedup_rows_inserted"]) == (2, 1)
 
 
 OPERATOR_AUDIT = "operator.audit_shows_the_rows_before_and_after"

@@ -144,6 +144,34 @@ def relay_lists_what_it_marked(ev: Evidence) -> Finding:
     return Finding(len(cycles), bad)
 
 
+@invariant(
+    "worker.consume_counts_what_it_applied",
+    "contract section 5 (consume: consumed, the messages applied in this cycle)",
+    "an ok consume reply's consumed count is the number of dedup rows (consumed_events) the "
+    "requesting process's sessions inserted between the request and the reply, as the audit "
+    "trail saw it: a duplicate it turned away is no message applied; judged only where no "
+    "other request of that process overlapped the cycle",
+)
+def consume_counts_what_it_applied(ev: Evidence) -> Finding:
+    cycles = _alone(ev, "consume", "consumed")
+    if not cycles:
+        return Finding(0, [], "no consume reply to judge alone")
+    inserts = list(ev.of("consumed_events", "INSERT"))
+    bad: list[dict[str, Any]] = []
+    for r in cycles:
+        applied = len(_by_the_cycle(r, inserts))
+        if r["consumed"] != applied:
+            bad.append(
+                {
+                    "worker": r["worker"],
+                    "consumed": r["consumed"],
+                    "duplicates": r.get("duplicates"),
+                    "dedup_rows_inserted": applied,
+                }
+            )
+    return Finding(len(cycles), bad)
+
+
 def _by_the_cycle(reply: dict[str, Any], changes: list[Change]) -> list[Change]:
     """The changes the replying process's sessions made between its request
     and its reply (audit positions)."""
