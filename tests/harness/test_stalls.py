@@ -392,3 +392,19 @@ def test_a_chain_excuses_only_a_worker_that_cancelled_itself(monkeypatch: Any) -
     assert runner.timing_excuse(env(worker(1, 100.5)), spec)(99.0, 101.0) is None
     late = worker(10, 100.2 + runner.CANCEL_LOOKBACK_S + 1)
     assert runner.timing_excuse(env(late), spec)(99.0, 106.0) is None
+
+
+def test_the_control_servers_thread_excuses_only_inside_a_chain() -> None:
+    """The harness's accept thread is watched for the chains, but its own
+    starvation is no episode of the experiment: the harness excuses alone only
+    by a stall of a whole timer."""
+    from harness.engine.runner import _ours
+    from harness.engine.starvation import Starvation
+    from harness.engine.waits import control_server
+
+    def episode(name: str) -> Starvation:
+        return Starvation(name, 1, 100.0, 0.2, 0.2)
+
+    assert _ours(episode("P/worker B"), "P") and _ours(episode("run/toxiproxy"), "P")
+    assert not _ours(episode(control_server("P", None)), "P")
+    assert not _ours(episode("Q/worker B"), "P")
