@@ -26,6 +26,7 @@ correct worker's timer could have fired for reasons that are the machine's
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -65,7 +66,8 @@ class Window:
     def describe(self) -> str:
         parts = sorted(self.by_who.items(), key=lambda kv: -kv[1])
         named = ", ".join(f"{who} {s:.3f}s" for who, s in parts if s >= 0.0005) or "nothing"
-        return f"{self.waited_s:.3f}s in the {self.length_s:.2f}s from {self.start:.3f} ({named})"
+        at = dt.datetime.fromtimestamp(self.start, dt.UTC).isoformat(timespec="milliseconds")
+        return f"{self.waited_s:.3f}s in the {self.length_s:.2f}s from {at} ({named})"
 
 
 class WaitLog:

@@ -292,6 +292,7 @@ def test_short_waits_of_a_chain_add_up_within_one_timer() -> None:
         "P/control server for B": 0.05,
     }
     assert "P/worker B 0.060s" in window.describe()
+    assert "from 1970-01-01T00:01:39.9" in window.describe()  # a time a reader can place
     # The same waits spread over a second fill no timer.
     spread = [_wait("P/worker B", 100.0 + i * 0.3, 100.05 + i * 0.3, 0.05) for i in range(4)]
     assert round(worst_window(spread, 99.0, 103.0, 0.3).waited_s, 3) == 0.05
