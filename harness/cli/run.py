@@ -36,6 +36,7 @@ from harness.cli.common import (
     shard_from_args,
     shard_option,
 )
+from harness.engine import waits
 from harness.evidence.gate import add_gate_option
 from harness.verdict import EXIT_UNKNOWN
 
@@ -249,7 +250,7 @@ def _run(
             time.monotonic() - started,
             code,
             interrupted,
-            extra={"fail_on": args.fail_on},
+            extra={"fail_on": args.fail_on, "wait_log": waits.log().stats()},
         )
         write_run_reports(report_dir, results, info, record)
         return code

@@ -90,7 +90,8 @@ def one_round(
     if results_path is None:
         tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
         raise SystemExit(f"{label}: no results.json (exit {done.returncode}): {' | '.join(tail)}")
-    results = json.loads(results_path.read_text())["results"]
+    document = json.loads(results_path.read_text())
+    results = document["results"]
     phases: collections.Counter[str] = collections.Counter()
     for r in results:
         phases.update(r.get("phases_s") or {})
@@ -110,6 +111,7 @@ def one_round(
         "natural_s": natural,
         "overhead_per_run_s": (summed - natural) / max(1, len(results)),
         "phases": dict(phases),
+        "wait_log": document.get("run", {}).get("wait_log") or {},
         "not_pass": [
             f"{r['experiment']}{'[' + r['variant'] + ']' if r['variant'] else ''}: "
             f"{r['verdict']}: {r['reason'][:160]}" + _kept(r, label, keep_dir)
@@ -147,6 +149,11 @@ def report(rounds: list[dict[str, Any]]) -> str:
             f"{r['load_after']}; {r['runs']} runs ({verdicts}); summed {r['summed_s']:.1f} s, "
             f"natural waits {r['natural_s']:.1f} s, overhead {r['overhead_per_run_s']:.2f} s/run"
         )
+        if r["wait_log"]:
+            lines.append(
+                f"    wait log: at most {r['wait_log']['peak_waits']} waits kept at once"
+                f" (about {r['wait_log']['peak_mib']:.2f} MiB)"
+            )
         lines.extend(f"    not pass: {line}" for line in r["not_pass"])
         lines.extend(f"    ran again: {line}" for line in r["again"])
     first = rounds[0]

@@ -27,6 +27,7 @@ correct worker's timer could have fired for reasons that are the machine's
 from __future__ import annotations
 
 import datetime as dt
+import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable
@@ -42,7 +43,7 @@ FLOOR_S = 0.002
 BIN_S = 0.01
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Wait:
     """``who`` (pid ``pid``; None for the harness) waited ``waited_s`` in all,
     spread over the wall-clock span [``start``, ``end``]."""
@@ -80,6 +81,9 @@ class WaitLog:
         self._waits: dict[str, deque[Wait]] = {}
         self._lock = threading.Lock()
         self._added = 0
+        self._kept = 0
+        self.peak_kept = 0
+        self.wait_bytes = 0
 
     def add(self, who: str, pid: int | None, start: float, end: float, waited_s: float) -> None:
         if waited_s < FLOOR_S or end <= start:
@@ -89,6 +93,12 @@ class WaitLog:
         with self._lock:
             self._waits.setdefault(owner, deque()).append(wait)
             self._added += 1
+            self._kept += 1
+            self.peak_kept = max(self.peak_kept, self._kept)
+            if not self.wait_bytes:
+                # A kept wait's own size, its floats and its deque slot (its
+                # name is shared with the source's other waits).
+                self.wait_bytes = sys.getsizeof(wait) + 3 * sys.getsizeof(start) + 8
             if self._added % 1000 == 0:
                 self._forget_before(end - self.retain_s)
 
@@ -97,8 +107,15 @@ class WaitLog:
             queue = self._waits[owner]
             while queue and queue[0].end < horizon:
                 queue.popleft()
+                self._kept -= 1
             if not queue:
                 del self._waits[owner]
+
+    def stats(self) -> dict[str, float]:
+        """The most waits kept at once, and about how many MiB they took."""
+        with self._lock:
+            mib = self.peak_kept * self.wait_bytes / 2**20
+            return {"peak_waits": self.peak_kept, "peak_mib": round(mib, 2)}
 
     def within(self, owner: str, since: float, until: float) -> list[Wait]:
         """The waits of ``owner``'s processes (an experiment's name) that

@@ -349,6 +349,9 @@ def test_the_log_keeps_waits_in_their_window_and_drops_noise() -> None:
         log.add("P/worker A", 1, 120.0 + i * 0.001, 120.05 + i * 0.001, 0.01)
     assert log.within("Q", 0.0, 200.0) == []
     assert len(log.within("P", 0.0, 200.0)) == 1000
+    # What it kept at most is reported (the benchmark prints it).
+    assert log.stats()["peak_waits"] == 1000
+    assert 0 < log.stats()["peak_mib"] < 1
 
 
 def test_worker_of_names_the_chain_a_source_belongs_to() -> None:
