@@ -92,9 +92,10 @@ def new_run(
     # Every run carries a sensitive field (contract: sealed at rest, sent to the
     # tool, never logged); the harness masks its value wherever it shows up.
     # A secret, not a choice of the schedule: never derived from the seed.
-    token, nested, listed = (planted_secret(ctx) for _ in range(3))
-    # And two more, one nested in an object, one in a list: sealed wherever
-    # they appear (the global effect.sensitive_field_stored_sealed).
+    token, nested, listed, whole = (planted_secret(ctx) for _ in range(4))
+    # And three more, one nested in an object, one in a list, one inside an
+    # object that is itself a sensitive field's value (sealed whole): sealed
+    # wherever they appear (the global effect.sensitive_field_stored_sealed).
     args: dict[str, Any] = {
         "task_id": task_id,
         "input": {
@@ -102,6 +103,7 @@ def new_run(
             "customer_token": token,
             "billing": {"payment_token": nested},
             "contacts": [{"customer_email": listed}],
+            "card_number": {"pan": whole, "expiry": "12/29"},
             # Not ASCII, and part of every request: a digest or hash the worker
             # computes must be of the canonical form (UTF-8, never \u-escaped),
             # the one the tool and the harness compute (contract section 2).
