@@ -141,13 +141,39 @@ def superseded(migrations: Sequence[tuple[str, str]]) -> list[Superseded]:
             continue
         between = _top_level_between(d, replacement, defs, texts, order)
         bare = d.name.rsplit(".", 1)[-1]
-        if re.search(rf"\b{re.escape(bare)}\b", between, re.I):
+        if re.search(rf"\b{re.escape(bare)}\b", between, re.I) and not _only_granted(between, bare):
             continue
         if d.trigger and _WRITES.search(between):
             continue
         line = texts[replacement.path].count("\n", 0, replacement.start) + 1
         dead.append(Superseded(d, replacement.path, line))
     return dead
+
+
+# Statements that name or define without running a function: dynamic SQL
+# that sets owners, grants or row policies (whose expressions would name any
+# function they call), and a trigger's binding (``EXECUTE FUNCTION f()``,
+# which names f unquoted).
+_NOT_CALLING = re.compile(
+    r"EXECUTE\s+(FUNCTION|PROCEDURE|ON)\b|EXECUTE\s+format\s*\(\s*'\s*"
+    r"(ALTER\s+FUNCTION\s+%s\s+OWNER\s+TO|REVOKE|GRANT|DROP\s+POLICY|CREATE\s+POLICY)\b",
+    re.I,
+)
+
+
+def _only_granted(between: str, bare: str) -> bool:
+    """True when the code between names the function only as a quoted name
+    (``'record_tool_result'`` in 010_function_grants.sql's lists of names)
+    and no ``EXECUTE`` there can run it: each one sets owners, grants or
+    policies, or binds a trigger. A mention outside quotes, or any other
+    ``EXECUTE`` (which could call a function by a name built at run time),
+    keeps the body alive."""
+    quoted_only = all(
+        m.group(1) == "'" and m.group(2) == "'"
+        for m in re.finditer(rf"(.)\b{re.escape(bare)}\b(.)", between, re.I | re.S)
+    )
+    executes = len(re.findall(r"\bEXECUTE\b", between, re.I))
+    return quoted_only and executes == len(_NOT_CALLING.findall(between))
 
 
 def _top_level_between(

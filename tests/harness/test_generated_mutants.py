@@ -472,6 +472,38 @@ def test_a_body_replaced_before_anything_runs_it_is_dead() -> None:
     }
 
 
+def test_a_list_of_names_that_only_grants_does_not_keep_a_body_alive() -> None:
+    """010_function_grants.sql names every API function in a quoted list and
+    only sets owners and grants with it: that runs none of them. Any other
+    dynamic statement could call one by a name built at run time."""
+    from harness.mutation.superseded import superseded
+
+    def grants(extra: str = "") -> str:
+        return (
+            "DO $$ DECLARE f record; api constant text[] := ARRAY['settle', 'g']; BEGIN\n"
+            "  FOR f IN SELECT p.oid::regprocedure AS sig, p.proname AS name FROM pg_proc p LOOP\n"
+            "    EXECUTE format('ALTER FUNCTION %s OWNER TO o', f.sig);\n"
+            "    EXECUTE format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', f.sig);\n"
+            "    IF f.name = ANY (api) THEN\n"
+            "      EXECUTE format('GRANT EXECUTE ON FUNCTION %s TO w', f.sig);\n"
+            f"    END IF;{extra}\n  END LOOP;\nEND $$;\n"
+        )
+
+    def dead_with(between: str) -> bool:
+        migrations = [
+            ("001.sql", _fn("s.settle")),
+            ("002.sql", between),
+            ("003.sql", _fn("s.settle", replace=True)),
+        ]
+        return ("001.sql", "s.settle") in {
+            (s.definition.path, s.definition.name) for s in superseded(migrations)
+        }
+
+    assert dead_with(grants())
+    assert not dead_with(grants(" EXECUTE format('SELECT %s(NULL)', f.sig);"))
+    assert not dead_with(grants(" PERFORM s.settle(NULL);"))
+
+
 def test_the_generator_leaves_dead_migration_bodies_out() -> None:
     ids = [m.id for m in catalog.generate(REPO)]
     for scope in (
