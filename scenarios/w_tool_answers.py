@@ -1101,7 +1101,15 @@ def _converged_beside_a_live_claim(
     while the first's claim lives (blind hunt 21 #01: the resume after a
     recorded answer counted only ``unknown`` as in doubt)."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    # Queued bystanders, one created before the run and one after, so that a
+    # scan of the runs is likely to meet one of them first (where the run's
+    # many updates leave its row is the heap's business): the resume must look
+    # at the settled run, not at whatever row comes first (generated mutant
+    # 30d6aae5 read any row; caught with the bystander created after). No
+    # worker is started for them; they stay queued.
+    bystanders = [new_run(ctx, tool="plain")]
     run_id = new_run(ctx, tool="queryable")
+    bystanders.append(new_run(ctx, tool="plain"))
     steps = (LIVE_STEP, SECOND_LIVE_STEP) if second else (LIVE_STEP,)
     live_op, *seconds = _registered_beside_first_checkpoint(ctx, run_id, env, steps)
     claim_env = {**env, "FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_TTL_MS)}
@@ -1194,6 +1202,13 @@ def _converged_beside_a_live_claim(
         (settled.get(live_op), status),
         ("prepared" if rejected else "succeeded", "queued"),
         what=f"({live_op}'s status, run status)",
+    )
+    left = [checkers.run_row(ctx, b, "a bystander at the end")["status"] for b in bystanders]
+    ctx.invariant(
+        "the bystander runs are untouched",
+        left == ["queued", "queued"],
+        expected="both bystanders still queued",
+        observed=f"bystanders {left}",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
 
