@@ -20,6 +20,9 @@ lease has expired by database time; then the harness lets go. A validates
 its lease only once it has the lock, so by the time then: the write must be
 refused as lease lost and change nothing (a write that validated by its
 transaction's start time, before it waited, commits under an expired lease).
+``stepped_write_waits_past_expiry`` does the same on the stepped path, whose
+transaction begins before its lease check waits: a check by the
+transaction's start time (``now()``) passes there too.
 """
 
 from __future__ import annotations
@@ -47,14 +50,30 @@ SPEC = ExperimentSpec(
     lease_ttl_ms=600,
     natural_wait_s=0.6,
     write_path="stepped",
-    variants=("expired_first", "expires_while_waiting", "write_waits_past_expiry"),
-    variant_write_paths=(("write_waits_past_expiry", "fast"),),
-    variant_points=(("write_waits_past_expiry", "none (the harness holds the row lock)"),),
+    variants=(
+        "expired_first",
+        "expires_while_waiting",
+        "write_waits_past_expiry",
+        "stepped_write_waits_past_expiry",
+    ),
+    variant_write_paths=(
+        ("write_waits_past_expiry", "fast"),
+        ("stepped_write_waits_past_expiry", "stepped"),
+    ),
+    variant_points=(
+        ("write_waits_past_expiry", "none (the harness holds the row lock)"),
+        ("stepped_write_waits_past_expiry", "none (the harness holds the row lock)"),
+    ),
     variant_faults=(
         (
             "write_waits_past_expiry",
             "the harness holds the run's row lock while A's write waits on it, until A's lease "
             "has expired by database time",
+        ),
+        (
+            "stepped_write_waits_past_expiry",
+            "the same on the stepped path: A's transaction begins, then its lease check waits "
+            "on the row lock the harness holds until A's lease has expired by database time",
         ),
         (
             "expires_while_waiting",
@@ -69,7 +88,7 @@ def run(ctx: ExperimentContext) -> None:
     if ctx.variant == "expires_while_waiting":
         _expires_while_waiting(ctx)
         return
-    if ctx.variant == "write_waits_past_expiry":
+    if ctx.variant in ("write_waits_past_expiry", "stepped_write_waits_past_expiry"):
         _write_waits_past_expiry(ctx)
         return
     run_id = new_run(ctx)
