@@ -21,6 +21,7 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
+from harness.engine.environment import MigrateFailed
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.parts.processes import WorkerProcess
 from scenarios.common import finish, new_run, wait_claimable
@@ -220,7 +221,32 @@ def run(ctx: ExperimentContext) -> None:
             0,
             what=f"tool requests for the run ({told})",
         )
+    _migrate_again_keeps_everything(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _migrate_again_keeps_everything(ctx: ExperimentContext, run_id: str) -> None:
+    """The worker's migrate, run again against the experiment's migrated
+    database once the run is done (contract: migrate is idempotent; a
+    deployment runs it at every upgrade), must exit 0 and leave the run and
+    its checkpoints as they were."""
+    before = (checkers.run_row(ctx, run_id), len(checkers.checkpoints(ctx, run_id)))
+    try:
+        ctx.env.migrate_again()
+        outcome = "exit 0"
+    except MigrateFailed as exc:
+        outcome = f"failed: {str(exc)[:300]}"
+    ctx.command(f"the worker's migrate run again against the migrated database: {outcome}")
+    row, count = checkers.run_row(ctx, run_id), len(checkers.checkpoints(ctx, run_id))
+    ctx.invariant(
+        "a second migrate of the migrated database succeeds and changes no run",
+        outcome == "exit 0"
+        and (row["revision"], row["status"], count)
+        == (before[0]["revision"], before[0]["status"], before[1]),
+        expected="migrate exits 0; the run's revision, status and checkpoints as before",
+        observed=f"migrate {outcome}; run {(row['revision'], row['status'])} with {count} "
+        f"checkpoint(s), before {(before[0]['revision'], before[0]['status'])} with {before[1]}",
+    )
 
 
 def _declared_version_kept(

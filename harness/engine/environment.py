@@ -205,6 +205,44 @@ def migrate_transcript(command: str, stdout: str, stderr: str) -> str:
     return f"$ {command}\n--- stdout\n{stdout}\n--- stderr\n{stderr}"
 
 
+def run_migrate(
+    worker_cmd: Sequence[str],
+    admin_dsn: str,
+    log: Path,
+    timeout_s: float,
+    mutant: str | None = None,
+    trace_calls: bool = False,
+) -> tuple[str, str, str, Path]:
+    """The worker's ``migrate`` command run once against ``admin_dsn``, its
+    transcript in ``log``: (command, stdout, stderr, log). Raises
+    MigrateFailed when it cannot start, fails or hangs past ``timeout_s``."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "FENCECHECK_ADMIN_DSN": admin_dsn}
+    for key in ("FENCECHECK_CONTROL", "FENCECHECK_EVENTS", "FENCECHECK_MUTANT"):
+        env.pop(key, None)
+    if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
+        env["FENCECHECK_MUTANT"] = mutant
+    if trace_calls:
+        env[CALLS_FILE_ENV] = str(log.parent / CALLS_FILE)
+    command = shlex.join([*worker_cmd, "migrate"])
+    stopping.check(f"`{command}`")
+    try:
+        done = run_bounded([*worker_cmd, "migrate"], timeout_s=timeout_s, env=env)
+    except OSError as exc:  # the command itself cannot be started
+        raise MigrateFailed(
+            command, 127, "", f"cannot start it: {exc.strerror or exc}", timeout_s, log=None
+        ) from exc
+    out, err, status = done.stdout, done.stderr, done.how
+    log.write_text(migrate_transcript(command, out, err))
+    if status == "interrupted":
+        raise stopping.Interrupted(f"{stopping.reason()}: `{command}` was killed")
+    if status == "timeout":
+        raise MigrateFailed(command, None, out, err, timeout_s, log=log)
+    if done.returncode != 0:
+        raise MigrateFailed(command, done.returncode, out, err, timeout_s, log=log)
+    return command, out, err, log
+
+
 def migrate(
     worker_cmd: Sequence[str],
     admin_dsn: str,
@@ -221,32 +259,10 @@ def migrate(
     the command fails, hangs past ``timeout_s`` or creates no schema;
     harness.stopping.Interrupted (after killing it) on a stop request.
     """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log = log_dir / "migrate.log"
-    env = {**os.environ, "FENCECHECK_ADMIN_DSN": admin_dsn}
-    for key in ("FENCECHECK_CONTROL", "FENCECHECK_EVENTS", "FENCECHECK_MUTANT"):
-        env.pop(key, None)
-    if mutant:  # the reference worker's migrate applies the mutant's SQL overlays
-        env["FENCECHECK_MUTANT"] = mutant
-    if trace_calls:
-        env[CALLS_FILE_ENV] = str(log_dir / CALLS_FILE)
-    command = shlex.join([*worker_cmd, "migrate"])
     timeout_s = timeout_s if timeout_s is not None else migrate_timeout_s()
-    stopping.check(f"`{command}`")
-    try:
-        done = run_bounded([*worker_cmd, "migrate"], timeout_s=timeout_s, env=env)
-    except OSError as exc:  # the command itself cannot be started
-        raise MigrateFailed(
-            command, 127, "", f"cannot start it: {exc.strerror or exc}", timeout_s, log=None
-        ) from exc
-    out, err, status = done.stdout, done.stderr, done.how
-    log.write_text(migrate_transcript(command, out, err))
-    if status == "interrupted":
-        raise stopping.Interrupted(f"{stopping.reason()}: `{command}` was killed")
-    if status == "timeout":
-        raise MigrateFailed(command, None, out, err, timeout_s, log=log)
-    if done.returncode != 0:
-        raise MigrateFailed(command, done.returncode, out, err, timeout_s, log=log)
+    command, out, err, log = run_migrate(
+        worker_cmd, admin_dsn, log_dir / "migrate.log", timeout_s, mutant, trace_calls
+    )
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         # The model of the worker's mapping (harness/model): its views and the
         # audit trail, or what the database lacks of what the mapping names.
@@ -661,6 +677,20 @@ class Environment:
     secrets: set[str] = field(default_factory=set)
     data_key: str = field(default_factory=lambda: base64.b64encode(os.urandom(32)).decode())
     write_path: str = "fast"
+
+    def migrate_again(self) -> None:
+        """The worker's ``migrate`` run once more against this experiment's
+        database, already migrated (the contract: migrate is idempotent, an
+        upgrade run against an up-to-date database). Raises MigrateFailed;
+        the transcript goes to ``migrate-again.log``."""
+        settings = self.shared.settings
+        run_migrate(
+            settings.worker_cmd,
+            self.db.admin_dsn,
+            self.log_dir / "migrate-again.log",
+            migrate_timeout_s(),
+            settings.mutant,
+        )
 
     def abort(self, timeout_s: float) -> None:
         """The experiment's global timeout: kill its workers and release its
