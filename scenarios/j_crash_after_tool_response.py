@@ -345,18 +345,29 @@ def _invalid_decisions_change_nothing(
     # Beside the values outside an enumeration, a finding the contract leaves
     # incomplete: "executed" names the resource found (remote_id); without it
     # there is nothing to converge the operation to.
-    probes = [
-        (op, arg, value, remote) for op, arg, value in spec.invalid_choices(list(ops.values()))
+    probes: list[tuple[str, str, object, str | None, dict[str, object]]] = [
+        (op, arg, value, remote, {}) for op, arg, value in spec.invalid_choices(list(ops.values()))
     ]
     if "resolve_indoubt" in ops:
-        probes.append(("resolve_indoubt", "decision", "executed", None))
+        probes.append(("resolve_indoubt", "decision", "executed", None, {}))
     # And an operation nobody registered: nothing to converge.
     if "converge_operation" in ops:
-        probes.append(("converge_operation", "operation_id", f"{op_id}-nobody", remote))
-    for op, arg, value, remote_id in probes:
+        probes.append(("converge_operation", "operation_id", f"{op_id}-nobody", remote, {}))
+    # And decisions of the vocabulary made for the wrong pause: approve and
+    # supplement answer a person's question (paused_human); a doubt ends only
+    # by a finding, a convergence or a terminate (contract: decide).
+    if "decide" in ops:
+        probes.append(("decide", "decision", "approve", None, {}))
+        probes.append(("decide", "decision", "supplement", None, {"supplement": {"note": "x"}}))
+    for op, arg, value, remote_id, extra in probes:
         if op in skipped:
             continue
-        args = {**spec.fill(dict(ops[op].example), values), arg: value, "remote_id": remote_id}
+        args = {
+            **spec.fill(dict(ops[op].example), values),
+            arg: value,
+            "remote_id": remote_id,
+            **extra,
+        }
         args["reason"] = f"refusal probe: {arg}={value}, remote_id={remote_id}"
         reply = ctx.op_async(ctl, op, args).result(15)
         ctx.command(
@@ -375,8 +386,8 @@ def _invalid_decisions_change_nothing(
         "an operator decision outside its vocabulary changes nothing",
         bool(tried) and not changed and after == before,
         expected="every decision and outcome outside the contract's enumeration, a finding "
-        "'executed' without the resource found and a convergence of an operation nobody "
-        "registered, refused: no "
+        "'executed' without the resource found, a convergence of an operation nobody "
+        "registered, and an approve or a supplement of a run paused in doubt, refused: no "
         "audited change by the operator's session, run and ledger as before",
         observed=f"{len(tried)} probes ({'; '.join(tried)}); skipped (not implemented): "
         f"{sorted(skipped) or 'none'}; audited changes: "
