@@ -37,6 +37,7 @@ from harness.engine.experiment import (
     LoggedOp,
 )
 from harness.parts.postgres import PostgresCluster, failover
+from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 from scenarios.common import new_run, seen_within
 
@@ -124,6 +125,33 @@ def _wait_link_down(primary: PostgresCluster) -> None:
         lambda: not primary.replication_status(),
         what="the primary to see the replication link down",
         timeout_s=15,
+    )
+
+
+def _reconnected(ctx: ExperimentContext, primary: PostgresCluster, w: WorkerProcess) -> None:
+    """W's connections end (pg_terminate_backend) and W is asked until it
+    answers again, on a new connection: whatever W keeps of its connection
+    (the WARNING notices a COMMIT gets) must follow the new one before the
+    wait for the standby is cancelled (blind hunt 27 #03: a writer that kept
+    the first connection's log answered the cancelled wait as durable)."""
+    who = "SELECT pid FROM pg_stat_activity WHERE application_name = 'W'"
+    old = {r["pid"] for r in primary.query(who, dbname=ctx.env.db.name)}
+    primary.query(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'W'",
+        dbname=ctx.env.db.name,
+    )
+    ctx.command(f"pg_terminate_backend of W's backends {sorted(old)}: W must reconnect")
+    answered = seen_within(
+        lambda: ctx.op(w, "durability").ok or None,
+        what="W to answer on a new connection",
+        timeout_s=10,
+    )
+    new = {r["pid"] for r in primary.query(who, dbname=ctx.env.db.name)}
+    ctx.fault(
+        "W reconnected before its wait for the standby",
+        bool(answered) and bool(old) and bool(new) and not new & old,
+        expected="W answered again, from backends other than the terminated ones",
+        observed=f"answered: {bool(answered)}; backends before {sorted(old)}, after {sorted(new)}",
     )
 
 
@@ -268,6 +296,8 @@ def run(ctx: ExperimentContext) -> None:
         )
         ctx.ok(w, "dispatch", operation_id=intent["operation_id"])
     else:
+        if variant == "sync_cancelled_wait":
+            _reconnected(ctx, primary, w)
         ctx.cut("replication")
         _wait_link_down(primary)
         pending = ctx.op_async(
@@ -279,7 +309,9 @@ def run(ctx: ExperimentContext) -> None:
                 "expected_revision": rev,
                 "state": {"step": "waits for the standby"},
             },
-            worker_async=True,
+            # The cancelled wait on W's own session, the one that reconnected
+            # (an async request would get a new session and writer of its own).
+            worker_async=variant != "sync_cancelled_wait",
         )
         waiting = seen_within(
             lambda: (
