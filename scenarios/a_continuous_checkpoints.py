@@ -19,7 +19,7 @@ from typing import Any
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.processes import OpReply
+from harness.parts.processes import OpReply, WorkerProcess
 from scenarios.common import new_run, seen_within
 
 SPEC = ExperimentSpec(
@@ -99,8 +99,29 @@ def run(ctx: ExperimentContext) -> None:
         else "2 of 2 writes: checkpoint and outbox event in one transaction",
     )
     _reads_answer_the_latest_write(ctx, reads, mine, base)
+    _own_live_lease_not_granted_again(ctx, w, run_id)
     pipelined = _pipelined_writes(ctx)
     checkers.lease_history_is_sound(ctx, [run_id, pipelined])
+
+
+def _own_live_lease_not_granted_again(
+    ctx: ExperimentContext, w: WorkerProcess, run_id: str
+) -> None:
+    """The holder asks for the run it holds again (an earlier claim's answer
+    lost, say): a lease is granted only when free or expired (rule 1), to its
+    holder too; a new epoch over a live lease fences the holder's own work
+    (blind hunt 27 #05). The global lease.granted_only_when_free_or_expired
+    judges it from the audit trail as well."""
+    before = checkers.run_row(ctx, run_id, "the run before the holder's second claim")
+    reply = ctx.op(w, "claim", run_id=run_id)
+    after = checkers.run_row(ctx, run_id, "the run after the holder's second claim")
+    ctx.invariant(
+        "the holder's second claim of its live lease grants nothing",
+        (after["epoch"], after["owner"]) == (before["epoch"], before["owner"]),
+        expected=f"epoch {before['epoch']} and owner as before (the lease is live)",
+        observed=f"claim {'ok ' + str(reply.result) if reply.ok else reply.error}; epoch "
+        f"{before['epoch']} -> {after['epoch']}, owner {before['owner']} -> {after['owner']}",
+    )
 
 
 def _reads_answer_the_latest_write(
