@@ -1,11 +1,13 @@
 """V[purge]: an operator's retention purge archives, then deletes, old
 finished tasks of its own tenant, and nothing else.
 
-Six tasks: two finished and relayed (eligible), one finished whose outbox is
-not relayed yet, one whose run is still queued, one cancelled and relayed
+Seven tasks: two finished and relayed (eligible), one finished whose outbox
+is not relayed yet, one whose run is still queued, one cancelled and relayed
 while its operation is dispatching (the tool may act: never purged until it
-converges), and a finished, relayed task of the other tenant under the same
-task name as an eligible one. The
+converges), one whose first run is paused for a person and whose retry
+finished (a task is finished only when every run of it is), and a finished,
+relayed task of the other tenant under the same task name as an eligible
+one. The
 operator (tenant 1) purges four times: with a retention of an hour (all
 finished seconds ago: nothing goes), with limit 1 (one eligible task goes),
 while the harness holds the other eligible task's row locked (it is skipped,
@@ -69,6 +71,8 @@ def run(ctx: ExperimentContext) -> None:
     other = ctx.env.start_worker("T2", "run", ["--run-id", theirs, "--once"], tenant_id=t2)
     inflight, holder = _cancelled_in_flight(ctx)
     tasks[inflight] = _task_of(ctx, inflight)
+    paused, retried = _retried_while_paused(ctx)
+    tasks[paused] = tasks[retried] = _task_of(ctx, paused)
     codes.append(finish(ctx, other))
     _relay_all(ctx, "R1", None)
     _relay_all(ctx, "R2", t2)
@@ -76,8 +80,8 @@ def run(ctx: ExperimentContext) -> None:
     tasks[unrelayed] = _task_of(ctx, unrelayed)
     last = ctx.env.start_worker("W3", "run", ["--run-id", unrelayed, "--once"])
     codes.append(finish(ctx, last))
-    mine = [*eligible, live, unrelayed, inflight]
-    before = _rows(ctx, [*mine, theirs], "every row of the six tasks before the purges")
+    mine = [*eligible, live, unrelayed, inflight, paused, retried]
+    before = _rows(ctx, [*mine, theirs], "every row of the seven tasks before the purges")
     status = {r: _one(before["agent_runs"], r)["status"] for r in [*mine, theirs]}
     pending = {
         r: sum(1 for x in before["outbox"] if x["run_id"] == r and not x["published_at"])
@@ -86,15 +90,16 @@ def run(ctx: ExperimentContext) -> None:
     in_flight = [o["status"] for o in before["tool_operations"] if o["run_id"] == inflight]
     ctx.fault(
         "the tasks are in the states the purge must tell apart",
-        [status[r] for r in (*eligible, theirs, unrelayed, live, inflight)]
-        == ["succeeded"] * 4 + ["queued", "cancelled"]
+        [status[r] for r in (*eligible, theirs, unrelayed, live, inflight, retried, paused)]
+        == ["succeeded"] * 4 + ["queued", "cancelled", "succeeded", "paused_human"]
         and pending[eligible[0]] == pending[eligible[1]] == pending[theirs] == 0
-        and pending[inflight] == 0
+        and pending[inflight] == pending[retried] == pending[paused] == 0
         and pending[unrelayed] > 0
         and in_flight == ["dispatching"],
         expected="two finished relayed tasks, the other tenant's finished relayed task, a "
         "finished task with unpublished outbox rows, a queued run, a cancelled and relayed "
-        "run whose operation is still dispatching (its dispatcher held after its claim)",
+        "run whose operation is still dispatching (its dispatcher held after its claim), a "
+        "task whose first run is paused for a person and whose retry finished, relayed",
         observed=f"status {plain(status)}, unpublished outbox rows {plain(pending)}, the "
         f"cancelled run's ledger {in_flight} (exits {codes})",
     )
@@ -150,7 +155,8 @@ def run(ctx: ExperimentContext) -> None:
         what="task ids the purges reported",
     )
     archived = [r for r in eligible if tasks[r] in [*second, *(third or [])]]
-    _judge_rows(ctx, before, eligible, [live, unrelayed, theirs, inflight], archive, archived)
+    kept = [live, unrelayed, theirs, inflight, paused, retried]
+    _judge_rows(ctx, before, eligible, kept, archive, archived)
     first_line = next(iter(archive.read_text(encoding="utf-8").splitlines()), None)
     ctx.invariant(
         "the archive is appended to, never rewritten",
@@ -191,6 +197,21 @@ def _cancelled_in_flight(ctx: ExperimentContext) -> tuple[str, WorkerProcess]:
     ctx.reached("W4", "after_dispatch_claim_commit")
     ctx.ok(control_plane(ctx), "cancel", run_id=run_id)
     return run_id, holder
+
+
+def _retried_while_paused(ctx: ExperimentContext) -> tuple[str, str]:
+    """A task whose first run paused for a person (its tool step refused for
+    good) and was retried; the retry finished. The task is not finished: its
+    first run is still paused, a person may still decide it, so no purge takes
+    it however long ago its retry ended (blind hunt 27 #06: a purge that
+    judged a task by its active run alone deleted the paused run)."""
+    paused = new_run(ctx, tool="plain")
+    ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=paused)
+    finish(ctx, ctx.env.start_worker("P1", "run", ["--run-id", paused, "--once"]))
+    retry = ctx.ok(control_plane(ctx), "retry_run", task_id=_task_of(ctx, paused))
+    retried = ctx.note_run(str(retry["run_id"]))
+    finish(ctx, ctx.env.start_worker("P2", "run", ["--run-id", retried, "--once"]))
+    return paused, retried
 
 
 def _refused_out_of_bounds(ctx: ExperimentContext, ctl: Any, args: dict[str, Any]) -> None:
@@ -246,7 +267,7 @@ def _judge_rows(
     archive: Any,
     archived_runs: list[str],
 ) -> None:
-    after = _rows(ctx, [*purged, *kept], "every row of the six tasks after the purges")
+    after = _rows(ctx, [*purged, *kept], "every row of the seven tasks after the purges")
     left = {t: [_key(t, r) for r in rows if r["run_id"] in purged] for t, rows in after.items()}
     ctx.equal(
         "no row of a purged task is left",
@@ -267,7 +288,15 @@ def _judge_rows(
             == sorted(map(_canon, (r for r in after[t] if r["run_id"] in kept)))
             for t in ROW_KEYS
         )
-        and len(tasks_left) == len(kept)
+        # one task row per kept task (a retried task has two runs)
+        and len(tasks_left)
+        == len(
+            {
+                (str(r["tenant_id"]), r["task_id"])
+                for r in before["agent_runs"]
+                if r["run_id"] in kept
+            }
+        )
         and all(t["active_run_id"] in kept for t in tasks_left),
         expected="the rows of the queued, the unrelayed and the other tenant's task as before; "
         "each of their task rows still naming its run",
