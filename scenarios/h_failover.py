@@ -41,6 +41,11 @@ from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 from scenarios.common import new_run, seen_within
 
+#: sync_terminated_wait with W's role at synchronous_commit = remote_apply,
+#: which waits for the standby as 'on' does (blind hunt 27 #12: a read-back
+#: that counted only 'on' as waiting answered the terminated commit durable).
+REMOTE_APPLY_TERMINATED = "sync_terminated_wait_remote_apply"
+
 SPEC = ExperimentSpec(
     id="H",
     title="failover",
@@ -52,12 +57,22 @@ SPEC = ExperimentSpec(
     needs=needs.capabilities("checkpoints", "ledger"),
     rules=(11,),
     replication="async",
-    variants=("async", "sync", "sync_cancelled_wait", "sync_terminated_wait"),
+    variants=(
+        "async",
+        "sync",
+        "sync_cancelled_wait",
+        "sync_terminated_wait",
+        REMOTE_APPLY_TERMINATED,
+    ),
     variant_faults=(
         (
             "sync_terminated_wait",
             "terminate W's backend (pg_terminate_backend) while its COMMIT waits for the "
             "synchronous standby, whose link is cut; no failover",
+        ),
+        (
+            REMOTE_APPLY_TERMINATED,
+            "the same with W's login role committing at synchronous_commit = remote_apply",
         ),
     ),
     natural_wait_s=0.0,
@@ -215,6 +230,18 @@ def _local_commits_are_not_sync(ctx: ExperimentContext) -> None:
         )
 
 
+def _role_commits_at(ctx: ExperimentContext, level: str) -> None:
+    """Every later session of the experiment's worker role commits with
+    ``synchronous_commit`` ``level`` (a role setting, as a deployment would)."""
+    role = ctx.env.login_role(ctx.env.tenant_id, "worker")
+    ctx.env.primary.execute(
+        sql.SQL("ALTER ROLE {} IN DATABASE {} SET synchronous_commit = {}").format(
+            sql.Identifier(role), sql.Identifier(ctx.env.db.name), sql.Literal(level)
+        )
+    )
+    ctx.command(f"ALTER ROLE {role} IN DATABASE ... SET synchronous_commit = '{level}'")
+
+
 def _declared_at_level(
     ctx: ExperimentContext, level: str
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -252,6 +279,9 @@ def run(ctx: ExperimentContext) -> None:
     if standby is None:
         raise Inconclusive("no standby was started for this experiment")
     run_id = new_run(ctx, tool="idem")
+    if variant == REMOTE_APPLY_TERMINATED:
+        _role_commits_at(ctx, "remote_apply")
+        variant = "sync_terminated_wait"
     w = env.start_worker("W", "ops")
     declared = ctx.ok(w, "durability")
     mode = "async" if variant == "async" else "sync"
