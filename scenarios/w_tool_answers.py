@@ -108,6 +108,9 @@ BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
 REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
 ANSWERED_BESIDE_LIVE_CLAIM = "answered_beside_live_claim"
 LIVE_CLAIM_VARIANTS = (BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM, ANSWERED_BESIDE_LIVE_CLAIM)
+#: A run paused for a person (its step refused for good) while another of its
+#: operations is in doubt, which a person then converges.
+CONVERGED_WHILE_HUMAN = "converged_while_paused_for_a_person"
 #: converged_beside_live_claim: the step of the operation a dispatcher holds
 #: claimed, and how long its claim lives (past the whole experiment).
 LIVE_STEP = "w.live"
@@ -202,6 +205,7 @@ SPEC = ExperimentSpec(
         BESIDE_LIVE_CLAIM,
         REJECTED_BESIDE_LIVE_CLAIM,
         ANSWERED_BESIDE_LIVE_CLAIM,
+        CONVERGED_WHILE_HUMAN,
     ),
     variant_faults=(
         (
@@ -231,6 +235,12 @@ SPEC = ExperimentSpec(
             "the same with two operations of the run under live claims, two dispatchers "
             "held; the second's answer comes back while the first's claim is still live",
         ),
+        (
+            CONVERGED_WHILE_HUMAN,
+            "another operation's answer lost after the tool acted (unknown), then the run's "
+            "own create refused for good (422: paused for a person); a person converges the "
+            "other operation",
+        ),
     ),
     needs=(
         *needs.capabilities("workflow", "ledger"),
@@ -259,6 +269,10 @@ SPEC = ExperimentSpec(
         needs.point("after_checkpoint_commit", *LIVE_CLAIM_VARIANTS),
         needs.point("after_dispatch_claim_commit", *LIVE_CLAIM_VARIANTS),
         needs.op("reconcile", *LIVE_CLAIM_VARIANTS),
+        needs.capability("ledger_tool:none", CONVERGED_WHILE_HUMAN),
+        needs.capability("operator_actions", CONVERGED_WHILE_HUMAN),
+        needs.point("after_checkpoint_commit", CONVERGED_WHILE_HUMAN),
+        needs.op("converge_operation", CONVERGED_WHILE_HUMAN),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -272,6 +286,7 @@ SPEC = ExperimentSpec(
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (ANSWERED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
+        (CONVERGED_WHILE_HUMAN, TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -291,6 +306,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == LOST_NOT_EXECUTED:
         _lost_then_found_not_executed(ctx)
+        return
+    if ctx.variant == CONVERGED_WHILE_HUMAN:
+        _converged_while_paused_for_a_person(ctx)
         return
     if ctx.variant in LIVE_CLAIM_VARIANTS:
         _converged_beside_a_live_claim(
@@ -823,6 +841,61 @@ def _registered_beside_first_checkpoint(
     ctx.op(y, "release", run_id=run_id, epoch=lease["epoch"])
     wait_claimable(ctx, run_id)
     return ops
+
+
+def _converged_while_paused_for_a_person(ctx: ExperimentContext) -> None:
+    """A run paused for a person (its tool step refused for good) with
+    another of its operations in doubt; a person converges that one. A
+    convergence settles a doubt, not a person's question: the run stays
+    paused_human until someone decides it (blind hunt 27 #11: a resume after
+    a convergence that also took runs paused for a person)."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="plain")
+    tool = ctx.env.tool.client()
+    tool.set_fault("plain", "drop_after_act", count=1, run_id=run_id)
+    (beside,) = _registered_beside_first_checkpoint(
+        ctx, run_id, env, (LIVE_STEP,), dispatched=(LIVE_STEP,)
+    )
+    tool.set_fault("plain", "reject_final", count=1, run_id=run_id)
+    ctx.command(f"tool: run {run_id[:8]}'s next create of 'plain' refused for good (422)")
+    code = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
+    row = checkers.run_row(ctx, run_id, "the run before the convergence")
+    ledger = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    took = ctx.fault(
+        "the run paused for a person with another operation in doubt",
+        row["status"] == "paused_human" and ledger.get(beside) == "unknown",
+        expected=f"run paused_human (its step refused for good); {beside} unknown",
+        observed=f"run {row['status']} (A exit {code}); ledger {ledger}",
+    )
+    if not took:
+        checkers.lease_history_is_sound(ctx, [run_id])
+        return
+    made = {str(r["operation_id"]): str(r["resource_id"]) for r in checkers.tool_resources(ctx)}
+    reply = ctx.op(
+        control_plane(ctx),
+        "converge_operation",
+        operation_id=beside,
+        outcome="succeeded",
+        remote_id=made.get(beside),
+        reason="resource found in the tool's console",
+        ticket="OPS-61",
+    )
+    after = checkers.run_row(ctx, run_id, "the run after the convergence")
+    settled = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    ctx.invariant(
+        "a convergence leaves a run paused for a person paused",
+        after["status"] == "paused_human",
+        expected="run still paused_human: only a person's decision ends that pause",
+        observed=f"converge {'ok' if reply.ok else reply.error}; run {after['status']}; "
+        f"ledger {settled}",
+    )
+    ctx.progress_equal(
+        "the person's convergence was recorded",
+        (reply.ok, settled.get(beside)),
+        (True, "succeeded"),
+        what=f"converge reply ok and {beside}'s status",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _finding_on_another_runs_operation(
