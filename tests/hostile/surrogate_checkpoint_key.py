@@ -24,5 +24,11 @@ if __name__ == "__main__":
     code = worker.main()
     if code == 0 and sys.argv[1:2] == ["migrate"]:
         with psycopg.connect(os.environ["FENCECHECK_ADMIN_DSN"], autocommit=True) as conn:
-            conn.execute(SURROGATE)
+            # migrate is idempotent (M runs it a second time): only once
+            has = conn.execute(
+                "SELECT 1 FROM information_schema.columns WHERE table_schema = 'public'"
+                " AND table_name = 'agent_checkpoints' AND column_name = 'id'"
+            ).fetchone()
+            if has is None:
+                conn.execute(SURROGATE)
     sys.exit(code)
