@@ -212,9 +212,9 @@ def run_migrate(
     timeout_s: float,
     mutant: str | None = None,
     trace_calls: bool = False,
-) -> tuple[str, str, str, Path]:
+) -> tuple[str, str, str]:
     """The worker's ``migrate`` command run once against ``admin_dsn``, its
-    transcript in ``log``: (command, stdout, stderr, log). Raises
+    transcript in ``log``: (command, stdout, stderr). Raises
     MigrateFailed when it cannot start, fails or hangs past ``timeout_s``."""
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "FENCECHECK_ADMIN_DSN": admin_dsn}
@@ -240,7 +240,7 @@ def run_migrate(
         raise MigrateFailed(command, None, out, err, timeout_s, log=log)
     if done.returncode != 0:
         raise MigrateFailed(command, done.returncode, out, err, timeout_s, log=log)
-    return command, out, err, log
+    return command, out, err
 
 
 def migrate(
@@ -260,9 +260,8 @@ def migrate(
     harness.stopping.Interrupted (after killing it) on a stop request.
     """
     timeout_s = timeout_s if timeout_s is not None else migrate_timeout_s()
-    command, out, err, log = run_migrate(
-        worker_cmd, admin_dsn, log_dir / "migrate.log", timeout_s, mutant, trace_calls
-    )
+    log = log_dir / "migrate.log"
+    command, out, err = run_migrate(worker_cmd, admin_dsn, log, timeout_s, mutant, trace_calls)
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
         # The model of the worker's mapping (harness/model): its views and the
         # audit trail, or what the database lacks of what the mapping names.
