@@ -19,6 +19,12 @@ moment the variant chose:
   run, so the callback changes nothing (a person or the reconciler decides;
   a callback that converged the operation would leave the run paused with
   nothing in doubt, which nobody resumes).
+* ``retried_paused_in_doubt``: the same paused run, then its task retried (a
+  paused run is no live one, so ``retry_run`` takes it). The callback names
+  the old run: nothing changes. Then a person converges the old run's
+  operation to the tool's resource, its last doubt: the old run, superseded,
+  must never be queued again (two live runs of one task, both able to act at
+  the tool); the contract ends it ``cancelled``. The new run is untouched.
 * ``live_prepared``: the run is live, its operation registered and never sent:
   the tool holds no resource, so no genuine callback exists; a forged one
   (a resource id the tool never made) must change nothing.
@@ -90,16 +96,19 @@ SPEC = ExperimentSpec(
             "other_runs_operation",
             "terminal",
             "paused_in_doubt",
+            "retried_paused_in_doubt",
             "live_unknown",
             "live_dispatching",
         ),
         needs.point("after_outbound_intent_commit", "live_prepared"),
+        needs.op("converge_operation", "retried_paused_in_doubt"),
     ),
     variants=(
         "superseded",
         "other_runs_operation",
         "terminal",
         "paused_in_doubt",
+        "retried_paused_in_doubt",
         "live_prepared",
         "live_dispatching",
         "live_unknown",
@@ -116,11 +125,17 @@ SPEC = ExperimentSpec(
     variant_points=(
         ("terminal", "after_tool_response_before_tx2_commit (crash)"),
         ("paused_in_doubt", "after_tool_response_before_tx2_commit (crash)"),
+        ("retried_paused_in_doubt", "after_tool_response_before_tx2_commit (crash)"),
         ("live_prepared", "after_outbound_intent_commit"),
         ("live_unknown", "after_tool_response_before_tx2_commit (crash)"),
         ("live_succeeded", "none (ops: the result recorded)"),
     ),
-    variant_waits=(("terminal", 0.8), ("paused_in_doubt", 0.8), ("live_unknown", 0.8)),
+    variant_waits=(
+        ("terminal", 0.8),
+        ("paused_in_doubt", 0.8),
+        ("retried_paused_in_doubt", 0.8),
+        ("live_unknown", 0.8),
+    ),
 )
 
 
@@ -407,6 +422,59 @@ def _paused_in_doubt(ctx: ExperimentContext) -> Moment:
     return Moment(run_id, op_id, _genuine(ctx, op_id), False, _nothing_more)
 
 
+def _retried_paused_in_doubt(ctx: ExperimentContext) -> Moment:
+    """The run paused in doubt, then its task retried; the callback names
+    the old run. Afterwards its last doubt settles by a person's convergence
+    to the tool's resource: the old run must not become live again (the
+    reference queued it: two live runs of one task)."""
+    paused = _paused_in_doubt(ctx)
+    ctl = control_plane(ctx)
+    task_id = str(checkers.run_row(ctx, paused.run_id)["task_id"])
+    new_run_id = ctx.note_run(str(ctx.ok(ctl, "retry_run", task_id=task_id)["run_id"]))
+    _in_state(
+        ctx, paused.run_id, paused.op_id, "the run paused in doubt, superseded by a retry",
+        ("unknown", ("paused_indoubt",)), new_run_id,
+    )  # fmt: skip
+    new_before = checkers.run_row(ctx, new_run_id, "the retry before the convergence")
+
+    def then(op_after: dict[str, Any]) -> None:
+        del op_after
+        resource = _resource(ctx, paused.op_id)
+        reply = ctx.op(
+            ctl,
+            "converge_operation",
+            operation_id=paused.op_id,
+            outcome="succeeded",
+            remote_id=resource,
+            reason="resource found in the tool's console",
+            ticket="OPS-77",
+        )
+        settled = _operation(ctx, paused.op_id)
+        ctx.fault(
+            "the superseded run's last doubt settled",
+            (settled["status"], settled["remote_id"]) == ("succeeded", resource),
+            expected=f"the operation succeeded with the tool's resource {resource}",
+            observed=f"{_key(settled)} (reply ok={reply.ok} {reply.result or reply.error})",
+        )
+        old = checkers.run_row(ctx, paused.run_id, "the superseded run after the convergence")
+        ctx.invariant(
+            "a superseded run is never queued again: its settled doubt ends it",
+            old["status"] == "cancelled",
+            expected="the old run cancelled (it is no longer its task's active run)",
+            observed=f"old run {old['status']} ({old.get('terminal_reason')}); the task's active "
+            f"run {_active_run(ctx, task_id)[:8]}",
+        )
+        ctx.equal(
+            "the retry untouched by the old run's convergence",
+            _run_key(checkers.run_row(ctx, new_run_id, "the retry after the convergence")),
+            _run_key(new_before),
+            what="the new run (status, revision, epoch, owner)",
+        )
+        ctx.equal("task points at the new run", _active_run(ctx, task_id), new_run_id)
+
+    return Moment(paused.run_id, paused.op_id, paused.payload, False, then)
+
+
 def _live_unknown(ctx: ExperimentContext) -> Moment:
     run_id, op_id = _unknown_after_crash(ctx)
     _in_state(ctx, run_id, op_id, "the run live, its operation unknown", ("unknown", LIVE))
@@ -486,6 +554,7 @@ SETUPS: dict[str, Callable[[ExperimentContext], Moment]] = {
     "other_runs_operation": lambda ctx: _superseded(ctx, name_the_new_run=True),
     "terminal": _terminal,
     "paused_in_doubt": _paused_in_doubt,
+    "retried_paused_in_doubt": _retried_paused_in_doubt,
     "live_prepared": _live_prepared,
     "live_dispatching": _live_dispatching,
     "live_unknown": _live_unknown,

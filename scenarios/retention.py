@@ -35,7 +35,7 @@ from harness.checking import checkers
 from harness.engine.experiment import ExperimentContext, plain
 from harness.parts.control import Hold
 from harness.parts.processes import WorkerProcess
-from scenarios.common import control_plane, finish, finish_or_kill, new_run
+from scenarios.common import control_plane, finish, finish_or_kill, new_run, op_and_changes
 
 # Per table of the model: the key that tells its rows apart within a run.
 ROW_KEYS = {
@@ -184,6 +184,9 @@ def run(ctx: ExperimentContext) -> None:
         [("purge", "RET-1", n) for n in counts],
         what="operator_actions (action, ticket, tasks)",
     )
+    # Last: an approve the worker wrongly takes leaves the states above intact.
+    if ctx.system.capabilities.offers_op("decide"):
+        _superseded_approve_refused(ctx, paused)
 
 
 def _cancelled_in_flight(ctx: ExperimentContext) -> tuple[str, WorkerProcess]:
@@ -212,6 +215,26 @@ def _retried_while_paused(ctx: ExperimentContext) -> tuple[str, str]:
     retried = ctx.note_run(str(retry["run_id"]))
     finish(ctx, ctx.env.start_worker("P2", "run", ["--run-id", retried, "--once"]))
     return paused, retried
+
+
+def _superseded_approve_refused(ctx: ExperimentContext, paused: str) -> None:
+    """A person's approve of the paused run a retry superseded asks it to go
+    on, which only the task's active run may (contract section 5, decide):
+    queued again, it would be a live run beside its task's retry, able to
+    act at the tool. Refused, nothing written; the run stays paused."""
+    ctl = control_plane(ctx)
+    reply, changes = op_and_changes(
+        ctx, ctl, "decide", run_id=paused, decision="approve",
+        reason="refusal probe: a run its task's retry superseded",
+    )  # fmt: skip
+    status = checkers.run_row(ctx, paused, "the superseded run after the approve")["status"]
+    ctx.invariant(
+        "an approve of a run a retry superseded is refused and writes nothing",
+        not reply.ok and not changes and status == "paused_human",
+        expected="decide approve refused, no audited change, the run still paused_human",
+        observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; "
+        f"{len(changes)} change(s); run {status}",
+    )
 
 
 def _refused_out_of_bounds(ctx: ExperimentContext, ctl: Any, args: dict[str, Any]) -> None:

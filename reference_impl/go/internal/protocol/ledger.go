@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -164,12 +165,31 @@ func (p *Protocol) RecordResult(ctx context.Context, q Querier, op *Operation, o
 // the second sees the first's commit. One UPDATE judged its NOT EXISTS on the
 // snapshot from before its wait, and neither queued the run (found by
 // W[others_in_doubt], two operators converging at once).
+//
+// A run its task's retry superseded is not queued: it ends cancelled (two
+// live runs of one task could both act at the tool). The task is read after
+// the run's lock, which a retry takes too (see ActiveRun).
 func (p *Protocol) resumeRun(ctx context.Context, q Querier, opID string) error {
 	if _, err := q.Exec(ctx, p.SQL.LockRunOfOperation, opID); err != nil {
 		return err
 	}
-	_, err := q.Exec(ctx, p.SQL.ResumeRun, opID)
+	var runID string
+	var active *string
+	if err := q.QueryRow(ctx, p.SQL.ActiveRunOfTaskOf, opID).Scan(&runID, &active); err != nil {
+		return err
+	}
+	current := active != nil && *active == runID
+	_, err := q.Exec(ctx, p.SQL.ResumeRun, opID, current, supersededReason(active, "its last doubt settled"))
 	return err
+}
+
+// supersededReason is the terminal reason of a run a retry superseded.
+func supersededReason(active *string, why string) string {
+	by := "another run"
+	if active != nil {
+		by = "run " + *active
+	}
+	return fmt.Sprintf("superseded by %s of its task (%s)", by, why)
 }
 
 // outcomeCommitted is the point after_dispatch_outcome_commit: a ledger-only

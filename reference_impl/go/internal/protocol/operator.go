@@ -86,11 +86,28 @@ func (p *Protocol) lockRun(ctx context.Context, tx pgx.Tx, runID string) (string
 
 // move is one control-plane move of the run (locked by the caller) with its
 // outbox event; supplement (sealed already) joins the input.
+//
+// A run its task's retry superseded is never queued again (contract
+// section 5, retry_run and decide): a resolve that would queue it ends it
+// cancelled; an approve or a supplement, which ask it to go on, are refused.
 func (p *Protocol) move(ctx context.Context, tx pgx.Tx, runID, tenant, decision, from, reason string,
 	supplement []byte) (string, error) {
 	to, ok := moves[[2]string{decision, from}]
 	if !ok {
 		return "", newErr("StateConflict", "transition", "run %s is %s: %s is not allowed", runID, from, decision)
+	}
+	if to == "queued" {
+		var active *string
+		if err := tx.QueryRow(ctx, p.SQL.ActiveRunOfTask, runID).Scan(&active); err != nil {
+			return "", err
+		}
+		if active == nil || *active != runID {
+			if decision != "resolve" {
+				return "", newErr("StateConflict", "superseded",
+					"run %s was superseded by a retry of its task: %s the task's active run instead", runID, decision)
+			}
+			to, reason = "cancelled", supersededReason(active, decision+": "+reason)
+		}
 	}
 	if err := ledgerChange(ctx, tx, p.SQL.OperatorMove, runID, decision,
 		runID, to, reason, from, nullJSON(supplement)); err != nil {

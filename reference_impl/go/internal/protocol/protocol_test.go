@@ -372,3 +372,69 @@ func TestPurgeArchivesThenDeletesFinishedTasks(t *testing.T) {
 		t.Errorf("archive document of old-1: %s", lines[0])
 	}
 }
+
+// A run its task's retry superseded is never queued again (contract
+// section 5, retry_run): when a dispatcher's answer settles its last doubt,
+// the dispatcher's own (worker) session ends it cancelled, which the guard
+// lets only such a run through; and a control-plane session's plain move of
+// a superseded run paused for a person back to the queue is refused
+// (migration 013).
+func TestSupersededRunEndsWhenItsDoubtSettles(t *testing.T) {
+	f := setup(t)
+	old := f.newRun("t1")
+	c, _ := f.p.ClaimRun(f.ctx, f.conn(), "A/1", 10000)
+	opID := f.p.OperationID(tenant, c.RunID, "create_label", 1)
+	req := map[string]any{"amount": 5}
+	digest, _ := protocol.RequestDigest(req)
+	if _, err := f.writer().Write(f.ctx, &protocol.Write{Lease: c.Lease(), ExpectedRevision: c.Revision,
+		Transition: "intent", State: map[string]any{}, SchemaVersion: 2, EventType: "agent.tool_intent",
+		Payload: map[string]any{}, Effect: &protocol.Effect{OperationID: opID, StepID: "create_label",
+			EffectVersion: 1, Tool: "idem", Capability: "idempotent", Digest: digest, Request: req}}); err != nil {
+		t.Fatalf("intent: %v", err)
+	}
+	op, err := f.p.DispatchClaim(f.ctx, f.conn(), "D/1", 10000, &opID)
+	if err != nil || op == nil {
+		t.Fatalf("dispatch claim: %+v %v", op, err)
+	}
+	// Paused in doubt with its claim live (as a freeze leaves it), planted by
+	// the superuser; then the control plane retries the task.
+	admin, err := pgx.Connect(f.ctx, f.db.Admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(f.ctx)
+	if _, err := admin.Exec(f.ctx, `UPDATE agent_runs SET status = 'paused_indoubt', owner = NULL,
+ lease_expires_at = NULL WHERE run_id = $1`, old); err != nil {
+		t.Fatal(err)
+	}
+	retry, _, err := f.p.RetryRun(f.ctx, connOf(t, f.ctl), "t1")
+	if err != nil {
+		t.Fatalf("retry of a paused run: %v", err)
+	}
+	if err := f.p.RecordResult(f.ctx, f.conn(), op, "D/1", toolAnswer("res-1")); err != nil {
+		t.Fatalf("the answer that settles the last doubt: %v", err)
+	}
+	var status, reason, newStatus string
+	if err := admin.QueryRow(f.ctx, `SELECT status, coalesce(terminal_reason, '') FROM agent_runs
+ WHERE run_id = $1`, old).Scan(&status, &reason); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.QueryRow(f.ctx, `SELECT status FROM agent_runs WHERE run_id = $1`, retry).Scan(&newStatus); err != nil {
+		t.Fatal(err)
+	}
+	if status != "cancelled" || !strings.Contains(reason, "superseded by run "+retry) || newStatus != "queued" {
+		t.Fatalf("old run %s (%q), retry %s; want cancelled (superseded by %s), queued", status, reason, newStatus, retry)
+	}
+	human := f.newRun("t2")
+	if _, err := admin.Exec(f.ctx, `UPDATE agent_runs SET status = 'paused_human' WHERE run_id = $1`, human); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := f.p.RetryRun(f.ctx, connOf(t, f.ctl), "t2"); err != nil {
+		t.Fatalf("retry of a run paused for a person: %v", err)
+	}
+	_, err = connOf(t, f.ctl).Exec(f.ctx, `UPDATE agent_runs SET status = 'queued',
+ next_attempt_at = clock_timestamp() WHERE run_id = $1`, human)
+	if err == nil || !strings.Contains(err.Error(), "superseded") {
+		t.Fatalf("the control plane queued a superseded run: %v", err)
+	}
+}

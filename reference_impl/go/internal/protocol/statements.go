@@ -15,13 +15,13 @@ type Statements struct {
 	// Dispatcher and reconciler (rule 4; English seed section 9).
 	DispatchClaim, RecordResult, MarkUnknown, ReturnRejected, ExpiredClaims, ExpireClaim string
 	UnknownOps, Converge, ResumeRun, ClaimRetry, AddEvidence, Operation, StepVersions    string
-	LockRunOfOperation                                                                   string
+	LockRunOfOperation, ActiveRunOfTaskOf                                                string
 	// Control plane (rules 6, 7) and the operator's decisions (contract section 7).
 	CreateTenant, CreateTask, CreateRun                         string
 	LockTask, ActiveRun, InsertRetryRun, SwitchTask             string
 	LockRun, OperatorMove, CancelPrepared, MoveEvent, OpsOfRun  string
 	LockOperation, CallbackLive, CallbackRefuse, CallbackAccept string
-	InDoubtLeft                                                 string
+	InDoubtLeft, ActiveRunOfTask                                string
 	ResolveOperation, RunSnapshot, Audit                        string
 	// The run's epoch as committed after a dispatch claim (what a request carries).
 	RunEpoch                    string
@@ -253,11 +253,22 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
 		// Taken before ResumeRun, in a statement of its own (see resumeRun).
 		LockRunOfOperation: `SELECT 1 FROM agent_runs r
  WHERE r.run_id = (SELECT o.run_id FROM tool_operations o WHERE o.operation_id = $1) FOR UPDATE`,
+		// The run of operation $1 and its task's active run, read once the
+		// run's row is locked (see resumeRun).
+		ActiveRunOfTaskOf: `SELECT r.run_id::text, t.active_run_id::text
+  FROM tool_operations o JOIN agent_runs r ON r.run_id = o.run_id
+  JOIN agent_tasks t ON t.tenant_id = r.tenant_id AND t.task_id = r.task_id
+ WHERE o.operation_id = $1`,
 		// A run paused in doubt whose operations all converged goes back to
 		// the queue (Chinese seed 8.3: confirmed -> forward); its worker
-		// continues from the ledger.
+		// continues from the ledger. A run a retry superseded ($2 false) is
+		// never queued again: it ends cancelled, reason $3 (contract
+		// section 5, retry_run; migration 013).
 		ResumeRun: `UPDATE agent_runs r
-   SET status = 'queued', next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
+   SET status = CASE WHEN $2::boolean THEN 'queued' ELSE 'cancelled' END,
+       next_attempt_at = CASE WHEN $2::boolean THEN clock_timestamp() ELSE r.next_attempt_at END,
+       terminal_reason = CASE WHEN $2::boolean THEN r.terminal_reason ELSE $3::text END,
+       updated_at = clock_timestamp()
  WHERE r.run_id = (SELECT o.run_id FROM tool_operations o WHERE o.operation_id = $1)
    AND r.status = 'paused_indoubt'
    AND NOT EXISTS (SELECT 1 FROM tool_operations o
@@ -298,8 +309,11 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
 ON CONFLICT DO NOTHING`,
 		CreateRun: `INSERT INTO agent_runs (run_id, tenant_id, task_id, input, max_attempts)
 VALUES ($1, $2, $3, $4::jsonb, $5)`,
-		LockTask:  `SELECT tenant_id::text, active_run_id::text FROM agent_tasks WHERE task_id = $1 FOR UPDATE`,
-		ActiveRun: `SELECT status, input, max_attempts FROM agent_runs WHERE run_id = $1`,
+		LockTask: `SELECT tenant_id::text, active_run_id::text FROM agent_tasks WHERE task_id = $1 FOR UPDATE`,
+		// Locked: a resume of the old run (which holds this lock) either
+		// committed first (the retry then reads it queued: refused) or waits
+		// for the retry and then reads the task's new active run.
+		ActiveRun: `SELECT status, input, max_attempts FROM agent_runs WHERE run_id = $1 FOR UPDATE`,
 		// English seed section 7: a retry is a new run_id; the old run stays.
 		InsertRetryRun: `INSERT INTO agent_runs (run_id, tenant_id, task_id, input, max_attempts, retry_of)
 VALUES ($1, $2, $3, $4::jsonb, $5, $6)`,
@@ -334,6 +348,10 @@ VALUES (gen_random_uuid(), $2::text::uuid, $1::text::uuid, $3,
 		LockOperation: `SELECT run_id::text, status FROM tool_operations WHERE operation_id = $1 FOR UPDATE`,
 		// Whether anything of the run is still in doubt: a run paused in doubt
 		// goes back to the queue only when nothing is (every way out alike).
+		// The task's active run of run $1 (its row locked by the caller).
+		ActiveRunOfTask: `SELECT t.active_run_id::text FROM agent_runs r
+  JOIN agent_tasks t ON t.tenant_id = r.tenant_id AND t.task_id = r.task_id
+ WHERE r.run_id = $1`,
 		InDoubtLeft: `SELECT EXISTS (SELECT 1 FROM tool_operations
                  WHERE run_id = $1 AND status IN ('unknown', 'dispatching'))`,
 		// A callback may move only an operation of the run it names, while that
