@@ -436,14 +436,9 @@ def _requested(
             )
             orow = mine.old if mine else trail.ops.at(op_id, before)
         values["ledger"] = ledger_value(orow, start_at)
+        if op in ("deliver_callback", "decide"):
+            values["run_ref"] = _run_ref(trail, row, run_id, before)
         if op == "deliver_callback":
-            task_key = next(
-                (k for k in trail.tasks.versions if k.endswith("/" + str(row.get("task_id")))), None
-            )
-            trow = trail.tasks.at(task_key, before) if task_key else None
-            values["run_ref"] = (
-                "active" if trow and str(trow.get("active_run_id")) == run_id else "superseded"
-            )
             made = {
                 str(r.get("resource_id"))
                 for r in ctx.tool.get("resources", [])
@@ -472,7 +467,11 @@ def _requested(
         o = str(args.get("outcome"))
         values["outcome"] = o if o in OUTCOMES else "outside"
         if orow is not None:
-            values["others"] = trail.others(str(orow.get("run_id")), op_id, before)
+            op_run = str(orow.get("run_id"))
+            values["others"] = trail.others(op_run, op_id, before)
+            run_row = trail.runs.at(op_run, before)
+            if run_row is not None:
+                values["run_ref"] = _run_ref(trail, run_row, op_run, before)
     elif op == "dispatch":
         op_id = str(args.get("operation_id") or "")
         mine = next((c for c in own if c.table == "tool_operations"), None)
@@ -547,6 +546,15 @@ def _requested(
         Sighting(cell, "request", f"{entry['worker']}: {op} at audit seq {before} ({outcome})")
         for cell in _cells(ctx.space, op, values)
     ]
+
+
+def _run_ref(trail: Trail, row: Mapping[str, Any], run_id: str, before: int) -> str:
+    """The named run is its task's active run, or one a retry superseded."""
+    task_key = next(
+        (k for k in trail.tasks.versions if k.endswith("/" + str(row.get("task_id")))), None
+    )
+    trow = trail.tasks.at(task_key, before) if task_key else None
+    return "active" if trow and str(trow.get("active_run_id")) == run_id else "superseded"
 
 
 def _while_it_changed(

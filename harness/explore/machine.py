@@ -673,6 +673,13 @@ class ContractMachine:
             self._mine.append(str(got.result["run_id"]))
             self.settle(str(got.result["run_id"]))
 
+    def superseded(self, run_id: str) -> str:
+        """``run_id`` after a retry of its task superseded it (the retry is
+        the machine's too)."""
+        again = self.must(self.control(), "retry_run", task_id=self.task_of(run_id))
+        self._mine.append(str(again["run_id"]))
+        return run_id
+
     def rule_cancel(self, cell: Cell) -> None:
         status, ledger = str(cell.get("run_status")), str(cell.get("ledger"))
         if ledger not in ("none", ANY):
@@ -777,7 +784,10 @@ class ContractMachine:
         status, ledger = str(cell.get("run_status")), str(cell.get("ledger"))
         decision = str(cell.get("decision"))
         sent = decision if decision != "outside" else "postpone"
-        run_id, _op, _t = self.run_in(status, dim="run_status", ledger=ledger)
+        if cell.get("run_ref") == "superseded":  # paused for a person, then retried
+            run_id = self.superseded(self.workflow("paused_human", answer="refused_422")[0])
+        else:
+            run_id, _op, _t = self.run_in(status, dim="run_status", ledger=ledger)
         args: dict[str, Any] = {"run_id": run_id, "decision": sent, "reason": "machine"}
         if decision == "supplement":  # the run's input has "tool"; "note" it lacks
             args["supplement"] = (
@@ -788,7 +798,12 @@ class ContractMachine:
 
     def rule_converge_operation(self, cell: Cell) -> None:
         ledger, outcome = str(cell.get("ledger")), str(cell.get("outcome"))
-        run_id, op_id, done = self.op_in(ledger)
+        if cell.get("run_ref") == "superseded":  # paused in doubt, then retried
+            run_id, op_id = self.workflow("paused_indoubt", answer="no_answer")
+            self.superseded(run_id)
+            done: Callable[[], Any] = lambda: None  # noqa: E731
+        else:
+            run_id, op_id, done = self.op_in(ledger)
         sent = outcome if outcome != "outside" else "prepared"
         self.op(
             self.control(), "converge_operation", operation_id=op_id, outcome=sent,

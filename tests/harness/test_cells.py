@@ -59,6 +59,12 @@ def _run(status: str, **extra: Any) -> dict[str, Any]:
     return row | extra
 
 
+def _task(t: Trail, active: str = RUN) -> None:
+    """The run's task, its active run ``active`` (a retry supersedes the run)."""
+    t.add("ctl", "agent_tasks", "INSERT", None,
+          {"task_id": "task-1", "tenant_id": TENANT, "active_run_id": active})  # fmt: skip
+
+
 def _op(status: str) -> dict[str, Any]:
     return {
         "operation_id": OP_ID,
@@ -136,23 +142,31 @@ def test_a_supplement_counts_whatever_the_refused_operation_is() -> None:
     good (its operation failed_final); the decision's cell does not depend on
     the ledger."""
     t = Trail()
+    _task(t)
     t.add("w", "agent_runs", "INSERT", None, _run("queued"))
     t.add("w", "tool_operations", "INSERT", None, _op("failed_final"))
     paused = t.add("w", "agent_runs", "UPDATE", _run("queued"), _run("paused_human"))
     t.add("ctl", "agent_runs", "UPDATE", _run("paused_human"), _run("queued"))
     args = {"run_id": RUN, "decision": "supplement", "supplement": {"address": "x"}}
     cells = _cells(t, [_entry("ctl", "decide", args, paused, t.seq)])
-    assert "decide[run_status=paused_human,decision=supplement,field=new,ledger=*]" in cells
+    assert (
+        "decide[run_status=paused_human,decision=supplement,field=new,ledger=*,run_ref=active]"
+        in cells
+    )
 
 
 def test_a_supplied_field_already_supplied_is_present() -> None:
     t = Trail()
+    _task(t)
     row = _run("paused_human", input={"tool": "plain", "supplement": {"address": "a"}})
     before = t.add("w", "agent_runs", "INSERT", None, row)
     t.add("ctl", "agent_runs", "UPDATE", row, row | {"status": "queued"})
     args = {"run_id": RUN, "decision": "supplement", "supplement": {"address": "b"}}
     cells = _cells(t, [_entry("ctl", "decide", args, before, t.seq)])
-    assert "decide[run_status=paused_human,decision=supplement,field=present,ledger=*]" in cells
+    assert (
+        "decide[run_status=paused_human,decision=supplement,field=present,ledger=*,run_ref=active]"
+        in cells
+    )
 
 
 def test_a_callback_for_a_superseded_run_counts_whatever_its_state() -> None:
@@ -285,6 +299,7 @@ def test_a_convergence_beside_another_operation_in_doubt_is_its_own_cell() -> No
     """W[others_in_doubt]: a person converges one of two unknown operations of
     a run paused in doubt; the other is still in doubt when it starts."""
     t = Trail()
+    _task(t)
     t.add("w", "agent_runs", "INSERT", None, _run("paused_indoubt"))
     t.add("w", "tool_operations", "INSERT", None, _op("unknown"))
     other = {**_op("unknown"), "operation_id": f"{TENANT}/{RUN}/notify/v1", "step_id": "notify"}
@@ -293,4 +308,34 @@ def test_a_convergence_beside_another_operation_in_doubt_is_its_own_cell() -> No
     t.add("ctl", "tool_operations", "UPDATE", _op("unknown"), _op("succeeded"))
     args = {"operation_id": OP_ID, "outcome": "succeeded", "reason": "console"}
     cells = _cells(t, [_entry("ctl", "converge_operation", args, before, t.seq, ok=True)])
-    assert "converge_operation[ledger=unknown,outcome=succeeded,others=in_doubt]" in cells
+    assert (
+        "converge_operation[ledger=unknown,outcome=succeeded,others=in_doubt,run_ref=active]"
+        in cells
+    )
+
+
+def test_a_decision_or_convergence_on_a_superseded_run_is_its_own_cell() -> None:
+    """G[retried_paused_in_doubt] and V[purge]: the run paused, then its task
+    retried; a person's converge_operation of its operation, or an approve
+    of it, names a run that is no longer its task's active run."""
+    t = Trail()
+    _task(t, active="r-2")
+    t.add("w", "agent_runs", "INSERT", None, _run("paused_indoubt"))
+    t.add("w", "tool_operations", "INSERT", None, _op("unknown"))
+    before = t.seq
+    t.add("ctl", "tool_operations", "UPDATE", _op("unknown"), _op("succeeded"))
+    args = {"operation_id": OP_ID, "outcome": "succeeded", "reason": "console"}
+    cells = _cells(t, [_entry("ctl", "converge_operation", args, before, t.seq)])
+    assert (
+        "converge_operation[ledger=unknown,outcome=*,others=none_in_doubt,run_ref=superseded]"
+        in cells
+    )
+    t = Trail()
+    _task(t, active="r-2")
+    paused = t.add("w", "agent_runs", "INSERT", None, _run("paused_human"))
+    args = {"run_id": RUN, "decision": "approve", "reason": "probe"}
+    cells = _cells(t, [_entry("ctl", "decide", args, paused, t.seq, ok=False)])
+    assert (
+        "decide[run_status=paused_human,decision=approve,field=new,ledger=*,run_ref=superseded]"
+        in cells
+    )
