@@ -57,6 +57,14 @@ answers a worker must handle"):
   The run must then pause in doubt: one resend, never a loop of them (the
   tool's log, once everything sent has arrived, holds two creates).
 
+* ``resend_refused``: the same late call, and the same-key resend refused
+  with a 429. The refusal proves only that the resend did nothing: the call
+  still on the network may act (here it does). The operation stays in doubt,
+  never ``prepared`` again (effect.never_prepared_again_once_in_doubt: a
+  prepared operation's next dispatch is judged by no key retention); once
+  the call arrived, a ``reconcile`` finds its resource and a worker finishes
+  the run without another create.
+
 Judged from the tool's own log (requests, resources and their body digests)
 and the database (ledger, run), never from the worker's account.
 """
@@ -103,6 +111,7 @@ CONVERGED_BEFORE_FREEZE = "converged_before_freeze"
 FAILED_BEFORE_FREEZE = "failed_before_freeze"
 OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
+RESEND_REFUSED = "resend_refused"
 LOST_NOT_EXECUTED = "lost_not_executed"
 BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
 REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
@@ -201,6 +210,7 @@ SPEC = ExperimentSpec(
         FAILED_BEFORE_FREEZE,
         OTHERS_IN_DOUBT,
         RESEND_UNANSWERED,
+        RESEND_REFUSED,
         LOST_NOT_EXECUTED,
         BESIDE_LIVE_CLAIM,
         REJECTED_BESIDE_LIVE_CLAIM,
@@ -208,6 +218,11 @@ SPEC = ExperimentSpec(
         CONVERGED_WHILE_HUMAN,
     ),
     variant_faults=(
+        (
+            RESEND_REFUSED,
+            "the run's first create reaches the tool late (past the worker's timeout and its "
+            "query), its same-key resend is refused with 429 before that",
+        ),
         (
             FAILED_BEFORE_FREEZE,
             "the run's create held on the network, then lost there while the worker is held "
@@ -260,7 +275,8 @@ SPEC = ExperimentSpec(
         needs.op("reconcile", OTHERS_IN_DOUBT),
         needs.op("resolve_indoubt", OTHERS_IN_DOUBT),
         needs.op("converge_operation", OTHERS_IN_DOUBT),
-        needs.capability("ledger_tool:idempotent", RESEND_UNANSWERED),
+        needs.capability("ledger_tool:idempotent", RESEND_UNANSWERED, RESEND_REFUSED),
+        needs.op("reconcile", RESEND_REFUSED),
         needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
         needs.capability("operator_actions", LOST_NOT_EXECUTED),
         needs.op("resolve_indoubt", LOST_NOT_EXECUTED),
@@ -282,6 +298,7 @@ SPEC = ExperimentSpec(
         (FAILED_BEFORE_FREEZE, TOOL_TIMEOUT_MS / 1000),
         (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
+        (RESEND_REFUSED, RESEND_LATE_MS / 1000),
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
@@ -303,6 +320,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == RESEND_UNANSWERED:
         _resend_unanswered(ctx)
+        return
+    if ctx.variant == RESEND_REFUSED:
+        _resend_refused(ctx)
         return
     if ctx.variant == LOST_NOT_EXECUTED:
         _lost_then_found_not_executed(ctx)
@@ -614,6 +634,63 @@ def _resend_unanswered(ctx: ExperimentContext) -> None:
     )  # fmt: skip
     if (status, ops) == ("paused_indoubt", ["unknown"]) and op_id is not None:
         _terminated_then_found(ctx, run_id, str(op_id))
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _resend_refused(ctx: ExperimentContext) -> None:
+    """A same-key resend refused with 429 while the call it repeats is still
+    on the network: the operation stays in doubt; the call then acts, and
+    the reconciler's query finds what it made."""
+    run_id = new_run(ctx, tool="idem")
+    tool = ctx.env.tool.client()
+    # Oldest fault first: the call arrives late, the next create (the resend) gets 429.
+    tool.set_fault("idem", "arrive_late", count=1, ms=RESEND_LATE_MS, run_id=run_id)
+    tool.set_fault("idem", "reject_429", count=1, run_id=run_id)
+    ctx.command(
+        f"tool: run {run_id}'s first create reaches the tool {RESEND_LATE_MS} ms late, its "
+        "next create is refused with 429"
+    )
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    code = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
+    in_doubt = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    # An observation window, not a wait for something: the late call reaches
+    # the tool within RESEND_LATE_MS of being sent, before A's exit.
+    ctx.command(f"observe the tool's log for {RESEND_LATE_MS} ms after A's exit")
+    time.sleep(RESEND_LATE_MS / 1000 + 0.2)
+    creates = [r for r in checkers.tool_log(ctx)["requests"] if r.get("run_id") == run_id]
+    late = [r for r in creates if r.get("fault_mode") == "arrive_late"]
+    refused = [r for r in creates if r.get("outcome") == "rejected_429"]
+    ctx.fault(
+        "the same-key resend was refused with 429 before the call it repeats arrived",
+        bool(late and refused)
+        and float(refused[0]["received_at"]) < float(late[0]["received_at"])
+        and refused[0].get("operation_id") == late[0].get("operation_id"),
+        expected="a 429 for the operation's second create, then its first create arriving late",
+        observed=f"creates {[(r.get('fault_mode'), r.get('outcome')) for r in creates]} "
+        f"(A exit {code})",
+    )
+    ctx.invariant(
+        "a resend refused with 429 leaves its operation in doubt",
+        all(status != "prepared" for _op, status in in_doubt),
+        expected="the operation unknown when A exits (the call it repeated may still act)",
+        observed=f"ledger when A exited {in_doubt}",
+    )
+    ctx.ok(control_plane(ctx), "reconcile")
+    b = finish(ctx, ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"], env=env))
+    creates = [r for r in checkers.tool_log(ctx)["requests"] if r.get("run_id") == run_id]
+    ctx.invariant(
+        "nothing sent after the call was found",
+        len(creates) == len(late) + len(refused),
+        expected="the call and its refused resend, no third create",
+        observed=f"{len(creates)} creates of the run at the tool",
+    )
+    ctx.progress_equal(
+        "the run finished from the call's resource",
+        checkers.run_row(ctx, run_id, "the run at the end")["status"],
+        "succeeded",
+        what=f"run status (A exit {code}, B exit {b})",
+    )
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 

@@ -249,6 +249,7 @@ def test_clean_history_breaks_nothing() -> None:
         "effect.no_resend_without_idempotency",
         "effect.resend_claim_ends_within_the_tools_retention",
         "effect.claim_back_to_prepared_only_after_a_proven_rejection",
+        "effect.never_prepared_again_once_in_doubt",
         "effect.not_executed_only_where_the_tool_did_not_act",
         "run.only_finished_tasks_are_purged",
         "operator.audit_shows_the_rows_before_and_after",
@@ -480,6 +481,16 @@ def back_to_prepared(s: Story) -> None:
     s.tx(0.9, app="D")("tool_operations", in_flight(s), {"status": "prepared"})
 
 
+def prepared_after_doubt(s: Story) -> None:
+    """A same-key resend's claim of an unknown operation answered 429, put
+    back to prepared: the request that left it unknown may still act."""
+    s.tx(0.7, app="R")("tool_operations", in_flight(s), {"status": "unknown"})
+    s.tx(0.8, app="R")(
+        "tool_operations", s.state("tool_operations", (OP,)), {"status": "dispatching"}
+    )
+    s.tx(0.9, app="R")("tool_operations", s.state("tool_operations", (OP,)), {"status": "prepared"})
+
+
 def cancelled_then_sent(s: Story) -> None:
     tx = s.tx(0.45, app="ctl")
     op2 = {"operation_id": OP2, "run_id": RUN, "step_id": "notify", "status": "prepared"}
@@ -677,6 +688,7 @@ STORY_CHANGES: dict[str, Callable[[Story], None]] = {
     "run.history_is_append_only": checkpoint_updated,
     "effect.in_flight_never_marked_cancelled": inflight_cancelled,
     "effect.claim_back_to_prepared_only_after_a_proven_rejection": back_to_prepared,
+    "effect.never_prepared_again_once_in_doubt": prepared_after_doubt,
     "effect.not_executed_only_where_the_tool_did_not_act": not_executed_though_acted,
     "run.nothing_advances_after_terminal": advanced_after_end,
     "run.one_live_run_per_task": two_live_runs,

@@ -306,6 +306,32 @@ def back_to_prepared_only_after_rejection(ev: Evidence) -> Finding:
     return Finding(len(back), bad)
 
 
+@invariant(
+    "effect.never_prepared_again_once_in_doubt",
+    "SPEC rules 4, 5; English seed §9.2 (never revert to prepared), §9.3 (unknown: query, "
+    "same-key resend, or a person)",
+    "an operation that was unknown never becomes prepared again, also not through a same-key "
+    "resend's claim: a 429 to the resend proves only that the resend did not act, while the "
+    "request that left the operation in doubt may still arrive (and the next dispatch of a "
+    "prepared operation is judged by no key retention)",
+)
+def never_prepared_again_once_in_doubt(ev: Evidence) -> Finding:
+    bad: list[dict[str, Any]] = []
+    judged = 0
+    for changes in _ledger_changes(ev).values():
+        doubt: Change | None = None
+        for c in changes:
+            if c.by_harness:
+                continue
+            if c.after("status") == "unknown" and doubt is None:
+                doubt = c
+                judged += 1
+            elif doubt is not None and c.after("status") == "prepared":
+                bad.append({**c.brief("operation_id", "status"), "unknown_at_seq": doubt.seq})
+                break
+    return Finding(judged, bad)
+
+
 # The ledger columns whose change is a step of the operation's state machine.
 _LEDGER_STEP = ("status", "dispatch_owner", "dispatch_until", "remote_id")
 

@@ -759,6 +759,9 @@ func reconcile(d *Db) ([]map[string]any, error) {
 					return nil, err
 				}
 				sent, remote := sendClaimed(claimed, epoch)
+				if sent == "prepared" { // a 429 to the resend: the call it repeats may still act
+					sent = "unknown"
+				}
 				if status, _, err = recordAnswer(d, claimed, owner, sent, remote); err != nil {
 					return nil, err
 				}
@@ -1450,7 +1453,11 @@ func (e *Execution) toolStep() (code int, stop bool, err error) {
 			if claimed == nil {
 				continue
 			}
+			wasInDoubt := status == "unknown"
 			status, remote = sendClaimed(claimed, e.lease.Epoch)
+			if status == "prepared" && wasInDoubt { // a 429 to a same-key resend proves nothing
+				status = "unknown" // of the call it repeats, which may still act: never prepared
+			}
 			if status == "unknown" || status == "prepared" { // only a final answer waits for tx2
 				if _, _, err := recordAnswer(e.db, claimed, e.lease.Owner, status, ""); err != nil {
 					return 0, true, err

@@ -584,6 +584,8 @@ def reconcile(db: Db) -> list[dict[str, Any]]:
             claimed = claim_op(db, "ledger_claim_retry", op["operation_id"], OWNER)
             if claimed is not None:
                 answer = send_claimed(db, claimed, run_epoch(db, claimed["run_id"]))
+                if answer[0] == "prepared":  # a 429 to the resend: the call it repeats may act
+                    answer = ("unknown", answer[1])
                 status, _ = record_answer(db, claimed, OWNER, *answer)
         if status is not None and status != "unknown":
             changes.append({"operation_id": op["operation_id"], "from": "unknown", "to": status})
@@ -1026,7 +1028,10 @@ class Execution:
                     return EXIT_FROZEN
                 if claimed is None:
                     continue
+                was_in_doubt = status == "unknown"
                 status, remote_id = send_claimed(self.db, claimed, self.lease.epoch)
+                if status == "prepared" and was_in_doubt:  # a 429 to a same-key resend proves
+                    status = "unknown"  # nothing of the call it repeats: never prepared again
                 if status in ("unknown", "prepared"):  # only a final answer waits for tx2
                     record_answer(self.db, claimed, self.lease.owner, status, None)
                 if status == "prepared":

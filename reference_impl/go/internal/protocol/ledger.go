@@ -32,6 +32,11 @@ type Operation struct {
 	// send under a claim that expired meanwhile: a successor may hold a
 	// newer one.
 	LocalDeadline time.Time
+	// Resend: a same-key resend's claim of an operation that was unknown. A
+	// 429 to it proves only that the resend did nothing: the request it
+	// repeats may still act, so the operation stays unknown (never prepared
+	// again: W[resend_refused]).
+	Resend bool
 }
 
 // OperationRow is a ledger row as a workflow resuming its tool step reads it.
@@ -202,12 +207,13 @@ func outcomeCommitted(runID, opID string) {
 
 // SettleWithoutResult is the ledger consequence of an answer that records
 // no result: a 429 (the tool's proof it did not act) puts the intent back to
-// prepared; anything else (timeout, lost answer, 5xx, conflict) is unknown:
-// never failed, never resent blindly (rule 5).
+// prepared, unless the claim was a same-key resend (op.Resend); anything
+// else (timeout, lost answer, 5xx, conflict) is unknown: never failed, never
+// resent blindly (rule 5).
 func (p *Protocol) SettleWithoutResult(ctx context.Context, q Querier, op *Operation, owner string, a tool.Answer) (string, error) {
 	why, _ := json.Marshal(a.Error)
 	to, what, sql := "unknown", "unknown", p.SQL.MarkUnknown
-	if p.WithoutResult(a) == "prepared" {
+	if p.WithoutResult(a) == "prepared" && !op.Resend {
 		to, what, sql = "prepared", "return", p.SQL.ReturnRejected
 	}
 	settle := func(q Querier) error {
@@ -457,6 +463,7 @@ func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (
 	if err != nil || op == nil {
 		return nil, err
 	}
+	op.Resend = true
 	if r.D.P.ResendDeadlineFromAnswer {
 		sent = time.Now()
 	}
