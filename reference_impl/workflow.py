@@ -206,7 +206,14 @@ class RefundWorkflow:
                 )
                 continue
             status = str(row["status"])
-            if status == "prepared":
+            if status == "prepared" and row["request_digest"] != request_digest(
+                rt.sealer.open(request)
+            ):
+                # Planned before a person's supplement changed the request:
+                # never sent as it is (V[supplement_after_budget]); retired
+                # unsent, so the next pass plans the next version with it.
+                self.retire_unsent(op_id)
+            elif status == "prepared":
                 done = self.dispatch_own(state, step, op_id)
                 if done is not None:
                     return done if done != "" else None
@@ -237,6 +244,19 @@ class RefundWorkflow:
             else:  # cancelled: the run was cancelled under us
                 raise e.LeaseLost(f"operation {op_id} is {status}", reason="cancelled")
         raise RuntimeError(f"tool step {step} did not converge")
+
+    def retire_unsent(self, op_id: str) -> None:
+        """Claim our prepared intent and record it failed_final without
+        sending it: definitely not executed (it was only ever refused with a
+        429, the tool's proof it did not act), so a version with the
+        supplied fields may follow."""
+        rt = self.rt
+        op = rt.ledger.claim(rt.conn, rt.owner, op_id)
+        if op is None:
+            self.cancel.sleep(0.1)  # claimed by someone else meanwhile
+            return
+        why = {"executed": False, "reason": "superseded by a person's supplement, never sent"}
+        rt.ledger.record_result(rt.conn, op, rt.owner, Answer("failed_final", result=why))
 
     def effect_version(self, step: str) -> int:
         """The step's current effect version: the newest one (1 when none yet)."""

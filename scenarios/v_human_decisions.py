@@ -46,6 +46,7 @@ from scenarios.common import (
 
 SUPPLEMENT_THEN_DOUBT = "supplement_then_doubt"
 SUPPLEMENT_TWICE = "supplement_twice"
+SUPPLEMENT_AFTER_BUDGET = "supplement_after_budget"
 
 SPEC = ExperimentSpec(
     id="V",
@@ -64,8 +65,20 @@ SPEC = ExperimentSpec(
     "(the dispatcher held after its claim), one task row held locked by the harness; "
     "supplement_then_doubt: the supplemented create's answer lost after the tool acted",
     rules=(4, 5),
-    variants=("supplement", "terminate", "purge", SUPPLEMENT_THEN_DOUBT, SUPPLEMENT_TWICE),
+    variants=(
+        "supplement",
+        "terminate",
+        "purge",
+        SUPPLEMENT_THEN_DOUBT,
+        SUPPLEMENT_TWICE,
+        SUPPLEMENT_AFTER_BUDGET,
+    ),
     variant_faults=(
+        (
+            SUPPLEMENT_AFTER_BUDGET,
+            "the tool answers the run's only attempt (max_attempts 1) with 429: paused for a "
+            "person with version 1 back in prepared; a person supplements it",
+        ),
         (
             SUPPLEMENT_TWICE,
             "the tool refuses the run's first two creates with 422: two supplements, each "
@@ -81,7 +94,14 @@ SPEC = ExperimentSpec(
     dispatch_ttl_ms=5000,
     needs=(
         *needs.capabilities("workflow", "ledger", "operator_actions"),
-        needs.op("decide", "supplement", "terminate", SUPPLEMENT_THEN_DOUBT, SUPPLEMENT_TWICE),
+        needs.op(
+            "decide",
+            "supplement",
+            "terminate",
+            SUPPLEMENT_THEN_DOUBT,
+            SUPPLEMENT_TWICE,
+            SUPPLEMENT_AFTER_BUDGET,
+        ),
         needs.op("resolve_indoubt", SUPPLEMENT_THEN_DOUBT),
         needs.capability("retention", "purge"),
         needs.capability("outbox", "purge"),
@@ -95,6 +115,9 @@ def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "supplement"
     if variant == "purge":
         retention.run(ctx)
+        return
+    if variant == SUPPLEMENT_AFTER_BUDGET:
+        _supplement_after_budget(ctx)
         return
     if variant == SUPPLEMENT_TWICE:
         _supplement_twice(ctx)
@@ -351,6 +374,51 @@ def _supplement_twice(ctx: ExperimentContext) -> None:
         ("succeeded", [(1, "failed_final"), (2, "failed_final"), (3, "succeeded")], 1),
         what=f"(run status, ledger, resources of version 3) (W3 exit {code})",
     )  # fmt: skip
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _supplement_after_budget(ctx: ExperimentContext) -> None:
+    """A run paused for a person because its attempt budget ran out (its one
+    attempt answered 429: version 1 back in prepared, never acted on) is
+    supplemented. What the tool then makes must carry the supplied fields:
+    version 1 was planned without them, and sending it would carry out the
+    request the person corrected (contract section 5, decide: a supplement
+    plans the effect again, as the next version)."""
+    run_id = new_run(ctx, tool="plain", max_attempts=1)
+    ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
+    ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 429")
+    code = finish(ctx, ctx.env.start_worker("W1", "run", ["--run-id", run_id, "--once"]))
+    paused = checkers.run_row(ctx, run_id, "the run after its only attempt")["status"]
+    ledger = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    if not ctx.probe_reached(
+        "paused for a person at its budget, version 1 prepared",
+        paused == "paused_human" and ledger == [(1, "prepared")],
+        judges="what the tool makes after the supplement carries the supplied fields",
+        expected="paused_human, ledger [(1, 'prepared')]",
+        observed=f"{paused}, ledger {ledger} (W1 exit {code})",
+    ):
+        return
+    supplement = {"address": "corrected by support"}
+    reply = ctx.op(
+        control_plane(ctx), "decide", run_id=run_id, decision="supplement",
+        supplement=supplement, reason="customer called support", ticket="CS-21",
+    )  # fmt: skip
+    code = finish(ctx, ctx.env.start_worker("W2", "run", ["--run-id", run_id, "--once"]))
+    made = checkers.tool_resources(ctx, run_id=run_id)
+    ctx.invariant(
+        "what the tool made after a supplement carries the supplied fields",
+        all(r["request"].get("address") == supplement["address"] for r in made),
+        expected=f"every resource of the run made from a request with {supplement}",
+        observed=f"{[(r['operation_id'][-3:], r['request'].get('address')) for r in made]} "
+        f"(decide {'ok' if reply.ok else reply.error})",
+    )
+    ctx.progress_equal(
+        "the supplemented run finishes with one resource",
+        (checkers.run_row(ctx, run_id)["status"], len(made)),
+        ("succeeded", 1),
+        what=f"(run status, resources) (W2 exit {code})",
+    )
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 

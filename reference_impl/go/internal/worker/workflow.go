@@ -15,6 +15,7 @@ import (
 	"fencecheck/goworker/internal/metrics"
 	"fencecheck/goworker/internal/protocol"
 	"fencecheck/goworker/internal/sealing"
+	"fencecheck/goworker/internal/tool"
 )
 
 // The built-in agent workflow, a refund, so experiments have real work:
@@ -255,6 +256,19 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 			injection.Point("after_outbound_intent_commit", x.lease.RunID, &x.lease.Epoch, &x.revision, opID)
 			continue
 		}
+		stale, err := x.plannedBeforeSupplement(row, request)
+		if err != nil {
+			return "", err
+		}
+		if stale {
+			// Planned before a person's supplement changed the request:
+			// never sent as it is (V[supplement_after_budget]); retired
+			// unsent, so the next pass plans the next version with it.
+			if err := x.retireUnsent(opID); err != nil {
+				return "", err
+			}
+			continue
+		}
 		switch row.Status {
 		case "prepared":
 			status, done, err := x.dispatchOwn(state, step, opID)
@@ -297,6 +311,41 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 		}
 	}
 	return "", fmt.Errorf("tool step %s did not converge", step)
+}
+
+// plannedBeforeSupplement: a prepared intent whose request is not the one
+// the run would send now (a person's supplement changed it since).
+func (x *Execution) plannedBeforeSupplement(row *protocol.OperationRow, request any) (bool, error) {
+	if row.Status != "prepared" {
+		return false, nil
+	}
+	opened, err := x.rt.Seal.Open(request)
+	if err != nil {
+		return false, err
+	}
+	digest, err := protocol.RequestDigest(opened)
+	return err == nil && digest != row.Digest, err
+}
+
+// retireUnsent claims our prepared intent and records it failed_final
+// without sending it: definitely not executed (it was only ever refused
+// with a 429, the tool's proof it did not act), so a version with the
+// supplied fields may follow.
+func (x *Execution) retireUnsent(opID string) error {
+	rt := x.rt
+	c, err := rt.Main.Conn(x.ctx)
+	if err != nil {
+		return err
+	}
+	op, err := rt.P.DispatchClaim(x.ctx, c, rt.S.Owner(), rt.S.DispatchTTLMS, &opID)
+	if err != nil {
+		return rt.Main.Check(err)
+	}
+	if op == nil {
+		return x.sleep(100 * time.Millisecond) // claimed by someone else meanwhile
+	}
+	why := map[string]any{"executed": false, "reason": "superseded by a person's supplement, never sent"}
+	return rt.Main.Check(rt.P.RecordResult(x.ctx, c, op, rt.S.Owner(), tool.Answer{Kind: "failed_final", Result: why}))
 }
 
 // dispatchOwn claims and sends our prepared intent; done when this call
