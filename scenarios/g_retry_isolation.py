@@ -450,8 +450,11 @@ def _retried_paused_in_doubt(ctx: ExperimentContext) -> Moment:
             ticket="OPS-77",
         )
         settled = _operation(ctx, paused.op_id)
-        ctx.fault(
-            "the superseded run's last doubt settled",
+        # A person's fact about an unknown operation is taken whatever became
+        # of its run (contract section 5, converge_operation): refusing it
+        # because a retry superseded the run loses the only news of the effect.
+        ctx.invariant(
+            "a person's convergence of a superseded run's operation is taken",
             (settled["status"], settled["remote_id"]) == ("succeeded", resource),
             expected=f"the operation succeeded with the tool's resource {resource}",
             observed=f"{_key(settled)} (reply ok={reply.ok} {reply.result or reply.error})",

@@ -49,7 +49,7 @@ def test_the_python_template_is_conformant_out_of_the_box(tmp_path: Path) -> Non
     # named with the experiment runs it leaves unjudged.
     assert "injection point after_renew_commit: never reached" in done.stdout
     assert "-> T[renew]" in done.stdout
-    assert "optional op decide: answers Unsupported -> V (4 runs)" in done.stdout
+    assert "optional op decide: answers Unsupported -> V (5 runs)" in done.stdout
     assert "optional op resolve_indoubt: answers Unsupported -> J[operator_resolves]" in done.stdout
 
 

@@ -158,7 +158,7 @@ def run_job(
         ):
             ctx = ExperimentContext(spec=spec, env=env, variant=job.variant, seed=seed, rng=rng)
             ctx.excuse = timing_excuse(env, spec)
-            ctx.bound_excuse = bound_excuse()
+            ctx.bound_excuse = bound_excuse(label=job.label)
             with phases.phase("scenario"):
                 verdict, reason, harness_error = _run_scenario(job, ctx)
             # The stop's flag is up before its callbacks ran: either says so.
@@ -547,6 +547,8 @@ BOUND_SHARE = 0.5
 def bound_excuse(
     stalled: stalls.StallMonitor | None = None,
     starved: starvation.StarvationMonitor | None = None,
+    label: str | None = None,
+    logged: waits.WaitLog | None = None,
 ) -> BoundExcuse:
     """What can excuse a bound one process broke (it gave no answer, or did
     not exit, within ``bound_s``): the harness stalled, or that very process
@@ -554,9 +556,17 @@ def bound_excuse(
     in all. No other process's starvation: a control-plane worker starved for 0.45 s
     excused a worker that looped for 20 s. And nothing shorter: a process
     that had more than half its bound to run in and did not answer broke it.
-    The process's own monitors unless others are given."""
+    The process's own monitors unless others are given.
+
+    "In all" counts its short waits too (experiment ``label``'s wait log):
+    an episode needs one thread waiting half a 50 ms tick in a row, and a Go
+    worker's heartbeat runs on whichever of its threads is free, so ten
+    ticks of 10-20 ms each, on different threads, made no episode and still
+    held its cancellation 0.1 s past S[pg_blackhole_early]'s slack (Go,
+    beside six CPU hogs and a mutant campaign, load 13.6)."""
     stall_monitor = stalled or stalls.monitor()
     starvation_monitor = starved or starvation.monitor()
+    wait_log = logged or waits.log()
 
     def excuse(since: float, until: float, bound: Bound) -> str | None:
         need = bound.bound_s * BOUND_SHARE
@@ -575,6 +585,16 @@ def bound_excuse(
                 f"{episodes[0].process} (pid {bound.pid}) waited {waited_s:.2f}s for "
                 f"{_waited_for(episodes)} in the {bound.bound_s:g}s bound, at least half of it"
             )
+        if label is not None:
+            own = [w for w in wait_log.within(label, since, until) if w.pid == bound.pid]
+            rows = waits.binned(own, since, until)
+            short_s = sum(sum(row) for row in rows.values())
+            if short_s >= need:
+                who = next(iter(rows), f"pid {bound.pid}")
+                return (
+                    f"{who} (pid {bound.pid}) waited {short_s:.2f}s in all, in short waits for "
+                    f"a CPU or the disk, in the {bound.bound_s:g}s bound, at least half of it"
+                )
         return None
 
     return excuse

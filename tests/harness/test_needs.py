@@ -81,6 +81,7 @@ def test_a_missing_boundary_point_names_its_variant() -> None:
         "V[terminate]",
         "V[supplement_then_doubt]",
         "V[supplement_twice]",
+        "V[supplement_after_budget]",
     ]
     assert out[("point", "nowhere")] == []
     shared = consequences(specs, [("point", "after_dispatch_claim_commit")])

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.engine import starvation
+from harness.engine import starvation, waits
 from harness.engine.experiment import Bound, ExperimentContext, ExperimentSpec
 from harness.engine.runner import bound_excuse
 from harness.parts.postgres import PostgresCluster
@@ -149,6 +149,23 @@ def test_a_missed_bound_is_excused_only_by_its_own_process_starved_for_half_of_i
     assert short is not None and "X/worker V" in short and "half" in short
     assert excuse(since, until, Bound(victim, 20.0)) is None
     assert excuse(since, until, Bound(bystander, 1.0)) is None
+
+
+def test_a_missed_bound_counts_its_own_short_waits_and_no_other_process_s() -> None:
+    """Short waits of the process itself (no episode: each under half a
+    tick) add up; another process's, however long, do not."""
+    log = waits.WaitLog()
+    t0 = 1000.0
+    for i in range(10):  # 15 ms of every 50 ms tick: 0.15 s in 0.5 s
+        log.add("S/worker A", 41, t0 + i * 0.05, t0 + (i + 1) * 0.05, 0.015)
+    log.add("S/worker B", 42, t0, t0 + 0.5, 0.5)
+    idle = starvation.StarvationMonitor()
+    excuse = bound_excuse(starved=idle, label="S", logged=log)
+    found = excuse(t0, t0 + 0.5, Bound(41, 0.2))
+    assert found is not None and "S/worker A" in found and "0.15s" in found
+    assert excuse(t0, t0 + 0.5, Bound(41, 0.4)) is None  # 0.15 s < half of 0.4 s
+    assert excuse(t0, t0 + 0.5, Bound(43, 0.2)) is None  # B's waits are B's
+    assert bound_excuse(starved=idle, logged=log)(t0, t0 + 0.5, Bound(41, 0.2)) is None
 
 
 def test_a_bound_check_asks_the_bound_excuse_not_the_general_one() -> None:
