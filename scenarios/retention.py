@@ -73,6 +73,8 @@ def run(ctx: ExperimentContext) -> None:
     tasks[inflight] = _task_of(ctx, inflight)
     paused, retried = _retried_while_paused(ctx)
     tasks[paused] = tasks[retried] = _task_of(ctx, paused)
+    unsent, unsent_op = _finished_with_an_unsent_intent(ctx)
+    tasks[unsent] = _task_of(ctx, unsent)
     codes.append(finish(ctx, other))
     _relay_all(ctx, "R1", None)
     _relay_all(ctx, "R2", t2)
@@ -80,28 +82,31 @@ def run(ctx: ExperimentContext) -> None:
     tasks[unrelayed] = _task_of(ctx, unrelayed)
     last = ctx.env.start_worker("W3", "run", ["--run-id", unrelayed, "--once"])
     codes.append(finish(ctx, last))
-    mine = [*eligible, live, unrelayed, inflight, paused, retried]
-    before = _rows(ctx, [*mine, theirs], "every row of the seven tasks before the purges")
+    mine = [*eligible, live, unrelayed, inflight, paused, retried, unsent]
+    before = _rows(ctx, [*mine, theirs], "every row of the eight tasks before the purges")
     status = {r: _one(before["agent_runs"], r)["status"] for r in [*mine, theirs]}
     pending = {
         r: sum(1 for x in before["outbox"] if x["run_id"] == r and not x["published_at"])
         for r in [*mine, theirs]
     }
     in_flight = [o["status"] for o in before["tool_operations"] if o["run_id"] == inflight]
+    never_sent = [o["status"] for o in before["tool_operations"] if o["operation_id"] == unsent_op]
     ctx.fault(
         "the tasks are in the states the purge must tell apart",
-        [status[r] for r in (*eligible, theirs, unrelayed, live, inflight, retried, paused)]
-        == ["succeeded"] * 4 + ["queued", "cancelled", "succeeded", "paused_human"]
+        [status[r] for r in (*eligible, theirs, unrelayed, live, inflight, retried, paused, unsent)]
+        == ["succeeded"] * 4 + ["queued", "cancelled", "succeeded", "paused_human", "succeeded"]
         and pending[eligible[0]] == pending[eligible[1]] == pending[theirs] == 0
-        and pending[inflight] == pending[retried] == pending[paused] == 0
+        and pending[inflight] == pending[retried] == pending[paused] == pending[unsent] == 0
         and pending[unrelayed] > 0
-        and in_flight == ["dispatching"],
+        and in_flight == ["dispatching"]
+        and never_sent == ["prepared"],
         expected="two finished relayed tasks, the other tenant's finished relayed task, a "
         "finished task with unpublished outbox rows, a queued run, a cancelled and relayed "
         "run whose operation is still dispatching (its dispatcher held after its claim), a "
-        "task whose first run is paused for a person and whose retry finished, relayed",
+        "task whose first run is paused for a person and whose retry finished, relayed, a "
+        "finished and relayed run with an intent never sent (prepared)",
         observed=f"status {plain(status)}, unpublished outbox rows {plain(pending)}, the "
-        f"cancelled run's ledger {in_flight} (exits {codes})",
+        f"cancelled run's ledger {in_flight}, the unsent intent {never_sent} (exits {codes})",
     )
     ctl = control_plane(ctx)
     archive = ctx.env.log_dir / "purge-archive.jsonl"
@@ -155,7 +160,7 @@ def run(ctx: ExperimentContext) -> None:
         what="task ids the purges reported",
     )
     archived = [r for r in eligible if tasks[r] in [*second, *(third or [])]]
-    kept = [live, unrelayed, theirs, inflight, paused, retried]
+    kept = [live, unrelayed, theirs, inflight, paused, retried, unsent]
     _judge_rows(ctx, before, eligible, kept, archive, archived)
     first_line = next(iter(archive.read_text(encoding="utf-8").splitlines()), None)
     ctx.invariant(
@@ -237,6 +242,27 @@ def _superseded_approve_refused(ctx: ExperimentContext, paused: str) -> None:
     )
 
 
+def _finished_with_an_unsent_intent(ctx: ExperimentContext) -> tuple[str, str]:
+    """A run that finished (an ``ops`` complete) with an intent of another
+    step registered and never sent: its operation stays prepared, which no
+    purge may delete (contract section 5, purge: no operation prepared,
+    dispatching or unknown; blind hunt 28 #07: a purge that skipped only
+    dispatching and unknown ones took it)."""
+    run_id = new_run(ctx, tool="plain")
+    w = ctx.env.start_worker("W5", "ops")
+    lease = ctx.ok(w, "claim", run_id=run_id)
+    intent = ctx.ok(
+        w, "register_intent", run_id=run_id, epoch=lease["epoch"],
+        expected_revision=lease["revision"], step_id="v.never_sent", effect_version=1,
+        tool="plain", request={"kind": "return_label"},
+    )  # fmt: skip
+    ctx.ok(
+        w, "complete", run_id=run_id, epoch=lease["epoch"], owner=lease["owner"],
+        expected_revision=intent["revision"], result={"by": "W5"},
+    )  # fmt: skip
+    return run_id, str(intent["operation_id"])
+
+
 def _refused_out_of_bounds(ctx: ExperimentContext, ctl: Any, args: dict[str, Any]) -> None:
     """A purge with arguments outside ops.schema.json's bounds is refused and
     changes nothing: a negative retention would put the cut an hour in the
@@ -290,7 +316,7 @@ def _judge_rows(
     archive: Any,
     archived_runs: list[str],
 ) -> None:
-    after = _rows(ctx, [*purged, *kept], "every row of the seven tasks after the purges")
+    after = _rows(ctx, [*purged, *kept], "every row of the eight tasks after the purges")
     left = {t: [_key(t, r) for r in rows if r["run_id"] in purged] for t, rows in after.items()}
     ctx.equal(
         "no row of a purged task is left",
