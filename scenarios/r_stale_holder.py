@@ -222,15 +222,20 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
         expired = checkers.run_row(ctx, run_id, "the run with A's lease expired, before B's claim")
         new = ctx.ok(b, "claim", run_id=run_id)
     if caps.offers_op("heartbeat"):
-        ctx.ok(
-            b,
-            "heartbeat",
-            run_id=run_id,
-            epoch=new["epoch"],
-            action="start",
-            interval_ms=ctx.env.heartbeat_ms,
-            timeout_ms=ctx.env.heartbeat_timeout_ms,
-        )
+        # Started twice: a start for a lease that has one replaces it (contract
+        # section 5, heartbeat: one background renewal per lease), and the stop
+        # at the end must leave no renewal (blind hunt 28 #09: a restart that
+        # left the first loop running, untracked, renewed after the stop).
+        for _ in range(2):
+            ctx.ok(
+                b,
+                "heartbeat",
+                run_id=run_id,
+                epoch=new["epoch"],
+                action="start",
+                interval_ms=ctx.env.heartbeat_ms,
+                timeout_ms=ctx.env.heartbeat_timeout_ms,
+            )
     current = new["revision"]
     if caps.checkpoints:
         current = ctx.ok(
