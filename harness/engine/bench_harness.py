@@ -129,13 +129,20 @@ def one_round(
 
 
 def _kept(result: dict[str, Any], label: str, keep_dir: Path | None) -> str:
-    """Copy a run's archive out of the temporary reports; where it went."""
+    """Copy a run's archive, and its workers' logs beside it, out of the
+    temporary reports; where the archive went. The logs are what tells a
+    worker's own failure from the machine's: a Go ops worker that exited 1
+    at once, in a loaded round, left its cause only there, and they went
+    with the temporary reports."""
     source = Path(str(result.get("archive") or ""))
     if keep_dir is None or not source.is_file():
         return ""
     target = keep_dir / label.replace(" ", "_").replace("(", "").replace(")", "") / source.name
     target.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(source, target)
+    logs = source.parent.parent / "logs" / source.stem
+    if logs.is_dir():
+        shutil.copytree(logs, target.parent / f"{source.stem}-logs", dirs_exist_ok=True)
     return f" [{target}]"
 
 
