@@ -49,6 +49,10 @@ RECORD_VERSION = 1
 START_TIME_TOLERANCE_S = 1.0
 
 
+#: Between a release's reap that met a problem and its one more pass.
+RETRY_PAUSE_S = 0.2
+
+
 def state_dir(base: Path | None = None) -> Path:
     """Where run records live: ``<base or the system temp dir>/fencecheck-state-<uid>``."""
     root = Path(base) if base is not None else Path(tempfile.gettempdir())
@@ -267,7 +271,19 @@ class RunRecord:
         second waits for the first."""
         with self._release_lock:
             if self._released is None:
-                self._released = reap_record(self.path, self.as_dict())
+                reaped = reap_record(self.path, self.as_dict())
+                if reaped.problems:
+                    # A server killed a moment ago may still be writing into
+                    # its directory (an escalated stop kills, then reaps at
+                    # once): one more pass after a pause removes what the
+                    # first could not, instead of leaving the record for the
+                    # next run (seen once in CI, a second SIGINT 50 ms after
+                    # the first).
+                    time.sleep(RETRY_PAUSE_S)
+                    again = reap_record(self.path, self.as_dict())
+                    again.merge(reaped)
+                    reaped = again
+                self._released = reaped
                 with _UNRELEASED_LOCK:
                     _UNRELEASED.discard(self)
             return self._released
@@ -287,6 +303,19 @@ class Reaped:
     containers_removed: list[str] = field(default_factory=list)
     firewall_tables_removed: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+
+    def merge(self, earlier: Reaped) -> None:
+        """Count in what an earlier pass over the same record removed (its
+        problems are this pass's to report: what is still there)."""
+        self.temp_dirs = [*earlier.temp_dirs, *self.temp_dirs]
+        self.bytes_removed += earlier.bytes_removed
+        self.servers_killed = [*earlier.servers_killed, *self.servers_killed]
+        self.segments_removed = [*earlier.segments_removed, *self.segments_removed]
+        self.containers_removed = [*earlier.containers_removed, *self.containers_removed]
+        self.firewall_tables_removed = [
+            *earlier.firewall_tables_removed,
+            *self.firewall_tables_removed,
+        ]
 
     @property
     def anything(self) -> bool:

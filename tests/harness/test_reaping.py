@@ -151,3 +151,29 @@ def test_a_record_kept_past_commands_is_not_released_by_their_end(tmp_path: Path
     finally:
         kept.release()
     assert not kept.temp_root.exists() and not kept.path.exists()
+
+
+def test_a_release_that_met_a_problem_reaps_once_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory a just-killed server still wrote to: the first pass keeps
+    the record, one more pass after a pause removes what is left and the
+    record, and the release reports both passes' removals."""
+    record = run_records.RunRecord.create(base=tmp_path, kind="run")
+    real = run_records.reap_record
+    passes: list[int] = []
+
+    def flaky(path: Path, data: dict[str, object], **kw: object) -> run_records.Reaped:
+        passes.append(1)
+        if len(passes) == 1:
+            first = run_records.Reaped(record=path.name, owner_pid=os.getpid())
+            first.temp_dirs, first.problems = ["/gone/early"], ["could not remove it yet"]
+            return first
+        return real(path, data)
+
+    monkeypatch.setattr(run_records, "reap_record", flaky)
+    monkeypatch.setattr(run_records, "RETRY_PAUSE_S", 0.0)
+    reaped = record.release()
+    assert len(passes) == 2 and not reaped.problems
+    assert "/gone/early" in reaped.temp_dirs and str(record.temp_root) in reaped.temp_dirs
+    assert not record.temp_root.exists() and not record.path.exists()
