@@ -654,10 +654,19 @@ def _resend_refused(ctx: ExperimentContext) -> None:
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     code = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
     in_doubt = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
-    # An observation window, not a wait for something: the late call reaches
-    # the tool within RESEND_LATE_MS of being sent, before A's exit.
-    ctx.command(f"observe the tool's log for {RESEND_LATE_MS} ms after A's exit")
-    time.sleep(RESEND_LATE_MS / 1000 + 0.2)
+    # The late call reaches the tool RESEND_LATE_MS after it was sent; wait for
+    # exactly that arrival (bounded well past it), not a fixed time.
+    seen_within(
+        lambda: (
+            any(
+                r.get("run_id") == run_id and r.get("fault_mode") == "arrive_late"
+                for r in checkers.tool_log(ctx)["requests"]
+            )
+            or None
+        ),
+        what=f"run {run_id}'s late create to reach the tool",
+        timeout_s=RESEND_LATE_MS / 1000 + 5,
+    )
     creates = [r for r in checkers.tool_log(ctx)["requests"] if r.get("run_id") == run_id]
     late = [r for r in creates if r.get("fault_mode") == "arrive_late"]
     refused = [r for r in creates if r.get("outcome") == "rejected_429"]

@@ -377,6 +377,7 @@ def inflight_cancelled(s: Story) -> None:
 
 
 RUN2 = "00000000-0000-0000-0000-0000000000b2"
+RUN3 = "00000000-0000-0000-0000-0000000000b3"
 
 
 def result_after_cancel(s: Story, *, compensated: bool) -> None:
@@ -397,6 +398,29 @@ def result_after_cancel(s: Story, *, compensated: bool) -> None:
     if compensated:
         payload = {"run_id": RUN2, "operation_id": "op-2"}
         tx("outbox", None, compensation_row("e-comp", RUN2, payload))
+
+
+def result_after_retry(s: Story, *, compensated: bool) -> None:
+    """A second run paused with its operation in doubt, its task retried (the
+    task's active run moves to a third); the operation's success recorded
+    afterwards, in the transaction that ends the superseded run cancelled."""
+    task = {"tenant_id": TENANT, "task_id": "task-2", "active_run_id": RUN2}
+    s.tx(0.80, app="ctl")("agent_tasks", None, task)
+    s.tx(0.81, app="ctl")("agent_runs", None, run_row(run_id=RUN2, task_id="task-2"))
+    op = {"operation_id": "op-2", "run_id": RUN2, "step_id": "x", "effect_version": 1}
+    s.tx(0.82, app="B")(
+        "tool_operations", None, {**op, "tool_name": "idem", "status": "unknown", "revision": 1}
+    )
+    retry = s.tx(0.84, app="ctl")
+    retry("agent_runs", None, run_row(run_id=RUN3, task_id="task-2"))
+    retry("agent_tasks", task, {"active_run_id": RUN3})
+    tx = s.tx(0.90, app="ctl")
+    tx("tool_operations", s.state("tool_operations", ("op-2",)),
+       {"status": "succeeded", "revision": 2})  # fmt: skip
+    if compensated:
+        payload = {"run_id": RUN2, "operation_id": "op-2"}
+        tx("outbox", None, compensation_row("e-comp", RUN2, payload))
+    tx("agent_runs", s.state("agent_runs", (RUN2,)), {"status": "cancelled"})
 
 
 def compensation_row(event: str, run: str, payload: dict[str, Any]) -> dict[str, Any]:
@@ -425,6 +449,22 @@ def test_a_success_after_the_cancel_with_its_compensation_breaks_nothing() -> No
     assert "effect.compensation_required_exactly_for_a_cancelled_runs_success" not in broken
 
 
+def test_a_superseded_runs_success_asks_for_compensation() -> None:
+    """A retry supersedes the run: its task's next run does the step again, so
+    the old run's late success is unwanted, as after a cancel."""
+    s = clean_story()
+    result_after_retry(s, compensated=False)
+    (row,) = broken_by(evidence(s))[
+        "effect.compensation_required_exactly_for_a_cancelled_runs_success"
+    ]
+    assert row["why"].startswith("no agent.compensation_required in its transaction; run "
+                                 "superseded by a retry")  # fmt: skip
+    s = clean_story()
+    result_after_retry(s, compensated=True)
+    broken = broken_by(evidence(s))
+    assert "effect.compensation_required_exactly_for_a_cancelled_runs_success" not in broken
+
+
 def test_a_run_frozen_for_an_inconsistent_commit_can_wait_for_a_person() -> None:
     """Rule 9: paused in doubt with nothing in its ledger in doubt, but with its
     agent.commit_inconsistent event; without that event the pause is named."""
@@ -445,7 +485,7 @@ def test_compensation_for_a_live_runs_success_is_named() -> None:
     (row,) = broken_by(evidence(s))[
         "effect.compensation_required_exactly_for_a_cancelled_runs_success"
     ]
-    assert row["why"] == "its run was not cancelled"
+    assert row["why"] == "its run was neither cancelled nor superseded"
 
 
 def ledger_step_without_revision(s: Story) -> None:

@@ -668,17 +668,32 @@ def _cancels(ev: Evidence) -> dict[str, list[Change]]:
     )  # fmt: skip
 
 
+def _supersedes(ev: Evidence) -> dict[str, list[Change]]:
+    """Per run, the changes of its task that made another run the active one
+    (a retry): from then on the run's work is done again by its successor."""
+    return group(
+        (c for c in ev.of("agent_tasks", "UPDATE") if c.changed("active_run_id")
+         and c.before("active_run_id") is not None),
+        lambda c: str(c.before("active_run_id")),
+    )  # fmt: skip
+
+
 @invariant(
     "effect.compensation_required_exactly_for_a_cancelled_runs_success",
     "English seed §9.3 (a result after the cancel is recorded, never hides; a success asks "
-    "for compensation); worker contract section 5 `cancel`",
-    "an operation that becomes succeeded once its run's cancel is committed gets an outbox "
-    "event agent.compensation_required naming it (payload operation_id) in the same "
-    "transaction; no such event names an operation that did not become succeeded in its "
-    "transaction, or whose run had not been cancelled",
+    "for compensation); worker contract section 5 `cancel` and `retry_run`",
+    "an operation that becomes succeeded once its run's cancel, or the retry that superseded "
+    "its run, is committed gets an outbox event agent.compensation_required naming it "
+    "(payload operation_id) in the same transaction; no such event names an operation that "
+    "did not become succeeded in its transaction, or whose run had been neither cancelled nor "
+    "superseded",
 )
 def compensation_exactly_for_cancelled_success(ev: Evidence) -> Finding:
+    # Why a superseded run too: its task's next run does the step again
+    # under its own operation id, so the old run's late success is an effect
+    # nobody wants any more, exactly as after a cancel.
     cancels = _cancels(ev)
+    supersedes = _supersedes(ev)
     successes = [
         c
         for c in ev.of("tool_operations", "UPDATE")
@@ -695,18 +710,22 @@ def compensation_exactly_for_cancelled_success(ev: Evidence) -> Finding:
     for c in successes:
         run = str(c.row.get("run_id"))
         # Committed before the result's transaction began: any statement of
-        # it saw the run cancelled (one committed later, a race, is not judged).
-        seen = [x for x in cancels.get(run, []) if x.visible_at <= c.tx_start]
+        # it saw the run cancelled or superseded (one committed later, a
+        # race, is not judged).
+        seen = [
+            x for x in cancels.get(run, []) + supersedes.get(run, []) if x.visible_at <= c.tx_start
+        ]
         if seen and (c.txid, str(c.row.get("operation_id"))) not in written:
+            why = "cancelled" if seen[0].table == "agent_runs" else "superseded by a retry"
             bad.append({**c.brief("operation_id", "status", "run_id"),
-                        "why": f"no {COMPENSATION} in its transaction; run cancelled at seq "
+                        "why": f"no {COMPENSATION} in its transaction; run {why} at seq "
                                f"{seen[0].seq}"})  # fmt: skip
     for (txid, op_id), e in written.items():
         run = str(e.row.get("run_id"))
-        cancelled_before = any(x.at <= e.at for x in cancels.get(run, []))
-        if (txid, op_id) not in succeeded_in or not cancelled_before:
+        ended_before = any(x.at <= e.at for x in cancels.get(run, []) + supersedes.get(run, []))
+        if (txid, op_id) not in succeeded_in or not ended_before:
             bad.append({**e.brief("event_id", "run_id", "payload"),
                         "why": "names an operation that did not become succeeded in its "
                                "transaction" if (txid, op_id) not in succeeded_in
-                               else "its run was not cancelled"})  # fmt: skip
+                               else "its run was neither cancelled nor superseded"})  # fmt: skip
     return Finding(len(successes) + len(events), bad)

@@ -377,7 +377,8 @@ BEGIN
 END
 $$;
 
--- Cancel and in-flight effects: an operation of a cancelled run that becomes
+-- Cancel and in-flight effects: an operation of a cancelled run, or of a run
+-- a retry superseded (its task's next run does the step again), that becomes
 -- succeeded (a reconciler's convergence, say) asks the owning service to
 -- compensate, in the same transaction: one outbox event
 -- agent.compensation_required naming it. A trigger, so every path writes it.
@@ -385,7 +386,12 @@ CREATE OR REPLACE FUNCTION fencecheck.ledger_compensation() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   IF NEW.status = 'succeeded' AND OLD.status <> 'succeeded' AND EXISTS (
-       SELECT 1 FROM public.agent_runs r WHERE r.run_id = NEW.run_id AND r.status = 'cancelled') THEN
+       SELECT 1 FROM public.agent_runs r
+        WHERE r.run_id = NEW.run_id
+          AND (r.status = 'cancelled'
+               OR EXISTS (SELECT 1 FROM public.agent_tasks t
+                           WHERE t.tenant_id = r.tenant_id AND t.task_id = r.task_id
+                             AND t.active_run_id <> r.run_id))) THEN
     INSERT INTO public.outbox (event_id, tenant_id, run_id, event_type, payload)
     VALUES (gen_random_uuid(), NEW.tenant_id, NEW.run_id, 'agent.compensation_required',
             jsonb_build_object('run_id', NEW.run_id, 'operation_id', NEW.operation_id,

@@ -425,6 +425,15 @@ func TestSupersededRunEndsWhenItsDoubtSettles(t *testing.T) {
 	if status != "cancelled" || !strings.Contains(reason, "superseded by run "+retry) || newStatus != "queued" {
 		t.Fatalf("old run %s (%q), retry %s; want cancelled (superseded by %s), queued", status, reason, newStatus, retry)
 	}
+	// The retry does the step again: the old run's success asks for compensation.
+	var compensations int
+	if err := admin.QueryRow(f.ctx, `SELECT count(*) FROM outbox WHERE run_id = $1
+ AND event_type = 'agent.compensation_required' AND payload->>'remote_id' = 'res-1'`, old).Scan(&compensations); err != nil {
+		t.Fatal(err)
+	}
+	if compensations != 1 {
+		t.Fatalf("%d compensation events for the superseded run's success; want 1", compensations)
+	}
 	human := f.newRun("t2")
 	if _, err := admin.Exec(f.ctx, `UPDATE agent_runs SET status = 'paused_human' WHERE run_id = $1`, human); err != nil {
 		t.Fatal(err)
