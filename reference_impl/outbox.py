@@ -64,9 +64,15 @@ class Relay:
 
 
 def _payload(row: dict[str, Any]) -> Any:
+    """The message's payload: the row's own, naming its event, run and tenant
+    (a consumer at a broker shared by tenants tells its own events by the
+    tenant; a compensation request's payload is written without one)."""
     payload = row["payload"]
     if isinstance(payload, dict):
-        return {**payload, "event_id": str(row["event_id"]), "run_id": str(row["run_id"])}
+        named = {"event_id": str(row["event_id"]), "run_id": str(row["run_id"])}
+        if row.get("tenant_id") is not None:
+            named["tenant_id"] = str(row["tenant_id"])
+        return {**payload, **named}
     return payload
 
 

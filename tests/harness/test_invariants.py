@@ -126,7 +126,8 @@ def protected(s: Story, at: float, rev: int, event: str, **run: Any) -> Callable
             "schema_version": 2,
         },
     )
-    tx("outbox", None, {"id": rev, "event_id": event, "run_id": RUN, "published_at": None})
+    tx("outbox", None, {"id": rev, "event_id": event, "tenant_id": TENANT, "run_id": RUN,
+                        "published_at": None})  # fmt: skip
     return tx
 
 
@@ -206,7 +207,7 @@ def reply_entry(op: str, line: dict[str, Any]) -> dict[str, Any]:
 
 def message(event_id: str, at: float, payload: dict[str, Any] | None = None) -> dict[str, Any]:
     """A message the broker logged, its payload naming its event and run."""
-    body = {"event_id": event_id, "run_id": RUN, **(payload or {})}
+    body = {"event_id": event_id, "run_id": RUN, "tenant_id": TENANT, **(payload or {})}
     return {"event_id": event_id, "received_at": T0 + at, "payload": body}
 
 
@@ -790,6 +791,13 @@ def payload_names_another_event(ev: Evidence) -> None:
     ev.tool["messages"] = [message("e1", 0.65, {"event_id": "17"})]
 
 
+def payload_without_tenant(ev: Evidence) -> None:
+    # A compensation request's payload as the worker wrote it: no tenant.
+    ev.tool["messages"] = [
+        {"event_id": "e1", "received_at": T0 + 0.65, "payload": {"event_id": "e1", "run_id": RUN}}
+    ]
+
+
 def sealed_value_sent(ev: Evidence) -> None:
     planted = ev.tool["resources"][0]["request"]  # the clean history's one: in clear
     sealed = {**planted, "customer_token": {"$sealed": "v1:AAAA"}}
@@ -945,6 +953,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "worker.consume_counts_what_it_applied": consume_counts_a_duplicate,
     "run.purged_only_past_the_retention": purged_inside_the_retention,
     "outbox.message_payload_names_its_event_and_run": payload_names_another_event,
+    "outbox.message_payload_names_its_tenant": payload_without_tenant,
     "worker.accounts_match_the_evidence": lying_account,
     "worker.replies_match_the_contract": null_reconcile_item,
     "effect.sensitive_field_stored_sealed": stored_in_clear,

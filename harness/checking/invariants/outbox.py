@@ -175,3 +175,29 @@ def payload_names_its_event(ev: Evidence) -> Finding:
                 }
             )
     return Finding(len(judged), bad)
+
+
+@invariant(
+    "outbox.message_payload_names_its_tenant",
+    "SPEC rule 12 (tenant isolation); contract section 5 (relay)",
+    "every message the relay publishes for an outbox row carries, in its payload, that row's "
+    "tenant_id: a consumer at a broker shared by tenants tells its own events by it, so an event "
+    "whose payload the worker wrote without one (a compensation request) must still name it; "
+    "not judged where the mapping gives the outbox no tenant",
+)
+def payload_names_its_tenant(ev: Evidence) -> Finding:
+    tenants = {
+        str(c.row.get("event_id")): str(c.row.get("tenant_id"))
+        for c in ev.of("outbox", "INSERT")
+        if c.row.get("tenant_id") is not None
+    }
+    judged = [m for m in ev.tool.get("messages", []) if str(m.get("event_id")) in tenants]
+    bad = []
+    for m in judged:
+        event_id = str(m.get("event_id"))
+        payload = m.get("payload")
+        named = payload.get("tenant_id") if isinstance(payload, dict) else None
+        if str(named) != tenants[event_id]:
+            bad.append({"seq": m.get("seq"), "event_id": event_id,
+                        "tenant_id": tenants[event_id], "payload": payload})  # fmt: skip
+    return Finding(len(judged), bad)

@@ -1,6 +1,8 @@
 -- name: outbox_lock_batch
 -- Lock a batch of unpublished outbox rows in this transaction, skipping rows another relay holds.
-SELECT id, event_id, run_id, event_type, payload FROM fencecheck.outbox_lock_batch(%(limit)s);
+-- Every row is the session's tenant's (row level security): the message names it.
+SELECT id, event_id, run_id, event_type, payload, fencecheck.session_tenant() AS tenant_id
+  FROM fencecheck.outbox_lock_batch(%(limit)s);
 
 -- name: outbox_mark_published
 -- Mark rows published after the broker acknowledged them.

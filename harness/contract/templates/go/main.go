@@ -783,7 +783,7 @@ func relay(d *Db, limit int64) ([]string, error) {
 		return nil, err
 	}
 	err = pgx.BeginFunc(bg, conn, func(tx pgx.Tx) error {
-		r, err := tx.Query(bg, "SELECT event_id::text, run_id::text, event_type, payload FROM fencecheck.outbox_lock_batch($1)", limit)
+		r, err := tx.Query(bg, "SELECT event_id::text, run_id::text, tenant_id::text, event_type, payload FROM fencecheck.outbox_lock_batch($1)", limit)
 		if err != nil {
 			return err
 		}
@@ -798,6 +798,9 @@ func relay(d *Db, limit int64) ([]string, error) {
 					message[k] = v
 				}
 			}
+			// The row's tenant last: a consumer at a shared broker tells its
+			// events by it, and some payloads (compensation) carry none.
+			message["tenant_id"] = row["tenant_id"]
 			status, answer, err := call("POST", brokerURL+"/broker/publish",
 				map[string]any{"event_id": row["event_id"], "topic": row["event_type"], "payload": message})
 			if err != nil || status != 200 || answer["ack"] != true {

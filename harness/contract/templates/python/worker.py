@@ -602,7 +602,10 @@ def relay(db: Db, limit: int) -> list[str]:
     with db.conn.transaction():
         for row in db.call("SELECT * FROM fencecheck.outbox_lock_batch(%s)", (limit,)):
             event_id = str(row["event_id"])
-            message = {"event_id": event_id, "run_id": str(row["run_id"]), **row["payload"]}
+            # The row's tenant last: a consumer at a shared broker tells its
+            # events by it, and some payloads (compensation) carry none.
+            message = {"event_id": event_id, "run_id": str(row["run_id"]), **row["payload"],
+                       "tenant_id": str(row["tenant_id"])}  # fmt: skip
             status, answer = http(
                 "POST", f"{BROKER_URL}/broker/publish",
                 {"event_id": event_id, "topic": row["event_type"], "payload": message},

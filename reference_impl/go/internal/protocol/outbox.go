@@ -23,14 +23,15 @@ func (p *Protocol) Relay(ctx context.Context, db DB, broker *tool.Client, limit 
 			return err
 		}
 		type pending struct {
-			id                    int64
-			event, run, eventType string
-			payload               []byte
+			id                 int64
+			event, run, tenant string
+			eventType          string
+			payload            []byte
 		}
 		var batch []pending
 		for rows.Next() {
 			var r pending
-			if err := rows.Scan(&r.id, &r.event, &r.run, &r.eventType, &r.payload); err != nil {
+			if err := rows.Scan(&r.id, &r.event, &r.run, &r.tenant, &r.eventType, &r.payload); err != nil {
 				rows.Close()
 				return err
 			}
@@ -49,7 +50,9 @@ func (p *Protocol) Relay(ctx context.Context, db DB, broker *tool.Client, limit 
 		for _, r := range batch {
 			payload, _ := Decode(r.payload)
 			if m, ok := payload.(map[string]any); ok {
-				m["event_id"], m["run_id"] = r.event, r.run
+				// The row's own tenant: a consumer at a broker shared by tenants
+				// tells its events by it (a compensation request's payload has none).
+				m["event_id"], m["run_id"], m["tenant_id"] = r.event, r.run, r.tenant
 			}
 			if err := broker.Publish(r.event, r.eventType, payload); err != nil {
 				fmt.Fprintf(os.Stderr, "relay: publish of %s failed: %v; the rest stays pending\n", r.event, err)

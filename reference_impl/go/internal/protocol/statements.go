@@ -445,7 +445,7 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb) RETURNING id`,
  WHERE r.run_id = $1`,
 
 		// Chinese seed section 11: lock a batch, publish, mark after the ack.
-		OutboxLockBatch: `SELECT id, event_id::text, run_id::text, event_type, payload
+		OutboxLockBatch: `SELECT id, event_id::text, run_id::text, tenant_id::text, event_type, payload
   FROM outbox WHERE published_at IS NULL
  ORDER BY id LIMIT $1
    FOR UPDATE SKIP LOCKED`,
