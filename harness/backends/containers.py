@@ -125,6 +125,7 @@ from harness.backends.base import BackendUnavailable
 from harness.backends.containers_setup import SOCKET_PATH as PROJECT_SOCKET
 from harness.parts.os_user import OsUser
 from harness.parts.pg_binaries import PgBinaries
+from harness.parts.ports import free_port as free_loopback_port
 from harness.parts.postgres import BASE_SETTINGS, ClusterError, PostgresCluster
 from harness.parts.processes import ProcessRegistry, process_started
 from harness.parts.toxiproxy import (
@@ -134,7 +135,6 @@ from harness.parts.toxiproxy import (
     ToxiproxyError,
     ToxiproxyServer,
 )
-from harness.parts.toxiproxy import free_port as free_loopback_port
 from harness.waiting import WaitTimeout, wait_for
 from mock_tool.client import ToolClient
 from mock_tool.errors import ToolError

@@ -50,6 +50,7 @@ from harness.parts.fork_server import ForkServer
 from harness.parts.os_user import unprivileged_user
 from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
+from harness.parts.ports import free_port
 from harness.parts.postgres import Database, PostgresCluster
 from harness.parts.processes import (
     ManagedProcess,
@@ -58,7 +59,7 @@ from harness.parts.processes import (
     kill_all_children,
     run_bounded,
 )
-from harness.parts.toxiproxy import Link, ToxiproxyServer, free_port
+from harness.parts.toxiproxy import Link, ToxiproxyServer
 from mock_tool.process import HostedTool, MockToolProcess
 
 DEFAULT_WORKER_CMD = (sys.executable, "-m", "reference_impl.worker")

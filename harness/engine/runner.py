@@ -658,7 +658,9 @@ def _run_scenario(job: Job, ctx: ExperimentContext) -> tuple[Verdict, str, str |
             False,
             expected="each ops request answered and each worker that must exit exited within "
             "the time the experiment gives it",
-            observed=str(exc).splitlines()[0][:300],
+            # Every line, the worker's last stderr lines among them: the
+            # first line alone hid why a worker exited at its start.
+            observed=" | ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip())[:1500],
             since=since,
             bound=bound,
         )

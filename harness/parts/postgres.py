@@ -38,8 +38,8 @@ from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries
 from harness.parts.pg_sessions import SessionPool
 from harness.parts.port_guard import guard_port
+from harness.parts.ports import free_port
 from harness.parts.processes import pdeathsig_preexec, run_bounded
-from harness.parts.toxiproxy import free_port
 from harness.waiting import wait_for
 
 ReplicationMode = Literal["async", "sync"]

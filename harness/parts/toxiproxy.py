@@ -23,7 +23,6 @@ import http.client
 import json
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any, Self
 
 from harness.failures import PartFailed
 from harness.parts.port_guard import guard_port
+from harness.parts.ports import free_port
 from harness.parts.processes import ManagedProcess, ProcessRegistry
 
 ENV_VAR = "FENCECHECK_TOXIPROXY"
@@ -97,13 +97,6 @@ def find_toxiproxy_server(explicit: str | Path | None = None) -> Path:
     raise ToxiproxyNotFound(
         f"toxiproxy-server not found (looked at ${ENV_VAR}, PATH, {LOCAL_BINARY}); {INSTALL_HINT}"
     )
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the kernel just reported free (the caller must cope with a race)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def _split_hostport(address: str) -> tuple[str, int]:

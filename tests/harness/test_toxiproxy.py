@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.parts import toxiproxy
+from harness.parts import ports, toxiproxy
 from harness.parts.link_probe import probe
 from harness.parts.toxiproxy import (
     FaultActive,
@@ -168,7 +168,7 @@ def test_http_errors_raise_with_status_and_body(server: ToxiproxyServer, link: L
 
 
 def test_unreachable_api_raises(tmp_path: Path) -> None:
-    client = toxiproxy.ToxiproxyClient("127.0.0.1", toxiproxy.free_port(), timeout_s=1.0)
+    client = toxiproxy.ToxiproxyClient("127.0.0.1", ports.free_port(), timeout_s=1.0)
     with pytest.raises(ToxiproxyError) as err:
         client.version()
     assert err.value.status is None
