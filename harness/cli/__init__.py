@@ -58,7 +58,7 @@ from harness.cli import (
 from harness.cli.common import UsageError
 from harness.evidence.bounded_read import FileRefused
 from harness.failures import PartFailed
-from harness.verdict import EXIT_UNKNOWN, EXIT_USAGE
+from harness.verdict import EXIT_FAIL, EXIT_UNKNOWN, EXIT_USAGE
 
 COMMANDS: tuple[ModuleType, ...] = (
     run,
@@ -180,10 +180,16 @@ def _main(argv: Sequence[str] | None) -> int:
 def _report_error(exc: Exception) -> int:
     """Exit code and message for an error no command handled itself."""
     from harness.backends.base import BackendUnavailable
+    from harness.parts.fork_server import ForkServerMisreports
     from harness.parts.pg_binaries import PgBinariesNotFound
     from harness.parts.postgres import ClusterError
     from harness.parts.toxiproxy import ToxiproxyNotFound
 
+    # The worker's own launcher broke its contract, proven by the harness:
+    # a fail of the system under test, not of the environment.
+    if isinstance(exc, ForkServerMisreports):
+        print(f"fencecheck: FAIL before any experiment ran: {exc}", file=sys.stderr)
+        return EXIT_FAIL
     # A part that failed says what, why and where its log is: no traceback
     # (the run directory's error.txt has it).
     if isinstance(exc, PartFailed | ClusterError):

@@ -46,7 +46,7 @@ from harness.model.install import set_lease_ttl
 from harness.mutation.traced_worker import CALLS_FILE_ENV
 from harness.parts import port_guard
 from harness.parts.control import ControlServer
-from harness.parts.fork_server import ForkServer
+from harness.parts.fork_server import ForkServer, ForkServerMisreports
 from harness.parts.os_user import unprivileged_user
 from harness.parts.pg_auth import PgAuth
 from harness.parts.pg_binaries import PgBinaries, find_pg_binaries
@@ -280,6 +280,11 @@ def migrate(
             raise MigrateFailed(command, 0, out, err, timeout_s, log=log, why=why)
 
 
+# A database nothing listens on: the fork server's probe child waits for
+# requests instead of connecting (port 1 is never a PostgreSQL server's).
+UNREACHABLE_DSN = "postgresql://fencecheck-probe@127.0.0.1:1/none"
+
+
 def start_fork_server(
     settings: Settings, log_dir: Path, stack: contextlib.ExitStack
 ) -> tuple[ForkServer | None, str]:
@@ -297,6 +302,15 @@ def start_fork_server(
     if not server.start():
         return None, f"exec ({server.why_not})"
     stack.callback(server.close)
+    # Its exit reports decide every crash fault: check one it cannot fake.
+    probe_env = {**env, "FENCECHECK_DSN": UNREACHABLE_DSN}
+    problem = server.check_kill_report(probe_env)
+    if problem is not None:
+        raise ForkServerMisreports(
+            f"the worker's fork server (`{shlex.join(server.argv)}`) breaks its wire: {problem}. "
+            f"Fix its exit report, or run without it (FENCECHECK_FORK_SERVER=0); its log: "
+            f"{log_dir / 'fork-server.log'}"
+        )
     return server, f"fork of `{shlex.join(server.argv)}` (pid {server.pid})"
 
 

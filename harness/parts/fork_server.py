@@ -61,6 +61,12 @@ class ForkServerError(RuntimeError):
         self.maybe_forked = maybe_forked
 
 
+class ForkServerMisreports(RuntimeError):
+    """The worker's fork server broke its wire contract where the harness can
+    prove it (a child it stopped, then killed, reported as anything but
+    killed): a failure of the system under test, found before any experiment."""
+
+
 class ForkedChild:
     """The harness's handle on one process a fork server started: the part of
     :class:`subprocess.Popen` that :class:`~harness.parts.processes.ManagedProcess`
@@ -267,6 +273,56 @@ class ForkServer:
             child._set_exit(early[0])
         return child
 
+    def check_kill_report(self, env: Mapping[str, str], timeout_s: float = 5.0) -> str | None:
+        """Whether the server reports a child a signal killed as killed (wire:
+        minus the signal). Every crash fault is judged by that report, so a
+        server that says "exited 0" for a killed worker turns each into "did
+        not take effect". The probe forks an ``ops`` child (its database
+        unreachable: it waits for requests on stdin), stops it with SIGSTOP (a
+        stopped process cannot end by itself), then kills it with SIGKILL: -9
+        is the one true report. The problem, said for a reader; None when the
+        report is right or the probe could not be made (the child ended
+        before it was stopped: nothing is proven either way)."""
+        read_end, write_end = os.pipe()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            pid = self.spawn(["ops"], env=env, cwd=None, stdin=read_end, stdout=devnull,
+                             stderr=devnull, timeout_s=timeout_s)  # fmt: skip
+        finally:
+            os.close(read_end)
+            os.close(devnull)
+        child = self.adopt(pid, None, None)
+        try:
+            try:
+                child.send_signal(signal.SIGSTOP)
+            except ProcessLookupError:
+                return None
+            deadline = time.monotonic() + timeout_s
+            while _state(pid) not in ("T", "t", "Z", "X", None):
+                if time.monotonic() > deadline:
+                    return None
+                time.sleep(0.005)
+            if _state(pid) not in ("T", "t"):
+                return None  # it ended before the stop: proves nothing
+            child.kill()
+            try:
+                status = child.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                return (
+                    f"the fork server did not report the end of child {pid} within {timeout_s}s "
+                    "of the harness killing it with SIGKILL"
+                )
+        finally:
+            os.close(write_end)
+        if status != -int(signal.SIGKILL):
+            return (
+                f"the fork server reported status {status} for child {pid}, which the harness "
+                "had stopped (SIGSTOP) and then killed with SIGKILL: the wire says minus the "
+                "signal, -9 (worker contract section 1, fork server). Every crash fault is "
+                "judged by that report"
+            )
+        return None
+
     # ----------------------------------------------------------------- reading
     def _read(self) -> None:
         assert self._sock is not None
@@ -325,10 +381,14 @@ class ForkServer:
             child._set_exit(-int(signal.SIGKILL))
 
 
-def _exists(pid: int) -> bool:
+def _state(pid: int) -> str | None:
+    """The process's state letter in /proc (None: no such process)."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
+            return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
-        return False
-    return state not in ("Z", "X")
+        return None
+
+
+def _exists(pid: int) -> bool:
+    return _state(pid) not in ("Z", "X", None)

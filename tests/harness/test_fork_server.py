@@ -118,3 +118,27 @@ def test_an_older_childs_exit_is_not_a_new_childs_with_the_same_pid(tmp_path: Pa
     finally:
         alive.kill()
         alive.wait()
+
+
+def test_the_kill_report_probe_passes_the_real_server(server: ForkServer) -> None:
+    """A child stopped, then killed with SIGKILL, is reported -9: no problem."""
+    assert server.check_kill_report(dict(os.environ)) is None
+
+
+def test_the_kill_report_probe_names_a_server_that_misreports(tmp_path: Path) -> None:
+    """The reference server with its exit report as a careless edit leaves it
+    (the exit code of a status, 0 for a killed child): every crash fault would
+    read "did not take effect"; the probe says what is wrong instead."""
+    misreporting = [
+        sys.executable,
+        "-c",
+        "import os, runpy; os.waitstatus_to_exitcode = os.WEXITSTATUS; "
+        f"runpy.run_path({str(SCRIPTS / 'ops_worker.py')!r}, run_name='__main__')",
+    ]
+    fork = ForkServer(misreporting, log_path=tmp_path / "fork-server.log", env=dict(os.environ))
+    assert fork.start(), fork.why_not
+    try:
+        problem = fork.check_kill_report(dict(os.environ))
+    finally:
+        fork.close()
+    assert problem is not None and "reported status 0" in problem and "-9" in problem
