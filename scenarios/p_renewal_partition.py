@@ -193,6 +193,13 @@ def _renewals_end_within_their_bound(
     )
 
 
+# R's heartbeat: an interval longer than its renewal timeout, and a lease
+# that outlives the harness's hold of the row (timeout + 0.1 s) by far.
+R_HEARTBEAT_MS = 400
+R_TIMEOUT_MS = 200
+R_LEASE_TTL_MS = 2000
+
+
 def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
     """The `run` twin of the ops case: R holds the tool's answer before the
     step's write (its barrier) while the harness holds the run's row, so R's
@@ -203,9 +210,21 @@ def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
     run_id = new_run(ctx, tool="idem")
     point = "after_tool_response_before_tx2_commit"
     ctx.arm("R", point, Hold())
-    r = ctx.env.start_worker("R", "run", ["--run-id", run_id, "--once"])
+    # R renews less often than its renewal may take, as deployments do (the
+    # reference's defaults: every 2 s, each renewal bounded by 1 s): a renewal
+    # bounded by the interval instead of its timeout shows only then.
+    r = ctx.env.start_worker(
+        "R",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={
+            "FENCECHECK_HEARTBEAT_MS": str(R_HEARTBEAT_MS),
+            "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(R_TIMEOUT_MS),
+            "FENCECHECK_LEASE_TTL_MS": str(R_LEASE_TTL_MS),
+        },
+    )
     ctx.reached("R", point)
-    timeout_s = ctx.env.heartbeat_timeout_ms / 1000
+    timeout_s = R_TIMEOUT_MS / 1000
     with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
         waiting = lock.wait_for_waiters(["R"])
         waited_at = time.time()
@@ -226,7 +245,7 @@ def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
         waiting is not None and bool(live["live"]),
         judges=name,
         expected=f"a session of R's waiting on the run's row (its renewal, timeout "
-        f"{ctx.env.heartbeat_timeout_ms} ms) while the harness held it; the lease live by "
+        f"{R_TIMEOUT_MS} ms) while the harness held it; the lease live by "
         "database time when the harness let go",
         observed=f"{waiting or 'no session of R waited'}; lease {plain(live)}",
     ):
@@ -244,7 +263,7 @@ def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
         since=waited_at + timeout_s,
         until=released_at + 1.0,
     )
-    _renewals_end_within_their_bound(ctx, "R", run_id, ctx.env.heartbeat_timeout_ms)
+    _renewals_end_within_their_bound(ctx, "R", run_id, R_TIMEOUT_MS)
     return run_id
 
 

@@ -71,9 +71,26 @@ HOLD_POINT = "after_dispatch_claim_commit"
 # thread's next act is a statement on that link.
 BLOCKED_POINT = "after_checkpoint_commit"
 # How long past one heartbeat interval plus the renewal timeout A is let go
-# in pg_blackhole_early (its lease lasts at least an interval longer).
-EARLY_SLACK_S = 0.1
+# in the early variants. 0.1 s failed correct Go code twice on a loaded
+# machine (its cancellation came 0.1-0.2 s late, spread over its threads'
+# short waits): A gets a lease long enough for more slack, and a dispatch
+# claim that is still live when it is let go and gone before its lease.
+EARLY_SLACK_S = 0.35
+# A's lease in the early variants: its last confirmed renewal came at most one
+# interval before the fault, so it runs out no sooner than 1.45 s after it,
+# well after A is let go (at most 0.8 s).
+EARLY_LEASE_TTL_MS = 1600
+# A's dispatch claim there: taken just before the fault, live when A is let
+# go (a heartbeat that does not cancel must show as a request), expired
+# before the lease (the successor meets it as before).
+EARLY_DISPATCH_TTL_MS = 1200
 OUTCOME_POINT = "after_dispatch_outcome_commit"
+# A's dispatch claim in the tool variants: far longer than its call timeout,
+# so a call bounded by the claim instead of FENCECHECK_TOOL_TIMEOUT_MS shows
+# (seconds against 400 ms, not the default claim's 600 ms against 400).
+TOOL_CLAIM_TTL_MS = 5000
+# Past the call's timeout, for recording its outcome (one ledger write).
+CALL_RECORD_SLACK_MS = 600
 
 
 @dataclass(frozen=True)
@@ -271,7 +288,18 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
     key = "pg_A" if fault.link == "pg" else "replication"
     replication_before = env.primary.replication_status() if fault.link == "replication" else []
     ctx.arm("A", HOLD_POINT, Hold())
-    a = env.start_worker("A", "run", ["--run-id", run_id, "--once"], pg_link="pg_A")
+    early: dict[str, str | None] = {
+        "FENCECHECK_LEASE_TTL_MS": str(EARLY_LEASE_TTL_MS),
+        "FENCECHECK_DISPATCH_TTL_MS": str(EARLY_DISPATCH_TTL_MS),
+    }
+    a = env.start_worker(
+        "A",
+        "run",
+        ["--run-id", run_id, "--once"],
+        pg_link="pg_A",
+        env=early if fault.release_early else None,
+    )
+    lease_ttl_s = (EARLY_LEASE_TTL_MS if fault.release_early else env.lease_ttl_ms) / 1000
     hit = ctx.reached("A", HOLD_POINT)
     epoch_a = checkers.run_row(ctx, run_id)["epoch"]
     record = _start_fault(ctx, key, fault)
@@ -310,7 +338,7 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
         time.sleep(max(0.0, t0 + act_s + EARLY_SLACK_S - time.time()))
         released_at = time.time()
         ctx.release("A", HOLD_POINT)
-    bound_s = env.lease_ttl_ms / 1000 + 2 * hb_s + PG_LATENCY_MS / 1000 + 5
+    bound_s = lease_ttl_s + 2 * hb_s + PG_LATENCY_MS / 1000 + 5
     ran_out = seen_within(
         lambda: env.query(
             "SELECT lease_expires_at < clock_timestamp() AS expired FROM fencecheck_model.agent_runs "
@@ -508,13 +536,17 @@ def _tool_call(ctx: ExperimentContext, fault: LinkFault) -> None:
         "A",
         "run",
         ["--run-id", run_id, "--once"],
-        env={"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)},
+        env={
+            "FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS),
+            "FENCECHECK_DISPATCH_TTL_MS": str(TOOL_CLAIM_TTL_MS),
+        },
     )
     hit = _reached_or_stuck_in_a_call(ctx, a, HOLD_POINT, env.links["worker_tool"])
     if hit is None:
         return
     op_id = hit.operation_id
     ctx.release("A", HOLD_POINT)
+    released_at = time.time()
     if fault.kind == "latency":
         # A gave up on the slow answer and recorded unknown; heal before it
         # reconciles, so its query reaches the tool.
@@ -552,6 +584,7 @@ def _tool_call(ctx: ExperimentContext, fault: LinkFault) -> None:
         f"{[(r['seq'], r['outcome']) for r in during]}; ledger when A's call ended "
         f"{status_at_outcome}; A exit {code_a}",
     )
+    _call_ended_within_its_timeout(ctx, a, op_id, released_at)
     if fault.kind == "cut":
         _after_refused(ctx, run_id)
     elif fault.kind == "latency":
@@ -591,6 +624,46 @@ def _reached_or_stuck_in_a_call(
         ),
     )
     return None
+
+
+def _call_ended_within_its_timeout(
+    ctx: ExperimentContext, a: WorkerProcess, op_id: str | None, released_at: float
+) -> None:
+    """A's first record of the call's outcome (the audit trail's first change
+    of the operation by A that ends its claim) within FENCECHECK_TOOL_TIMEOUT_MS
+    of A being let go to make the call, plus room for that one write: a call
+    bounded by anything longer (the claim's deadline, a default) breaks the
+    contract's bound on tool calls. A's own slowness in that window excuses
+    it (progress); a stuck call that never ended was judged on the way."""
+    rows = ctx.sql(
+        "A's first record of the call's outcome (audit trail)",
+        "SELECT extract(epoch FROM at)::float8 AS at, new->>'status' AS status "
+        "FROM fencecheck_audit.changes WHERE tbl = 'tool_operations' AND app = 'A' "
+        "AND new->>'operation_id' = %s AND old->>'status' = 'dispatching' "
+        "AND new->>'status' <> 'dispatching' ORDER BY seq LIMIT 1",
+        [op_id],
+    )
+    if not rows:
+        ctx.not_judged(
+            "A's tool call ended within FENCECHECK_TOOL_TIMEOUT_MS",
+            expected="judged once A records the call's outcome",
+            observed=f"A recorded no outcome of {op_id}",
+        )
+        return
+    ended_at, status = float(rows[0]["at"]), rows[0]["status"]
+    took_ms = (ended_at - released_at) * 1000
+    limit_ms = TOOL_TIMEOUT_MS + CALL_RECORD_SLACK_MS
+    ctx.progress(
+        "A's tool call ended within FENCECHECK_TOOL_TIMEOUT_MS",
+        took_ms <= limit_ms,
+        expected=f"the call's outcome recorded within {TOOL_TIMEOUT_MS} ms (its timeout) + "
+        f"{CALL_RECORD_SLACK_MS} ms (the record) of A being let go to make it; its claim "
+        f"lasts {TOOL_CLAIM_TTL_MS} ms and must not be what ends the call",
+        observed=f"{status} recorded {took_ms:.0f} ms after A was let go",
+        since=released_at,
+        until=ended_at,
+        bound=Bound(a.pid, limit_ms / 1000),
+    )
 
 
 def _answer_taken_late(ctx: ExperimentContext, op_id: str) -> float | None:
