@@ -314,6 +314,9 @@ class ForkServer:
                 )
         finally:
             os.close(write_end)
+            if child.poll() is None:  # a probe left unjudged: not left stopped
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
         if status != -int(signal.SIGKILL):
             return (
                 f"the fork server reported status {status} for child {pid}, which the harness "
