@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 import socket
 import threading
+from collections import deque
 from pathlib import Path
 
 EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -28,7 +29,12 @@ LOWEST = 20000
 LEAST_SPAN = 1000
 TRIES = 64
 
-_given: set[int] = set()
+# The ports handed out lately: one is not handed out again before its
+# listener had time to bind it. Only the latest count (a bind check covers
+# older ones): a set of every port ever given would fill the range in a
+# long campaign and leave every pick to the kernel's range again.
+RECENT = 1024
+_given: deque[int] = deque(maxlen=RECENT)
 _lock = threading.Lock()
 
 
@@ -65,6 +71,6 @@ def free_port(host: str = "127.0.0.1") -> int:
         for _ in range(TRIES):
             port = random.randrange(LOWEST, low)
             if port not in _given and _bindable(host, port):
-                _given.add(port)
+                _given.append(port)
                 return port
     return _kernel_pick(host)

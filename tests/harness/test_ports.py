@@ -37,3 +37,14 @@ def test_an_unreadable_range_is_unknown(tmp_path: Path) -> None:
     garbled = tmp_path / "range"
     garbled.write_text("not numbers")
     assert ports.ephemeral_low(garbled) is None
+
+
+def test_only_the_latest_ports_are_remembered() -> None:
+    """A long campaign must not fill the range with ports long since bound
+    and freed: only the latest RECENT picks are kept out."""
+    low = ports.ephemeral_low()
+    if low is None or low - ports.LOWEST < ports.LEAST_SPAN:
+        pytest.skip(f"no room below this machine's ephemeral range (starts at {low})")
+    for _ in range(ports.RECENT + 10):
+        ports.free_port()
+    assert len(ports._given) == ports.RECENT
