@@ -757,7 +757,7 @@ def _archive(
         "fencecheck_version": evidence.fencecheck_version(),
         "commands_executed": commands,
         "worker_logs_path": str(logs_dir),
-        "postgres_queries_and_results": [dataclasses.asdict(q) for q in ctx.queries],
+        "postgres_queries_and_results": [evidence.fields_of(q) for q in ctx.queries],
         "mock_tool_request_log": tool_log.get("requests", []),
         "mock_tool_resources": tool_log.get("resources", []),
         "broker_messages": tool_log.get("messages", []),
@@ -766,12 +766,12 @@ def _archive(
         "observed_result": _observed(ctx),
         "pass_or_fail": verdict.value,
         "verdict_reason": reason,
-        "checks": [dataclasses.asdict(c) for c in ctx.checks],
-        "faults": [dataclasses.asdict(f) for f in faults],
-        "control_hits": [dataclasses.asdict(h) for h in hits],
-        "history": [dataclasses.asdict(e) for e in events]
+        "checks": [evidence.fields_of(c) for c in ctx.checks],
+        "faults": [evidence.fields_of(f) for f in faults],
+        "control_hits": [evidence.fields_of(h) for h in hits],
+        "history": [evidence.fields_of(e) for e in events]
         + [{"unreadable_line": str(p)} for p in history.problems],
-        "signals": [dataclasses.asdict(s) for s in ctx.signals],
+        "signals": [evidence.fields_of(s) for s in ctx.signals],
         "audit_trail": audit,
         "timeline": timeline(
             events,

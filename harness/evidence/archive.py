@@ -8,6 +8,7 @@ one, and carries nothing secret in clear text (see :func:`mask`).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -22,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
-import yaml
 
-from harness.evidence import bounded_read
+from harness.evidence import bounded_read, written
+from harness.evidence.yaml_emit import emit_yaml
 
 SCHEMA_PATH = Path(__file__).parent / "schemas" / "evidence-archive.schema.json"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,16 +49,8 @@ SECRET_VALUE = re.compile(
     r"|-----BEGIN [A-Z ]*PRIVATE KEY-----[\s\S]*?-----END [A-Z ]*PRIVATE KEY-----"
 )
 MASK = "***masked***"
-
-
-# libyaml's emitter when PyYAML has it (the PyPI wheel does): the same text,
-# about three times faster, which a run writing 47 archives feels.
-_SAFE_DUMPER: type[yaml.SafeDumper] = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-
-
-def dump_yaml(value: Any, *, width: int = 100) -> str:
-    """``value`` as block YAML, keys in their order, unicode kept."""
-    return yaml.dump(value, Dumper=_SAFE_DUMPER, sort_keys=False, allow_unicode=True, width=width)
+# What a string must contain for SECRET_VALUE or SECRET_IN_TEXT to match in it.
+_SECRET_NEEDS = ("=", "Bearer", "_live_", "_test_", "eyJ", "PRIVATE KEY")
 
 
 class ArchiveInvalid(ValueError):
@@ -76,44 +69,85 @@ def _validator() -> jsonschema.Draft202012Validator:
 
 
 def mask(value: Any, secrets: Iterable[str] = ()) -> Any:
-    """A copy of ``value`` with secrets masked: by key name, ``key=value`` pairs,
-    value shapes (:data:`SECRET_VALUE`), and every occurrence of a value known
-    to be secret (``secrets``: what the harness itself planted or handed out,
-    e.g. a data key, a sensitive run input), wherever it appears.
+    """A plain copy of ``value`` (datetimes, UUIDs, Decimals and the like as
+    strings, keys as strings, tuples and sets as lists) with secrets masked: by key
+    name, ``key=value`` pairs, value shapes (:data:`SECRET_VALUE`), and every
+    occurrence of a value known to be secret (``secrets``: what the harness
+    itself planted or handed out, e.g. a data key, a sensitive run input),
+    wherever it appears. One walk does both: an archive has hundreds of
+    thousands of values.
 
     Bare "token" or "pass" are not secret words here: the archive must keep
     the fencing token and ``pass_or_fail``. Only string values are masked.
     """
     known = sorted({s for s in secrets if len(s) >= 6}, key=len, reverse=True)
-    return _mask(value, known)
+    # Most strings of an archive hold nothing to mask; a few substring tests
+    # say so before any pattern runs (each pattern below needs one of them).
+    return _Masker(known, (*known, *_SECRET_NEEDS)).plain(value)
 
 
-def _mask(value: Any, known: list[str]) -> Any:
-    if isinstance(value, dict):
-        return {
-            k: (MASK if isinstance(v, str) and SECRET_KEY.search(str(k)) else _mask(v, known))
-            for k, v in value.items()
-        }
-    if isinstance(value, list | tuple):
-        return [_mask(v, known) for v in value]
-    if isinstance(value, str):
-        for secret in known:
+class _Masker:
+    def __init__(self, known: list[str], needs: tuple[str, ...]) -> None:
+        self.known = known
+        self.needs = needs
+        self.secret_keys: dict[str, bool] = {}
+
+    def plain(self, value: Any) -> Any:
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, dict):
+            out = {}
+            for k, v in value.items():
+                key = k if isinstance(k, str) else str(k)
+                secret = self.secret_keys.get(key)
+                if secret is None:
+                    secret = self.secret_keys[key] = SECRET_KEY.search(key) is not None
+                v = self.plain(v)
+                out[key] = MASK if secret and isinstance(v, str) else v
+            return out
+        if isinstance(value, list | tuple | set):
+            return [self.plain(v) for v in value]
+        if value is None or isinstance(value, bool | int | float):
+            return value
+        return self.text(str(value))
+
+    def text(self, value: str) -> str:
+        if not any(part in value for part in self.needs):
+            return value
+        for secret in self.known:
             if secret in value:
                 value = value.replace(secret, MASK)
         value = SECRET_VALUE.sub(MASK, value)
         return SECRET_IN_TEXT.sub(lambda m: f"{m.group(1)}={MASK}", value)
-    return value
 
 
-def to_plain(value: Any) -> Any:
-    """Plain YAML-safe data: datetimes, UUIDs, Decimals and the like as strings."""
-    if isinstance(value, dict):
-        return {str(k): to_plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple | set):
-        return [to_plain(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
+def fields_of(obj: Any) -> dict[str, Any]:
+    """``dataclasses.asdict`` without its deep copy of every leaf (a copy of
+    each string and number of a run's histories and query results, made
+    only for :func:`mask` to copy them again): the same dicts, lists and
+    tuples, the leaves shared."""
+    kind = type(obj)
+    names = _FIELD_NAMES.get(kind)
+    if names is None:
+        names = _FIELD_NAMES[kind] = tuple(f.name for f in dataclasses.fields(obj))
+    return {name: _field_value(getattr(obj, name)) for name in names}
+
+
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _field_value(value: Any) -> Any:
+    if value is None or isinstance(value, str | int | float):
         return value
-    return str(value)
+    if isinstance(value, list):
+        return [_field_value(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _field_value(v) for k, v in value.items()}
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return fields_of(value)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_field_value(v) for v in value)
+    return value
 
 
 def validate(archive: dict[str, Any]) -> None:
@@ -154,10 +188,13 @@ def _mismatch(error: jsonschema.ValidationError) -> str:
 def write_archive(path: Path, archive: dict[str, Any], secrets: Iterable[str] = ()) -> Path:
     """Mask (``secrets``: values known to be secret), validate and atomically
     write ``archive`` as YAML to ``path``."""
-    clean = mask(to_plain(archive), secrets)
+    clean = mask(archive, secrets)
     validate(clean)
     path.parent.mkdir(parents=True, exist_ok=True)
-    return atomic_write_text(path, dump_yaml(clean))
+    text = emit_yaml(clean)
+    atomic_write_text(path, text)
+    written.remember(path, text, clean)
+    return path
 
 
 def atomic_write_text(path: Path, text: str, *, mode: int | None = None) -> Path:

@@ -10,7 +10,6 @@ invariant observed on the way to a fault state is evidence of its own.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import subprocess
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from harness.checking.invariants.paths import path_per_write, paths_taken
 from harness.checking.invariants.registry import check
 from harness.checking.worker_logs import read_worker_logs
 from harness.engine.experiment import ExperimentContext
+from harness.evidence.archive import fields_of
 from harness.verdict import Verdict
 
 
@@ -101,7 +101,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
             return verdict, reason
         return Verdict.UNKNOWN, f"global invariants could not be judged: {exc}"
     ctx.extra["global_invariants"] = {
-        "results": [dataclasses.asdict(r) for r in results],
+        "results": [fields_of(r) for r in results],
         "exemptions": exempt,
         "write_path_asked": ctx.spec.write_path_for(ctx.variant),
         "write_paths_declared": evidence.write_paths,
