@@ -12,12 +12,14 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
+import pickle
 import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import resource_tracker
 from pathlib import Path
+from typing import Any
 
-from harness.evidence import manifest
+from harness.evidence import manifest, written
 from harness.evidence.html.pages import experiment_page, index_page
 from harness.evidence.run_dir import Entry, load_yaml, require_archives
 from harness.parts.processes import die_with_parent
@@ -27,8 +29,13 @@ PARALLEL_FROM = 12
 MAX_PROCESSES = 4
 
 
-def _page(report_dir: Path, path: Path, out: Path) -> Entry:
-    """Read one archive and write its page (in a pool process, or not)."""
+def _page(report_dir: Path, path: Path, out: Path, as_written: bytes | None = None) -> Entry:
+    """Read one archive and write its page (in a pool process, or not);
+    ``as_written``: the value this process wrote the file from, pickled
+    (harness.evidence.written), instead of parsing the file."""
+    if as_written is not None:
+        archive: Any = pickle.loads(as_written)
+        return experiment_page(report_dir, path.stem, archive, None, out)
     try:
         archive, problem = load_yaml(path), None
     except ValueError as exc:
@@ -45,7 +52,7 @@ def _pages_in_pool(report_dir: Path, paths: list[Path], out: Path, processes: in
         initializer=die_with_parent,
         initargs=(os.getpid(),),
     ) as pool:
-        jobs = [pool.submit(_page, report_dir, p, out) for p in paths]
+        jobs = [pool.submit(_page, report_dir, p, out, written.recall(p)) for p in paths]
         try:
             return [job.result() for job in jobs]
         except BaseException:
@@ -116,9 +123,9 @@ def build_run_pages(
         for p in paths:
             if time.monotonic() > deadline:
                 raise PagesCut(f"{len(entries)} of {len(paths)} experiment pages written in time")
-            entries.append(_page(report_dir, p, out))
+            entries.append(_page(report_dir, p, out, written.recall(p)))
     elif len(paths) < PARALLEL_FROM or processes < 2:
-        entries = [_page(report_dir, p, out) for p in paths]
+        entries = [_page(report_dir, p, out, written.recall(p)) for p in paths]
     else:
         entries = _pages_in_pool(report_dir, paths, out, processes)
         _stop_resource_tracker()

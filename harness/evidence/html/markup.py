@@ -25,15 +25,22 @@ class Markup(str):
 
 # Control characters XML forbids (a torn log line may carry them): shown as U+FFFD.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
+# Anything escape() or _NOT_XML would change. Most text has none of it, and one
+# scan for it is much cheaper than the five replaces and the substitution.
+_SPECIAL = re.compile("[&<>\"'\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 
 
-def _escape(value: str) -> str:
+def escape_text(value: str) -> str:
+    """``value`` escaped for text or an attribute value (a plain str, not Markup:
+    for code that builds markup strings itself)."""
+    if _SPECIAL.search(value) is None:
+        return value
     return escape(_NOT_XML.sub("\ufffd", value), quote=True)
 
 
 def text(value: Any) -> Markup:
     """``value`` as escaped text; None is empty."""
-    return Markup("" if value is None else _escape(str(value)))
+    return Markup("" if value is None else escape_text(str(value)))
 
 
 @functools.cache
@@ -48,7 +55,7 @@ def attrs(values: dict[str, Any]) -> str:
         if value is None or value is False:
             continue
         name = _attr_name(key)
-        parts.append(f' {name}="{_escape(name if value is True else str(value))}"')
+        parts.append(f' {name}="{escape_text(name if value is True else str(value))}"')
     return "".join(parts)
 
 
@@ -56,13 +63,18 @@ def _parts(node: Node, out: list[str]) -> None:
     # Depth-first into one list: pages have tens of thousands of elements.
     if node is None:
         return
-    if type(node) is Markup:
-        out.append(node)
-    elif isinstance(node, str | int | float):
-        out.append(_escape(str(node)))
+    if isinstance(node, str):
+        out.append(node if type(node) is Markup else escape_text(node))
+    elif isinstance(node, int | float):
+        out.append(escape_text(str(node)))
     else:
+        # Text children are handled here rather than by a call each: the
+        # calls were most of the cost of a page.
         for child in node:
-            _parts(child, out)
+            if isinstance(child, str):
+                out.append(child if type(child) is Markup else escape_text(child))
+            elif child is not None:
+                _parts(child, out)
 
 
 def render(node: Node) -> Markup:
@@ -77,7 +89,9 @@ def el(tag: str, *children: Node, **attributes: Any) -> Markup:
     opening = f"<{tag}{attrs(attributes)}" if attributes else f"<{tag}"
     if tag in VOID:
         return Markup(opening + "/>")
-    body = render(children)
+    out: list[str] = []
+    _parts(children, out)
+    body = "".join(out)
     if not body and tag in SVG_LEAVES:
         return Markup(opening + "/>")
     return Markup(f"{opening}>{body}</{tag}>")

@@ -22,16 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from harness.evidence import bounded_read
-from harness.evidence.archive import atomic_write_text, dump_yaml, fencecheck_version
+from harness.evidence.archive import atomic_write_text, fencecheck_version
 from harness.evidence.html.facts import FAULT_KINDS, SOURCE_TEXT, build_picture, counts, mapping
 from harness.evidence.html.markup import (
     Markup,
     Node,
+    attrs,
     details,
     el,
+    escape_text,
     kv_table,
     render,
-    table,
     text,
     thead,
 )
@@ -47,6 +48,7 @@ from harness.evidence.run_dir import (
     observed_faults,
     run_facts,
 )
+from harness.evidence.yaml_emit import emit_yaml
 from harness.verdict import Verdict
 
 GLYPH = {Verdict.PASS: "✓", Verdict.FAIL: "✗", Verdict.UNKNOWN: "?", Verdict.NOT_APPLICABLE: "-"}
@@ -113,9 +115,70 @@ def seconds(value: float | None) -> str:
 
 
 # ------------------------------------------------------------- generic
+# Evidence values are most of a page (tens of thousands of cells), so they are
+# written straight into one list of strings: no el() call, Markup or join per
+# cell, and no escaping of text that needs none. The output is exactly what the
+# el()/kv_table()/table() composition gives; _value_generic keeps that
+# composition for what the fast paths do not take (Mapping and list
+# subclasses, other types, depth 3 and over), so unusual values render as they
+# always did.
+_NULL = '<span class="muted">null</span>'
+_EMPTY_MAP = '<span class="muted">{}</span>'
+_EMPTY_LIST = '<span class="muted">none</span>'
+# Exact scalar types whose str() never holds a character to escape.
+_PLAIN = frozenset({int, float, bool})
+
+
 def value_html(value: Any, depth: int = 0) -> Markup:
     """Any archive value, readably: mappings as key/value tables, lists of
     mappings as tables (the first MAX_ROWS rows), deep nesting as YAML."""
+    out: list[str] = []
+    _value(value, depth, out)
+    return Markup("".join(out))
+
+
+def _value(value: Any, depth: int, out: list[str]) -> None:
+    """Append ``value_html(value, depth)`` to ``out``."""
+    kind = type(value)
+    if kind is str:
+        if "\n" in value or len(value) > 300:
+            out += ("<pre>", escape_text(value), "</pre>")
+        else:
+            out.append(escape_text(value))
+    elif value is None:
+        out.append(_NULL)
+    elif kind in _PLAIN:
+        out.append(str(value))
+    elif kind is dict and depth < 3:
+        if not value:
+            out.append(_EMPTY_MAP)
+            return
+        out.append('<table class="kv"><tbody>')
+        for k, v in value.items():
+            out += ("<tr><th>", escape_text(str(k)), "</th><td>")
+            _value(v, depth + 1, out)
+            out.append("</td></tr>")
+        out.append("</tbody></table>")
+    elif kind is list and depth < 3:
+        if not value:
+            out.append(_EMPTY_LIST)
+        elif all(isinstance(v, Mapping) for v in value):
+            _rows(value, depth, "", out)
+        elif all(not isinstance(v, Mapping | list) for v in value):
+            out.append("<ul>")
+            for v in value[:MAX_ROWS]:
+                out.append("<li>")
+                _value(v, depth + 1, out)
+                out.append("</li>")
+            out += ("</ul>", _more(value))
+        else:
+            out += ("<pre>", escape_text(emit_yaml(value)), "</pre>")
+    else:
+        out.append(_value_generic(value, depth))
+
+
+def _value_generic(value: Any, depth: int) -> Markup:
+    """value_html by element composition, for what _value has no fast path for."""
     if value is None:
         return el("span", "null", class_="muted")
     if isinstance(value, bool | int | float):
@@ -123,7 +186,7 @@ def value_html(value: Any, depth: int = 0) -> Markup:
     if isinstance(value, str):
         return el("pre", value) if "\n" in value or len(value) > 300 else text(value)
     if depth >= 3:
-        return el("pre", dump_yaml(value, width=110))
+        return el("pre", emit_yaml(value))
     if isinstance(value, Mapping):
         if not value:
             return el("span", "{}", class_="muted")
@@ -136,18 +199,37 @@ def value_html(value: Any, depth: int = 0) -> Markup:
         if all(not isinstance(v, Mapping | list) for v in value):
             items = el("ul", [el("li", value_html(v, depth + 1)) for v in value[:MAX_ROWS]])
             return render([items, _more(value)])
-        return el("pre", dump_yaml(value, width=110))
+        return el("pre", emit_yaml(value))
     return text(repr(value))
 
 
 def rows_table(rows: Sequence[Mapping[str, Any]], depth: int = 0, **attributes: Any) -> Markup:
-    columns: list[str] = []
-    for r in rows[:MAX_ROWS]:
+    out: list[str] = []
+    _rows(rows, depth, attrs(attributes), out)
+    return Markup("".join(out))
+
+
+def _rows(rows: Sequence[Mapping[str, Any]], depth: int, attributes: str, out: list[str]) -> None:
+    """Append a table of ``rows`` (a column per key, in first-seen order) to ``out``."""
+    shown = rows[:MAX_ROWS]
+    # A dict keeps first-seen order and finds a name at once (a list was
+    # searched per key per row).
+    columns: dict[str, None] = {}
+    for r in shown:
         for k in r:
-            if str(k) not in columns:
-                columns.append(str(k))
-    body = [[value_html(r.get(c), depth + 1) for c in columns] for r in rows[:MAX_ROWS]]
-    return render([table(columns, body, **attributes), _more(rows)])
+            columns.setdefault(k if type(k) is str else str(k))
+    out.append(f"<table{attributes}><thead><tr>")
+    out += [f"<th>{escape_text(c)}</th>" for c in columns]
+    out.append("</tr></thead><tbody>")
+    for r in shown:
+        out.append("<tr>")
+        get = r.get
+        for c in columns:
+            out.append("<td>")
+            _value(get(c), depth + 1, out)
+            out.append("</td>")
+        out.append("</tr>")
+    out += ("</tbody></table>", _more(rows))
 
 
 def _more(rows: Sequence[Any]) -> Markup:
