@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import re
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +42,70 @@ def read_snapshot(path: Path) -> str | None:
 
 
 def samples(text: str) -> list[dict[str, Any]]:
-    """Non-zero samples: ``{"name", "labels", "value"}``; histogram buckets left out."""
+    """Non-zero samples: ``{"name", "labels", "value"}``; histogram buckets left out.
+
+    Read line by line for the exposition's common shape (what the reference
+    workers' client libraries write); an exposition with anything else (an
+    escape other than ``\\\\``, ``\\"``, ``\\n``, a value that is not a
+    number, a line it cannot split) goes to prometheus_client's parser,
+    which is pure Python and was a tenth of the harness's CPU."""
+    try:
+        return _common_samples(text)
+    except _Unusual:
+        return _parsed_samples(text)
+
+
+class _Unusual(ValueError):
+    """A line :func:`_common_samples` does not read."""
+
+
+_SAMPLE = re.compile(r"([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?[ \t]+(\S+)(?:[ \t]+-?[0-9]+)?[ \t]*")
+_LABEL = re.compile(r'[ \t]*([a-zA-Z_][a-zA-Z0-9_]*)[ \t]*=[ \t]*"((?:[^"\\]|\\.)*)"[ \t]*(?:,|$)')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+_ESCAPE = re.compile(r"\\.")
+
+
+def _common_samples(text: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        match = _SAMPLE.fullmatch(line)
+        if match is None:
+            raise _Unusual(line)
+        name, labels_text, value_text = match.groups()
+        if name.endswith(("_bucket", "_created")):
+            continue
+        try:
+            value = float(value_text)
+        except ValueError:
+            raise _Unusual(line) from None
+        if not value:
+            continue
+        out.append({"name": name, "labels": _labels(labels_text or ""), "value": value})
+    return out
+
+
+def _labels(text: str) -> dict[str, str]:
+    labels: dict[str, str] = {}
+    at = 0
+    while at < len(text):
+        match = _LABEL.match(text, at)
+        if match is None or match.end() == at:
+            raise _Unusual(text)
+        labels[match.group(1)] = _ESCAPE.sub(_unescape, match.group(2))
+        at = match.end()
+    return labels
+
+
+def _unescape(match: re.Match[str]) -> str:
+    found = _ESCAPES.get(match.group())
+    if found is None:
+        raise _Unusual(match.group())
+    return found
+
+
+def _parsed_samples(text: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for family in text_string_to_metric_families(_without_buckets(text)):
         for s in family.samples:
@@ -53,8 +117,7 @@ def samples(text: str) -> list[dict[str, Any]]:
 
 def _without_buckets(text: str) -> str:
     """``text`` without the sample lines :func:`samples` leaves out anyway
-    (a histogram's buckets, ``_created`` stamps): most of an exposition, and
-    the parser is pure Python."""
+    (a histogram's buckets, ``_created`` stamps): most of an exposition."""
     return "".join(
         line
         for line in text.splitlines(keepends=True)
