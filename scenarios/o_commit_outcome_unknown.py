@@ -57,8 +57,12 @@ SPEC = ExperimentSpec(
     write_path="stepped",
     # The race is about a COMMIT's outcome, not expiry: the read-back after
     # the heal must meet a live lease, also when a loaded machine makes the
-    # cut, the sessions' end and the heal last longer than 800 ms.
-    lease_ttl_ms=5_000,
+    # cut, the sessions' end (up to 10 s) and the heal last long. 5 s was
+    # not enough once: the sessions took 4.5 s to end beside a loaded
+    # campaign, the lease ran out before the read-back, and the worker's
+    # correct LeaseLost failed "committed exactly once". Nothing waits on
+    # this lease, so a long one costs no time.
+    lease_ttl_ms=20_000,
 )
 
 
@@ -69,6 +73,7 @@ def run(ctx: ExperimentContext) -> None:
         return
     run_id = new_run(ctx)
     w = ctx.env.start_worker("W", "ops")
+    claim_sent = time.time()
     lease = ctx.ok(w, "claim", run_id=run_id)
     # One write committed first: the tenant then holds an event already, so a
     # read-back that matches more than the write's own event_id shows.
@@ -115,6 +120,7 @@ def run(ctx: ExperimentContext) -> None:
     if variant == HALF_FOUND:
         _plant_event(ctx, run_id, event_id)
     ctx.heal("worker_pg")
+    _lease_outlives_the_heal(ctx, claim_sent)
     reply = pending.result(30)
     events = ctx.sql(
         "outbox rows of the write",
@@ -301,6 +307,28 @@ def _run_half_found(ctx: ExperimentContext) -> None:
         since=healed,
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+# What the read-back after the heal may take before a lease that outlived
+# the heal by this much could run out under it.
+READ_BACK_S = 3.0
+
+
+def _lease_outlives_the_heal(ctx: ExperimentContext, claim_sent: float) -> None:
+    """The premise of the read-back: W's lease, which runs at least the
+    experiment's TTL from the moment its claim was sent, still had
+    READ_BACK_S to go when the link healed, by the harness's own clock (what
+    the worker does after the heal cannot change it). Else the harness's own
+    waits used the lease up, and a LeaseLost answer is correct: the run
+    tested nothing."""
+    healed = time.time()
+    left = claim_sent + ctx.env.lease_ttl_ms / 1000 - healed
+    ctx.fault(
+        "W's lease outlived the heal",
+        left >= READ_BACK_S,
+        expected=f"at least {READ_BACK_S:.0f} s of W's lease left when the link healed",
+        observed=f"{left:.2f} s left ({healed - claim_sent:.2f} s after the claim was sent)",
+    )
 
 
 def _sessions_of(ctx: ExperimentContext, worker: str) -> list[int]:
