@@ -107,29 +107,12 @@ def _unescape(match: re.Match[str]) -> str:
 
 def _parsed_samples(text: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    for family in text_string_to_metric_families(_without_buckets(text)):
+    for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name.endswith("_bucket") or s.name.endswith("_created") or not s.value:
+            if s.name.endswith(("_bucket", "_created")) or not s.value:
                 continue
             out.append({"name": s.name, "labels": dict(s.labels), "value": s.value})
     return out
-
-
-def _without_buckets(text: str) -> str:
-    """``text`` without the sample lines :func:`samples` leaves out anyway
-    (a histogram's buckets, ``_created`` stamps): most of an exposition."""
-    return "".join(
-        line
-        for line in text.splitlines(keepends=True)
-        if not _name(line).endswith(("_bucket", "_created"))
-    )
-
-
-def _name(line: str) -> str:
-    """A sample line's metric name ('' for a comment or an empty line)."""
-    if line.startswith("#"):
-        return ""
-    return line.split("{", 1)[0].split(" ", 1)[0].strip()
 
 
 def total(found: list[dict[str, Any]], name: str, **labels: str) -> float:

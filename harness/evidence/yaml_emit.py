@@ -36,24 +36,24 @@ from yaml.resolver import Resolver
 _STR_TAG = "tag:yaml.org,2002:str"
 _RESOLVER = Resolver()
 
+# Characters YAML allows in no scalar raw, beyond the C0 controls: C1
+# controls, the Unicode line breaks, the BOM, surrogates, non-characters.
+_NEVER_RAW = r"\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff"
 # A plain scalar: no indicator first, no blank at either end, no ": " or
-# " #", nothing that is not printable (YAML 1.1's set) and no line break.
-_NOT_PRINTABLE = r"\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff"
+# " #", nothing that is not printable and no line break.
 _PLAIN = re.compile(
     rf"(?![\s\-?:,\[\]{{}}#&*!|>'\"%@`.~])"
-    rf"(?:[^{_NOT_PRINTABLE}:#]|:(?! )|(?<! )#)+"
+    rf"(?:[^\x00-\x1f{_NEVER_RAW}:#]|:(?! )|(?<! )#)+"
     r"(?<![\s:])"
 )
 # Characters a double-quoted scalar may not hold raw (json.dumps already
 # escaped the C0 controls, the quote and the backslash).
-_UNPRINTABLE = re.compile(r"[\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]")
+_UNPRINTABLE = re.compile(rf"[{_NEVER_RAW}]")
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 # A single-quoted scalar: one line of printable characters.
-_SINGLE_OK = re.compile(rf"[^{_NOT_PRINTABLE}]*")
+_SINGLE_OK = re.compile(rf"[^\x00-\x1f{_NEVER_RAW}]*")
 # A literal block's lines: printable, no tab or carriage return.
-_LITERAL_OK = re.compile(
-    r"[^\x00-\x09\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ud800-\udfff\ufffe\uffff]*"
-)
+_LITERAL_OK = re.compile(rf"[^\x00-\x09\x0b-\x1f{_NEVER_RAW}]*")
 # An archive's keys are a few hundred names written over and over.
 _KEYS: dict[str, str] = {}
 _KEYS_KEPT = 4096
