@@ -428,19 +428,7 @@ def next_version_judged_by_its_own_step(
         observed=f"{step} v1 {refused}; {busy_step} {busy}",
     ):
         return
-    reply = ctx.op(
-        worker,
-        "register_intent",
-        expected_revision=first["revision"],
-        effect_version=2,
-        request={"kind": "store_credit"},
-        **args,
-    )
-    after = [
-        (o["effect_version"], o["status"])
-        for o in checkers.ledger(ctx, run_id)
-        if o["step_id"] == step
-    ]
+    reply, after = _register_version_2(ctx, worker, args, first["revision"], step)
     if not reply.ok and _lease_gone(ctx, run_id, row["epoch"]):
         # A lease that ran out meanwhile (a busy machine) refuses any write:
         # the protocol allows it, and the question was not asked.
@@ -457,6 +445,61 @@ def next_version_judged_by_its_own_step(
         expected=f"register_intent of {step} v2 taken: ({step}: v1 failed_final, v2 prepared), "
         f"whatever {busy_step} may still do",
         observed=f"reply {'ok' if reply.ok else reply.error}; {step}: {after}",
+    )
+    if reply.ok:
+        _same_version_again(ctx, worker, args, reply.result, step)
+
+
+def _register_version_2(
+    ctx: ExperimentContext, worker: WorkerProcess, args: dict[str, Any], revision: int, step: str
+) -> tuple[OpReply, list[tuple[Any, Any]]]:
+    """register_intent of ``step``'s version 2 (another request than version
+    1's); the reply, and the step's (version, status) pairs after it."""
+    reply = ctx.op(
+        worker,
+        "register_intent",
+        expected_revision=revision,
+        effect_version=2,
+        request={"kind": "store_credit"},
+        **args,
+    )
+    after = [
+        (o["effect_version"], o["status"])
+        for o in checkers.ledger(ctx, args["run_id"])
+        if o["step_id"] == step
+    ]
+    return reply, after
+
+
+def _same_version_again(
+    ctx: ExperimentContext,
+    worker: WorkerProcess,
+    args: dict[str, Any],
+    registered: dict[str, Any],
+    step: str,
+) -> None:
+    """Version 2 registered again with the same tool and body (a worker that
+    lost the answer to its commit asks again): the contract answers the stored
+    intent and writes nothing (section 5, register_intent). Its own version
+    must not count as an earlier one that may still happen."""
+    name = "a version registered again with the same body answers the stored intent"
+    again, after = _register_version_2(ctx, worker, args, registered["revision"], step)
+    if not again.ok and _lease_gone(ctx, args["run_id"], args["epoch"]):
+        ctx.not_judged(
+            name,
+            expected=f"register_intent of {step} v2 again under the live lease of epoch "
+            f"{args['epoch']}",
+            observed=f"reply {again.error}, the lease gone by database time; {step}: {after}",
+        )
+        return
+    same = again.ok and str(again.result.get("operation_id")) == str(registered["operation_id"])
+    ctx.invariant(
+        name,
+        same and after == [(1, "failed_final"), (2, "prepared")],
+        expected=f"ok with {step} v2's operation_id {registered['operation_id']}, the ledger "
+        f"unchanged ({step}: v1 failed_final, v2 prepared)",
+        observed=f"reply {'ok ' + str(again.result.get('operation_id')) if again.ok else again.error}"
+        f"; {step}: {after}",
     )
 
 

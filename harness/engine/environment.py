@@ -678,6 +678,9 @@ class Environment:
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
     #: Every worker process started, in order (``workers`` keeps the last per id).
     started_workers: list[WorkerProcess] = field(default_factory=list)
+    #: The database functions the experiment ran, with the server's own count
+    #: of calls (read once the workers are stopped; None: not known).
+    functions_called: dict[str, int] | None = None
     aborted: str | None = None
     interrupted: str | None = None
     extra_links: list[str] = field(default_factory=list)

@@ -181,6 +181,10 @@ def run_job(
             if interrupted is None and (env.interrupted or stopping.requested()):
                 interrupted = env.interrupted or stopping.reason()
                 verdict, reason = Verdict.UNKNOWN, _interrupted_reason(interrupted, ctx)
+            # The server's count of each function's calls, before the judging
+            # (lease.acquisition_attempts_are_paced reads it) and for the reach.
+            called = _functions_called(env) if interrupted is None else None
+            env.functions_called = called
             # Steps that judge the experiment after its scenario go here, one
             # call each, while the environment is still up:
             # `verdict, reason = step(ctx, verdict, reason)`.
@@ -194,7 +198,6 @@ def run_job(
                     ctx, env, job, started, verdict, reason, harness_error, logs_dir,
                     gather=interrupted is None and not stopping.requested(),
                 )  # fmt: skip
-                called = _functions_called(env) if interrupted is None else None
                 if called is not None and shared.settings.trace_calls:
                     raised = _functions_raised(env)
             secrets = env.secrets

@@ -185,6 +185,7 @@ def evidence(s: Story) -> Evidence:
             account("ok", "claim", epoch=1),
             account("ok", "save_checkpoint", event_id="e1"),
             account("fail", "save_checkpoint", event_id="e-lost"),
+            account("info", "renew", epoch=1, error="TimeoutError"),
         ],
         lease_ttl_ms=800,
         dispatch_ttl_ms_by_app={"A": 600},
@@ -192,6 +193,8 @@ def evidence(s: Story) -> Evidence:
         write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
         asked_write_path="fast",
         replies=[reply_entry("reconcile", {"id": 1, "ok": True, "result": {"changes": []}})],
+        functions_called={"fencecheck.claim": 3, "fencecheck.renew": 2},
+        worker_lifetimes_s=[1.5, 0.9],
     )
 
 
@@ -939,7 +942,21 @@ def purged_inside_the_retention(ev: Evidence, *, older_than_ms: int = 1000) -> N
     )
 
 
+def refusal_recorded_unknown(ev: Evidence) -> None:
+    """A worker-role cancel the server refused for want of privilege, recorded
+    as an outcome unknown."""
+    ev.history.append(account("info", "cancel", error="InsufficientPrivilege"))
+
+
+def busy_claim_loop(ev: Evidence) -> None:
+    """A worker that asks for a lease someone else holds without a pause:
+    thousands of takeovers in its 2.4 worker-seconds."""
+    ev.functions_called = {"fencecheck.claim": 3, "fencecheck.takeover": 4200}
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
+    "lease.acquisition_attempts_are_paced": busy_claim_loop,
+    "worker.refusals_are_not_recorded_unknown": refusal_recorded_unknown,
     "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
     "write.revisions_gapless": gap,
@@ -1504,3 +1521,19 @@ def test_a_run_purged_past_its_retention_breaks_nothing() -> None:
     purged_inside_the_retention(ev, older_than_ms=400)
     result = {r.name: r for r in check(ev)}["run.purged_only_past_the_retention"]
     assert result.ok and result.checked == 1
+
+
+def test_acquisitions_the_harness_asked_for_are_allowed() -> None:
+    ev = clean()
+    ev.functions_called = {"fencecheck.claim": 400}
+    assert "lease.acquisition_attempts_are_paced" in broken_by(ev)
+    ev.replies = [{"op": "claim", "ok": True}] * 400
+    assert "lease.acquisition_attempts_are_paced" not in broken_by(ev)
+
+
+def test_acquisitions_unknown_or_of_another_schema_are_not_judged() -> None:
+    for called in (None, {"myapp.acquire": 100_000}):
+        ev = clean()
+        ev.functions_called = called
+        found = {r.name: r for r in check(ev)}["lease.acquisition_attempts_are_paced"]
+        assert found.ok and found.checked == 0 and "not judged" in found.observed

@@ -92,6 +92,49 @@ def accounts_match(ev: Evidence) -> Finding:
     return Finding(checked, bad)
 
 
+# The error classes of contract section 5 that say the database definitely
+# refused (nothing happened): never the outcome of a timeout or a lost link.
+DEFINITE_REFUSALS = frozenset(
+    {
+        "LeaseLost",
+        "RevisionConflict",
+        "NotClaimable",
+        "SchemaVersionUnknown",
+        "IntentConflict",
+        "LedgerConflict",
+        "RunNotFound",
+        "TaskExists",
+        "RunNotRetryable",
+        "InsufficientPrivilege",
+        "CheckpointCorrupt",
+    }
+)
+
+
+@invariant(
+    "worker.refusals_are_not_recorded_unknown",
+    "worker contract §4 (`info` is an outcome unknown: a timeout, a lost connection), §5 "
+    "(the error classes)",
+    "no history line of type `info` names as its error a class section 5 gives to a "
+    "definite refusal (LeaseLost, InsufficientPrivilege, IntentConflict, ...): a refusal the "
+    "server answered definitely did not happen, so the account is `fail`, not unknown",
+)
+def refusals_are_not_unknown(ev: Evidence) -> Finding:
+    unknown = [e for e in ev.history if e.type == "info"]
+    bad = [
+        {
+            "worker": e.worker,
+            "op": e.op,
+            "run_id": e.run_id,
+            "error": e.error,
+            "where": f"{e.source}:{e.line}",
+        }
+        for e in unknown
+        if e.error in DEFINITE_REFUSALS
+    ]
+    return Finding(len(unknown), bad, f"{len(unknown)} line(s) of type info")
+
+
 @invariant(
     "worker.replies_match_the_contract",
     "worker contract §5 (one reply line per request, as ops.schema.json has it)",

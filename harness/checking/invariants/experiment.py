@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Sequence
 from functools import cache
 
@@ -87,6 +88,12 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
             write_paths=declared_write_paths(tuple(worker_cmd)),
             asked_write_path=ctx.spec.write_path_for(ctx.variant),
             replies=ctx.ops_log,
+            functions_called=env.functions_called,
+            worker_lifetimes_s=[
+                (w.ended_at or time.time()) - w.started_at
+                for w in env.started_workers
+                if w.started_at is not None
+            ],
         )
         results = check(evidence, exempt)
     except Exception as exc:

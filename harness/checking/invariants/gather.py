@@ -92,6 +92,8 @@ def gather(
     write_paths: dict[str, str] | None = None,
     asked_write_path: str | None = None,
     replies: list[dict[str, Any]] | None = None,
+    functions_called: dict[str, int] | None = None,
+    worker_lifetimes_s: list[float] | None = None,
 ) -> Evidence:
     trail = changes(query)
     return Evidence(
@@ -107,4 +109,6 @@ def gather(
         asked_write_path=asked_write_path,
         declared=declared(query),
         replies=list(replies or []),
+        functions_called=functions_called,
+        worker_lifetimes_s=list(worker_lifetimes_s or []),
     )

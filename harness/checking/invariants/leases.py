@@ -235,3 +235,53 @@ def renewed_only_while_unexpired(ev: Evidence) -> Finding:
             row["expired_ms_before_the_renewal_began"] = round((c.tx_start - expiry) * 1000, 1)
             bad.append(row)
     return Finding(len(renewals), bad)
+
+
+# A worker that was not granted a lease asks again after a pause (the
+# reference workers poll every 200 ms: 5 a second); the bound is four times
+# that, averaged over every worker's life, so only a loop that does not wait
+# at all (hundreds of attempts a second) breaks it, however busy the machine.
+ACQUIRE_FUNCTIONS = ("fencecheck.claim", "fencecheck.takeover")
+PACED_ATTEMPTS_PER_S = 20.0
+# Attempts any experiment may make without a pause: the first claims of a
+# storm of workers, and the ones the harness asks for itself (ops requests).
+PACED_SLACK = 20
+ASKED_OPS = ("claim", "takeover")
+
+
+@invariant(
+    "lease.acquisition_attempts_are_paced",
+    "worker contract section 2 (a lease not granted is asked for again after a pause; a busy "
+    "retry is a bound broken, not a slow pass)",
+    f"the database's own count of lease acquisitions ({', '.join(ACQUIRE_FUNCTIONS)}) stays "
+    f"within {PACED_ATTEMPTS_PER_S:g} a second of the workers' summed lifetime, plus one for "
+    f"each claim or takeover the harness asked for and {PACED_SLACK} more: a worker waiting "
+    "for a lease someone else holds does not ask for it in a loop without a pause",
+)
+def acquisition_attempts_are_paced(ev: Evidence) -> Finding:
+    if ev.functions_called is None:
+        return Finding(0, [], "the server's count of function calls is not known: not judged")
+    attempts = sum(ev.functions_called.get(f, 0) for f in ACQUIRE_FUNCTIONS)
+    if not any(f in ev.functions_called for f in ACQUIRE_FUNCTIONS):
+        return Finding(0, [], "no call of the contract's claim or takeover: not judged")
+    lived = sum(max(0.0, s) for s in ev.worker_lifetimes_s)
+    asked = sum(1 for r in ev.replies if r.get("op") in ASKED_OPS)
+    allowed = int(PACED_ATTEMPTS_PER_S * lived) + asked + PACED_SLACK
+    note = (
+        f"{attempts} acquisition(s) in {lived:.1f} worker-second(s) of "
+        f"{len(ev.worker_lifetimes_s)} worker(s), {asked} asked by the harness; at most "
+        f"{allowed} allowed"
+    )
+    bad = []
+    if attempts > allowed:
+        bad.append(
+            {
+                "acquisitions": attempts,
+                "by_function": {f: ev.functions_called.get(f, 0) for f in ACQUIRE_FUNCTIONS},
+                "worker_seconds": round(lived, 3),
+                "asked_by_the_harness": asked,
+                "allowed": allowed,
+                "per_worker_second": round(attempts / lived, 1) if lived > 0 else None,
+            }
+        )
+    return Finding(1, bad, note)

@@ -143,6 +143,12 @@ class Evidence:
     # error, schema_problems): what the worker answered, judged against the
     # contract's reply schema.
     replies: list[dict[str, Any]] = field(default_factory=list)
+    # The database functions the experiment ran, with the server's own count
+    # of calls (track_functions; None: not known, e.g. after a failover).
+    functions_called: dict[str, int] | None = None
+    # How long each worker process the harness started lived, in seconds
+    # (start to the harness seeing its exit; a stopped process counts).
+    worker_lifetimes_s: list[float] = field(default_factory=list)
     # Index of changes by (txid, table), built on first use.
     _by_tx: dict[Any, list[Change]] | None = field(default=None, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
