@@ -15,6 +15,10 @@ Each forbidden setting gets a queued run of its own and a ``run --once
 --run-id`` worker with that setting: it must exit with a non-zero code and
 change nothing (audit trail). A worker with the experiment's own settings
 then claims and finishes the first of those runs: they were claimable.
+
+An ops session without a data key (``FENCECHECK_DATA_KEY`` unset) is given
+the planted sensitive field in clear, in a checkpoint and in an intent's
+request: it must refuse both, never store or log the value in clear.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from __future__ import annotations
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from scenarios.common import finish, new_run
+from scenarios.common import finish, new_run, planted_secret
 
 # X judges refusals, not timing: the worker with sound settings gets timers a
 # loaded machine cannot break (with the matrix's 800 ms lease and 300 ms
@@ -64,7 +68,8 @@ SPEC = ExperimentSpec(
     "whose durability requirement is unknown or above the deployment's, or whose tenant is "
     "not its login role's binding, exits non-zero "
     "without changing anything; a "
-    "worker with sound settings then claims and finishes the same run",
+    "worker with sound settings then claims and finishes the same run; a worker without a "
+    "data key refuses a sensitive field it is given in clear",
     fault="one run --once worker per forbidden setting, each with a claimable run of its own",
     rules=(1, 8, 11),
     layer="queue",
@@ -128,4 +133,66 @@ def run(ctx: ExperimentContext) -> None:
         "succeeded",
         what=f"run status (OK exit {code})",
     )
-    checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes])
+    keyless = _without_a_data_key(ctx)
+    checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes] + keyless)
+
+
+KEYLESS = "a worker without a data key refuses a sensitive field it is given"
+
+
+def _without_a_data_key(ctx: ExperimentContext) -> list[str]:
+    """An ops session started without FENCECHECK_DATA_KEY claims a run and is
+    given the planted sensitive field in clear: in a checkpoint's state and in
+    an intent's request. Without a key a worker refuses them (contract section
+    9): both writes are refused, and the global
+    effect.sensitive_field_stored_sealed and effect.sensitive_field_never_logged
+    find the value in no row, change or log (a worker that skips sealing when no
+    key is set stores it in clear). A run worker never meets a clear value here:
+    the run's input is sealed at rest, and it fails to open it. The run ids."""
+    caps = ctx.system.capabilities
+    if not (caps.checkpoints and caps.offers_op("register_intent")):
+        ctx.not_judged(
+            KEYLESS,
+            expected="judged where the system offers checkpoints and register_intent",
+            observed="the system's mapping offers no checkpoints or no register_intent",
+        )
+        return []
+    run_id = new_run(ctx)
+    worker = ctx.env.start_worker("NOKEY", "ops", env={"FENCECHECK_DATA_KEY": None})
+    lease = ctx.op(worker, "claim", run_id=run_id)
+    ctx.fault(
+        "a worker without a data key holds a lease (the writes are its own to refuse)",
+        lease.ok and "FENCECHECK_DATA_KEY" not in worker.build_env(),
+        expected="claim ok, the worker's environment without the key",
+        observed=f"claim {'ok' if lease.ok else lease.error}",
+    )
+    if not lease.ok:
+        return [run_id]
+    identity = {"run_id": run_id, "epoch": lease.result["epoch"]}
+    revision = lease.result["revision"]
+    checkpoint = ctx.op(
+        worker,
+        "save_checkpoint",
+        **identity,
+        expected_revision=revision,
+        state={"customer_token": planted_secret(ctx)},
+    )
+    intent = ctx.op(
+        worker,
+        "register_intent",
+        **identity,
+        expected_revision=revision,
+        step_id="x.keyless",
+        effect_version=1,
+        tool="idem",
+        request={"kind": "return_label", "customer_token": planted_secret(ctx)},
+    )
+    ctx.invariant(
+        KEYLESS,
+        not checkpoint.ok and not intent.ok,
+        expected="save_checkpoint and register_intent each refused (nothing stored in clear: "
+        "the global sensitive-field invariants read every row and log)",
+        observed=f"save_checkpoint {'ok' if checkpoint.ok else checkpoint.error}; "
+        f"register_intent {'ok' if intent.ok else intent.error}",
+    )
+    return [run_id]
