@@ -20,6 +20,7 @@ second write: the worker must freeze the run in doubt with an
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from harness.checking import checkers
 from harness.checking.history import load_history
@@ -99,6 +100,7 @@ def run(ctx: ExperimentContext) -> None:
     fault = link.cut() if variant != "response_lost" else link.drop_responses(close_after_ms=400)
     ctx.command(f"toxiproxy: {fault.detail}")
     ctx.release("W", "before_commit")
+    released_at = time.time()
     committed_at_fault = False
     if variant == "response_lost":
         committed_at_fault = bool(
@@ -120,6 +122,7 @@ def run(ctx: ExperimentContext) -> None:
     if variant == HALF_FOUND:
         _plant_event(ctx, run_id, event_id)
     ctx.heal("worker_pg")
+    healed_at = time.time()
     _lease_outlives_the_heal(ctx, claim_sent)
     reply = pending.result(30)
     events = ctx.sql(
@@ -155,6 +158,9 @@ def run(ctx: ExperimentContext) -> None:
             f" {sessions_ended}",
         )
     mine = [w for w in checkers.writes(ctx, run_id) if w["event_id"] == event_id]
+    if not _read_back_met_the_heal(ctx, reply, pending.answered_at, released_at, healed_at):
+        _judge_at_most_once(ctx, run_id, base, event_id, mine, events)
+        return
     ctx.invariant(
         "the write committed exactly once",
         len(mine) == 1
@@ -194,19 +200,116 @@ def run(ctx: ExperimentContext) -> None:
         [(base + 1, event_id)],
         what="checkpoints after the write",
     )
-    earlier = {
-        str(c["event_id"]) for c in checkers.checkpoints(ctx, run_id) if c["revision"] <= base
-    }
-    since = [
-        str(e["event_id"])
-        for e in checkers.outbox(ctx, run_id)
-        if str(e["event_id"]) not in earlier
-    ]
+    since = _events_since(ctx, run_id, base)
     ctx.equal(
         "no event under a new id",
         since,
         [event_id],
         what="outbox events of the run since the claim",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _events_since(ctx: ExperimentContext, run_id: str, base: int) -> list[str]:
+    """The run's outbox events but those of checkpoints up to revision ``base``."""
+    earlier = {
+        str(c["event_id"]) for c in checkers.checkpoints(ctx, run_id) if c["revision"] <= base
+    }
+    return [
+        str(e["event_id"])
+        for e in checkers.outbox(ctx, run_id)
+        if str(e["event_id"]) not in earlier
+    ]
+
+
+# How long a worker whose COMMIT's answer was lost keeps reading back before
+# it answers CommitOutcomeUnknown (contract section 5; the reference workers:
+# 5 s in Python, 10 s in Go). One that gives up sooner while the link is cut
+# fails; one that gives up later, still before the heal, met no healed link.
+READ_BACK_FLOOR_S = 3.0
+
+
+def _read_back_met_the_heal(
+    ctx: ExperimentContext,
+    reply: OpReply,
+    answered_at: float | None,
+    released_at: float,
+    healed_at: float,
+) -> bool:
+    """Whether W's read-back had a healed link to read back on. A worker that
+    answered CommitOutcomeUnknown before the heal, after reading back for at
+    least READ_BACK_FLOOR_S, did what the protocol asks (it cannot know): the
+    case O tests, a read-back that decides, was not reached (unknown; seen
+    under load, when W's sessions took seconds to end and the heal came 7 s
+    after the claim). Sooner than the floor is a read-back given up (fail)."""
+    gave_up = (
+        not reply.ok
+        and reply.error == "CommitOutcomeUnknown"
+        and answered_at is not None
+        and answered_at < healed_at
+    )
+    if not gave_up:
+        return ctx.fault(
+            "W's read-back met the healed link",
+            True,
+            expected="W still deciding when the link healed",
+            observed=f"W answered {'ok' if reply.ok else reply.error} "
+            + (
+                f"{answered_at - healed_at:.2f} s after the heal"
+                if answered_at is not None
+                else "(time not known)"
+            ),
+        )
+    assert answered_at is not None
+    tried = answered_at - released_at
+    observed = (
+        f"W answered CommitOutcomeUnknown {tried:.2f} s after its COMMIT was let go into the "
+        f"cut, {healed_at - answered_at:.2f} s before the heal"
+    )
+    if tried < READ_BACK_FLOOR_S:
+        ctx.invariant(
+            f"W read back for at least {READ_BACK_FLOOR_S:.0f} s before answering unknown",
+            False,
+            expected=f"CommitOutcomeUnknown only after {READ_BACK_FLOOR_S:.0f} s of read-back "
+            "(contract section 5)",
+            observed=observed,
+        )
+        return False
+    ctx.fault(
+        "W's read-back met the healed link",
+        False,
+        expected="W still deciding when the link healed",
+        observed=f"{observed}: its read-back ran out while the link was cut",
+    )
+    return False
+
+
+def _judge_at_most_once(
+    ctx: ExperimentContext,
+    run_id: str,
+    base: int,
+    event_id: str,
+    mine: list[dict[str, Any]],
+    events: list[dict[str, Any]],
+) -> None:
+    """What holds whatever W decided: the write is in at most once, whole, and
+    no event of the run came under another id."""
+    ctx.invariant(
+        "the write committed at most once",
+        len(mine) <= 1
+        and len(events) == len(mine)
+        and all(w["revision"] == base + 1 and checkers.with_outbox_in_same_tx(w) for w in mine),
+        expected=f"no checkpoint of event {event_id[:8]}.., or one (revision {base + 1}) with "
+        "its outbox row in one transaction",
+        observed=f"checkpoints {[(w['revision'], w['txid']) for w in mine]}; outbox rows "
+        f"{len(events)}",
+    )
+    since = _events_since(ctx, run_id, base)
+    ctx.invariant(
+        "no event under a new id",
+        set(since) <= {event_id},
+        expected=f"no outbox event of the run since the claim but {event_id[:8]}..",
+        observed=f"outbox events of the run since the claim: {since}",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
 

@@ -821,6 +821,11 @@ class LoggedOp:
     def sent_at(self) -> float:
         return self.pending.sent_at
 
+    @property
+    def answered_at(self) -> float | None:
+        """When the reply arrived (None: not yet), by the harness's clock."""
+        return self.pending.answered_at
+
     def done(self) -> bool:
         return self.pending.done()
 

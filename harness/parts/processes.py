@@ -798,9 +798,12 @@ class PendingOp:
         self._event = threading.Event()
         self._reply: OpReply | None = None
         self._error: BaseException | None = None
+        #: When the reply arrived, by the harness's clock (None: not yet).
+        self.answered_at: float | None = None
 
     def _resolve(self, reply: OpReply) -> None:
         self._reply = reply
+        self.answered_at = time.time()
         self._event.set()
 
     def _fail(self, error: BaseException) -> None:
