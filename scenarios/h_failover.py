@@ -149,10 +149,14 @@ def _reconnected(ctx: ExperimentContext, primary: PostgresCluster, w: WorkerProc
     (the WARNING notices a COMMIT gets) must follow the new one before the
     wait for the standby is cancelled (blind hunt 27 #03: a writer that kept
     the first connection's log answered the cancelled wait as durable)."""
-    who = "SELECT pid FROM pg_stat_activity WHERE application_name = 'W'"
+    who = (
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'W'"
+    )
     old = {r["pid"] for r in primary.query(who, dbname=ctx.env.db.name)}
     primary.query(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'W'",
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+        "WHERE datname = current_database() AND application_name = 'W'",
         dbname=ctx.env.db.name,
     )
     ctx.command(f"pg_terminate_backend of W's backends {sorted(old)}: W must reconnect")
@@ -346,7 +350,8 @@ def run(ctx: ExperimentContext) -> None:
         waiting = seen_within(
             lambda: (
                 primary.query(
-                    "SELECT pid FROM pg_stat_activity WHERE application_name = 'W' "
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'W' "
                     "AND wait_event = 'SyncRep'",
                     dbname=env.db.name,
                 )

@@ -439,7 +439,9 @@ def _sessions_of(ctx: ExperimentContext, worker: str) -> list[int]:
     return [
         r["pid"]
         for r in ctx.env.query(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = %s", [worker]
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = %s",
+            [worker],
         )
     ]
 

@@ -314,7 +314,8 @@ def _heartbeat(ctx: ExperimentContext, fault: LinkFault) -> None:
         sync_wait = seen_within(
             lambda: env.query(
                 "SELECT pid, wait_event, left(query, 80) AS query FROM pg_stat_activity "
-                "WHERE application_name = 'A' AND wait_event = 'SyncRep'"
+                "WHERE datname = current_database() AND application_name = 'A' "
+                "AND wait_event = 'SyncRep'"
             ),
             what="a commit of A's (its renewal) to wait for the synchronous standby",
             timeout_s=10,

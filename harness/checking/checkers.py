@@ -156,7 +156,8 @@ def backend_waiting_on_lock(ctx: ExperimentContext, app: str, timeout_s: float =
     def probe() -> list[dict[str, Any]] | None:
         rows = ctx.env.query(
             "SELECT pid, state, wait_event_type, wait_event, left(query, 120) AS query "
-            "FROM pg_stat_activity WHERE application_name = %s AND wait_event_type = 'Lock'",
+            "FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s "
+            "AND wait_event_type = 'Lock'",
             [app],
         )
         return rows or None
@@ -168,7 +169,7 @@ def backend_waiting_on_lock(ctx: ExperimentContext, app: str, timeout_s: float =
     ctx.sql(
         f"backend of {app} blocked on a lock",
         "SELECT pid, state, wait_event_type, wait_event, left(query, 120) AS query "
-        "FROM pg_stat_activity WHERE application_name = %s",
+        "FROM pg_stat_activity WHERE datname = current_database() AND application_name = %s",
         [app],
     )
     return True
