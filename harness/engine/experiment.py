@@ -744,6 +744,9 @@ class ExperimentContext:
                 "args": args,
                 "ok": reply.ok if reply is not None else False,
                 "error": reply.error if reply is not None else "no answer",
+                # The run a create_run or retry_run answered with (judged
+                # globally: run.created_with_its_initial_values).
+                "run_id": _created_run(op, reply),
                 "at": at,
                 "done": time.time(),
                 "seq_before": seq_before,
@@ -871,6 +874,14 @@ def _counted_consumed(op: str, reply: OpReply | None) -> int | None:
         return None
     consumed = reply.result.get("consumed")
     return consumed if isinstance(consumed, int) and not isinstance(consumed, bool) else None
+
+
+def _created_run(op: str, reply: OpReply | None) -> str | None:
+    """The run_id an ok create_run or retry_run reply names."""
+    if op not in ("create_run", "retry_run") or reply is None or not reply.ok:
+        return None
+    run_id = (reply.result or {}).get("run_id")
+    return run_id if isinstance(run_id, str) else None
 
 
 def _listed_changes(op: str, reply: OpReply | None) -> list[str] | None:

@@ -105,6 +105,8 @@ def run_row(**kw: Any) -> dict[str, Any]:
         "epoch": 0,
         "lease_expires_at": None,
         "current_step": None,
+        "attempt_count": 0,
+        "max_attempts": 12,
     }
     return {**base, **kw}
 
@@ -192,19 +194,28 @@ def evidence(s: Story) -> Evidence:
         worker_logs=WorkerLogs(files=3),
         write_paths={"fast": "protected_write_fast(", "stepped": "protected_write("},
         asked_write_path="fast",
-        replies=[reply_entry("reconcile", {"id": 1, "ok": True, "result": {"changes": []}})],
+        replies=[
+            reply_entry(
+                "create_run",
+                {"id": 0, "ok": True, "result": {"run_id": RUN, "task_id": TASK}},
+                args={"task_id": TASK, "input": {}},
+                run_id=RUN,
+            ),
+            reply_entry("reconcile", {"id": 1, "ok": True, "result": {"changes": []}}),
+        ],
         functions_called={"fencecheck.claim": 3, "fencecheck.renew": 2},
         worker_lifetimes_s=[1.5, 0.9],
     )
 
 
-def reply_entry(op: str, line: dict[str, Any]) -> dict[str, Any]:
+def reply_entry(op: str, line: dict[str, Any], **kw: Any) -> dict[str, Any]:
     """An entry of the harness's ops log, judged against ops.schema.json."""
     return {
         "worker": "ctl",
         "op": op,
         "ok": line.get("ok"),
         "schema_problems": reply_problems(op, line),
+        **kw,
     }
 
 
@@ -948,6 +959,19 @@ def refusal_recorded_unknown(ev: Evidence) -> None:
     ev.history.append(account("info", "cancel", error="InsufficientPrivilege"))
 
 
+def created_with_a_budget_of_three(ev: Evidence) -> None:
+    """A create_run without max_attempts that stored 3, not the contract's 12."""
+    ev.replies[0]["args"] = {"task_id": TASK, "input": {}, "max_attempts": 3}
+
+
+def granted_past_the_budget(ev: Evidence) -> None:
+    """A run approved with its budget spent and granted again: attempt_count
+    one above max_attempts."""
+    last = next(c for c in reversed(ev.changes) if c.table == "agent_runs" and c.new)
+    assert last.new is not None
+    last.new["attempt_count"], last.new["max_attempts"] = 3, 2
+
+
 def busy_claim_loop(ev: Evidence) -> None:
     """A worker that asks for a lease someone else holds without a pause:
     thousands of takeovers in its 2.4 worker-seconds."""
@@ -956,6 +980,8 @@ def busy_claim_loop(ev: Evidence) -> None:
 
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "lease.acquisition_attempts_are_paced": busy_claim_loop,
+    "run.created_with_its_initial_values": created_with_a_budget_of_three,
+    "run.attempts_never_exceed_the_budget": granted_past_the_budget,
     "worker.refusals_are_not_recorded_unknown": refusal_recorded_unknown,
     "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,

@@ -311,3 +311,64 @@ def purged_only_past_the_retention(ev: Evidence) -> Finding:
                     }
                 )
     return Finding(checked, bad)
+
+
+# The attempt budget a create_run without max_attempts gives (contract
+# section 10).
+DEFAULT_MAX_ATTEMPTS = 12
+# A fresh run's values (contract section 6, initial values), by column.
+FRESH = {"status": "queued", "revision": 0, "epoch": 0, "attempt_count": 0, "owner": None}
+
+
+@invariant(
+    "run.created_with_its_initial_values",
+    "worker contract §6 (initial values), §10 (max_attempts: a create_run argument, default "
+    f"{DEFAULT_MAX_ATTEMPTS})",
+    "every run a create_run or retry_run answered ok with was inserted queued, at revision "
+    "0, epoch 0, attempt_count 0, with no owner; a create_run's with the max_attempts it was "
+    f"given, or {DEFAULT_MAX_ATTEMPTS} when it was given none (columns the mapping gives no "
+    "value are not judged)",
+)
+def created_with_initial_values(ev: Evidence) -> Finding:
+    inserted = {_run_of(c): c for c in ev.of("agent_runs", "INSERT") if c.new is not None}
+    bad: list[dict[str, Any]] = []
+    checked = 0
+    for r in ev.replies:
+        insert = inserted.get(str(r.get("run_id")))
+        if insert is None or insert.new is None:
+            continue  # no run named, or its insert not audited (a mapped system)
+        checked += 1
+        expected: dict[str, Any] = dict(FRESH)
+        if r.get("op") == "create_run":
+            args = r.get("args") or {}
+            expected["max_attempts"] = int(args.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)
+        wrong = {
+            col: {"expected": want, "inserted": insert.new.get(col)}
+            for col, want in expected.items()
+            if ev.declares("agent_runs", col) is not False
+            and col in insert.new
+            and insert.new.get(col) != want
+        }
+        if wrong:
+            bad.append({"op": r.get("op"), "run_id": r.get("run_id"), "wrong": wrong})
+    return Finding(checked, bad, f"{checked} run(s) created through ops")
+
+
+@invariant(
+    "run.attempts_never_exceed_the_budget",
+    "worker contract §6 (run statuses: once attempt_count reached max_attempts the run is "
+    "paused for a person), §10; English seed §9 (retry budget)",
+    "no change leaves a run with attempt_count above max_attempts: a run whose budget is "
+    "spent is not granted again until a person's decision gives it another attempt",
+)
+def attempts_within_budget(ev: Evidence) -> Finding:
+    seen = [c for c in ev.of("agent_runs") if c.new is not None and not c.by_harness]
+    bad = [
+        c.brief("run_id", "status", "epoch", "attempt_count", "max_attempts")
+        for c in seen
+        if c.new is not None
+        and c.new.get("attempt_count") is not None
+        and c.new.get("max_attempts") is not None
+        and int(c.new["attempt_count"]) > int(c.new["max_attempts"])
+    ]
+    return Finding(len(seen), bad)
