@@ -260,23 +260,47 @@ def _granted_for_its_duration(
 
 
 def _write_waits_past_expiry(ctx: ExperimentContext) -> None:
-    run_id = new_run(ctx)
+    """A checkpoint, then a tool intent (another transition: the reference's
+    fast path takes it through another function than a checkpoint), each
+    waiting on its run's row lock until its lease has expired."""
     a = ctx.env.start_worker("A", "ops")
+    runs = [_one_write_waits_past_expiry(ctx, a, "save_checkpoint", {"state": {"by": "A"}})]
+    if ctx.system.capabilities.offers_op("register_intent"):
+        intent = {
+            "step_id": "d.held",
+            "effect_version": 1,
+            "tool": "idem",
+            "request": {"kind": "return_label"},
+        }
+        runs.append(_one_write_waits_past_expiry(ctx, a, "register_intent", intent))
+    else:
+        ctx.not_judged(
+            "a register_intent that got the lock after its lease expired is refused",
+            expected="judged where the system offers register_intent",
+            observed="the system's mapping offers no register_intent",
+        )
+    checkers.lease_history_is_sound(ctx, runs)
+
+
+def _one_write_waits_past_expiry(
+    ctx: ExperimentContext, a: WorkerProcess, op: str, args: dict[str, Any]
+) -> str:
+    run_id = new_run(ctx)
     lease = ctx.ok(a, "claim", run_id=run_id)
     epoch_a, base = lease["epoch"], lease["revision"]
     with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
         write = ctx.op_async(
             a,
-            "save_checkpoint",
-            {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, "state": {"by": "A"}},
+            op,
+            {"run_id": run_id, "epoch": epoch_a, "expected_revision": base, **args},
             worker_async=True,
         )
         waiting = lock.answered_or_waiting(write.pending, "A")
-        live = checkers.run_row(ctx, run_id, "the run while A's write waits")
+        live = checkers.run_row(ctx, run_id, f"the run while A's {op} waits")
         checkers.wait_lease_expired(ctx, run_id)
         still = not write.done()
     ctx.fault(
-        "A's write waited on the run's row lock from before its lease expired until after",
+        f"A's {op} waited on the run's row lock from before its lease expired until after",
         waiting is not None and not live["lease_expired"] and still,
         expected="A's session waiting on a lock while its lease was live, still waiting when "
         "the lease had expired by database time",
@@ -284,11 +308,15 @@ def _write_waits_past_expiry(ctx: ExperimentContext) -> None:
         f"{live['lease_expired']}; still waiting at the expiry: {still}",
     )
     reply = write.result(15)
-    after = checkers.run_row(ctx, run_id, "the run after A's write")
+    after = checkers.run_row(ctx, run_id, f"the run after A's {op}")
+    ledger = checkers.ledger(ctx, run_id)
+    name = "a write" if op == "save_checkpoint" else f"a {op}"
     ctx.invariant(
-        "a write that got the lock after its lease expired is refused",
-        not reply.ok and after["revision"] == base,
-        expected=f"A's write refused (lease lost), the run still at revision {base}",
-        observed=f"A: {'committed' if reply.ok else reply.error}; revision {after['revision']}",
+        f"{name} that got the lock after its lease expired is refused",
+        not reply.ok and after["revision"] == base and not ledger,
+        expected=f"A's {op} refused (lease lost), the run still at revision {base}, nothing "
+        "in its ledger",
+        observed=f"A: {'committed' if reply.ok else reply.error}; revision {after['revision']}; "
+        f"ledger rows {len(ledger)}",
     )
-    checkers.lease_history_is_sound(ctx, [run_id])
+    return run_id
