@@ -62,6 +62,7 @@ def run(ctx: ExperimentContext) -> None:
     _binding_is_fixed(ctx, t1, t2)
     _forbidden_writes(ctx, t1)
     _no_control_plane(ctx, t1, mine)
+    _create_run_for_another_tenant(ctx, t1, t2)
     own = checkers.as_worker_role(
         ctx, t1, "UPDATE agent_runs SET epoch = epoch + 100 WHERE run_id = %s", [mine]
     )
@@ -77,6 +78,33 @@ def run(ctx: ExperimentContext) -> None:
         (after["status"], after["revision"], after["epoch"], after["owner"]),
         (before["status"], before["revision"], before["epoch"], before["owner"]),
         what="(status, revision, epoch, owner)",
+    )
+
+
+def _create_run_for_another_tenant(ctx: ExperimentContext, t1: str, t2: str) -> None:
+    """Tenant 1's control plane asked to create a run naming tenant 2: its
+    session is bound to tenant 1 (contract section 7), so the request is
+    refused and no task or run of that name exists in any tenant (a session
+    that ignored the tenant it was given would make the run its own)."""
+    ctl = control_plane(ctx, t1)
+    task_id = f"task-n-other-tenant-{ctx.uuid()[:8]}"
+    reply = ctx.op(
+        ctl,
+        "create_run",
+        task_id=task_id,
+        input={"tool": "idem", "order_id": "n-other-tenant"},
+        tenant_id=t2,
+    )
+    made = ctx.sql(
+        "runs of the task tenant 1's control plane was asked to make for tenant 2",
+        "SELECT run_id, tenant_id FROM fencecheck_model.agent_runs WHERE task_id = %s",
+        [task_id],
+    )
+    ctx.invariant(
+        "a create_run naming another tenant is refused and makes nothing",
+        not reply.ok and not made,
+        expected="refused (the session is bound to tenant 1), no run of the task anywhere",
+        observed=f"reply {'ok' if reply.ok else reply.error}; runs {made}",
     )
 
 
