@@ -152,7 +152,9 @@ SPEC = ExperimentSpec(
             "frozen_dispatcher_clock_behind",
             "frozen_reconciler",
         ),
-        needs.op("reconcile", "frozen_reconciler", "resend_at_window_end"),
+        needs.op("reconcile", "frozen_reconciler", "resend_at_window_end", "query_unreachable"),
+        needs.capability("ledger_tool:query", "query_unreachable"),
+        needs.point("after_tool_response_before_tx2_commit", "query_unreachable"),
         needs.capability("ledger_tool:idempotent", "resend_at_window_end"),
         needs.point("after_dispatch_claim_commit", "resend_at_window_end"),
         needs.point(
@@ -206,6 +208,7 @@ SPEC = ExperimentSpec(
         "superseded_claim",
         "slow_claim_answer",
         "slow_resend_claim_answer",
+        "query_unreachable",
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -312,6 +315,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "slow_resend_claim_answer":
         _slow_resend_claim_answer(ctx)
+        return
+    if variant == "query_unreachable":
+        _query_unreachable(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -512,15 +518,10 @@ def _stale_dispatcher(ctx: ExperimentContext) -> None:
         r for r in checkers.tool_resources(ctx, run_id=run_id) if r["operation_id"] == op_id
     ]
     ctx.equal("one real resource", len(resources), 1, what="resources for the operation")
-    ctx.progress(
-        "the newer claim recorded the remote fact",
-        final["status"] == "succeeded"
-        and bool(resources)
-        and final["remote_id"] == resources[0]["resource_id"],
+    _recorded_the_remote_fact(
+        ctx, "the newer claim recorded the remote fact", final, resources,
         expected="ledger succeeded with the resource id",
-        observed=f"ledger {(final['status'], final['remote_id'])}; resources "
-        f"{[r['resource_id'] for r in resources]}",
-    )
+    )  # fmt: skip
 
 
 def _stale_timeout(ctx: ExperimentContext) -> None:
@@ -592,6 +593,78 @@ def _stale_timeout(ctx: ExperimentContext) -> None:
         and final["remote_id"] == resources[0]["resource_id"],
         expected="ledger succeeded with the resource id",
         observed=f"ledger {(final['status'], final['remote_id'])}; resources "
+        f"{[r['resource_id'] for r in resources]}",
+    )
+
+
+def _query_unreachable(ctx: ExperimentContext) -> None:
+    """A's create acted at a query tool, then A died before recording it (as in
+    ``query``); the control plane's reconciler asks the tool while the link to
+    it is cut. An unreachable tool is no answer: the operation stays in doubt
+    (never failed_final, which says the tool did not act, nor prepared); once
+    the link heals, the next reconcile converges it to the tool's fact (a
+    reconciler that takes a failed query for "nothing found" records an
+    effect that happened as never executed)."""
+    run_id = new_run(ctx, tool="queryable")
+    ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
+    code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"]))
+    created = checkers.tool_requests(ctx, run_id=run_id)
+    if not (code_a == -9 and len(created) == 1 and created[0]["outcome"] == "created"):
+        raise Inconclusive(
+            f"the tool did not act once before A died (A exit {code_a}, tool requests "
+            f"{[r['outcome'] for r in created]}): there is no effect in doubt to query"
+        )
+    op_id = str(created[0]["operation_id"])
+    _past_deadline(ctx, op_id, "A's dispatch claim")
+    ctl = control_plane(ctx)
+    fault = ctx.env.links["worker_tool"].cut()
+    ctx.command(f"toxiproxy: {fault.detail}")
+    cut_at = time.time()
+    reply = ctx.op(ctl, "reconcile")
+    during = _operation(ctx, run_id, op_id)
+    ctx.heal("worker_tool")
+    asked = [q for q in checkers.tool_log(ctx).get("queries", []) if q["operation_id"] == op_id]
+    ctx.fault(
+        "the reconciler met the cut link to the tool",
+        fault.kind == "cut" and not asked,
+        expected="the tool link cut while the control plane reconciled; no query of the "
+        "operation reached the tool",
+        observed=f"{fault.detail}; queries the tool logged {len(asked)}; reconcile "
+        f"{'ok' if reply.ok else reply.error} {time.time() - cut_at:.2f} s after the cut",
+    )
+    ctx.invariant(
+        "an unreachable tool is no answer",
+        during["status"] in ("dispatching", "unknown"),
+        expected="the operation still in doubt (dispatching or unknown) after a reconcile "
+        "that could not reach the tool",
+        observed=f"ledger {during['status']}, remote id {during['remote_id']}",
+    )
+    ctx.op(ctl, "reconcile")
+    after = _operation(ctx, run_id, op_id)
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    _recorded_the_remote_fact(
+        ctx, "once the link healed, a reconcile converged the operation to the tool's fact",
+        after, resources, expected="ledger succeeded with the resource the tool made",
+    )  # fmt: skip
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _recorded_the_remote_fact(
+    ctx: ExperimentContext,
+    name: str,
+    op: dict[str, Any],
+    resources: list[dict[str, Any]],
+    *,
+    expected: str,
+) -> None:
+    """Progress: the operation succeeded with the id of the resource the tool made."""
+    ctx.progress(
+        name,
+        op["status"] == "succeeded"
+        and bool(resources)
+        and op["remote_id"] == resources[0]["resource_id"],
+        expected=expected,
+        observed=f"ledger {(op['status'], op['remote_id'])}; resources "
         f"{[r['resource_id'] for r in resources]}",
     )
 
@@ -1042,7 +1115,7 @@ def _frozen_before_claim(ctx: ExperimentContext) -> None:
         f"A's {hit.epoch}",
         observed=f"requests {[(r['seq'], r['epoch'], r['outcome']) for r in sent]} (A exit {code_a})",
     )
-    resources = [r for r in checkers.tool_resources(ctx, run_id=run_id)]
+    resources = checkers.tool_resources(ctx, run_id=run_id)
     ctx.invariant(
         "at most one real resource",
         len(resources) <= 1,

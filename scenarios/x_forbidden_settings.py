@@ -23,6 +23,8 @@ request: it must refuse both, never store or log the value in clear.
 
 from __future__ import annotations
 
+import base64
+
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
@@ -53,6 +55,12 @@ FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
     ("a renewal timeout of 0 ms", {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "0"}),
     ("a dispatch claim of 0 ms", {"FENCECHECK_DISPATCH_TTL_MS": "0"}),
     ("an unknown durability requirement", {"FENCECHECK_REQUIRE_DURABILITY": "quorum"}),
+    # Section 9: AES-256-GCM under a 32-byte key. A shorter one is no key of
+    # that cipher: refused at start, never taken for AES-128 (blind hunt 33, #06).
+    (
+        "a data key of 16 bytes",
+        {"FENCECHECK_DATA_KEY": base64.b64encode(bytes(range(16))).decode()},
+    ),
     # Not a forbidden value but a deployment below it: X's primary has no
     # standby, so a worker that requires sync must not work here (exit 13).
     ("a durability requirement above the deployment's", {"FENCECHECK_REQUIRE_DURABILITY": "sync"}),

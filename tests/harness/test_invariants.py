@@ -1563,3 +1563,14 @@ def test_acquisitions_unknown_or_of_another_schema_are_not_judged() -> None:
         ev.functions_called = called
         found = {r.name: r for r in check(ev)}["lease.acquisition_attempts_are_paced"]
         assert found.ok and found.checked == 0 and "not judged" in found.observed
+
+
+def test_a_reconcile_reply_that_lists_an_operation_it_did_not_move_breaks() -> None:
+    """Blind hunt 33 #04: expired claims the cycle skipped (held by another
+    session) listed as changes."""
+    ev = clean()
+    reconcile_leaves_out_a_move(ev, listed=True)
+    ev.replies[-1]["changes"].append("some-other-operation")
+    broken = broken_by(ev)["worker.reconcile_lists_every_change"]
+    assert broken[0]["listed_but_not_changed"] == ["some-other-operation"]
+    assert broken[0]["not_listed"] == []

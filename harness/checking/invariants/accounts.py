@@ -249,8 +249,9 @@ def _alone(ev: Evidence, op: str, field: str) -> list[dict[str, Any]]:
     "changed)",
     "an ok reconcile reply lists in its changes every operation whose status the requesting "
     "process's sessions changed between the request and the reply, as the audit trail saw it "
-    "(a move there and back, unknown -> dispatching -> unknown, is a change); judged only "
-    "where no other request of that process overlapped the cycle",
+    "(a move there and back, unknown -> dispatching -> unknown, is a change), and no other: "
+    "an operation it skipped (held by another session, claimed again meanwhile) is no change; "
+    "judged only where no other request of that process overlapped the cycle",
 )
 def reconcile_lists_every_change(ev: Evidence) -> Finding:
     cycles = _alone(ev, "reconcile", "changes")
@@ -261,6 +262,14 @@ def reconcile_lists_every_change(ev: Evidence) -> Finding:
     for r in cycles:
         changed = {str(c.row.get("operation_id")) for c in _by_the_cycle(r, moves)}
         missing = sorted(changed - set(r["changes"]))
-        if missing:
-            bad.append({"worker": r["worker"], "listed": r["changes"], "not_listed": missing})
+        unchanged = sorted(set(r["changes"]) - changed)
+        if missing or unchanged:
+            bad.append(
+                {
+                    "worker": r["worker"],
+                    "listed": r["changes"],
+                    "not_listed": missing,
+                    "listed_but_not_changed": unchanged,
+                }
+            )
     return Finding(len(cycles), bad)
