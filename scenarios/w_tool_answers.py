@@ -77,7 +77,13 @@ from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import (
+    ExperimentContext,
+    ExperimentSpec,
+    Inconclusive,
+    LoggedOp,
+    SetupRefused,
+)
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import OpReply, WorkerProcess
 from mock_tool.client import ToolClient
@@ -863,6 +869,30 @@ def _last_two_converged_together(
     )
 
 
+def _claim_held(ctx: ExperimentContext, worker: str, pending: LoggedOp, op_id: str) -> None:
+    """Wait for ``worker``'s dispatch of ``op_id`` (prepared, its run live) to
+    stop right after its claim. A dispatch that answered it had nothing to
+    dispatch never will: the contract's ``dispatch`` claims a prepared
+    operation of a live run, so that answer is the worker's refusal of a
+    setup op (unmet progress), not a wait the machine ran out (unknown; blind
+    hunt 33 #01: a dispatcher that skipped queued runs' intents)."""
+    try:
+        ctx.reached(worker, "after_dispatch_claim_commit", held=True)
+    except Inconclusive:
+        if not pending.done():
+            raise
+        reply = pending.result(0)
+        if reply.ok and reply.result.get("status") is None:
+            raise SetupRefused(
+                worker,
+                "dispatch",
+                "NothingDispatched",
+                f"dispatch of {op_id}, prepared and its run live, answered that there was "
+                "nothing to dispatch",
+            ) from None
+        raise
+
+
 def _registered_beside_first_checkpoint(
     ctx: ExperimentContext,
     run_id: str,
@@ -1275,13 +1305,13 @@ def _converged_beside_a_live_claim(
     d = ctx.env.start_worker("D", "ops", env=claim_env)
     ctx.arm("D", "after_dispatch_claim_commit", Hold())
     held = ctx.op_async(d, "dispatch", {"operation_id": live_op})
-    ctx.reached("D", "after_dispatch_claim_commit", held=True)
+    _claim_held(ctx, "D", held, live_op)
     held_2 = None
     if seconds:
         d2 = ctx.env.start_worker("D2", "ops", env=claim_env)
         ctx.arm("D2", "after_dispatch_claim_commit", Hold())
         held_2 = ctx.op_async(d2, "dispatch", {"operation_id": seconds[0]})
-        ctx.reached("D2", "after_dispatch_claim_commit", held=True)
+        _claim_held(ctx, "D2", held_2, seconds[0])
     tool = ctx.env.tool.client()
     tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(f"tool: run {run_id[:8]}'s create of 'queryable' held on the network")
