@@ -972,6 +972,14 @@ def granted_past_the_budget(ev: Evidence) -> None:
     last.new["attempt_count"], last.new["max_attempts"] = 3, 2
 
 
+def prepared_keeps_a_deadline(ev: Evidence) -> None:
+    """Blind hunt 33 #02: a 429's return to prepared that cleared the owner
+    and kept the claim's deadline."""
+    c = next(c for c in ev.changes if c.table == "tool_operations" and c.new)
+    assert c.new is not None
+    c.new.update(status="prepared", dispatch_owner=None, dispatch_until=iso(T0 + 1.0))
+
+
 def busy_claim_loop(ev: Evidence) -> None:
     """A worker that asks for a lease someone else holds without a pause:
     thousands of takeovers in its 2.4 worker-seconds."""
@@ -980,6 +988,7 @@ def busy_claim_loop(ev: Evidence) -> None:
 
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "lease.acquisition_attempts_are_paced": busy_claim_loop,
+    "effect.prepared_holds_no_claim": prepared_keeps_a_deadline,
     "run.created_with_its_initial_values": created_with_a_budget_of_three,
     "run.attempts_never_exceed_the_budget": granted_past_the_budget,
     "worker.refusals_are_not_recorded_unknown": refusal_recorded_unknown,

@@ -729,3 +729,26 @@ def compensation_exactly_for_cancelled_success(ev: Evidence) -> Finding:
                                "transaction" if (txid, op_id) not in succeeded_in
                                else "its run was neither cancelled nor superseded"})  # fmt: skip
     return Finding(len(successes) + len(events), bad)
+
+
+@invariant(
+    "effect.prepared_holds_no_claim",
+    "worker contract §6 (ledger statuses: a dispatch claim is `dispatch_owner` and "
+    "`dispatch_until` of a dispatching row)",
+    "no change leaves a prepared operation with a dispatch claim: registered, or back from "
+    "dispatching after the tool's proven refusal, its dispatch_owner and dispatch_until are "
+    "both null (a deadline left behind is a claim nobody holds)",
+)
+def prepared_holds_no_claim(ev: Evidence) -> Finding:
+    prepared = [
+        c
+        for c in ev.of("tool_operations")
+        if c.new is not None and c.new.get("status") == "prepared" and not c.by_harness
+    ]
+    bad = [
+        c.brief("operation_id", "status", "dispatch_owner", "dispatch_until")
+        for c in prepared
+        if c.new is not None
+        and (c.new.get("dispatch_owner") is not None or c.new.get("dispatch_until") is not None)
+    ]
+    return Finding(len(prepared), bad)
