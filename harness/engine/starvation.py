@@ -46,6 +46,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from harness.engine import waits
+from harness.parts.processes import proc_stat_fields
 
 TICK_S = 0.05
 # A sample counts as starved when one thread waited this share of it.
@@ -105,15 +106,8 @@ def _thread_delays(pid: int, only: frozenset[int] | None = None) -> dict[int, in
 
 def _in_disk_wait(pid: int) -> bool:
     """Whether ``pid``'s main thread is in uninterruptible sleep (I/O)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            raw = f.read()
-    except OSError:
-        return False
-    # The state follows the command name, which is in parentheses and may
-    # itself hold spaces or parentheses.
-    rest = raw[raw.rfind(b")") + 1 :].split()
-    return bool(rest) and rest[0] == b"D"
+    fields = proc_stat_fields(pid) or []
+    return bool(fields) and fields[0] == b"D"
 
 
 def _writes_to_disk(name: str) -> bool:

@@ -208,6 +208,31 @@ def _kill_leftovers() -> None:
                 proc.kill(timeout_s=2.0)
 
 
+def proc_stat_fields(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/<pid>/stat`` from field 3 (the state) on; None when
+    there is no such process or no ``/proc``. They follow the command name,
+    which is in parentheses and may itself hold spaces or parentheses."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            data = stat.read()
+    except OSError:
+        return None
+    return data[data.rfind(b")") + 1 :].split()
+
+
+def process_start_ticks(pid: int) -> int | None:
+    """Process ``pid``'s start in clock ticks since boot, as the kernel keeps it
+    (field 22 of ``/proc/<pid>/stat``); None when there is no such process.
+    Unlike a wall-clock start time (the boot time, which Linux gives in whole
+    seconds as the wall clock minus the uptime, plus these ticks) it never
+    changes: two readers a clock adjustment apart agree on it."""
+    fields = proc_stat_fields(pid) or []
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return None
+
+
 def process_started(pid: int) -> float | None:
     """When process ``pid`` started (seconds since the epoch), None when there is
     none: with the pid, the identity of a process (a reused pid is another one)."""

@@ -110,6 +110,7 @@ def test_a_record_whose_pid_was_reused_is_reaped(tmp_path: Path) -> None:
         (record.temp_root / "data" / "file").write_bytes(b"x" * 10_000)
         data = json.loads(record.path.read_text())
         data["owner"]["started"] -= 3600  # "our" pid, but started an hour earlier
+        data["owner"]["start_ticks"] -= 360_000
         record.path.write_text(json.dumps(data))
         report = run_records.reap_dead(base)
         assert [r.owner_pid for r in report.reaped] == [os.getpid()]
@@ -119,6 +120,30 @@ def test_a_record_whose_pid_was_reused_is_reaped(tmp_path: Path) -> None:
         assert run_records.reap_dead(base).live and live.temp_root.exists()
         live.release()
         assert not live.temp_root.exists() and not live.path.exists()
+    finally:
+        subprocess.run(["rm", "-rf", str(base)], check=False)
+
+
+def test_a_live_record_read_a_clock_adjustment_later_is_left_alone() -> None:
+    """The wall-clock start the record keeps is the boot time (whole seconds,
+    the wall clock minus the uptime) plus the kernel's ticks; a clock
+    adjustment between writer and reader moves the boot time by a second.
+    The kernel's ticks do not move: the owner is alive (a live test
+    session's temp root was reaped by a `fencecheck clean` beside it)."""
+    base = outside.private_tmpdir()
+    try:
+        record = run_records.RunRecord.create(base=base, kind="run")
+        data = json.loads(record.path.read_text())
+        assert isinstance(data["owner"]["start_ticks"], int)
+        data["owner"]["started"] -= 1.0
+        record.path.write_text(json.dumps(data))
+        report = run_records.reap_dead(base)
+        assert report.reaped == [] and record.temp_root.exists()
+        # A record of an older version (no ticks): the start time within 2 s.
+        del data["owner"]["start_ticks"]
+        record.path.write_text(json.dumps(data))
+        assert run_records.reap_dead(base).reaped == [] and record.temp_root.exists()
+        record.release()
     finally:
         subprocess.run(["rm", "-rf", str(base)], check=False)
 
