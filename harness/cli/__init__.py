@@ -34,6 +34,7 @@ import contextlib
 import os
 import signal
 import sys
+import time
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
@@ -148,7 +149,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"fencecheck: {exc}", file=sys.stderr)
         return EXIT_USAGE
     stopping.install()
-    stopping.on_escalate(_release_records)
+    began = time.time()
+    forget = stopping.on_escalate(lambda why: _release_records(why, began))
     by_name = {command.NAME: command for command in COMMANDS}
     section = stopping.interruptible() if args.command in READ_ONLY else contextlib.nullcontext()
     try:
@@ -174,7 +176,8 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"\nfencecheck: {stopping.reason()} ({type(exc).__name__}: {exc})", file=sys.stderr)
         return stopping.exit_status()
     finally:
-        _release_records("the command ended")
+        forget()
+        _release_records("the command ended", began)
 
 
 def _report_error(exc: Exception) -> int:
@@ -206,10 +209,12 @@ def _report_error(exc: Exception) -> int:
     return EXIT_UNKNOWN
 
 
-def _release_records(why: str) -> None:
+def _release_records(why: str, began: float) -> None:
     # A stop that struck between a run record's creation and the teardown that
-    # owns it must not leave the record (nor what it names) behind.
+    # owns it must not leave the record (nor what it names) behind. Only the
+    # records this command made: a caller in the same process (a test session's
+    # shared services) may hold one of its own, made before, that outlives it.
     del why
     from harness.engine.run_records import release_unreleased
 
-    release_unreleased()
+    release_unreleased(created_after=began)

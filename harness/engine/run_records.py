@@ -141,12 +141,15 @@ _UNRELEASED: set[RunRecord] = set()
 _UNRELEASED_LOCK = threading.Lock()
 
 
-def release_unreleased() -> list[Reaped]:
-    """Release every record this process created and never released: the last
-    step of a command, for a stop that struck between a record's creation and
-    the teardown that owns it. Only called where every record is done with."""
+def release_unreleased(created_after: float | None = None) -> list[Reaped]:
+    """Release every record this process created and never released (with
+    ``created_after``, only those created since then): the last step of a
+    command, for a stop that struck between a record's creation and the
+    teardown that owns it. Only called where those records are done with."""
     with _UNRELEASED_LOCK:
         records = list(_UNRELEASED)
+    if created_after is not None:
+        records = [r for r in records if float(r.as_dict()["created_at"]) >= created_after]
     return [record.release() for record in records]
 
 

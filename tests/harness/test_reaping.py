@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,6 +177,21 @@ def test_a_record_kept_past_commands_is_not_released_by_their_end(tmp_path: Path
     finally:
         kept.release()
     assert not kept.temp_root.exists() and not kept.path.exists()
+
+
+def test_a_command_releases_only_the_records_it_made(tmp_path: Path) -> None:
+    # A test session's shared services, made before an in-process command,
+    # outlive it: the command's last step must not take their temp root (the
+    # main matrix of a fresh-clone CI once found its directory gone).
+    before = run_records.RunRecord.create(base=tmp_path, kind="run")
+    try:
+        began = time.time()
+        mine = run_records.RunRecord.create(base=tmp_path, kind="run")
+        run_records.release_unreleased(created_after=began)
+        assert before.temp_root.is_dir() and before.path.exists()
+        assert not mine.temp_root.exists() and not mine.path.exists()
+    finally:
+        before.release()
 
 
 def test_a_release_that_met_a_problem_reaps_once_more(
