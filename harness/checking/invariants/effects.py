@@ -119,6 +119,35 @@ def versions_count_from_one(ev: Evidence) -> Finding:
     return Finding(len(registered), bad)
 
 
+# The contract's operation_id: <tenant_id>/<run_id>/<step_id>/v<effect_version>.
+# A step id may hold a slash, so the shape is read from both ends.
+_CONTRACT_OPERATION_ID = re.compile(r"^([^/]+)/([^/]+)/(.+)/v(\d+)$")
+
+
+@invariant(
+    "effect.operation_id_names_its_intent",
+    "SPEC rule 5 (the intent's identity is tenant, run, step and version; worker contract "
+    "§6: operation_id is <tenant_id>/<run_id>/<step_id>/v<effect_version>)",
+    "an intent a worker registers with an operation_id of the contract's form names its own "
+    "row's tenant, run, step and version, in that order (an id of another form, a mapped "
+    "system's own, is not judged)",
+)
+def operation_id_names_its_intent(ev: Evidence) -> Finding:
+    judged, bad = 0, []
+    for c in ev.of("tool_operations", "INSERT"):
+        if c.by_harness or c.new is None:
+            continue
+        row = c.new
+        parts = [row.get(k) for k in ("tenant_id", "run_id", "step_id", "effect_version")]
+        if None in parts or not _CONTRACT_OPERATION_ID.match(str(row.get("operation_id") or "")):
+            continue  # another form of id, or a mapping without those columns
+        judged += 1
+        expected = "{}/{}/{}/v{}".format(*parts)
+        if row.get("operation_id") != expected:
+            bad.append({**c.brief("operation_id", "run_id", "step_id"), "expected": expected})
+    return Finding(judged, bad)
+
+
 @invariant(
     "effect.no_resend_without_idempotency",
     "SPEC rules 4, 5; English seed §9.3 (unknown + no query, no idempotency)",
