@@ -39,6 +39,12 @@ from scenarios.common import (
     writes_name_workflow_steps,
 )
 
+# claim_outlives_lease: A's dispatch claim lasts three times its lease, so
+# its successor takes the run over while A's claim is still live: B must
+# leave the claim alone until its deadline (it may still be answered), and
+# ask again after a pause, not in a loop (worker.statements_are_paced).
+CLAIM_OUTLIVES_LEASE_MS = 2400
+
 SPEC = ExperimentSpec(
     id="J",
     title="crash after tool response",
@@ -57,15 +63,20 @@ SPEC = ExperimentSpec(
         needs.op("resolve_indoubt", "operator_resolves"),
         needs.op("converge_operation", "operator_converges"),
     ),
-    variants=("frozen", "operator_resolves", "operator_converges"),
+    variants=("frozen", "operator_resolves", "operator_converges", "claim_outlives_lease"),
     natural_wait_s=0.8,
+    variant_waits=(("claim_outlives_lease", CLAIM_OUTLIVES_LEASE_MS / 1000),),
 )
 
 
 def run(ctx: ExperimentContext) -> None:
     run_id = new_run(ctx, tool="plain")
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
-    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    outlives = ctx.variant == "claim_outlives_lease"
+    env_a: dict[str, str | None] = (
+        {"FENCECHECK_DISPATCH_TTL_MS": str(CLAIM_OUTLIVES_LEASE_MS)} if outlives else {}
+    )
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env_a)
     code_a = finish(ctx, a)
     sent = checkers.tool_requests(ctx, run_id=run_id)
     ctx.fault(
@@ -74,7 +85,10 @@ def run(ctx: ExperimentContext) -> None:
         expected="A killed by SIGKILL after one created resource",
         observed=f"A exit {code_a}; tool requests {[r['outcome'] for r in sent]}",
     )
-    wait_claimable(ctx, run_id)
+    if outlives:
+        checkers.wait_lease_expired(ctx, run_id)
+    else:
+        wait_claimable(ctx, run_id)
     b = ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"])
     # A successor whose own renewal timed out on a busy machine cancels
     # itself, as it must; the next one freezes the run.
@@ -109,12 +123,48 @@ def run(ctx: ExperimentContext) -> None:
     if row["status"] == "paused_indoubt":
         ctx.equal("nobody holds the frozen run", row["owner"], None, what="owner")
         paused_list_is_the_databases(ctx, control_plane(ctx))
+    if outlives:
+        _live_claim_left_alone(ctx, run_id)
     if ctx.variant == "operator_resolves":
         _operator_resolves(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     if ctx.variant == "operator_converges":
         _operator_converges(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _live_claim_left_alone(ctx: ExperimentContext, run_id: str) -> None:
+    """B took the run over while A's dispatch claim was live (the fault), and
+    nobody judged the operation before that claim's deadline: A's call may
+    still be answered until then (database time, from the audit trail)."""
+    claims = ctx.sql(
+        "A's dispatch claim and the successor's grant (audit trail)",
+        "SELECT (SELECT max((new->>'dispatch_until')::timestamptz) FROM fencecheck_audit.changes "
+        "  WHERE tbl = 'tool_operations' AND app = 'A' AND new->>'run_id' = %s "
+        "  AND new->>'status' = 'dispatching') AS claim_until, "
+        "(SELECT min(at) FROM fencecheck_audit.changes WHERE tbl = 'agent_runs' AND op = 'UPDATE' "
+        "  AND app <> 'A' AND new->>'run_id' = %s "
+        "  AND (new->>'epoch') IS DISTINCT FROM (old->>'epoch')) AS successor_granted, "
+        "(SELECT min(at) FROM fencecheck_audit.changes WHERE tbl = 'tool_operations' "
+        "  AND op = 'UPDATE' AND new->>'run_id' = %s AND old->>'status' = 'dispatching' "
+        "  AND new->>'status' <> 'dispatching') AS judged_at",
+        [run_id, run_id, run_id],
+    )[0]
+    until, granted, judged = claims["claim_until"], claims["successor_granted"], claims["judged_at"]
+    ctx.fault(
+        "a successor took the run over while A's dispatch claim was live",
+        until is not None and granted is not None and granted < until,
+        expected=f"a grant to a successor before A's claim deadline (A's dispatch claim "
+        f"{CLAIM_OUTLIVES_LEASE_MS} ms, its lease {ctx.env.lease_ttl_ms} ms)",
+        observed=f"A's claim until {until}; first successor grant {granted}",
+    )
+    ctx.invariant(
+        "A's live dispatch claim left alone until its deadline",
+        judged is None or until is None or judged >= until,
+        expected=f"the operation leaves dispatching no earlier than A's claim deadline {until} "
+        "(database time): the call may still be answered until then",
+        observed=f"it left dispatching at {judged}",
+    )
 
 
 def _operator_resolves(

@@ -681,6 +681,9 @@ class Environment:
     #: The database functions the experiment ran, with the server's own count
     #: of calls (read once the workers are stopped; None: not known).
     functions_called: dict[str, int] | None = None
+    #: How many times each role but the harness's ran each statement here
+    #: (role, query, calls; read with functions_called; None: not known).
+    statements_called: list[dict[str, Any]] | None = None
     aborted: str | None = None
     interrupted: str | None = None
     extra_links: list[str] = field(default_factory=list)

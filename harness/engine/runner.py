@@ -185,6 +185,7 @@ def run_job(
             # (lease.acquisition_attempts_are_paced reads it) and for the reach.
             called = _functions_called(env) if interrupted is None else None
             env.functions_called = called
+            env.statements_called = _statements_called(env) if interrupted is None else None
             # Steps that judge the experiment after its scenario go here, one
             # call each, while the environment is still up:
             # `verdict, reason = step(ctx, verdict, reason)`.
@@ -335,6 +336,19 @@ def _functions_called(env: Environment) -> dict[str, int] | None:
     except Exception:  # a server gone at the end: the reach is simply not known
         return None
     return {str(r["f"]): int(r["calls"]) for r in rows}
+
+
+def _statements_called(env: Environment) -> list[dict[str, Any]] | None:
+    """Each statement the experiment's own roles ran, with the server's count
+    (pg_stat_statements, counted as each statement ends; read after
+    _functions_called has waited for the workers' sessions to end); None when
+    not known (no such count on this server, or a failover: see above)."""
+    if env.replication is not None:
+        return None
+    try:
+        return env.primary.statement_counts(env.db.name)
+    except Exception:  # a server gone at the end: simply not known
+        return None
 
 
 def _functions_raised(env: Environment) -> list[str] | None:

@@ -221,7 +221,12 @@ class PostgresCluster:
         )
         _append_conf(
             datadir / "postgresql.conf",
-            {**BASE_SETTINGS, **_version_settings(binaries), **(settings or {})},
+            {
+                **BASE_SETTINGS,
+                **_version_settings(binaries),
+                **_statement_stats_settings(binaries),
+                **(settings or {}),
+            },
         )
         method = "scram-sha-256" if auth is not None else "trust"
         (datadir / "pg_hba.conf").write_text(
@@ -438,6 +443,29 @@ class PostgresCluster:
                 return list(cur.fetchall()) if cur.description else []
 
         return self._sessions.call(dbname, run)
+
+    def statement_counts(self, dbname: str) -> list[dict[str, Any]] | None:
+        """How many times each role but the harness's ran each top-level
+        statement in ``dbname`` (pg_stat_statements: the server's own count,
+        made as each statement ends); None where the server does not count."""
+        loaded = self.query("SELECT current_setting('shared_preload_libraries') AS libs")
+        if STATEMENT_STATS not in str(loaded[0]["libs"] if loaded else ""):
+            return None
+        statement = (
+            "SELECT r.rolname AS role, s.query, s.calls::bigint AS calls "
+            f"FROM {STATEMENT_STATS} s JOIN pg_roles r ON r.oid = s.userid "
+            "JOIN pg_database d ON d.oid = s.dbid "
+            "WHERE d.datname = %s AND r.rolname <> current_user ORDER BY s.calls DESC"
+        )
+        try:
+            return self.query(statement, [dbname])
+        except psycopg.errors.UndefinedTable:
+            pass
+        # Made on first use, in the maintenance database only; another
+        # experiment may make it at the same moment.
+        with contextlib.suppress(psycopg.errors.UniqueViolation):
+            self.execute(f"CREATE EXTENSION IF NOT EXISTS {STATEMENT_STATS}")
+        return self.query(statement, [dbname])
 
     def execute(self, statement: sql.Composed | str, dbname: str = "postgres") -> None:
         """Run one statement that returns nothing (DDL) on a harness session."""
@@ -788,6 +816,28 @@ def _version_settings(binaries: PgBinaries) -> dict[str, str]:
     (2.5 ms each, a few CPU-seconds of a matrix). Still SCRAM, still the
     secret."""
     return {"scram_iterations": str(SCRAM_ITERATIONS)} if binaries.major >= 16 else {}
+
+
+# Per statement counts by role and database (pg_stat_statements): how often a
+# worker ran each of its statements, the evidence a poll without a pause
+# leaves (worker.statements_are_paced). Top-level plannable statements only:
+# BEGIN and COMMIT say nothing a statement count does not.
+STATEMENT_STATS = "pg_stat_statements"
+
+
+def _statement_stats_settings(binaries: PgBinaries) -> dict[str, str]:
+    """Load pg_stat_statements where the binaries ship it (the wheel and
+    Debian's server packages do); without it the count is simply not known."""
+    if not (binaries.bindir.parent / "lib" / f"{STATEMENT_STATS}.so").exists():
+        return {}
+    return {
+        "shared_preload_libraries": f"'{STATEMENT_STATS}'",
+        "pg_stat_statements.track_utility": "off",
+        # Entries are per (role, database, statement), and a run's experiments
+        # each have a database and roles of their own: room for all of them.
+        "pg_stat_statements.max": "20000",
+        "pg_stat_statements.save": "off",
+    }
 
 
 def _append_conf(path: Path, settings: dict[str, str]) -> None:

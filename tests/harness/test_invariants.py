@@ -143,7 +143,8 @@ def clean_story() -> Story:
     )
     protected(s, 0.100, 1, "e1", current_step="plan")
     tx = protected(s, 0.200, 2, "e2", status="waiting_tool", current_step="create_label")
-    op = {"operation_id": OP, "run_id": RUN, "step_id": "create_label", "effect_version": 1}
+    op = {"operation_id": OP, "tenant_id": TENANT, "run_id": RUN, "step_id": "create_label",
+          "effect_version": 1}  # fmt: skip
     tx("tool_operations", None, {**op, "tool_name": "idem", "status": "prepared", "revision": 0})
     s.tx(0.300)(
         "tool_operations",
@@ -204,6 +205,10 @@ def evidence(s: Story) -> Evidence:
             reply_entry("reconcile", {"id": 1, "ok": True, "result": {"changes": []}}),
         ],
         functions_called={"fencecheck.claim": 3, "fencecheck.renew": 2},
+        statements_called=[
+            {"role": "fcw_x_1", "query": "SELECT fencecheck.claim($1, $2)", "calls": 3},
+            {"role": "fcw_x_1", "query": "SELECT fencecheck.renew($1, $2, $3)", "calls": 2},
+        ],
         worker_lifetimes_s=[1.5, 0.9],
     )
 
@@ -726,7 +731,15 @@ def first_intent_at_version_two(s: Story) -> None:
                     image["effect_version"] = 2
 
 
+def operation_id_with_step_before_run(s: Story) -> None:
+    # The id's parts in another order (tenant, step, run, version).
+    for c in s.changes:
+        if c.table == "tool_operations" and c.new is not None:
+            c.new["operation_id"] = f"{TENANT}/create_label/{RUN}/v1"
+
+
 STORY_CHANGES: dict[str, Callable[[Story], None]] = {
+    "effect.operation_id_names_its_intent": operation_id_with_step_before_run,
     "effect.versions_of_a_step_count_from_one": first_intent_at_version_two,
     "lease.epoch_grows_by_one_on_every_grant": epoch_jump,
     "lease.one_owner_per_epoch": second_owner,
@@ -986,7 +999,19 @@ def busy_claim_loop(ev: Evidence) -> None:
     ev.functions_called = {"fencecheck.claim": 3, "fencecheck.takeover": 4200}
 
 
+def busy_ledger_poll(ev: Evidence) -> None:
+    """A worker that polls a ledger row someone else's claim holds without a
+    pause: one statement thousands of times in its 2.4 worker-seconds."""
+    poll = "SELECT status FROM tool_operations WHERE operation_id = $1"
+    ev.statements_called = [
+        {"role": "fcw_x_1", "query": poll, "calls": 2900},
+        {"role": "fcw_x_2", "query": poll, "calls": 1000},
+        {"role": "fcw_x_1", "query": "SELECT fencecheck.claim($1, $2)", "calls": 3},
+    ]
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
+    "worker.statements_are_paced": busy_ledger_poll,
     "lease.acquisition_attempts_are_paced": busy_claim_loop,
     "effect.prepared_holds_no_claim": prepared_keeps_a_deadline,
     "run.created_with_its_initial_values": created_with_a_budget_of_three,

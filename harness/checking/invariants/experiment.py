@@ -89,6 +89,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
             asked_write_path=ctx.spec.write_path_for(ctx.variant),
             replies=ctx.ops_log,
             functions_called=env.functions_called,
+            statements_called=env.statements_called,
             worker_lifetimes_s=[
                 (w.ended_at or time.time()) - w.started_at
                 for w in env.started_workers

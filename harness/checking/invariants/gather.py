@@ -93,6 +93,7 @@ def gather(
     asked_write_path: str | None = None,
     replies: list[dict[str, Any]] | None = None,
     functions_called: dict[str, int] | None = None,
+    statements_called: list[dict[str, Any]] | None = None,
     worker_lifetimes_s: list[float] | None = None,
 ) -> Evidence:
     trail = changes(query)
@@ -110,5 +111,6 @@ def gather(
         declared=declared(query),
         replies=list(replies or []),
         functions_called=functions_called,
+        statements_called=statements_called,
         worker_lifetimes_s=list(worker_lifetimes_s or []),
     )

@@ -146,6 +146,9 @@ class Evidence:
     # The database functions the experiment ran, with the server's own count
     # of calls (track_functions; None: not known, e.g. after a failover).
     functions_called: dict[str, int] | None = None
+    # Each statement the experiment's roles (not the harness) ran, with the
+    # server's count: {role, query, calls} (pg_stat_statements; None: not known).
+    statements_called: list[dict[str, Any]] | None = None
     # How long each worker process the harness started lived, in seconds
     # (start to the harness seeing its exit; a stopped process counts).
     worker_lifetimes_s: list[float] = field(default_factory=list)
