@@ -20,6 +20,7 @@ is kept as detail).
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -66,6 +67,17 @@ REVISIONS = ("stale", "current")
 # Once one attempt changed the run, the takeover the rest need is gone.
 NOT_TRIED = "not tried"
 
+# B's heartbeat is asked for an interval other than the worker's own default
+# (twice it): renewals at the default would be a value the harness asked for
+# left unused (contract section 5, heartbeat: a renewal every interval_ms).
+ASKED_INTERVAL_FACTOR = 2
+# How long B's renewals are counted, at least, before its stop.
+PACE_WINDOW_S = 2.0
+# Renewals the count may have beyond the window / interval: the first and
+# last at the window's ends, one of the replaced heartbeat still on its way,
+# one a ticker that keeps its rate brings closer after a late one.
+PACE_SLACK = 3
+
 
 @dataclass(frozen=True)
 class Case:
@@ -105,6 +117,9 @@ class Takeover:
     new: dict[str, Any]  # B's grant
     stale_revision: int
     current_revision: int
+    # Audit position and time once B's (second) heartbeat start was answered.
+    heartbeat_mark: int = 0
+    heartbeat_started_at: float = 0.0
 
     def values(self, case: Case) -> dict[str, Any]:
         """The identity and revision a case presents. A stale revision is the
@@ -195,7 +210,7 @@ def run(ctx: ExperimentContext) -> None:
             observed="; ".join(lines),
         )
     if caps.offers_op("heartbeat"):
-        _heartbeat_stops(ctx, b, run_id, takeover.new["epoch"])
+        _heartbeat_stops(ctx, b, takeover)
     ctx.command(
         f"{len(table)} stale-holder case(s) from the contract: {len(outcomes)} operation(s)"
     )
@@ -233,9 +248,10 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
                 run_id=run_id,
                 epoch=new["epoch"],
                 action="start",
-                interval_ms=ctx.env.heartbeat_ms,
+                interval_ms=ASKED_INTERVAL_FACTOR * ctx.env.heartbeat_ms,
                 timeout_ms=ctx.env.heartbeat_timeout_ms,
             )
+    heartbeat_mark, heartbeat_started_at = checkers.audit_mark(ctx), time.time()
     current = new["revision"]
     if caps.checkpoints:
         current = ctx.ok(
@@ -260,7 +276,7 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
         raise Inconclusive(
             f"A and B present the same owner {old['owner']!r}: nothing to tell apart"
         )
-    return Takeover(run_id, old, new, stale, current)
+    return Takeover(run_id, old, new, stale, current, heartbeat_mark, heartbeat_started_at)
 
 
 def _attempt(
@@ -297,11 +313,13 @@ def _stale_heartbeat(ctx: ExperimentContext, a: WorkerProcess, args: dict[str, A
     )
 
 
-def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoch: int) -> None:
+def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, takeover: Takeover) -> None:
     """``heartbeat stop`` ends the renewals: once its reply came, and a renewal
     already on its way had its own timeout to end, B's session renews the lease
     no more (judged over two intervals, by the audit trail: a lease its holder
-    stopped renewing must be able to run out)."""
+    stopped renewing must be able to run out). Before the stop, the renewals
+    kept the interval B's heartbeat was asked for."""
+    run_id, epoch = takeover.run_id, takeover.new["epoch"]
 
     def renewals(after: int = 0) -> list[dict[str, Any]]:
         return [
@@ -324,6 +342,7 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
         expected="at least one renewal of B's lease by B's session (audit trail)",
         observed=f"{len(before)} renewal(s) by B before the stop",
     )
+    _renewals_keep_the_asked_interval(ctx, takeover, renewals)
     # Two intervals, at least a second: a busy machine's stall must not hide one.
     window_s = max(2 * ctx.env.heartbeat_ms / 1000, 1.0)
     stop: dict[str, Any] = {"run_id": run_id, "epoch": epoch, "action": "stop"}
@@ -342,6 +361,46 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoc
         expected=f"no renewal of the lease by B's session from one renewal timeout after the "
         f"stop's reply for {window_s:.1f} s (two heartbeat intervals, at least 1 s)",
         observed=f"{len(after)} renewal(s): {[(c['seq'], str(c['at'])) for c in after] or 'none'}",
+    )
+
+
+def _renewals_keep_the_asked_interval(
+    ctx: ExperimentContext,
+    takeover: Takeover,
+    renewals: Callable[[int], list[dict[str, Any]]],
+) -> None:
+    """B's renewals since its heartbeat start come no more often than the
+    interval it was asked for: at most one per interval over the span from the
+    first to the last (database time), and PACE_SLACK more. Load only delays
+    a renewal, so a busy machine never makes a correct count higher; a
+    heartbeat that renews at its own default, or a replaced one still
+    running, exceeds it."""
+    asked_ms = ASKED_INTERVAL_FACTOR * ctx.env.heartbeat_ms
+    time.sleep(max(0.0, takeover.heartbeat_started_at + PACE_WINDOW_S - time.time()))
+    seen = renewals(takeover.heartbeat_mark)
+    name = "B's heartbeat renews at the interval it was asked for"
+    if len(seen) < 2:
+        ctx.not_judged(
+            name,
+            expected=f"renewals of B's lease by B's session at most one per {asked_ms} ms",
+            observed=f"not judged: {len(seen)} renewal(s) since the start, no span to count",
+        )
+        return
+    span_s = (seen[-1]["at"] - seen[0]["at"]).total_seconds()
+    allowed = int(span_s * 1000 // asked_ms) + PACE_SLACK
+    ctx.invariant(
+        name,
+        len(seen) <= allowed,
+        expected=f"at most {allowed} renewal(s) of B's lease by B's session in {span_s:.2f} s "
+        f"(database time, first to last): one per the {asked_ms} ms interval_ms B's heartbeat "
+        f"was started with, and {PACE_SLACK} more (contract section 5, heartbeat)",
+        observed=f"{len(seen)} renewal(s), gaps (ms) "
+        + str(
+            [
+                round((b["at"] - a["at"]).total_seconds() * 1000)
+                for a, b in itertools.pairwise(seen)
+            ][:40]
+        ),
     )
 
 
