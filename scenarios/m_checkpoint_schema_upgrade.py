@@ -11,6 +11,13 @@ after it was hashed: still a valid older state, so only the hash tells; a
 worker that checks the hash of its current version only would migrate it).
 Each must be refused by name, and a worker resuming the run from either
 tampered one must neither advance it nor call a tool.
+
+Variant ``out_of_range`` hands a resuming worker its own current-version
+state (from a run it stopped after its first checkpoint) with an integer of
+it set far past any count a workflow keeps, its hash made again: no code of
+the version wrote it, yet every field has its type. Whether the worker
+refuses it is its own rule; what the contract forbids is a run that then
+succeeds without going through its steps (a cursor read past the plan).
 """
 
 from __future__ import annotations
@@ -23,8 +30,9 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.environment import MigrateFailed
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
+from harness.parts.control import Crash
 from harness.parts.processes import WorkerProcess
-from scenarios.common import finish, new_run, wait_claimable
+from scenarios.common import finish, new_run, wait_claimable, writes_name_workflow_steps
 
 SPEC = ExperimentSpec(
     id="M",
@@ -36,15 +44,23 @@ SPEC = ExperimentSpec(
     fault="the run's latest checkpoint is in an older schema version the worker names "
     "(op legacy_checkpoint) / in version 99, which no code knows / that older sample with a "
     "field missing or retyped, no object, or a value changed after it was hashed / a current "
-    "state changed after it was hashed",
-    needs=needs.capabilities("workflow", "checkpoints", "contract_schema"),
+    "state changed after it was hashed / the worker's own current state with an integer set "
+    "out of range and hashed again",
+    needs=(
+        *needs.capabilities("workflow", "checkpoints", "contract_schema"),
+        needs.point("after_checkpoint_commit", "out_of_range"),
+    ),
     rules=(13,),
-    variants=("old_version", "unknown_version", "malformed"),
+    variants=("old_version", "unknown_version", "malformed", "out_of_range"),
     lease_ttl_ms=500,
     natural_wait_s=0.5,
 )
 #: The lease of the worker that resumes the run from the migrated checkpoint.
 RESUMING_LEASE_TTL_MS = 5000
+#: out_of_range: the value planted in place of an integer of the worker's own
+#: state, and how many of its integers (depth first) get it, one run each.
+OUT_OF_RANGE = 1_000_000
+OUT_OF_RANGE_LEAVES = 2
 
 
 def _plant(
@@ -61,12 +77,19 @@ def _plant(
     """
     row = checkers.run_row(ctx, run_id)
     revision = int(row["revision"]) + 1
-    body = json.dumps(state if hashed is None else hashed, sort_keys=True, separators=(",", ":"))
+    # The contract's canonical JSON: a character outside ASCII as itself (the
+    # run's order_id has one), never \u-escaped.
+    body = json.dumps(
+        state if hashed is None else hashed,
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=False,
+    )
     overrides = {
         "revision": revision,
         "schema_version": version,
         "state_json": state,
-        "state_hash": "\\x" + hashlib.sha256(body.encode()).hexdigest(),
+        "state_hash": "\\x" + hashlib.sha256(body.encode("utf-8")).hexdigest(),
         "event_id": ctx.uuid(),
         "owner": "older-code",
     }
@@ -123,6 +146,9 @@ CONTRACT_COLUMNS = [
 def run(ctx: ExperimentContext) -> None:
     if ctx.variant == "malformed":
         run_malformed(ctx)
+        return
+    if ctx.variant == "out_of_range":
+        run_out_of_range(ctx)
         return
     old = ctx.variant != "unknown_version"
     version = 99
@@ -374,6 +400,82 @@ def run_malformed(ctx: ExperimentContext) -> None:
     for name, (what, v, state, hashed, _) in zip("BC", tampered_cases, strict=True):
         _resume_refused(ctx, run_id, name, f"checkpoint {what}", v, state, hashed)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _stopped_after_first_checkpoint(
+    ctx: ExperimentContext, worker: str
+) -> tuple[str, dict[str, Any]]:
+    """A new run whose `run` worker was killed right after its first
+    checkpoint committed; the run and that checkpoint (the worker's own
+    current-version state)."""
+    run_id = new_run(ctx)
+    ctx.arm(worker, "after_checkpoint_commit", Crash(), times=1)
+    code = finish(ctx, ctx.env.start_worker(worker, "run", ["--run-id", run_id, "--once"]))
+    rows = checkers.checkpoints(ctx, run_id)
+    ctx.fault(
+        f"{worker} died after its first checkpoint",
+        code == -9 and bool(rows),
+        expected=f"{worker} killed by SIGKILL at after_checkpoint_commit, a checkpoint written",
+        observed=f"{worker} exit {code}; {len(rows)} checkpoint(s)",
+    )
+    if not rows:
+        raise Inconclusive(f"{worker} wrote no checkpoint to take a state from")
+    return run_id, rows[-1]
+
+
+def _int_leaves(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Paths of the integer leaves (never a boolean), depth first, keys in order."""
+    if isinstance(value, dict):
+        return [p for k in sorted(value) for p in _int_leaves(value[k], (*path, k))]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _int_leaves(v, (*path, i))]
+    return [path] if isinstance(value, int) and not isinstance(value, bool) and path else []
+
+
+def _with_leaf(state: Any, path: tuple[Any, ...], value: object) -> Any:
+    """A copy of ``state`` with the leaf at ``path`` replaced (None: no such leaf)."""
+    copy = json.loads(json.dumps(state))
+    holder = copy
+    for part in path[:-1]:
+        holder = holder[part]
+    holder[path[-1]] = value
+    return copy
+
+
+def run_out_of_range(ctx: ExperimentContext) -> None:
+    run_id, own = _stopped_after_first_checkpoint(ctx, "A")
+    leaves = _int_leaves(own["state_json"])[:OUT_OF_RANGE_LEAVES]
+    if not leaves:
+        raise Inconclusive("the worker's own state holds no integer to set out of range")
+    runs: list[str] = []
+    for i, path in enumerate(leaves):
+        if i > 0:
+            run_id, own = _stopped_after_first_checkpoint(ctx, f"A{i}")
+        field = ".".join(str(p) for p in path)
+        try:
+            state = _with_leaf(own["state_json"], path, OUT_OF_RANGE)
+        except (KeyError, IndexError, TypeError):
+            ctx.command(f"run {run_id[:8]}: its state has no {field}; not planted")
+            continue
+        planted = _plant(ctx, run_id, int(own["schema_version"]), state)
+        wait_claimable(ctx, run_id)
+        code = finish(ctx, ctx.env.start_worker(f"B{i}", "run", ["--run-id", run_id, "--once"]))
+        row = checkers.run_row(ctx, run_id)
+        ctx.command(
+            f"run {run_id[:8]}: v{own['schema_version']} state with {field} = {OUT_OF_RANGE} "
+            f"planted at revision {planted}; B{i} exit {code}, run {row['status']} at revision "
+            f"{row['revision']}"
+        )
+        runs.append(run_id)
+    ctx.fault(
+        "a state with an integer out of range was the run's latest when a worker resumed it",
+        bool(runs),
+        expected=f"{len(leaves)} plant(s) of {OUT_OF_RANGE} in place of {leaves}",
+        observed=f"{len(runs)} planted",
+    )
+    # Refused or resumed, never a run that succeeded without its steps.
+    writes_name_workflow_steps(ctx, runs)
+    checkers.lease_history_is_sound(ctx, runs)
 
 
 def _resume_refused(
