@@ -167,10 +167,14 @@ def run(ctx: ExperimentContext) -> None:
     # run's input it joins (the global effect.sensitive_field_stored_sealed).
     # And a correction of a field the request already carries (the run's
     # amount is 10): a supplied field replaces the run's own value of it.
+    # And a structured field, an object of one key: it reaches the tool as it
+    # was given (a reader that takes any one-key object for a sealed value
+    # must not open it).
     supplement = {
         "address": "corrected by support",
         "amount": 12,
         "card_number": planted_secret(ctx),
+        "delivery": {"note": "leave at the door"},
     }
     decide_args: dict[str, Any] = {
         "run_id": run_id,
@@ -252,7 +256,7 @@ def run(ctx: ExperimentContext) -> None:
             "version 2 (not refused: the tool accepts the supplemented request)",
             observed=plain(versions),
         )
-        supplied = ("address", "amount")
+        supplied = ("address", "amount", "delivery")
         made = [(r["operation_id"], {k: r["request"].get(k) for k in supplied}) for r in resources]
         second = ops[1]["operation_id"] if len(ops) > 1 else None
         ctx.invariant(
@@ -261,7 +265,8 @@ def run(ctx: ExperimentContext) -> None:
             and all(r["request"].get(k) == supplement[k] for r in resources for k in supplied)
             and all(r["operation_id"] == second for r in resources),
             expected="the tool created at most one resource, for version 2, with the supplied "
-            "address and the corrected amount 12 (the run's own amount was 10)",
+            "address, the corrected amount 12 (the run's own amount was 10) and the delivery "
+            "object as given",
             observed=plain(made),
         )
         ctx.progress_equal(
