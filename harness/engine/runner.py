@@ -183,9 +183,10 @@ def run_job(
                 verdict, reason = Verdict.UNKNOWN, _interrupted_reason(interrupted, ctx)
             # The server's count of each function's calls, before the judging
             # (lease.acquisition_attempts_are_paced reads it) and for the reach.
-            called = _functions_called(env) if interrupted is None else None
-            env.functions_called = called
-            env.statements_called = _statements_called(env) if interrupted is None else None
+            with phases.phase("server counts"):
+                called = _functions_called(env) if interrupted is None else None
+                env.functions_called = called
+                env.statements_called = _statements_called(env) if interrupted is None else None
             # Steps that judge the experiment after its scenario go here, one
             # call each, while the environment is still up:
             # `verdict, reason = step(ctx, verdict, reason)`.
