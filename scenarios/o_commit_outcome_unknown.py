@@ -12,6 +12,10 @@ the two rows: that is no commit. The worker must not answer ok, and says
 CommitInconsistent ("one without the other means freeze and alert"; a `run`
 worker also freezes the run, an `ops` write only answers).
 
+Variant ``checkpoint_half_found``: the other half, a checkpoint row with the
+write's event_id and no outbox row: the event would be lost, so again no
+commit.
+
 Variant ``run_half_found``: the same in ``run`` mode, on the workflow's
 second write: the worker must freeze the run in doubt with an
 ``agent.commit_inconsistent`` event and write nothing on top of that write.
@@ -19,6 +23,7 @@ second write: the worker must freeze the run in doubt with an
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -31,6 +36,7 @@ from harness.parts.processes import OpReply, WorkerProcess
 from scenarios.common import finish, new_run, seen_within
 
 HALF_FOUND = "half_found"
+CHECKPOINT_HALF_FOUND = "checkpoint_half_found"
 RUN_HALF_FOUND = "run_half_found"
 # run_half_found: W's lease, far longer than the case (its renewals are parked).
 RUN_HALF_FOUND_LEASE_MS = 60_000
@@ -44,16 +50,18 @@ SPEC = ExperimentSpec(
     "one of the two is no commit (never ok: CommitInconsistent)",
     fault="worker->postgres link cut (request lost) or answers dropped (response lost) at "
     "COMMIT; half_found: the request lost and an outbox row with the write's event_id planted "
-    "without its checkpoint before the heal",
+    "without its checkpoint before the heal (checkpoint_half_found: a checkpoint without its "
+    "outbox row)",
     rules=(9,),
     injection_point="before_commit",
     needs=(
         *needs.capabilities("checkpoints", "outbox"),
         needs.point("before_commit"),
+        needs.capability("contract_schema", CHECKPOINT_HALF_FOUND),
         needs.capability("workflow", RUN_HALF_FOUND),
         needs.point("before_renew", RUN_HALF_FOUND),
     ),
-    variants=("request_lost", "response_lost", HALF_FOUND, RUN_HALF_FOUND),
+    variants=("request_lost", "response_lost", HALF_FOUND, CHECKPOINT_HALF_FOUND, RUN_HALF_FOUND),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",
     # The race is about a COMMIT's outcome, not expiry: the read-back after
@@ -121,6 +129,8 @@ def run(ctx: ExperimentContext) -> None:
     )
     if variant == HALF_FOUND:
         _plant_event(ctx, run_id, event_id)
+    if variant == CHECKPOINT_HALF_FOUND:
+        _plant_checkpoint(ctx, run_id, event_id, base + 1)
     ctx.heal("worker_pg")
     healed_at = time.time()
     _lease_outlives_the_heal(ctx, claim_sent)
@@ -130,7 +140,7 @@ def run(ctx: ExperimentContext) -> None:
         "SELECT event_id FROM fencecheck_model.outbox WHERE run_id = %s AND event_id = %s",
         [run_id, event_id],
     )
-    if variant == HALF_FOUND:
+    if variant in (HALF_FOUND, CHECKPOINT_HALF_FOUND):
         _judge_half_found(ctx, run_id, base, event_id, fault.kind, sessions_ended,
                           committed_while_cut, reply)  # fmt: skip
         return
@@ -483,6 +493,41 @@ def _plant_event(ctx: ExperimentContext, run_id: str, event_id: str) -> None:
     )
 
 
+def _plant_checkpoint(ctx: ExperimentContext, run_id: str, event_id: str, revision: int) -> None:
+    """A checkpoint row with the write's event_id and revision and no outbox
+    row, the run at that revision (what a restore that lost the outbox row
+    leaves): a copy of the run's checkpoint before it under them, through the
+    model (columns the database fills itself, a surrogate key, left to it)."""
+    columns = [
+        r["column_name"]
+        for r in ctx.sql(
+            "checkpoint columns the planted row copies",
+            "SELECT column_name FROM information_schema.columns WHERE table_schema = "
+            "'fencecheck_model' AND table_name = 'agent_checkpoints' AND is_generated = 'NEVER' "
+            "AND (column_default IS NULL AND is_identity = 'NO' OR column_name = ANY(%s)) "
+            "ORDER BY ordinal_position",
+            [["run_id", "revision", "event_id"]],
+        )
+    ]
+    listed = ", ".join(f'"{c}"' for c in columns)
+    selected = ", ".join(f'p."{c}"' for c in columns)
+    ctx.sql(
+        "plant a checkpoint with the write's event_id, without its outbox row",
+        f"WITH c AS (INSERT INTO fencecheck_model.agent_checkpoints ({listed}) "
+        f"SELECT {selected} "
+        "FROM fencecheck_model.agent_checkpoints c, jsonb_populate_record(c, %s::jsonb) p "
+        "WHERE c.run_id = %s AND c.revision = %s RETURNING revision) "
+        "UPDATE fencecheck_model.agent_runs SET revision = (SELECT revision FROM c) "
+        "WHERE run_id = %s RETURNING revision",
+        [
+            json.dumps({"revision": revision, "event_id": event_id, "owner": "restored"}),
+            run_id,
+            revision - 1,
+            run_id,
+        ],
+    )
+
+
 def _judge_half_found(
     ctx: ExperimentContext,
     run_id: str,
@@ -493,23 +538,31 @@ def _judge_half_found(
     committed_while_cut: bool,
     reply: OpReply,
 ) -> None:
-    mine = [w for w in checkers.writes(ctx, run_id) if w["event_id"] == event_id]
-    planted = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == event_id]
+    mine = [w for w in checkers.writes(ctx, run_id) if str(w["event_id"]) == event_id]
+    events = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == event_id]
+    # Which half the harness planted, which must be missing.
+    planted, missing = (events, mine) if ctx.variant == HALF_FOUND else (mine, events)
     ctx.fault(
-        "the COMMIT never reached the server, and the write's event appeared without it",
-        cut == "cut" and sessions_ended and not committed_while_cut and not mine
+        "the COMMIT never reached the server, and one half of the write appeared without it",
+        cut == "cut" and sessions_ended and not committed_while_cut and not missing
         and len(planted) == 1,
-        expected="link cut before COMMIT, W's sessions gone before the heal; then one outbox "
-        "row with the write's event_id and no checkpoint of it",
+        expected="link cut before COMMIT, W's sessions gone before the heal; then "
+        + ("one outbox row with the write's event_id and no checkpoint of it"
+           if ctx.variant == HALF_FOUND
+           else "one checkpoint with the write's event_id and no outbox row of it"),
         observed=f"{cut}; sessions ended: {sessions_ended}; committed while cut: "
-        f"{committed_while_cut}; checkpoints with the id {len(mine)}; outbox rows {len(planted)}",
+        f"{committed_while_cut}; checkpoints with the id {len(mine)}; outbox rows {len(events)}",
     )  # fmt: skip
     answered = reply.result if reply.ok else f"{reply.error}: {reply.message}"
     ctx.invariant(
         "one row without the other is no commit",
         not reply.ok,
-        expected=f"save_checkpoint not answered ok: no checkpoint of revision {base + 1} "
-        "exists, only an outbox row with its event_id",
+        expected=f"save_checkpoint not answered ok: of revision {base + 1} only "
+        + (
+            "an outbox row with its event_id exists, no checkpoint"
+            if ctx.variant == HALF_FOUND
+            else "a checkpoint with its event_id exists, no outbox row"
+        ),
         observed=f"the worker answered {answered}",
     )
     ctx.progress(
