@@ -133,6 +133,10 @@ TOOL_FOR = {
 #: The capability level of each of the mock tool's tools (docs/mock-tool.md).
 CAPABILITY = {"idem": "idempotent", "queryable": "query", "plain": "none"}
 
+# claim_row_held: how long the harness holds A's intent's ledger row locked
+# while A comes to claim it for dispatch.
+ROW_HELD_S = 1.0
+
 SPEC = ExperimentSpec(
     id="E",
     title="remote success then crash",
@@ -182,7 +186,7 @@ SPEC = ExperimentSpec(
         ),
         needs.capability("clock_skew", "frozen_dispatcher_clock_behind"),
         needs.capability("ledger_tool:idempotent", "frozen_before_claim"),
-        needs.point("after_outbound_intent_commit", "frozen_before_claim"),
+        needs.point("after_outbound_intent_commit", "frozen_before_claim", "claim_row_held"),
         needs.capability(
             "ledger_tool:idempotent",
             "superseded_claim",
@@ -209,6 +213,7 @@ SPEC = ExperimentSpec(
         "slow_claim_answer",
         "slow_resend_claim_answer",
         "query_unreachable",
+        "claim_row_held",
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -216,12 +221,14 @@ SPEC = ExperimentSpec(
         ("stale_timeout", STALE_TIMEOUT_ARRIVE_MS / 1000),
         ("retention_expired", 1.2),
         ("resend_at_window_end", WINDOW_END_RETENTION_S),
+        ("claim_row_held", ROW_HELD_S),
     ),
     variant_points=(
         ("frozen_dispatcher", "after_dispatch_claim_commit"),
         ("frozen_dispatcher_clock_behind", "after_dispatch_claim_commit"),
         ("frozen_reconciler", "after_dispatch_claim_commit"),
         ("frozen_before_claim", "after_outbound_intent_commit"),
+        ("claim_row_held", "after_outbound_intent_commit"),
         ("slow_claim_answer", "after_dispatch_claim_commit"),
         ("slow_resend_claim_answer", "after_dispatch_claim_commit"),
     ),
@@ -318,6 +325,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "query_unreachable":
         _query_unreachable(ctx)
+        return
+    if variant == "claim_row_held":
+        _claim_row_held(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -1122,6 +1132,48 @@ def _frozen_before_claim(ctx: ExperimentContext) -> None:
         expected="the tool made at most one resource for the run",
         observed=f"{len(resources)} resource(s)",
     )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _claim_row_held(ctx: ExperimentContext) -> None:
+    """A's own prepared intent is locked by another session (the harness, as
+    a reconciler or an operator mid-transaction would hold it) when A comes to
+    claim it for dispatch, for ROW_HELD_S: A waits for it, asking again after
+    a pause (the global worker.statements_are_paced counts its reads), then
+    dispatches it once."""
+    run_id = new_run(ctx, tool="idem")
+    ctx.arm("A", "after_outbound_intent_commit", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    hit = ctx.reached("A", "after_outbound_intent_commit")
+    op_id = str(hit.operation_id)
+    with checkers.row_locked(ctx, "tool_operations", "operation_id", op_id):
+        ctx.release("A", "after_outbound_intent_commit")
+        released_at = time.time()
+        time.sleep(ROW_HELD_S)
+        held_s = time.time() - released_at
+        during = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), None)
+        alive = a.is_alive()
+    code_a = finish(ctx, a)
+    ctx.fault(
+        "A's intent stayed unclaimed while the harness held its ledger row",
+        during is not None and during["status"] == "prepared" and alive and held_s >= ROW_HELD_S,
+        expected=f"A let go past its intent, still running, the intent still prepared after "
+        f"{ROW_HELD_S} s of the harness's lock on its row",
+        observed=f"intent {during and during['status']} after {held_s:.2f} s; A "
+        f"{'running' if alive else 'gone'}",
+    )
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    ctx.invariant(
+        "at most one real resource",
+        len(resources) <= 1,
+        expected="the tool made at most one resource for the run",
+        observed=f"{len(resources)} resource(s)",
+    )
+    row = checkers.run_row(ctx, run_id)
+    ctx.progress_equal(
+        "the run finished once the row was let go", row["status"], "succeeded", what=f"run "
+        f"status (A exit {code_a})",
+    )  # fmt: skip
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
