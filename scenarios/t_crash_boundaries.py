@@ -161,13 +161,30 @@ VARIANTS: dict[str, tuple[Boundary, ...]] = {
 
 SIGTERM_BETWEEN_STEPS = "sigterm_between_steps"
 SIGTERM_AFTER_TOOL_STEP = "sigterm_after_tool_step"
+SIGTERM_BEFORE_TOOL_STEP = "sigterm_before_tool_step"
+SIGTERM_BEFORE_FINISH = "sigterm_before_finish"
 SIGTERM_POINT = "after_checkpoint_commit"
 # How many of the run's checkpoint commits A passes before it is held there
-# and told to stop: after plan's (the tool step still ahead), and after the
-# tool step's result (notify and the extra steps ahead: a worker that looks
-# at its stop only before a tool step goes on with every one of them).
-SIGTERM_PASSES = {SIGTERM_BETWEEN_STEPS: 1, SIGTERM_AFTER_TOOL_STEP: 4}
+# and told to stop: after plan's (the tool step still ahead), after the tool
+# step's result (notify and the extra steps ahead: a worker that looks at its
+# stop only before a tool step goes on with every one of them), right before
+# the tool step (lookup's commit) and right before the finish (the last extra
+# step's commit): a worker that looks at its stop only before a plain step
+# begins the tool call, or ends the run.
+SIGTERM_PASSES = {
+    SIGTERM_BETWEEN_STEPS: 1,
+    SIGTERM_AFTER_TOOL_STEP: 4,
+    SIGTERM_BEFORE_TOOL_STEP: 2,
+    SIGTERM_BEFORE_FINISH: 7,
+}
 SIGTERM_EXTRA_STEPS = 2
+# Where the step ahead is the tool step or the finish, A is let go only once
+# the signal has been pending this long: a worker may look at a signal a
+# moment late (Go's arrives on a channel another goroutine reads), and the
+# step it began meanwhile would be "the step underway as the signal raced
+# in", which may still run. Half a second later there is no race left.
+SIGTERM_SETTLE_S = 0.5
+SETTLED = (SIGTERM_BEFORE_TOOL_STEP, SIGTERM_BEFORE_FINISH)
 # Work time per step: the signal handler of a worker whose main thread has just
 # been let go runs while that step waits, so at most the one step underway
 # when the signal came writes.
@@ -217,6 +234,15 @@ SPEC = ExperimentSpec(
         (
             SIGTERM_AFTER_TOOL_STEP,
             "SIGTERM to A while it is held right after the tool step's result commits",
+        ),
+        (
+            SIGTERM_BEFORE_TOOL_STEP,
+            "SIGTERM to A while it is held right after lookup's checkpoint commits, the tool "
+            "step next",
+        ),
+        (
+            SIGTERM_BEFORE_FINISH,
+            "SIGTERM to A while it is held right after the last step before the finish commits",
         ),
     ),
 )
@@ -379,6 +405,8 @@ def _sigterm_between_steps(ctx: ExperimentContext, passes: int) -> None:
     a.send_signal(signal.SIGTERM)
     signalled_at = time.time()
     ctx.command(f"SIGTERM A (pid {a.pid}) while it is held after a checkpoint commit")
+    if ctx.variant in SETTLED:
+        time.sleep(SIGTERM_SETTLE_S)
     ctx.release("A", SIGTERM_POINT)
     code_a = finish_or_kill(ctx, a, SIGTERM_EXIT_BOUND_S)
     stopped_at = time.time()
