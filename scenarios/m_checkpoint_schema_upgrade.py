@@ -354,6 +354,12 @@ def run_malformed(ctx: ExperimentContext) -> None:
     cases: list[tuple[str, int, object, object, str]] = [
         (what, version, state, None, "SchemaVersionUnknown") for what, state in _malformed(sample)
     ]
+    # The older sample as it is, under a version no code wrote, below every
+    # known one: a decoder that refuses only versions newer than its own would
+    # take it for the older version (blind hunt 34 #09).
+    cases.append(
+        (f"the v{version} sample under version 0", 0, sample, None, "SchemaVersionUnknown")
+    )
     changed, legacy_tampered = _tampered(sample)
     cases.append(
         (
