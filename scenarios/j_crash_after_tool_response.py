@@ -62,8 +62,18 @@ SPEC = ExperimentSpec(
         needs.point("after_operator_lock", "operator_resolves"),
         needs.op("resolve_indoubt", "operator_resolves"),
         needs.op("converge_operation", "operator_converges"),
+        needs.capability("operator_actions", "retry_races_decision"),
+        needs.point("after_operator_lock", "retry_races_decision"),
+        needs.op("resolve_indoubt", "retry_races_decision"),
+        needs.op("retry_run", "retry_races_decision"),
     ),
-    variants=("frozen", "operator_resolves", "operator_converges", "claim_outlives_lease"),
+    variants=(
+        "frozen",
+        "operator_resolves",
+        "operator_converges",
+        "claim_outlives_lease",
+        "retry_races_decision",
+    ),
     natural_wait_s=0.8,
     variant_waits=(("claim_outlives_lease", CLAIM_OUTLIVES_LEASE_MS / 1000),),
 )
@@ -129,6 +139,8 @@ def run(ctx: ExperimentContext) -> None:
         _operator_resolves(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     if ctx.variant == "operator_converges":
         _operator_converges(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
+    if ctx.variant == "retry_races_decision":
+        _retry_races_decision(ctx, run_id, ops[0]["operation_id"] if ops else "", sent)
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 
@@ -287,6 +299,66 @@ def _operator_resolves(
         == [("resolve:executed", operator, "OPS-42", "paused_indoubt", "queued")],
         expected=f"one row: resolve:executed by {operator}, ticket OPS-42, paused_indoubt -> queued",
         observed=f"{[(a['action'], a['operator'], a['ticket'], a['before'], a['after']) for a in actions]}",
+    )
+
+
+def _retry_races_decision(
+    ctx: ExperimentContext, run_id: str, op_id: str, sent: list[dict[str, object]]
+) -> None:
+    """A person's decision on the paused run (which queues it again) holds the
+    run's row at after_operator_lock while a second control plane retries
+    the task: whichever goes first, the task never has two live runs (blind
+    hunt 34 #10: a retry that read the paused run without waiting for that
+    lock made a new run, and the decision queued the old one). Either may be
+    refused, or fail on a deadlock between the two: only the outcome is
+    judged, not which one wins."""
+    remote = str(sent[0]["resource_id"]) if sent else None
+    ctl = control_plane(ctx)
+    # Started now: a process start under the hold would stretch it.
+    ctl2 = ctx.env.start_worker("ctl2", "ops", role="operator")
+    task_id = str(checkers.run_row(ctx, run_id)["task_id"])
+    ctx.arm("ctl", "after_operator_lock", Hold())
+    decision = ctx.op_async(
+        ctl,
+        "resolve_indoubt",
+        {
+            "run_id": run_id,
+            "operation_id": op_id,
+            "decision": "executed",
+            "remote_id": remote,
+            "reason": "resource found in the tool's console",
+            "ticket": "OPS-43",
+        },
+    )
+    ctx.reached("ctl", "after_operator_lock", held=True)
+    held = checkers.row_lock_held(ctx, "agent_runs", "run_id", run_id)
+    retry = ctx.op_async(ctl2, "retry_run", {"task_id": task_id})
+    waited = checkers.backend_waiting_on_lock(ctx, "ctl2", timeout_s=3.0)
+    ctx.release("ctl", "after_operator_lock")
+    decided, retried = decision.result(15), retry.result(15)
+    ctx.fault(
+        "the task was retried while the decision held the paused run's row",
+        held,
+        expected="the run's row locked by the held decision when ctl2's retry_run was sent",
+        observed=("locked" if held else "not locked")
+        + f"; the retry {'waited on a lock' if waited else 'did not wait on a lock'}",
+    )
+    live = ctx.sql(
+        "the task's live runs after the decision and the retry",
+        "SELECT run_id, status FROM fencecheck_model.agent_runs WHERE task_id = %s "
+        "AND status IN ('queued', 'running', 'waiting_tool') ORDER BY created_at",
+        [task_id],
+    )
+    ctx.invariant(
+        "a retry racing the decision leaves the task one live run",
+        len(live) <= 1,
+        expected="at most one queued, running or waiting run of the task: a retry that waits "
+        "for the decision is refused (the run is live again), one that goes first supersedes "
+        "the run, and the decision then leaves it as it is",
+        observed=f"live runs {[(str(r['run_id'])[:8], r['status']) for r in live]}; decision "
+        + (f"ok {decided.result}" if decided.ok else f"{decided.error}")
+        + "; retry "
+        + (f"ok {retried.result}" if retried.ok else f"{retried.error}"),
     )
 
 
