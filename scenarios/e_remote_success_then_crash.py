@@ -129,9 +129,17 @@ TOOL_FOR = {
     "query": "queryable",
     "none": "plain",
     "retention_expired": "idem",
+    # The successor's resend of the same id meets the tool's 409 naming our
+    # own request and its resource: that is our success, adopted.
+    "deterministic_id": "detid",
 }
 #: The capability level of each of the mock tool's tools (docs/mock-tool.md).
-CAPABILITY = {"idem": "idempotent", "queryable": "query", "plain": "none"}
+CAPABILITY = {
+    "idem": "idempotent",
+    "queryable": "query",
+    "plain": "none",
+    "detid": "deterministic_id",
+}
 
 # claim_row_held: how long the harness holds A's intent's ledger row locked
 # while A comes to claim it for dispatch.
@@ -214,6 +222,7 @@ SPEC = ExperimentSpec(
         "slow_resend_claim_answer",
         "query_unreachable",
         "claim_row_held",
+        "deterministic_id",
     ),
     natural_wait_s=0.8,
     variant_waits=(
