@@ -481,6 +481,12 @@ def _invalid_decisions_change_nothing(
     if "decide" in ops:
         probes.append(("decide", "decision", "approve", None, {}))
         probes.append(("decide", "decision", "supplement", None, {"supplement": {"note": "x"}}))
+    # And decisions naming a run nobody made: RunNotFound, nothing audited.
+    nobody = ctx.uuid()
+    if "resolve_indoubt" in ops:
+        probes.append(("resolve_indoubt", "run_id", nobody, remote, {"decision": "executed"}))
+    if "decide" in ops:
+        probes.append(("decide", "run_id", nobody, None, {"decision": "terminate"}))
     for op, arg, value, remote_id, extra in probes:
         if op in skipped:
             continue
@@ -509,7 +515,8 @@ def _invalid_decisions_change_nothing(
         bool(tried) and not changed and after == before,
         expected="every decision and outcome outside the contract's enumeration, a finding "
         "'executed' without the resource found, a convergence of an operation nobody "
-        "registered, and an approve or a supplement of a run paused in doubt, refused: no "
+        "registered, an approve or a supplement of a run paused in doubt, and a finding or a "
+        "terminate naming a run nobody made, refused: no "
         "audited change by the operator's session, run and ledger as before",
         observed=f"{len(tried)} probes ({'; '.join(tried)}); skipped (not implemented): "
         f"{sorted(skipped) or 'none'}; audited changes: "
