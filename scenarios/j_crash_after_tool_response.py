@@ -25,7 +25,7 @@ import json
 
 from harness.checking import checkers
 from harness.contract import needs, spec
-from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.engine.experiment import ExperimentContext, ExperimentSpec, LoggedOp
 from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
 from scenarios.common import (
@@ -201,27 +201,11 @@ def _operator_resolves(
     )
     ctl = control_plane(ctx)
     _invalid_decisions_change_nothing(ctx, ctl, run_id, op_id, remote)
-    ctx.arm("ctl", "after_operator_lock", Hold())
-    decision = ctx.op_async(
-        ctl,
-        "resolve_indoubt",
-        {
-            "run_id": run_id,
-            "operation_id": op_id,
-            "decision": "executed",
-            "remote_id": remote,
-            "reason": "resource found in the tool's console",
-            "ticket": "OPS-42",
-        },
-    )
-    # The held arrival: the refusal probes above passed this point too, and
-    # under load their hits came first (the release then found nothing held).
-    ctx.reached("ctl", "after_operator_lock", held=True)
+    decision, held = _held_decision(ctx, ctl, run_id, op_id, remote, "OPS-42")
     # The point's promise (contract: the decision holds the run's row lock
     # there) is the worker's to keep: a decision that let go of it already
     # (its lock taken outside its transaction, blind hunt 21 #06) fails here,
     # not as a race that did not happen.
-    held = checkers.row_lock_held(ctx, "agent_runs", "run_id", run_id)
     ctx.invariant(
         "the decision holds the run's row at after_operator_lock",
         held,
@@ -302,6 +286,36 @@ def _operator_resolves(
     )
 
 
+def _held_decision(
+    ctx: ExperimentContext,
+    ctl: WorkerProcess,
+    run_id: str,
+    op_id: str,
+    remote: str | None,
+    ticket: str,
+) -> tuple[LoggedOp, bool]:
+    """A person's decision "executed" on the paused run, sent and held at
+    after_operator_lock; returns it with whether the run's row is locked
+    there (the point's promise)."""
+    ctx.arm("ctl", "after_operator_lock", Hold())
+    decision = ctx.op_async(
+        ctl,
+        "resolve_indoubt",
+        {
+            "run_id": run_id,
+            "operation_id": op_id,
+            "decision": "executed",
+            "remote_id": remote,
+            "reason": "resource found in the tool's console",
+            "ticket": ticket,
+        },
+    )
+    # The held arrival: earlier refusal probes may have passed this point
+    # too, and under load their hits came first.
+    ctx.reached("ctl", "after_operator_lock", held=True)
+    return decision, checkers.row_lock_held(ctx, "agent_runs", "run_id", run_id)
+
+
 def _retry_races_decision(
     ctx: ExperimentContext, run_id: str, op_id: str, sent: list[dict[str, object]]
 ) -> None:
@@ -317,21 +331,7 @@ def _retry_races_decision(
     # Started now: a process start under the hold would stretch it.
     ctl2 = ctx.env.start_worker("ctl2", "ops", role="operator")
     task_id = str(checkers.run_row(ctx, run_id)["task_id"])
-    ctx.arm("ctl", "after_operator_lock", Hold())
-    decision = ctx.op_async(
-        ctl,
-        "resolve_indoubt",
-        {
-            "run_id": run_id,
-            "operation_id": op_id,
-            "decision": "executed",
-            "remote_id": remote,
-            "reason": "resource found in the tool's console",
-            "ticket": "OPS-43",
-        },
-    )
-    ctx.reached("ctl", "after_operator_lock", held=True)
-    held = checkers.row_lock_held(ctx, "agent_runs", "run_id", run_id)
+    decision, held = _held_decision(ctx, ctl, run_id, op_id, remote, "OPS-43")
     retry = ctx.op_async(ctl2, "retry_run", {"task_id": task_id})
     waited = checkers.backend_waiting_on_lock(ctx, "ctl2", timeout_s=3.0)
     ctx.release("ctl", "after_operator_lock")
