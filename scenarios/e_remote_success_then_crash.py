@@ -1134,6 +1134,13 @@ def _frozen_before_claim(ctx: ExperimentContext) -> None:
         f"A's {hit.epoch}",
         observed=f"requests {[(r['seq'], r['epoch'], r['outcome']) for r in sent]} (A exit {code_a})",
     )
+    _at_most_one_resource(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _at_most_one_resource(ctx: ExperimentContext, run_id: str) -> None:
+    """A run of one tool step whose outcome may be unknown: at most one
+    resource at the tool (none when nothing was sent, never two)."""
     resources = checkers.tool_resources(ctx, run_id=run_id)
     ctx.invariant(
         "at most one real resource",
@@ -1141,7 +1148,6 @@ def _frozen_before_claim(ctx: ExperimentContext) -> None:
         expected="the tool made at most one resource for the run",
         observed=f"{len(resources)} resource(s)",
     )
-    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _claim_row_held(ctx: ExperimentContext) -> None:
@@ -1171,13 +1177,7 @@ def _claim_row_held(ctx: ExperimentContext) -> None:
         observed=f"intent {during and during['status']} after {held_s:.2f} s; A "
         f"{'running' if alive else 'gone'}",
     )
-    resources = checkers.tool_resources(ctx, run_id=run_id)
-    ctx.invariant(
-        "at most one real resource",
-        len(resources) <= 1,
-        expected="the tool made at most one resource for the run",
-        observed=f"{len(resources)} resource(s)",
-    )
+    _at_most_one_resource(ctx, run_id)
     row = checkers.run_row(ctx, run_id)
     ctx.progress_equal(
         "the run finished once the row was let go", row["status"], "succeeded", what=f"run "
