@@ -684,6 +684,8 @@ class Environment:
     #: How many times each role but the harness's ran each statement here
     #: (role, query, calls; read with functions_called; None: not known).
     statements_called: list[dict[str, Any]] | None = None
+    #: Why a server count above is None (the judges name it when not judging).
+    server_counts_unknown: str = ""
     aborted: str | None = None
     interrupted: str | None = None
     extra_links: list[str] = field(default_factory=list)

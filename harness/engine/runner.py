@@ -308,12 +308,19 @@ def _note_stalls(
     return stalls.judge(verdict, reason, seen, limit)
 
 
+#: Why the server's counts are not read on a replicated experiment.
+FAILOVER_UNCOUNTED = (
+    "a replicated experiment: a failover would leave a server that counted only what came after"
+)
+
+
 def _functions_called(env: Environment) -> dict[str, int] | None:
     """The database functions this experiment ran, with their calls, from the
     server's own count (``track_functions``); None when the count is not the
-    whole story (a replicated experiment may have failed over to a server that
-    counted only what came after)."""
+    whole story (see FAILOVER_UNCOUNTED), with the reason in
+    ``env.server_counts_unknown``."""
     if env.replication is not None:
+        env.server_counts_unknown = FAILOVER_UNCOUNTED
         return None
     try:
         # A backend counts its calls into the server's statistics as it exits:
@@ -334,7 +341,8 @@ def _functions_called(env: Environment) -> dict[str, int] | None:
             "SELECT schemaname || '.' || funcname AS f, sum(calls)::bigint AS calls "
             "FROM pg_stat_user_functions GROUP BY 1"
         )
-    except Exception:  # a server gone at the end: the reach is simply not known
+    except Exception as exc:  # a server gone at the end: the reach is simply not known
+        env.server_counts_unknown = f"reading the function counts failed: {exc!r}"[:300]
         return None
     return {str(r["f"]): int(r["calls"]) for r in rows}
 
@@ -345,11 +353,17 @@ def _statements_called(env: Environment) -> list[dict[str, Any]] | None:
     _functions_called has waited for the workers' sessions to end); None when
     not known (no such count on this server, or a failover: see above)."""
     if env.replication is not None:
+        env.server_counts_unknown = FAILOVER_UNCOUNTED
         return None
     try:
-        return env.primary.statement_counts(env.db.name)
-    except Exception:  # a server gone at the end: simply not known
+        counts = env.primary.statement_counts(env.db.name)
+    except Exception as exc:  # a server gone at the end: simply not known
+        why = f"reading the statement counts failed: {exc!r}"[:300]
+        env.server_counts_unknown = env.server_counts_unknown or why
         return None
+    if counts is None:
+        env.server_counts_unknown = "the server does not load pg_stat_statements"
+    return counts
 
 
 def _functions_raised(env: Environment) -> list[str] | None:

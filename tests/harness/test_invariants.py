@@ -1608,3 +1608,15 @@ def test_a_reconcile_reply_that_lists_an_operation_it_did_not_move_breaks() -> N
     broken = broken_by(ev)["worker.reconcile_lists_every_change"]
     assert broken[0]["listed_but_not_changed"] == ["some-other-operation"]
     assert broken[0]["not_listed"] == []
+
+
+def test_server_counts_not_known_name_why() -> None:
+    """A count the runner could not read is not judged, and the note says why
+    (the runner's reason), so an auditor can tell a failover from a failure."""
+    ev = evidence(clean_story())
+    ev.functions_called, ev.statements_called = None, None
+    ev.server_counts_unknown = "reading the statement counts failed: OperationalError()"
+    for name in ("worker.statements_are_paced", "lease.acquisition_attempts_are_paced"):
+        result = next(r for r in check(ev) if r.name == name)
+        assert result.ok and result.checked == 0
+        assert "not judged" in result.observed and "OperationalError" in result.observed

@@ -90,6 +90,7 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
             replies=ctx.ops_log,
             functions_called=env.functions_called,
             statements_called=env.statements_called,
+            server_counts_unknown=env.server_counts_unknown,
             worker_lifetimes_s=[
                 (w.ended_at or time.time()) - w.started_at
                 for w in env.started_workers

@@ -94,6 +94,7 @@ def gather(
     replies: list[dict[str, Any]] | None = None,
     functions_called: dict[str, int] | None = None,
     statements_called: list[dict[str, Any]] | None = None,
+    server_counts_unknown: str = "",
     worker_lifetimes_s: list[float] | None = None,
 ) -> Evidence:
     trail = changes(query)
@@ -112,5 +113,6 @@ def gather(
         replies=list(replies or []),
         functions_called=functions_called,
         statements_called=statements_called,
+        server_counts_unknown=server_counts_unknown,
         worker_lifetimes_s=list(worker_lifetimes_s or []),
     )

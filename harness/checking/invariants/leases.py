@@ -260,7 +260,8 @@ ASKED_OPS = ("claim", "takeover")
 )
 def acquisition_attempts_are_paced(ev: Evidence) -> Finding:
     if ev.functions_called is None:
-        return Finding(0, [], "the server's count of function calls is not known: not judged")
+        why = f" ({ev.server_counts_unknown})" if ev.server_counts_unknown else ""
+        return Finding(0, [], f"the server's count of function calls is not known{why}: not judged")
     attempts = sum(ev.functions_called.get(f, 0) for f in ACQUIRE_FUNCTIONS)
     if not any(f in ev.functions_called for f in ACQUIRE_FUNCTIONS):
         return Finding(0, [], "no call of the contract's claim or takeover: not judged")

@@ -149,6 +149,8 @@ class Evidence:
     # Each statement the experiment's roles (not the harness) ran, with the
     # server's count: {role, query, calls} (pg_stat_statements; None: not known).
     statements_called: list[dict[str, Any]] | None = None
+    # Why a server count above is None ("" when not told).
+    server_counts_unknown: str = ""
     # How long each worker process the harness started lived, in seconds
     # (start to the harness seeing its exit; a stopped process counts).
     worker_lifetimes_s: list[float] = field(default_factory=list)

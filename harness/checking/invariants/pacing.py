@@ -45,7 +45,8 @@ def statement_totals(rows: list[dict[str, Any]]) -> dict[str, int]:
 )
 def statements_are_paced(ev: Evidence) -> Finding:
     if ev.statements_called is None:
-        return Finding(0, [], "the server's count of statements is not known: not judged")
+        why = f" ({ev.server_counts_unknown})" if ev.server_counts_unknown else ""
+        return Finding(0, [], f"the server's count of statements is not known{why}: not judged")
     totals = statement_totals(ev.statements_called)
     lived = sum(max(0.0, s) for s in ev.worker_lifetimes_s)
     asked = len(ev.replies)
