@@ -220,7 +220,10 @@ SPEC = ExperimentSpec(
         needs.point(SIGTERM_POINT, *SIGTERM_PASSES),
     ),
     variants=(*VARIANTS, *SIGTERM_PASSES),
-    variant_waits=tuple((v, max(b.wait_s for b in g)) for v, g in VARIANTS.items()),
+    variant_waits=(
+        *((v, max(b.wait_s for b in g)) for v, g in VARIANTS.items()),
+        *((v, SIGTERM_SETTLE_S) for v in SETTLED),
+    ),
     variant_points=(
         *((v, ", ".join(b.point for b in g)) for v, g in VARIANTS.items()),
         *((v, SIGTERM_POINT) for v in SIGTERM_PASSES),
