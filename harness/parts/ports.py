@@ -36,6 +36,9 @@ TRIES = 64
 RECENT = 1024
 _given: deque[int] = deque(maxlen=RECENT)
 _lock = threading.Lock()
+# A generator of our own: the module's global one belongs to whoever seeds it
+# (explore's Hypothesis lanes watch it while they draw a schedule).
+_picks = random.Random()
 
 
 def ephemeral_low(path: Path | None = None) -> int | None:
@@ -69,7 +72,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return _kernel_pick(host)
     with _lock:
         for _ in range(TRIES):
-            port = random.randrange(LOWEST, low)
+            port = _picks.randrange(LOWEST, low)
             if port not in _given and _bindable(host, port):
                 _given.append(port)
                 return port
