@@ -65,6 +65,15 @@ FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
     # standby, so a worker that requires sync must not work here (exit 13).
     ("a durability requirement above the deployment's", {"FENCECHECK_REQUIRE_DURABILITY": "sync"}),
 )
+#: (what is wrong, the command-line options that say it): the contract's
+#: flags, which win over the environment (a worker that read only the
+#: environment would take the requirement for none, generated 15b7b171).
+FORBIDDEN_FLAGS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    (
+        "a durability requirement above the deployment's, given as --require-durability",
+        ("--require-durability", "sync"),
+    ),
+)
 
 SPEC = ExperimentSpec(
     id="X",
@@ -97,19 +106,21 @@ def run(ctx: ExperimentContext) -> None:
     # it would work the bound tenant's runs under the other's name (operation
     # ids, payloads), so it must not start (blind bug hunt round 4, #10: a
     # binding checked for existence, not equality).
-    forbidden: tuple[tuple[str, dict[str, str | None]], ...] = (
-        *FORBIDDEN,
+    forbidden: tuple[tuple[str, dict[str, str | None], tuple[str, ...]], ...] = (
+        *((what, env, ()) for what, env in FORBIDDEN),
+        *((what, {}, flags) for what, flags in FORBIDDEN_FLAGS),
         (
             "a tenant other than its login role's binding",
             {"FENCECHECK_TENANT": ctx.env.other_tenant_id},
+            (),
         ),
     )
-    for n, (what, env) in enumerate(forbidden, 1):
+    for n, (what, env, flags) in enumerate(forbidden, 1):
         name, run_id = f"X{n}", new_run(ctx)
         row = checkers.run_row(ctx, run_id, f"run for {what}, before its worker")
         if row["status"] == "queued" and row["owner"] is None:
             claimable.append(what)
-        worker = ctx.env.start_worker(name, "run", ["--run-id", run_id, "--once"], env=env)
+        worker = ctx.env.start_worker(name, "run", ["--run-id", run_id, "--once", *flags], env=env)
         outcomes.append((what, name, run_id, finish(ctx, worker)))
     ctx.fault(
         "each refused worker was handed a claimable run",
