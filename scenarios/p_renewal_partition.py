@@ -135,6 +135,7 @@ def run(ctx: ExperimentContext) -> None:
     )
     checkers.one_resource_per_operation(ctx, run_id)
     held = _run_renewal_unconfirmed_before_its_write(ctx)
+    broke = _run_renewal_unconfirmed_before_its_write(ctx, "R2", broken=True)
     caps = ctx.system.capabilities
     if not (caps.offers_op("heartbeat") and caps.checkpoints):
         # A system whose sessions renew no lease of their own (or write no
@@ -144,11 +145,11 @@ def run(ctx: ExperimentContext) -> None:
             expected="judged where the system offers the heartbeat op and checkpoints",
             observed="the system's mapping offers no heartbeat op or no checkpoints",
         )
-        checkers.lease_history_is_sound(ctx, [run_id, held])
+        checkers.lease_history_is_sound(ctx, [run_id, held, broke])
         return
     other = _ops_session_renewal_unconfirmed(ctx)
     expired = _renewal_held_past_expiry(ctx)
-    checkers.lease_history_is_sound(ctx, [run_id, held, other, expired])
+    checkers.lease_history_is_sound(ctx, [run_id, held, broke, other, expired])
 
 
 # The ops session's heartbeat interval and renewal timeout: short next to the
@@ -198,23 +199,34 @@ def _renewals_end_within_their_bound(
 R_HEARTBEAT_MS = 400
 R_TIMEOUT_MS = 200
 R_LEASE_TTL_MS = 2000
+# How long after its renewal's timeout the harness lets R's renewal through:
+# room for the heartbeat to act on the timeout, less than a second timeout.
+RELEASE_AFTER_TIMEOUT_S = 0.1
 
 
-def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
+def _run_renewal_unconfirmed_before_its_write(
+    ctx: ExperimentContext, app: str = "R", *, broken: bool = False
+) -> str:
     """The `run` twin of the ops case: R holds the tool's answer before the
     step's write (its barrier) while the harness holds the run's row, so R's
     heartbeat renewal waits past its timeout, unconfirmed. The harness lets go
     while the lease is still live by the database's clock, then lets R go on:
     its execution was cancelled, so the step's write (and anything after it)
-    must not come, though the lease would still take it."""
+    must not come, though the lease would still take it.
+
+    ``broken``: the waiting renewal's session is ended instead
+    (pg_terminate_backend: an error, not a timeout) and the row let go at
+    once, so a worker that asks again on a fresh connection before it
+    cancels gets a confirmed renewal and goes on (blind hunt 35 #06: one
+    unconfirmed renewal retried "since one lost answer is no lost lease")."""
     run_id = new_run(ctx, tool="idem")
     point = "after_tool_response_before_tx2_commit"
-    ctx.arm("R", point, Hold())
+    ctx.arm(app, point, Hold())
     # R renews less often than its renewal may take, as deployments do (the
     # reference's defaults: every 2 s, each renewal bounded by 1 s): a renewal
     # bounded by the interval instead of its timeout shows only then.
     r = ctx.env.start_worker(
-        "R",
+        app,
         "run",
         ["--run-id", run_id, "--once"],
         env={
@@ -223,48 +235,95 @@ def _run_renewal_unconfirmed_before_its_write(ctx: ExperimentContext) -> str:
             "FENCECHECK_LEASE_TTL_MS": str(R_LEASE_TTL_MS),
         },
     )
-    ctx.reached("R", point)
+    ctx.reached(app, point)
     timeout_s = R_TIMEOUT_MS / 1000
+    ended: list[int] = []
     with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
-        waiting = lock.wait_for_waiters(["R"])
-        waited_at = time.time()
-        time.sleep(timeout_s + 0.1)  # past the renewal's timeout, room to act on it
+        waiting = lock.wait_for_waiters([app])
+        # Counted from the renewal's start (the server's clock), not from when
+        # the harness saw it wait: let go past its timeout, with room to act
+        # on it, and before a second timeout would have run out (a worker
+        # that asks again on another connection before it cancels then gets
+        # its answer and goes on).
+        began = lock.waited_s(app) if waiting is not None else 0.0
+        waited_at = time.time() - began
+        if broken and waiting is not None:
+            ended = _end_waiting_sessions(ctx, app)
+        else:
+            time.sleep(max(0.0, timeout_s + RELEASE_AFTER_TIMEOUT_S - began))
+        held_s = time.time() - waited_at
+    if broken:  # room to act on the error; a retry meanwhile finds the row free
+        time.sleep(timeout_s + RELEASE_AFTER_TIMEOUT_S)
     live = ctx.sql(
-        "R's lease after the harness let go",
+        f"{app}'s lease after the harness let go",
         "SELECT lease_expires_at > clock_timestamp() AS live, epoch FROM "
         "fencecheck_model.agent_runs WHERE run_id = %s",
         [run_id],
     )[0]
     mark = checkers.audit_mark(ctx)
     released_at = time.time()
-    ctx.release("R", point)
+    ctx.release(app, point)
     code = finish_or_kill(ctx, r, 20)
-    name = "a run worker writes nothing after its renewal went unconfirmed"
+    if broken:
+        name = "a run worker writes nothing after its renewal's connection broke"
+        probe = f"{app}'s renewal ended by the server while it waited, its lease still live after"
+        reached = waiting is not None and bool(ended) and bool(live["live"])
+        how = f"; its session {ended or 'not'} ended (pg_terminate_backend) after {held_s:.3f} s"
+        expected = (
+            f"a session of {app}'s waiting on the run's row (its renewal) ended by the "
+            "harness, the row let go at once; the lease live by database time after"
+        )
+    else:
+        name = "a run worker writes nothing after its renewal went unconfirmed"
+        probe = (
+            f"{app}'s renewal waited on the run's row past its timeout, its lease still live after"
+        )
+        reached = waiting is not None and held_s > timeout_s and bool(live["live"])
+        how = f" for {held_s:.3f} s from its statement's start"
+        expected = (
+            f"a session of {app}'s waiting on the run's row (its renewal, timeout "
+            f"{R_TIMEOUT_MS} ms) while the harness held it; the lease live by "
+            "database time when the harness let go"
+        )
     if not ctx.probe_reached(
-        "R's renewal waited on the run's row past its timeout, its lease still live after",
-        waiting is not None and bool(live["live"]),
+        probe,
+        reached,
         judges=name,
-        expected=f"a session of R's waiting on the run's row (its renewal, timeout "
-        f"{R_TIMEOUT_MS} ms) while the harness held it; the lease live by "
-        "database time when the harness let go",
-        observed=f"{waiting or 'no session of R waited'}; lease {plain(live)}",
+        expected=expected,
+        observed=f"{waiting or f'no session of {app} waited'} {how}; lease {plain(live)}",
     ):
         return run_id
-    changed = [r for r in checkers.changes_by(ctx, ["R"], after_seq=mark) if not r["renewal"]]
+    changed = [r for r in checkers.changes_by(ctx, [app], after_seq=mark) if not r["renewal"]]
     # Progress, not safety: the heartbeat thread must have had a CPU to act on
     # the timeout before the step went on (starvation in the window excuses).
     ctx.progress(
         name,
         not changed,
-        expected="no change by R once the harness let its barrier go (rule 8: an "
-        "unconfirmed renewal cancels the execution; nothing more under that lease)",
-        observed=f"changes by R {[(c['seq'], c['tbl'], c['op']) for c in changed]}; R exit "
-        f"{code} (10 = cancelled)",
-        since=waited_at + timeout_s,
+        expected=f"no change by {app} once the harness let its barrier go (rule 8: an "
+        "unconfirmed renewal, timed out or failed, cancels the execution; nothing more under "
+        "that lease)",
+        observed=f"changes by {app} {[(c['seq'], c['tbl'], c['op']) for c in changed]}; "
+        f"{app} exit {code} (10 = cancelled)",
+        since=waited_at + (0.0 if broken else timeout_s),
         until=released_at + 1.0,
     )
-    _renewals_end_within_their_bound(ctx, "R", run_id, R_TIMEOUT_MS)
+    _renewals_end_within_their_bound(ctx, app, run_id, R_TIMEOUT_MS)
     return run_id
+
+
+def _end_waiting_sessions(ctx: ExperimentContext, app: str) -> list[int]:
+    """End (pg_terminate_backend) every session of ``app`` waiting on a lock:
+    its statement fails with a broken connection. The pids ended."""
+    rows = ctx.sql(
+        f"end {app}'s sessions waiting on a lock",
+        # Chosen first (a materialised CTE), ended after: the planner never
+        # runs the terminate on a row the filter would have left out.
+        "WITH waiting AS MATERIALIZED (SELECT pid FROM pg_stat_activity "
+        "WHERE datname = current_database() AND wait_event_type = 'Lock' "
+        "AND application_name = %s) SELECT pid, pg_terminate_backend(pid) AS ended FROM waiting",
+        [app],
+    )
+    return sorted(int(r["pid"]) for r in rows if r["ended"])
 
 
 def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:

@@ -232,6 +232,18 @@ class RowLock:
         except TimeoutError:
             return None
 
+    def waited_s(self, app: str) -> float:
+        """How long the longest waiting statement of ``app`` on a lock has
+        run, by the server's clock (its ``query_start``): the time since the
+        statement began, not since the harness saw it wait. 0 when none waits."""
+        rows = self.ctx.env.query(
+            "SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start)), 0)"
+            "::float8 AS s FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND application_name = %s",
+            [app],
+        )
+        return max(0.0, float(rows[0]["s"])) if rows else 0.0
+
     def _waiting(self, apps: Sequence[str]) -> str | None:
         rows = self.ctx.env.query(
             "SELECT application_name AS app FROM pg_stat_activity "
