@@ -57,7 +57,9 @@ def run(ctx: ExperimentContext) -> None:
     made = _db_now(ctx, "database time before the eligible tasks are made")
     eligible = [new_run(ctx, tool="plain") for _ in range(2)]
     live = new_run(ctx, tool="plain")
-    tasks = {r: _task_of(ctx, r) for r in (*eligible, live)}
+    # Left queued until the end, then cancelled: long made, ended just now.
+    idle = new_run(ctx, tool="plain")
+    tasks = {r: _task_of(ctx, r) for r in (*eligible, live, idle)}
     theirs = new_run(ctx, tool="plain", tenant_id=t2, task_id=tasks[eligible[0]])
     # Room for a cut-off between their making and their first end (the purge
     # between below), which one run alone may otherwise finish too soon for.
@@ -189,6 +191,7 @@ def run(ctx: ExperimentContext) -> None:
         [("purge", "RET-1", n) for n in counts],
         what="operator_actions (action, ticket, tasks)",
     )
+    _ended_just_now_after_idling(ctx, ctl, idle, tasks[idle], made, args)
     # Last: an approve the worker wrongly takes leaves the states above intact.
     if ctx.system.capabilities.offers_op("decide"):
         _superseded_approve_refused(ctx, paused)
@@ -401,6 +404,53 @@ def _archive(path: Any) -> list[dict[str, Any]]:
         if isinstance(doc, dict):
             docs.append(doc)
     return docs
+
+
+def _ended_just_now_after_idling(
+    ctx: ExperimentContext,
+    ctl: WorkerProcess,
+    idle: str,
+    task: str,
+    made: float,
+    args: dict[str, Any],
+) -> None:
+    """A run made at the start and left queued all along is cancelled only
+    now and its event relayed: it ended just now, however long ago it was
+    made, so a purge whose cut-off lies halfway back to its making must not
+    take its task (blind hunt 36 #02: a cancel that left the run's
+    updated_at at its creation made it look long ended). The global
+    run.purged_only_past_the_retention judges the same by the audit trail."""
+    ctx.ok(ctl, "cancel", run_id=idle)
+    _relay_all(ctx, "R3", None)
+    now = _db_now(ctx, "database time before the purge after the late cancel")
+    row = checkers.run_row(ctx, idle, "the idle run after its cancel")
+    unpublished = ctx.sql(
+        "the idle run's outbox rows not yet published",
+        "SELECT count(*) AS n FROM fencecheck_model.outbox WHERE run_id = %s "
+        "AND published_at IS NULL",
+        [idle],
+    )[0]["n"]
+    name = "a task that ended just now is not purged, however long ago it was made"
+    if not ctx.probe_reached(
+        "the idle run was cancelled and relayed long after it was made",
+        row["status"] == "cancelled" and not unpublished and now - made >= 1.0,
+        judges=name,
+        expected="the run cancelled, its outbox published, at least 1 s after it was made",
+        observed=f"status {row['status']}, {unpublished} unpublished, made {now - made:.2f} s back",
+    ):
+        return
+    older_than_ms = int((now - made) / 2 * 1000)
+    purged = _purged(
+        ctx,
+        ctx.ok(ctl, "purge", older_than_ms=older_than_ms, limit=100, **{**args, "archive": None}),
+    )
+    ctx.invariant(
+        name,
+        task not in purged,
+        expected=f"task {task} kept: made {int((now - made) * 1000)} ms back, cancelled just "
+        f"now; the cut-off {older_than_ms} ms back",
+        observed=f"purged {plain(purged)}",
+    )
 
 
 def _relay_all(ctx: ExperimentContext, name: str, tenant_id: str | None) -> None:

@@ -277,9 +277,12 @@ PURGE_CLOCK_TOLERANCE_S = 0.005
 @invariant(
     "run.purged_only_past_the_retention",
     "contract section 5 (purge: tasks whose every run ended older_than_ms ago or earlier)",
-    "a run a purge request deleted had ended (its updated_at) at least the request's "
-    "older_than_ms before the deletion, by the database's clock: judged for each purge "
-    "request of the harness's ops log against the runs its process deleted while it ran",
+    "a run a purge request deleted had ended at least the request's older_than_ms before "
+    "the deletion, by the database's clock: judged for each purge request of the harness's "
+    "ops log against the runs its process deleted while it ran; the run's end is the later "
+    "of its updated_at and the audit time of its last change before the deletion (the "
+    "harness's own record: a change that left updated_at behind does not make a run look "
+    "long ended)",
 )
 def purged_only_past_the_retention(ev: Evidence) -> Finding:
     purges = [
@@ -293,6 +296,12 @@ def purged_only_past_the_retention(ev: Evidence) -> Finding:
         and r.get("seq_after") is not None
     ]
     deleted = [c for c in ev.of("agent_runs", "DELETE") if not c.by_harness]
+    # Per run, its changes by transaction: the purge's own transaction may
+    # touch the row before it deletes it, which says nothing of its end.
+    changes: dict[str, list[tuple[int, float]]] = {}
+    for c in ev.of("agent_runs"):
+        if c.op != "DELETE":
+            changes.setdefault(_run_of(c), []).append((c.txid, c.at))
     bad: list[dict[str, Any]] = []
     checked = 0
     for r in purges:
@@ -301,7 +310,11 @@ def purged_only_past_the_retention(ev: Evidence) -> Finding:
             if not (r["seq_before"] < c.seq <= r["seq_after"] and c.app == r["worker"]):
                 continue
             checked += 1
-            ended = ts((c.old or {}).get("updated_at"))
+            stamped = ts((c.old or {}).get("updated_at"))
+            changed = max(
+                (at for tx, at in changes.get(_run_of(c), []) if tx != c.txid), default=None
+            )
+            ended = max((t for t in (stamped, changed) if t is not None), default=None)
             if ended is not None and ended > c.at - window_s + PURGE_CLOCK_TOLERANCE_S:
                 bad.append(
                     {
