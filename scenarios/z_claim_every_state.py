@@ -91,11 +91,13 @@ def run(ctx: ExperimentContext) -> None:
     e = ctx.env.start_worker("E", "ops", env={"FENCECHECK_LEASE_TTL_MS": str(SHORT_TTL_MS)})
     c = ctx.env.start_worker("C", "ops")
     first = {s: _make(ctx, s, ctl, h, e) for s in CLAIMABLE}
-    second = {s: _make(ctx, s, ctl, h, e) for s in CLAIMABLE}
     # A second queued run, its row not held: the claims of any run must take
     # it only after both expired leases (a claim ordering queued runs first
-    # passed while the only queued one was held).
+    # passed while the only queued one was held). Made before them, so it is
+    # the older by every other measure (due, made): a claim that orders by
+    # those alone takes it first (blind hunt 36 #09).
     spare = _make(ctx, "queued, due", ctl, h, e)
+    second = {s: _make(ctx, s, ctl, h, e) for s in CLAIMABLE}
     others = {
         s: _make(ctx, s, ctl, h, e)
         for s in (
