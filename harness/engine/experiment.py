@@ -758,6 +758,8 @@ class ExperimentContext:
                 "published": _listed_published(op, reply),
                 # What a consume cycle says it applied (worker.consume_counts_what_it_applied).
                 "consumed": _counted_consumed(op, reply),
+                # The status an ok cancel says the run has (worker.cancel_reports_the_runs_status).
+                "run_status": _reported_run_status(op, reply),
                 # The reply line against ops.schema.json (judged globally:
                 # worker.replies_match_the_contract).
                 "schema_problems": spec.reply_problems(op, reply.raw)
@@ -854,6 +856,15 @@ class LoggedOp:
             self.worker.worker_id, self.op, self.args, reply, self.at, self.seq_before,
             self.worker.tenant_id,
         )  # fmt: skip
+
+
+def _reported_run_status(op: str, reply: OpReply | None) -> str | None:
+    """The ``run_status`` an ok cancel reply gives (None for any other reply,
+    or one without it)."""
+    if op != "cancel" or reply is None or not reply.ok or not isinstance(reply.result, dict):
+        return None
+    status = reply.result.get("run_status")
+    return status if isinstance(status, str) else None
 
 
 def _listed_published(op: str, reply: OpReply | None) -> list[str] | None:

@@ -277,6 +277,7 @@ def test_clean_history_breaks_nothing() -> None:
         "outbox.a_relay_cycle_publishes_in_outbox_order",
         "worker.reconcile_lists_every_change",
         "worker.relay_lists_what_it_marked",
+        "worker.cancel_reports_the_runs_status",
         "worker.consume_counts_what_it_applied",
         "run.purged_only_past_the_retention",
         "run.leaves_doubt_only_with_nothing_in_doubt",
@@ -1010,7 +1011,26 @@ def busy_ledger_poll(ev: Evidence) -> None:
     ]
 
 
+def cancel_reports_another_runs_status(ev: Evidence) -> None:
+    """A cancel reply, right after the run was made, whose run_status is one
+    the run never had (generated a83ac9a7: the status of another run's row)."""
+    made = next(c for c in ev.changes if c.table == "agent_runs" and c.op == "INSERT")
+    ev.replies.append(
+        {
+            **reply_entry(
+                "cancel",
+                {"id": 9, "ok": True, "result": {"run_status": "paused_human", "operations": []}},
+            ),
+            "args": {"run_id": str(made.row["run_id"])},
+            "run_status": "paused_human",
+            "seq_before": made.seq,
+            "seq_after": made.seq,
+        }
+    )
+
+
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
+    "worker.cancel_reports_the_runs_status": cancel_reports_another_runs_status,
     "worker.statements_are_paced": busy_ledger_poll,
     "lease.acquisition_attempts_are_paced": busy_claim_loop,
     "effect.prepared_holds_no_claim": prepared_keeps_a_deadline,

@@ -188,6 +188,51 @@ def relay_lists_what_it_marked(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "worker.cancel_reports_the_runs_status",
+    "contract section 5 (cancel: run_status, the run's status once the cancel is done)",
+    "an ok cancel reply's run_status is a status the named run had, by the audit trail, "
+    "between the request and the reply (its status when the request was sent, or one a "
+    "change in between gave it): never another run's",
+)
+def cancel_reports_the_runs_status(ev: Evidence) -> Finding:
+    cancels = [
+        r
+        for r in ev.replies
+        if r.get("op") == "cancel"
+        and r.get("ok")
+        and isinstance(r.get("run_status"), str)
+        and isinstance(r.get("args"), dict)
+        and r.get("seq_before") is not None
+        and r.get("seq_after") is not None
+    ]
+    by_run: dict[str, list[Change]] = {}
+    for c in ev.of("agent_runs"):
+        by_run.setdefault(str(c.row.get("run_id")), []).append(c)
+    bad: list[dict[str, Any]] = []
+    checked = 0
+    for r in cancels:
+        changes = by_run.get(str(r["args"].get("run_id")), [])
+        before = [c for c in changes if c.seq <= r["seq_before"]]
+        during = [c for c in changes if r["seq_before"] < c.seq <= r["seq_after"]]
+        if not before and not during:
+            continue  # a run the audit trail never saw (missing, another tenant's)
+        checked += 1
+        had = {str(c.after("status")) for c in during}
+        if before:
+            had.add(str(before[-1].after("status")))
+        if r["run_status"] not in had:
+            bad.append(
+                {
+                    "worker": r["worker"],
+                    "run_id": str(r["args"].get("run_id")),
+                    "reported": r["run_status"],
+                    "the_run_had": sorted(had),
+                }
+            )
+    return Finding(checked, bad)
+
+
+@invariant(
     "worker.consume_counts_what_it_applied",
     "contract section 5 (consume: consumed, the messages applied in this cycle)",
     "an ok consume reply's consumed count is the number of dedup rows (consumed_events) the "
