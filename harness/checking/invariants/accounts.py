@@ -195,16 +195,7 @@ def relay_lists_what_it_marked(ev: Evidence) -> Finding:
     "change in between gave it): never another run's",
 )
 def cancel_reports_the_runs_status(ev: Evidence) -> Finding:
-    cancels = [
-        r
-        for r in ev.replies
-        if r.get("op") == "cancel"
-        and r.get("ok")
-        and isinstance(r.get("run_status"), str)
-        and isinstance(r.get("args"), dict)
-        and r.get("seq_before") is not None
-        and r.get("seq_after") is not None
-    ]
+    cancels = [r for r in ev.answered_ok("cancel") if isinstance(r.get("run_status"), str)]
     by_run: dict[str, list[Change]] = {}
     for c in ev.of("agent_runs"):
         by_run.setdefault(str(c.row.get("run_id")), []).append(c)

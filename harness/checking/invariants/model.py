@@ -159,6 +159,19 @@ class Evidence:
     _indexed: int = field(default=-1, repr=False, compare=False)
 
     # ------------------------------------------------------------ access
+    def answered_ok(self, op: str) -> list[dict[str, Any]]:
+        """The ops log's ok replies to ``op`` whose arguments and audit window
+        (seq_before, seq_after) are known: the ones a judge can place."""
+        return [
+            r
+            for r in self.replies
+            if r.get("op") == op
+            and r.get("ok")
+            and isinstance(r.get("args"), dict)
+            and r.get("seq_before") is not None
+            and r.get("seq_after") is not None
+        ]
+
     def of(self, table: str, op: str | None = None) -> Iterator[Change]:
         """Audited changes of one table (optionally one kind), in audit order."""
         return (c for c in self.changes if c.table == table and (op is None or c.op == op))

@@ -285,16 +285,7 @@ PURGE_CLOCK_TOLERANCE_S = 0.005
     "long ended)",
 )
 def purged_only_past_the_retention(ev: Evidence) -> Finding:
-    purges = [
-        r
-        for r in ev.replies
-        if r.get("op") == "purge"
-        and r.get("ok")
-        and isinstance(r.get("args"), dict)
-        and isinstance(r["args"].get("older_than_ms"), int)
-        and r.get("seq_before") is not None
-        and r.get("seq_after") is not None
-    ]
+    purges = [r for r in ev.answered_ok("purge") if isinstance(r["args"].get("older_than_ms"), int)]
     deleted = [c for c in ev.of("agent_runs", "DELETE") if not c.by_harness]
     # Per run, its changes by transaction: the purge's own transaction may
     # touch the row before it deletes it, which says nothing of its end.
