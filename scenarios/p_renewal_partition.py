@@ -47,7 +47,9 @@ SPEC = ExperimentSpec(
         needs.point("after_dispatch_claim_commit"),
         needs.point("after_tool_response_before_tx2_commit"),
     ),
-    natural_wait_s=0.8 + 0.3 + 0.8,  # the cut, its successor; an ops lease running out
+    # The cut, its successor; an ops lease running out; R2's room after its
+    # renewal broke; HS's heartbeat held past its renewal timeout.
+    natural_wait_s=0.8 + 0.3 + 0.8 + 0.3 + 1.3,
 )
 
 
@@ -136,6 +138,7 @@ def run(ctx: ExperimentContext) -> None:
     checkers.one_resource_per_operation(ctx, run_id)
     held = _run_renewal_unconfirmed_before_its_write(ctx)
     broke = _run_renewal_unconfirmed_before_its_write(ctx, "R2", broken=True)
+    unsent = _renewal_held_before_it_is_sent(ctx)
     caps = ctx.system.capabilities
     if not (caps.offers_op("heartbeat") and caps.checkpoints):
         # A system whose sessions renew no lease of their own (or write no
@@ -145,11 +148,11 @@ def run(ctx: ExperimentContext) -> None:
             expected="judged where the system offers the heartbeat op and checkpoints",
             observed="the system's mapping offers no heartbeat op or no checkpoints",
         )
-        checkers.lease_history_is_sound(ctx, [run_id, held, broke])
+        checkers.lease_history_is_sound(ctx, [run_id, held, broke, unsent])
         return
     other = _ops_session_renewal_unconfirmed(ctx)
     expired = _renewal_held_past_expiry(ctx)
-    checkers.lease_history_is_sound(ctx, [run_id, held, broke, other, expired])
+    checkers.lease_history_is_sound(ctx, [run_id, held, broke, unsent, other, expired])
 
 
 # The ops session's heartbeat interval and renewal timeout: short next to the
@@ -308,6 +311,80 @@ def _run_renewal_unconfirmed_before_its_write(
         until=released_at + 1.0,
     )
     _renewals_end_within_their_bound(ctx, app, run_id, R_TIMEOUT_MS)
+    return run_id
+
+
+# HS's heartbeat: a renewal timeout it has room to meet on a loaded machine,
+# held before it is sent for longer than that, well inside a long lease.
+HS_HEARTBEAT_MS = 1500
+HS_TIMEOUT_MS = 1000
+HS_LEASE_TTL_MS = 8000
+HS_HELD_PAST_TIMEOUT_S = 0.3
+
+
+def _renewal_held_before_it_is_sent(ctx: ExperimentContext) -> str:
+    """HS's heartbeat is held at before_renew (about to send a renewal) for
+    longer than its renewal timeout while its workflow waits at its barrier
+    and its lease is live by the database's clock. Let go, the renewal must
+    be sent and confirmed and the work go on: a renewal's timeout bounds the
+    renewal, counted from its sending; a heartbeat that started the clock
+    before the point cancels work it never failed to renew (blind hunt 37
+    #10, the Go heartbeat). Progress, judged with the stalls in the window."""
+    run_id = new_run(ctx, tool="idem")
+    point = "after_tool_response_before_tx2_commit"
+    ctx.arm("HS", point, Hold())
+    ctx.arm("HS", "before_renew", Hold())
+    hs = ctx.env.start_worker(
+        "HS",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={
+            "FENCECHECK_HEARTBEAT_MS": str(HS_HEARTBEAT_MS),
+            "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(HS_TIMEOUT_MS),
+            "FENCECHECK_LEASE_TTL_MS": str(HS_LEASE_TTL_MS),
+        },
+    )
+    ctx.reached("HS", point)
+    ctx.reached("HS", "before_renew")
+    held_at = time.time()
+    time.sleep(HS_TIMEOUT_MS / 1000 + HS_HELD_PAST_TIMEOUT_S)
+    live = ctx.sql(
+        "HS's lease before its held renewal is let go",
+        "SELECT lease_expires_at > clock_timestamp() AS live, epoch FROM "
+        "fencecheck_model.agent_runs WHERE run_id = %s",
+        [run_id],
+    )[0]
+    mark = checkers.audit_mark(ctx)
+    released_at = time.time()
+    held_s = released_at - held_at
+    ctx.release("HS", "before_renew")
+    renewed = seen_within(
+        lambda: any(r["renewal"] for r in checkers.changes_by(ctx, ["HS"], after_seq=mark)),
+        what="HS's held renewal to commit once let go",
+        timeout_s=HS_TIMEOUT_MS / 1000 + 1.0,
+    )
+    ctx.release("HS", point)
+    code = finish_or_kill(ctx, hs, 20)
+    name = "a heartbeat held before it sends a renewal still sends it, and the work goes on"
+    if not ctx.probe_reached(
+        "HS's heartbeat held at before_renew past its renewal timeout, its lease live",
+        held_s > HS_TIMEOUT_MS / 1000 and bool(live["live"]),
+        judges=name,
+        expected=f"HS held at before_renew for more than its {HS_TIMEOUT_MS} ms renewal "
+        "timeout, its workflow at its barrier, the lease live by database time when let go",
+        observed=f"held {held_s:.3f} s; lease {plain(live)}",
+    ):
+        return run_id
+    row = checkers.run_row(ctx, run_id, "HS's run after it was let go")
+    ctx.progress(
+        name,
+        bool(renewed) and row["status"] == "succeeded" and code == 0,
+        expected="a renewal by HS committed after the point was let go, and HS then finished "
+        "the run (a renewal's timeout counts from its sending, not from the tick)",
+        observed=f"renewal after the release: {'yes' if renewed else 'none'}; run "
+        f"{row['status']}; HS exit {code} (10 = cancelled)",
+        since=released_at,
+    )
     return run_id
 
 
