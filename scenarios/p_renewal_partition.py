@@ -25,6 +25,7 @@ from harness.checking.history import read_history
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Hold
+from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 from scenarios.common import finish, finish_or_kill, new_run, seen_within, wait_claimable
 
@@ -228,16 +229,7 @@ def _run_renewal_unconfirmed_before_its_write(
     # R renews less often than its renewal may take, as deployments do (the
     # reference's defaults: every 2 s, each renewal bounded by 1 s): a renewal
     # bounded by the interval instead of its timeout shows only then.
-    r = ctx.env.start_worker(
-        app,
-        "run",
-        ["--run-id", run_id, "--once"],
-        env={
-            "FENCECHECK_HEARTBEAT_MS": str(R_HEARTBEAT_MS),
-            "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(R_TIMEOUT_MS),
-            "FENCECHECK_LEASE_TTL_MS": str(R_LEASE_TTL_MS),
-        },
-    )
+    r = _run_worker(ctx, app, run_id, R_HEARTBEAT_MS, R_TIMEOUT_MS, R_LEASE_TTL_MS)
     ctx.reached(app, point)
     timeout_s = R_TIMEOUT_MS / 1000
     ended: list[int] = []
@@ -334,16 +326,7 @@ def _renewal_held_before_it_is_sent(ctx: ExperimentContext) -> str:
     point = "after_tool_response_before_tx2_commit"
     ctx.arm("HS", point, Hold())
     ctx.arm("HS", "before_renew", Hold())
-    hs = ctx.env.start_worker(
-        "HS",
-        "run",
-        ["--run-id", run_id, "--once"],
-        env={
-            "FENCECHECK_HEARTBEAT_MS": str(HS_HEARTBEAT_MS),
-            "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(HS_TIMEOUT_MS),
-            "FENCECHECK_LEASE_TTL_MS": str(HS_LEASE_TTL_MS),
-        },
-    )
+    hs = _run_worker(ctx, "HS", run_id, HS_HEARTBEAT_MS, HS_TIMEOUT_MS, HS_LEASE_TTL_MS)
     ctx.reached("HS", point)
     ctx.reached("HS", "before_renew")
     held_at = time.time()
@@ -386,6 +369,23 @@ def _renewal_held_before_it_is_sent(ctx: ExperimentContext) -> str:
         since=released_at,
     )
     return run_id
+
+
+def _run_worker(
+    ctx: ExperimentContext, app: str, run_id: str, heartbeat_ms: int, timeout_ms: int, ttl_ms: int
+) -> WorkerProcess:
+    """A ``run --once`` worker on ``run_id`` with its own heartbeat interval,
+    renewal timeout and lease."""
+    return ctx.env.start_worker(
+        app,
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={
+            "FENCECHECK_HEARTBEAT_MS": str(heartbeat_ms),
+            "FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(timeout_ms),
+            "FENCECHECK_LEASE_TTL_MS": str(ttl_ms),
+        },
+    )
 
 
 def _end_waiting_sessions(ctx: ExperimentContext, app: str) -> list[int]:
