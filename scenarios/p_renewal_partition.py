@@ -47,6 +47,7 @@ SPEC = ExperimentSpec(
         *needs.capabilities("workflow", "ledger"),
         needs.point("after_dispatch_claim_commit"),
         needs.point("after_tool_response_before_tx2_commit"),
+        needs.point("before_renew"),
     ),
     # The cut, its successor; an ops lease running out; R2's room after its
     # renewal broke; HS's heartbeat held past its renewal timeout.
