@@ -286,7 +286,7 @@ def _run_renewal_unconfirmed_before_its_write(
         reached,
         judges=name,
         expected=expected,
-        observed=f"{waiting or f'no session of {app} waited'} {how}; lease {plain(live)}",
+        observed=f"{waiting or f'no session of {app} waited'}{how}; lease {plain(live)}",
     ):
         return run_id
     changed = [r for r in checkers.changes_by(ctx, [app], after_seq=mark) if not r["renewal"]]
