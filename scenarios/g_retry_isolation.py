@@ -99,6 +99,7 @@ SPEC = ExperimentSpec(
             "retried_paused_in_doubt",
             "live_unknown",
             "live_dispatching",
+            "live_dispatching_stepped",
         ),
         needs.point("after_outbound_intent_commit", "live_prepared"),
         needs.op("converge_operation", "retried_paused_in_doubt"),
@@ -111,10 +112,16 @@ SPEC = ExperimentSpec(
         "retried_paused_in_doubt",
         "live_prepared",
         "live_dispatching",
+        "live_dispatching_stepped",
         "live_unknown",
         "live_succeeded",
         "retry_race",
     ),
+    # The held worker's refused result write on the stepped path, a
+    # transaction of several statements: its session must be usable after
+    # (blind hunt 38 #02: a rollback skipped for a transaction in error left
+    # it aborted, and the worker's next read failed).
+    variant_write_paths=(("live_dispatching_stepped", "stepped"),),
     variant_faults=(
         (
             "retry_race",
@@ -560,6 +567,7 @@ SETUPS: dict[str, Callable[[ExperimentContext], Moment]] = {
     "retried_paused_in_doubt": _retried_paused_in_doubt,
     "live_prepared": _live_prepared,
     "live_dispatching": _live_dispatching,
+    "live_dispatching_stepped": _live_dispatching,
     "live_unknown": _live_unknown,
     "live_succeeded": _live_succeeded,
 }
