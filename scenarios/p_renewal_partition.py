@@ -19,6 +19,7 @@ under a key it was never stored under).
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from harness.checking import checkers
 from harness.checking.history import read_history
@@ -250,12 +251,7 @@ def _run_renewal_unconfirmed_before_its_write(
         held_s = time.time() - waited_at
     if broken:  # room to act on the error; a retry meanwhile finds the row free
         time.sleep(timeout_s + RELEASE_AFTER_TIMEOUT_S)
-    live = ctx.sql(
-        f"{app}'s lease after the harness let go",
-        "SELECT lease_expires_at > clock_timestamp() AS live, epoch FROM "
-        "fencecheck_model.agent_runs WHERE run_id = %s",
-        [run_id],
-    )[0]
+    live = _lease_now(ctx, run_id, f"{app}'s lease after the harness let go")
     mark = checkers.audit_mark(ctx)
     released_at = time.time()
     ctx.release(app, point)
@@ -332,12 +328,7 @@ def _renewal_held_before_it_is_sent(ctx: ExperimentContext) -> str:
     ctx.reached("HS", "before_renew")
     held_at = time.time()
     time.sleep(HS_TIMEOUT_MS / 1000 + HS_HELD_PAST_TIMEOUT_S)
-    live = ctx.sql(
-        "HS's lease before its held renewal is let go",
-        "SELECT lease_expires_at > clock_timestamp() AS live, epoch FROM "
-        "fencecheck_model.agent_runs WHERE run_id = %s",
-        [run_id],
-    )[0]
+    live = _lease_now(ctx, run_id, "HS's lease before its held renewal is let go")
     mark = checkers.audit_mark(ctx)
     released_at = time.time()
     held_s = released_at - held_at
@@ -370,6 +361,17 @@ def _renewal_held_before_it_is_sent(ctx: ExperimentContext) -> str:
         since=released_at,
     )
     return run_id
+
+
+def _lease_now(ctx: ExperimentContext, run_id: str, label: str) -> dict[str, Any]:
+    """Whether the run's lease is live by the database's clock now, with its
+    owner and epoch."""
+    return ctx.sql(
+        label,
+        "SELECT lease_expires_at > clock_timestamp() AS live, owner, epoch FROM "
+        "fencecheck_model.agent_runs WHERE run_id = %s",
+        [run_id],
+    )[0]
 
 
 def _run_worker(
@@ -419,12 +421,7 @@ def _ops_session_renewal_unconfirmed(ctx: ExperimentContext) -> str:
         waited_at = time.time()
         # Past the renewal's timeout, with room for the heartbeat to act on it.
         time.sleep(timeout_s + 0.1)
-    live = ctx.sql(
-        "O's lease after the harness let go",
-        "SELECT lease_expires_at > clock_timestamp() AS live, owner, epoch FROM "
-        "fencecheck_model.agent_runs WHERE run_id = %s",
-        [run_id],
-    )[0]
+    live = _lease_now(ctx, run_id, "O's lease after the harness let go")
     mark = checkers.audit_mark(ctx)
     asked_at = time.time()
     # Every write under the lease, each at the revision the lease was granted
