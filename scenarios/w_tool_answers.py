@@ -57,6 +57,14 @@ answers a worker must handle"):
   The run must then pause in doubt: one resend, never a loop of them (the
   tool's log, once everything sent has arrived, holds two creates).
 
+* ``resend_meets_own_resource``: a tool that makes each resource under a
+  deterministic id: the run's create is held on the network past the
+  worker's timeout, the worker's query finds nothing and it is held there
+  (``after_reconcile_query``) while the create arrives and acts. Its same-id
+  resend then meets the tool's 409 naming our own request and its resource:
+  that is our success, recorded with that resource, and the run finishes
+  (a 409 from *another* body is ``conflict_other_body``).
+
 * ``resend_refused``: the same late call, and the same-key resend refused
   with a 429. The refusal proves only that the resend did nothing: the call
   still on the network may act (here it does). The operation stays in doubt,
@@ -118,6 +126,7 @@ FAILED_BEFORE_FREEZE = "failed_before_freeze"
 OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
 RESEND_REFUSED = "resend_refused"
+RESEND_MEETS_OWN = "resend_meets_own_resource"
 LOST_NOT_EXECUTED = "lost_not_executed"
 BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
 REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
@@ -217,6 +226,7 @@ SPEC = ExperimentSpec(
         OTHERS_IN_DOUBT,
         RESEND_UNANSWERED,
         RESEND_REFUSED,
+        RESEND_MEETS_OWN,
         LOST_NOT_EXECUTED,
         BESIDE_LIVE_CLAIM,
         REJECTED_BESIDE_LIVE_CLAIM,
@@ -228,6 +238,12 @@ SPEC = ExperimentSpec(
             RESEND_REFUSED,
             "the run's first create reaches the tool late (past the worker's timeout and its "
             "query), its same-key resend is refused with 429 before that",
+        ),
+        (
+            RESEND_MEETS_OWN,
+            "the run's create (a deterministic-id tool) held on the network past the worker's "
+            "timeout and let arrive while the worker is held after its empty query, so its "
+            "same-id resend meets a 409 naming its own request",
         ),
         (
             FAILED_BEFORE_FREEZE,
@@ -283,6 +299,8 @@ SPEC = ExperimentSpec(
         needs.op("converge_operation", OTHERS_IN_DOUBT),
         needs.capability("ledger_tool:idempotent", RESEND_UNANSWERED, RESEND_REFUSED),
         needs.op("reconcile", RESEND_REFUSED),
+        needs.capability("ledger_tool:deterministic_id", RESEND_MEETS_OWN),
+        needs.point("after_reconcile_query", RESEND_MEETS_OWN),
         needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
         needs.capability("operator_actions", LOST_NOT_EXECUTED),
         needs.op("resolve_indoubt", LOST_NOT_EXECUTED),
@@ -305,6 +323,7 @@ SPEC = ExperimentSpec(
         (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
         (RESEND_REFUSED, RESEND_LATE_MS / 1000),
+        (RESEND_MEETS_OWN, TOOL_TIMEOUT_MS / 1000),
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
@@ -329,6 +348,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == RESEND_REFUSED:
         _resend_refused(ctx)
+        return
+    if ctx.variant == RESEND_MEETS_OWN:
+        _resend_meets_own_resource(ctx)
         return
     if ctx.variant == LOST_NOT_EXECUTED:
         _lost_then_found_not_executed(ctx)
@@ -575,18 +597,18 @@ def _withdrawn_while_in_doubt(
 
 
 def _let_arrive(
-    ctx: ExperimentContext, tool: ToolClient, run_id: str
+    ctx: ExperimentContext, tool: ToolClient, run_id: str, name: str = "queryable"
 ) -> list[dict[str, Any]] | None:
-    """Let the run's create held on the network reach the tool, now that the
-    state it had to come after is there; the run's requests once it has."""
+    """Let the run's create held on the network reach the tool ``name``, now
+    that the state it had to come after is there; the run's requests of that
+    tool once it has."""
     released = tool.release()
     ctx.command(f"tool: let run {run_id}'s held create arrive ({released} held)")
     found: list[dict[str, Any]] | None = seen_within(
         lambda: (
-            [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["tool"] == "queryable"]
-            or None
+            [r for r in checkers.tool_requests(ctx, run_id=run_id) if r["tool"] == name] or None
         ),
-        what=f"the queryable tool to see run {run_id}'s held request",
+        what=f"the {name} tool to see run {run_id}'s held request",
         timeout_s=5,
     )
     return found
@@ -706,6 +728,75 @@ def _resend_refused(ctx: ExperimentContext) -> None:
         "succeeded",
         what=f"run status (A exit {code}, B exit {b})",
     )
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _resend_meets_own_resource(ctx: ExperimentContext) -> None:
+    """A same-id resend to a deterministic-id tool meets the resource its own
+    first call made after the worker's query found nothing: the 409 names our
+    request and its resource, which is our success (generated 8f2c6753: a 409
+    naming our own request taken for a conflict froze the run in doubt)."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="detid")
+    tool = ctx.env.tool.client()
+    tool.set_fault("detid", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(
+        f"tool: run {run_id}'s first create is held on the network until the harness lets it arrive"
+    )
+    ctx.arm("A", "after_reconcile_query", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    ctx.reached("A", "after_reconcile_query")
+    arrived = _let_arrive(ctx, tool, run_id, "detid")
+    released_at = time.time()
+    ctx.release("A", "after_reconcile_query")
+    code = finish(ctx, a)
+    log = checkers.tool_log(ctx)
+    creates = [r for r in log["requests"] if r.get("run_id") == run_id]
+    op_id = str(creates[0]["operation_id"]) if creates else ""
+    queried = [q for q in log["queries"] if q.get("operation_id") == op_id]
+    ctx.fault(
+        "the worker's query found nothing, then its call made the resource, then its resend met it",
+        bool(arrived)
+        and len(creates) == 2
+        and [r["outcome"] for r in creates] == ["created", "conflict"]
+        and all(r.get("operation_id") == op_id for r in creates)
+        and bool(queried)
+        and queried[0].get("outcome") == "not_found"
+        and float(queried[0]["received_at"]) < float(creates[0]["received_at"]),
+        expected="a query of the operation answered not found before its held create "
+        "arrived and created; then a same-id resend answered 409 (conflict)",
+        observed=f"queries {[q.get('outcome') for q in queried]}; creates "
+        f"{[(r.get('outcome'), round(float(r['received_at']), 3)) for r in creates]} "
+        f"(A exit {code})",
+    )
+    resources = checkers.tool_resources(ctx, run_id=run_id)
+    ops = checkers.ledger(ctx, run_id)
+    op = next((o for o in ops if str(o["operation_id"]) == op_id), None)
+    remote = resources[0]["resource_id"] if len(resources) == 1 else None
+    ctx.equal("one real resource", len(resources), 1, what="resources the tool made for the run")
+    ctx.invariant(
+        "ledger agrees with the remote fact",
+        op is not None
+        and (
+            op["status"] == "unknown" or (op["status"] == "succeeded" and op["remote_id"] == remote)
+        ),
+        expected=f"the operation unknown, or succeeded with the tool's resource {remote}",
+        observed=f"ledger {op and (op['status'], op['remote_id'])}",
+    )
+    row = checkers.run_row(ctx, run_id, "the run at the end")
+    ctx.progress(
+        "the 409 naming our own request was taken as our success",
+        op is not None
+        and op["status"] == "succeeded"
+        and op["remote_id"] == remote
+        and row["status"] == "succeeded",
+        expected=f"the operation succeeded with {remote}; the run succeeded",
+        observed=f"ledger {op and (op['status'], op['remote_id'])}; run {row['status']} "
+        f"(A exit {code})",
+        since=released_at,
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 
