@@ -93,14 +93,17 @@ class SetupRefused(Exception):
 
 #: Error classes a correct worker may answer a setup op with when timing went
 #: against it (a lease that ran out under load, a state a slow tool call left,
-#: a lost connection), or that say the harness asked wrongly or the worker
-#: lacks the op: those leave the experiment unknown, never failed.
+#: a lost connection), or that say the worker lacks the op: those leave the
+#: experiment unknown, never failed. Not ``BadRequest``: a setup op is sent as
+#: the contract's table of ops defines it (the correct workers take every one),
+#: so refusing it as malformed is the worker's refusal (generated 9fff1df9: a
+#: ``claim`` without a TTL of its own refused, every experiment unknown).
 TIMING_OR_HARNESS_ERRORS = frozenset(
     {"LeaseLost", "NotClaimable", "RevisionConflict", "CommitOutcomeUnknown", "StateConflict"}
     | {"RunNotRetryable", "DispatchClaimExpired", "ExecutionCancelled", "OperationalError"}
     | {"InterfaceError", "QueryCanceled", "LockNotAvailable", "SerializationFailure"}
     | {"DeadlockDetected", "AdminShutdown", "IdleInTransactionSessionTimeout", "Unsupported"}
-    | {"BadRequest", "ToolOutcomeUnknown"}
+    | {"ToolOutcomeUnknown"}
 )
 
 

@@ -278,6 +278,7 @@ def test_a_probe_not_reached_is_not_judged_and_leaves_the_fail_before_it() -> No
         ("StateConflict", None, Verdict.UNKNOWN),  # a state a slow tool call left
         ("OperationalError", None, Verdict.UNKNOWN),
         ("Unsupported", None, Verdict.UNKNOWN),  # the worker lacks the op
+        ("BadRequest", None, Verdict.FAIL),  # a request the contract defines, refused
     ],
 )
 def test_a_setup_op_refused_for_no_timing_reason_is_unmet_progress(
