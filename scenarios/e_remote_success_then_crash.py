@@ -56,6 +56,15 @@ own unanswered call unknown must not touch the newer claim, although the
 owner is the same session (a mark matches the claim it was made under: its
 owner and its ledger revision).
 
+Variant ``expired_claims_one_held``: one ``ops`` dispatcher D claims two
+operations of a run (a tool with neither query nor key whose creates hang at
+the tool), so both claims are D's at the same ledger revision; both expire.
+A reconcile runs while the harness holds the second one's ledger row
+locked: its cycle expires the first and skips the held one (or waits for
+it); either way its reply must list exactly the operations it changed
+(the global ``worker.reconcile_lists_every_change``). The next cycle, the
+row let go, expires the second.
+
 Variant ``slow_claim_answer``: an ``ops`` dispatcher's database link answers
 late while it claims an intent; it is held right after the claim and let go
 past the claim's deadline by database time, but within that delay. Its
@@ -144,6 +153,13 @@ CAPABILITY = {
 # claim_row_held: how long the harness holds A's intent's ledger row locked
 # while A comes to claim it for dispatch.
 ROW_HELD_S = 1.0
+# expired_claims_one_held: D's two dispatch claims, long enough that a busy
+# machine does not expire one before D sends (it then sends nothing), and D's
+# tool timeout, past the whole case (its creates hang at the tool until the
+# harness lets them go).
+TWO_CLAIMS_TTL_MS = 1000
+TWO_CLAIMS_TOOL_TIMEOUT_MS = 20_000
+EXPIRED_CLAIMS_ONE_HELD = "expired_claims_one_held"
 
 SPEC = ExperimentSpec(
     id="E",
@@ -204,6 +220,8 @@ SPEC = ExperimentSpec(
         needs.point("after_dispatch_claim_commit", "slow_claim_answer", "slow_resend_claim_answer"),
         needs.op("reconcile", "slow_resend_claim_answer"),
         needs.point("after_tool_response_before_tx2_commit", "superseded_claim"),
+        needs.capability("ledger_tool:none", EXPIRED_CLAIMS_ONE_HELD),
+        needs.op("reconcile", EXPIRED_CLAIMS_ONE_HELD),
     ),
     variants=(
         "idempotent",
@@ -223,6 +241,7 @@ SPEC = ExperimentSpec(
         "query_unreachable",
         "claim_row_held",
         "deterministic_id",
+        EXPIRED_CLAIMS_ONE_HELD,
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -231,6 +250,7 @@ SPEC = ExperimentSpec(
         ("retention_expired", 1.2),
         ("resend_at_window_end", WINDOW_END_RETENTION_S),
         ("claim_row_held", ROW_HELD_S),
+        (EXPIRED_CLAIMS_ONE_HELD, TWO_CLAIMS_TTL_MS / 1000),
     ),
     variant_points=(
         ("frozen_dispatcher", "after_dispatch_claim_commit"),
@@ -242,6 +262,11 @@ SPEC = ExperimentSpec(
         ("slow_resend_claim_answer", "after_dispatch_claim_commit"),
     ),
     variant_faults=(
+        (
+            EXPIRED_CLAIMS_ONE_HELD,
+            "one dispatcher's two claims (creates hanging at the tool) expired; the harness "
+            "holds the second one's ledger row locked while a reconcile runs",
+        ),
         (
             "stale_timeout",
             f"D1's request reaches the idempotent tool {STALE_TIMEOUT_ARRIVE_MS} ms late, after "
@@ -337,6 +362,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == "claim_row_held":
         _claim_row_held(ctx)
+        return
+    if variant == EXPIRED_CLAIMS_ONE_HELD:
+        _expired_claims_one_held(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -1183,6 +1211,95 @@ def _claim_row_held(ctx: ExperimentContext) -> None:
         "the run finished once the row was let go", row["status"], "succeeded", what=f"run "
         f"status (A exit {code_a})",
     )  # fmt: skip
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _expired_claims_one_held(ctx: ExperimentContext) -> None:
+    """Two expired claims of one dispatcher at the same ledger revision, the
+    second held locked by another session while a reconcile runs: its reply
+    lists exactly what its cycle changed (generated 02395871: an expiry whose
+    condition matched any expired claim of the same owner and revision also
+    moved the held one, unlisted, once let go)."""
+    run_id = new_run(ctx, tool="plain")
+    registrar = ctx.env.start_worker("W", "ops")
+    first = intent_registered(ctx, registrar, run_id, tool="plain", step_id="e.label")
+    row = checkers.run_row(ctx, run_id, "the run after its first intent")
+    second = str(
+        ctx.ok(
+            registrar,
+            "register_intent",
+            run_id=run_id,
+            epoch=row["epoch"],
+            expected_revision=row["revision"],
+            step_id="e.second",
+            effect_version=1,
+            tool="plain",
+            request={"kind": "second_label"},
+        )["operation_id"]
+    )
+    tool = ctx.env.tool.client()
+    tool.set_fault("plain", "hang", count=2, ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(f"tool: the next two creates of run {run_id} hang until the harness lets them go")
+    d = ctx.env.start_worker(
+        "D",
+        "ops",
+        env={
+            "FENCECHECK_DISPATCH_TTL_MS": str(TWO_CLAIMS_TTL_MS),
+            "FENCECHECK_TOOL_TIMEOUT_MS": str(TWO_CLAIMS_TOOL_TIMEOUT_MS),
+        },
+    )
+    ctl = control_plane(ctx)
+    calls = [
+        ctx.op_async(d, "dispatch", {"operation_id": op}, worker_async=True)
+        for op in (first, second)
+    ]
+    hung = seen_within(
+        lambda: len(tool.faults()["hung"]) >= 2 or None,
+        what=f"D's two creates of run {run_id} to hang at the tool",
+        timeout_s=10,
+    )
+    for op in (first, second):
+        _past_deadline(ctx, op, f"D's dispatch claim of {op}")
+    claims = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
+    pair = [claims.get(first), claims.get(second)]
+    ctx.fault(
+        "one dispatcher's two claims expired at the same revision",
+        bool(hung)
+        and all(o is not None and o["status"] == "dispatching" for o in pair)
+        and len({(o or {}).get("dispatch_owner") for o in pair}) == 1
+        and len({(o or {}).get("revision") for o in pair}) == 1,
+        expected="both operations dispatching by one owner at one revision, past their "
+        "deadlines, their creates hanging at the tool",
+        observed=f"hanging {bool(hung)}; claims "
+        f"{[(o or {}).get('status') for o in pair]} by "
+        f"{[(o or {}).get('dispatch_owner') for o in pair]} at revisions "
+        f"{[(o or {}).get('revision') for o in pair]}",
+    )
+    with checkers.row_locked(ctx, "tool_operations", "operation_id", second) as lock:
+        cycle = ctx.op_async(ctl, "reconcile", {})
+        waited = lock.answered_or_waiting(cycle, ctl.worker_id)
+        ctx.command(f"the reconcile beside the held claim: {waited or 'answered'}")
+    reply = cycle.result(15.0)
+    after = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+    ctx.invariant(
+        "the cycle beside the held claim expired the one it could take",
+        reply.ok and after.get(first) == "unknown",
+        expected=f"reconcile ok; {first} unknown (its claim expired)",
+        observed=f"reconcile {reply.result if reply.ok else reply.error} "
+        f"({waited or 'answered while the row was held'}); ledger {after}",
+    )
+    later = ctx.op(ctl, "reconcile")
+    after = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+    ctx.progress(
+        "the next cycle expired the claim once let go",
+        later.ok and after.get(second) == "unknown",
+        expected=f"reconcile ok; {second} unknown",
+        observed=f"reconcile {later.result if later.ok else later.error}; ledger {after}",
+    )
+    # D's creates act now; its answers meet claims that are no longer its own.
+    ctx.command(f"tool: let the hanging creates go ({tool.release()} hung)")
+    for call in calls:
+        call.result(15.0)
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
