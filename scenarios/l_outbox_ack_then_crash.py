@@ -14,6 +14,12 @@ consumer applies them; one variant per thing that goes wrong on the way:
   timeout: no ack, so no mark; the next relay publishes it again.
 * ``duplicate_delivery``: the broker hands one message out twice in one read.
 * ``reordered_delivery``: the broker hands one read out in reverse order.
+  Before that, the run's rows are stored out of id order: a filler run's
+  three events are written first and published, the database is vacuumed so
+  their old row versions' space is free, and the run's later two events take
+  that space, ahead of its first event. The limit-1 cycle must still publish
+  the oldest row (blind hunt 39 #06: a batch without ``ORDER BY id`` read the
+  table in its stored order).
 * ``concurrent_relays``: a relay holds its locked batch (held at
   after_outbox_batch_locked, nothing published) while a second relay runs a
   cycle: the second must neither publish nor mark a row of that batch (it
@@ -36,6 +42,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import psycopg
 
 from harness.checking import checkers
 from harness.contract import needs
@@ -99,7 +107,12 @@ SPEC = ExperimentSpec(
             f"relay's {RELAY_TIMEOUT_MS} ms timeout",
         ),
         ("duplicate_delivery", "the broker hands the first message of a read out twice"),
-        ("reordered_delivery", "the broker hands a read out in reverse order"),
+        (
+            "reordered_delivery",
+            "the run's outbox rows stored out of id order (a filler's rows published, the "
+            "database vacuumed, later rows in the freed space); the broker hands a read out in "
+            "reverse order",
+        ),
         (
             "concurrent_relays",
             "a second relay's cycle while the first holds its locked batch, nothing published",
@@ -115,7 +128,7 @@ SPEC = ExperimentSpec(
 
 def run(ctx: ExperimentContext) -> None:
     variant = VARIANTS[ctx.variant or "ack_then_crash"]
-    run_id, events = _outbox_events(ctx)
+    run_id, events = _outbox_events(ctx, out_of_id_order=variant.out_of_id_order)
     variant.publish(ctx, run_id, events)
     consumer = variant.consume(ctx) if variant.consume else ctx.env.start_worker("K", "ops")
     ctx.ok(consumer, "consume", consumer=CONSUMER)
@@ -187,13 +200,22 @@ def _published_stays_published(ctx: ExperimentContext, run_id: str) -> None:
     )
 
 
-def _outbox_events(ctx: ExperimentContext) -> tuple[str, list[str]]:
-    """A run with ``EVENTS`` checkpoints, hence as many outbox events, unpublished."""
+def _outbox_events(
+    ctx: ExperimentContext, *, out_of_id_order: bool = False
+) -> tuple[str, list[str]]:
+    """A run with ``EVENTS`` checkpoints, hence as many outbox events, unpublished.
+    With ``out_of_id_order`` the rows are stored out of id order: a filler
+    run's events come first and are published, a VACUUM frees their old row
+    versions' space, and the run's events after its first take that space."""
     run_id = new_run(ctx)
     w = ctx.env.start_worker("W", "ops")
+    if out_of_id_order:
+        _filler_events(ctx)
     lease = ctx.ok(w, "claim", run_id=run_id)
     rev, events = lease["revision"], []
     for i in range(EVENTS):
+        if out_of_id_order and i == 1:
+            _filler_published_and_vacuumed(ctx)
         saved = ctx.ok(
             w,
             "save_checkpoint",
@@ -204,7 +226,54 @@ def _outbox_events(ctx: ExperimentContext) -> tuple[str, list[str]]:
         )
         rev = saved["revision"]
         events.append(str(saved["event_id"]))
+    if out_of_id_order:
+        stored = _pending_in_stored_order(ctx)
+        ctx.fault(
+            "the run's unpublished rows are stored out of id order",
+            stored != sorted(stored) and stored[-1:] == [min(stored, default=0)],
+            expected="a sequential scan of the tenant's unpublished rows meets the run's first "
+            "event last",
+            observed=f"outbox ids of the unpublished rows in stored order: {stored}",
+        )
     return run_id, events
+
+
+def _filler_events(ctx: ExperimentContext) -> None:
+    """A filler run's ``EVENTS`` checkpoints: outbox rows older than the run's."""
+    filler = new_run(ctx)
+    f = ctx.env.start_worker("F", "ops")
+    lease = ctx.ok(f, "claim", run_id=filler)
+    rev = lease["revision"]
+    for i in range(EVENTS):
+        rev = ctx.ok(
+            f, "save_checkpoint", run_id=filler, epoch=lease["epoch"], expected_revision=rev,
+            state={"step": f"filler {i + 1}"},
+        )["revision"]  # fmt: skip
+
+
+def _filler_published_and_vacuumed(ctx: ExperimentContext) -> None:
+    """Publish the filler's rows (the oldest ``EVENTS``), then VACUUM the
+    experiment's database: their old row versions' space is free again, so the
+    next rows written take it, stored ahead of the run's first row."""
+    ctx.ok(ctx.env.start_worker("R0", "ops"), "relay", limit=EVENTS)
+    ctx.env.query("VACUUM")
+    ctx.command("VACUUM the experiment's database (the filler rows' old versions freed)")
+
+
+def _pending_in_stored_order(ctx: ExperimentContext) -> list[int]:
+    """The tenant's unpublished outbox ids as a sequential scan meets them (the
+    table's stored order; no index may answer)."""
+    with psycopg.connect(
+        ctx.env.db.admin_dsn, connect_timeout=5, application_name="fencecheck-harness-probe"
+    ) as conn:
+        for setting in ("enable_indexscan", "enable_bitmapscan", "enable_indexonlyscan"):
+            conn.execute(f"SET LOCAL {setting} = off")
+        rows = conn.execute(
+            "SELECT id FROM fencecheck_model.outbox WHERE published_at IS NULL AND tenant_id = %s",
+            [ctx.env.tenant_id],
+        ).fetchall()
+        conn.rollback()
+    return [int(r[0]) for r in rows]
 
 
 def _nothing_marked_before_the_broker(ctx: ExperimentContext, run_id: str, when: str) -> None:
@@ -505,6 +574,8 @@ class Variant:
     publish: Callable[[ExperimentContext, str, list[str]], None]
     confirm: Callable[[ExperimentContext, list[str]], None]
     consume: Callable[[ExperimentContext], WorkerProcess] | None = None
+    #: Store the run's rows out of id order first (see _outbox_events).
+    out_of_id_order: bool = False
 
 
 def _none(ctx: ExperimentContext, events: list[str]) -> None:
@@ -524,6 +595,7 @@ VARIANTS = {
     "reordered_delivery": Variant(
         _relay_then_arm("deliver_reorder"),
         _delivered("deliver_reorder", "out of order", lambda s: s != sorted(s)),
+        out_of_id_order=True,
     ),
     "concurrent_relays": Variant(_concurrent_relays, _none),
     "apply_fails": Variant(_relay_then_arm(None), _none, _apply_fails),
