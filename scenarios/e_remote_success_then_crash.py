@@ -157,7 +157,7 @@ ROW_HELD_S = 1.0
 # machine does not expire one before D sends (it then sends nothing), and D's
 # tool timeout, past the whole case (its creates hang at the tool until the
 # harness lets them go).
-TWO_CLAIMS_TTL_MS = 1000
+TWO_CLAIMS_TTL_MS = 1500
 TWO_CLAIMS_TOOL_TIMEOUT_MS = 20_000
 EXPIRED_CLAIMS_ONE_HELD = "expired_claims_one_held"
 

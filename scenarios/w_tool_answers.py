@@ -127,6 +127,10 @@ OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
 RESEND_REFUSED = "resend_refused"
 RESEND_MEETS_OWN = "resend_meets_own_resource"
+# resend_meets_own_resource: the worker's tool timeout. The first create is held
+# on the network whatever it is; the resend must be answered within it on a
+# busy machine too (a resend that timed out freezes the run, correctly).
+RESEND_OWN_TIMEOUT_MS = 1000
 LOST_NOT_EXECUTED = "lost_not_executed"
 BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
 REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
@@ -323,7 +327,7 @@ SPEC = ExperimentSpec(
         (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
         (RESEND_REFUSED, RESEND_LATE_MS / 1000),
-        (RESEND_MEETS_OWN, TOOL_TIMEOUT_MS / 1000),
+        (RESEND_MEETS_OWN, RESEND_OWN_TIMEOUT_MS / 1000),
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
@@ -737,7 +741,7 @@ def _resend_meets_own_resource(ctx: ExperimentContext) -> None:
     first call made after the worker's query found nothing: the 409 names our
     request and its resource, which is our success (generated 8f2c6753: a 409
     naming our own request taken for a conflict froze the run in doubt)."""
-    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(RESEND_OWN_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="detid")
     tool = ctx.env.tool.client()
     tool.set_fault("detid", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
