@@ -14,6 +14,7 @@ the database itself allows, whatever the worker filters), and the catalog.
 
 from __future__ import annotations
 
+import uuid
 from contextlib import closing
 from typing import Any
 
@@ -62,6 +63,7 @@ def run(ctx: ExperimentContext) -> None:
     _binding_is_fixed(ctx, t1, t2)
     _forbidden_writes(ctx, t1)
     _no_control_plane(ctx, t1, mine)
+    _cancel_names_a_run_it_cannot_see(ctx, t1, theirs)
     _create_run_for_another_tenant(ctx, t1, t2)
     own = checkers.as_worker_role(
         ctx, t1, "UPDATE agent_runs SET epoch = epoch + 100 WHERE run_id = %s", [mine]
@@ -79,6 +81,22 @@ def run(ctx: ExperimentContext) -> None:
         (before["status"], before["revision"], before["epoch"], before["owner"]),
         what="(status, revision, epoch, owner)",
     )
+
+
+def _cancel_names_a_run_it_cannot_see(ctx: ExperimentContext, t1: str, theirs: str) -> None:
+    """Tenant 1's control plane cancelling tenant 2's run, or a run nobody made,
+    is refused (RunNotFound: it cannot see the run), never answered ok with
+    nothing done (generated eebcc22f: a cancel that went on without the run's
+    row answered as if it had cancelled something)."""
+    ctl = control_plane(ctx, t1)
+    for what, run_id in (("tenant 2's run", theirs), ("a run nobody made", str(uuid.uuid4()))):
+        reply = ctx.op(ctl, "cancel", run_id=run_id, reason="n probe")
+        ctx.invariant(
+            f"a cancel naming {what} is refused",
+            not reply.ok,
+            expected="an error reply (the tenant's control plane cannot see that run)",
+            observed=f"{reply.error}: {reply.message}" if not reply.ok else f"ok {reply.result}",
+        )
 
 
 def _create_run_for_another_tenant(ctx: ExperimentContext, t1: str, t2: str) -> None:
