@@ -4,12 +4,17 @@ A holds the lease with a live heartbeat thread. The harness freezes A's whole
 process with SIGSTOP (a sleep inside A would not stop its heartbeat), waits
 until the lease has expired by the database's clock, lets B take over and
 write, then resumes A and has it renew, save and release with its old epoch.
+Last, B releases its lease and writes once more under it: the run has no
+owner now, and that write is refused as definitely as the others (the
+worker's history says `fail`, never `info`: no fault was on its link).
 """
 
 from __future__ import annotations
 
 from harness.checking import checkers
+from harness.checking.history import load_history, select
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.processes import WorkerProcess
 from scenarios.common import new_run
 
 SPEC = ExperimentSpec(
@@ -197,4 +202,46 @@ def run(ctx: ExperimentContext) -> None:
         if late
         else f"none after audit position {b_grant}",
     )
+    if caps.checkpoints and caps.offers_op("release"):
+        _write_after_release(ctx, b, run_id, epoch_b)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _write_after_release(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoch: int) -> None:
+    """B gives its lease up, then writes under it: the run has no owner, so the
+    write is refused, and the server's refusal is a definite one in B's
+    history (blind hunt 40 #08: a lease check comparing the owner
+    with `=` met NULL, the Go worker took the scan error for a lost
+    connection and recorded the refusal as an unknown outcome)."""
+    ctx.ok(b, "release", run_id=run_id, epoch=epoch)
+    released = checkers.run_row(ctx, run_id, "the run once B released it")
+    before = len(load_history([b.events_path]))
+    save = ctx.op(
+        b,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch,
+        expected_revision=released["revision"],
+        state={"step": "B after its release"},
+    )
+    after = checkers.run_row(ctx, run_id, "the run after B's write under its released lease")
+    ctx.invariant(
+        "a write under a released lease is refused",
+        not save.ok and after["revision"] == released["revision"],
+        expected=f"refused, the run still at revision {released['revision']} with no owner",
+        observed=f"{'accepted' if save.ok else save.error}; run at revision "
+        f"{after['revision']}, owner {after['owner']}",
+    )
+    told = [
+        e.type
+        for e in select(load_history([b.events_path])[before:], op="save_checkpoint")
+        if e.type != "invoke"
+    ]
+    ctx.invariant(
+        "B's history records the refusal as definite",
+        told == ["fail"],
+        expected="one `fail` line for the refused write (the server answered; nothing was "
+        "cut): never `info`, an outcome B does not know",
+        observed=f"B's history after the write: {told or 'nothing'}; reply "
+        f"{save.error}: {save.message}",
+    )
