@@ -65,6 +65,14 @@ it); either way its reply must list exactly the operations it changed
 (the global ``worker.reconcile_lists_every_change``). The next cycle, the
 row let go, expires the second.
 
+Variant ``answer_after_lease_lost``: A holds the tool's answer (a tool
+with neither query nor key) before recording it, its heartbeat parked,
+until its lease ran out and an ``ops`` session took the run over; its
+dispatch claim lives on. Let go, A's result write is refused for its lease,
+but the answer is known and the claim is A's: A records it on the ledger
+(only the ledger, under its claim), so the successor adopts it instead of
+freezing the run for a person.
+
 Variant ``slow_claim_answer``: an ``ops`` dispatcher's database link answers
 late while it claims an intent; it is held right after the claim and let go
 past the claim's deadline by database time, but within that delay. Its
@@ -160,6 +168,10 @@ ROW_HELD_S = 1.0
 TWO_CLAIMS_TTL_MS = 1500
 TWO_CLAIMS_TOOL_TIMEOUT_MS = 20_000
 EXPIRED_CLAIMS_ONE_HELD = "expired_claims_one_held"
+# answer_after_lease_lost: A's dispatch claim, far past its lease and the
+# takeover, so that only the lease decides A's result write.
+ANSWER_AFTER_LEASE_LOST = "answer_after_lease_lost"
+LIVE_CLAIM_MS = 30_000
 
 SPEC = ExperimentSpec(
     id="E",
@@ -220,7 +232,10 @@ SPEC = ExperimentSpec(
         needs.point("after_dispatch_claim_commit", "slow_claim_answer", "slow_resend_claim_answer"),
         needs.op("reconcile", "slow_resend_claim_answer"),
         needs.point("after_tool_response_before_tx2_commit", "superseded_claim"),
-        needs.capability("ledger_tool:none", EXPIRED_CLAIMS_ONE_HELD),
+        needs.capability("ledger_tool:none", EXPIRED_CLAIMS_ONE_HELD, ANSWER_AFTER_LEASE_LOST),
+        needs.point(
+            "after_tool_response_before_tx2_commit", "before_renew", ANSWER_AFTER_LEASE_LOST
+        ),
         needs.op("reconcile", EXPIRED_CLAIMS_ONE_HELD),
     ),
     variants=(
@@ -242,6 +257,7 @@ SPEC = ExperimentSpec(
         "claim_row_held",
         "deterministic_id",
         EXPIRED_CLAIMS_ONE_HELD,
+        ANSWER_AFTER_LEASE_LOST,
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -262,6 +278,11 @@ SPEC = ExperimentSpec(
         ("slow_resend_claim_answer", "after_dispatch_claim_commit"),
     ),
     variant_faults=(
+        (
+            ANSWER_AFTER_LEASE_LOST,
+            "A held with the tool's answer before recording it, its heartbeat parked, until "
+            "its lease ran out and another session took the run over; its dispatch claim live",
+        ),
         (
             EXPIRED_CLAIMS_ONE_HELD,
             "one dispatcher's two claims (creates hanging at the tool) expired; the harness "
@@ -365,6 +386,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == EXPIRED_CLAIMS_ONE_HELD:
         _expired_claims_one_held(ctx)
+        return
+    if variant == ANSWER_AFTER_LEASE_LOST:
+        _answer_after_lease_lost(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -1300,6 +1324,73 @@ def _expired_claims_one_held(ctx: ExperimentContext) -> None:
     ctx.command(f"tool: let the hanging creates go ({tool.release()} hung)")
     for call in calls:
         call.result(15.0)
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
+    """A's result write is refused for its lease while its dispatch claim is
+    live: the tool's answer is recorded on the ledger under that claim, never
+    lost (blind hunt 40 #09: the Go worker compared the refusal with ``==``
+    instead of ``errors.Is`` and dropped the answer; a tool with neither
+    query nor key then leaves the run to a person)."""
+    point = "after_tool_response_before_tx2_commit"
+    run_id = new_run(ctx, tool="plain")
+    ctx.arm("A", point, Hold())
+    env: dict[str, str | None] = {"FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_MS)}
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    hit = ctx.reached("A", point)
+    op_id = str(hit.operation_id)
+    ctx.arm("A", "before_renew", Hold())
+    ctx.reached("A", "before_renew", held=True)
+    checkers.wait_lease_expired(ctx, run_id)
+    taken = ctx.ok(ctx.env.start_worker("T", "ops"), "claim", run_id=run_id)
+    claim = ctx.sql(
+        "A's dispatch claim after the takeover",
+        "SELECT status, dispatch_until > clock_timestamp() AS live "
+        "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+        [op_id],
+    )
+    created = checkers.tool_requests(ctx, run_id=run_id)
+    ctx.fault(
+        "A held the tool's answer while another session took its run over, its claim live",
+        [r["outcome"] for r in created] == ["created"]
+        and taken["epoch"] > (hit.epoch or 0)
+        and bool(claim)
+        and claim[0]["status"] == "dispatching"
+        and bool(claim[0]["live"]),
+        expected=f"one created resource; the run taken over at an epoch above A's {hit.epoch}; "
+        f"{op_id} dispatching under A's live claim",
+        observed=f"tool {[r['outcome'] for r in created]}; epoch {taken['epoch']}; claim "
+        f"{claim[0] if claim else 'none'}",
+    )
+    mark = checkers.audit_mark(ctx)
+    released_at = time.time()
+    ctx.release("A", point)
+    ctx.release("A", "before_renew")
+    code_a = finish(ctx, a)
+    op = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), {})
+    by_a = [
+        r for r in checkers.changes_by(ctx, ["A"], after_seq=mark) if r["tbl"] == "tool_operations"
+    ]
+    remote = created[0]["resource_id"] if created else None
+    ctx.progress(
+        "the answer A held is recorded under its claim",
+        op.get("status") == "succeeded" and op.get("remote_id") == remote and bool(by_a),
+        expected=f"{op_id} succeeded with the tool's resource {remote}, written by A's session "
+        "(its result write refused for the lease, the claim still its own)",
+        observed=f"ledger {(op.get('status'), op.get('remote_id'))}; A's changes to "
+        f"tool_operations {[(r['seq'], r['op']) for r in by_a]} (A exit {code_a})",
+        since=released_at,
+    )
+    row = checkers.run_row(ctx, run_id, "the run once A exited")
+    ctx.invariant(
+        "A wrote no checkpoint under its lost lease",
+        row["epoch"] == taken["epoch"] and row["revision"] == taken["revision"],
+        expected=f"the run at the takeover's epoch {taken['epoch']} and revision "
+        f"{taken['revision']}",
+        observed=f"epoch {row['epoch']}, revision {row['revision']}",
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
