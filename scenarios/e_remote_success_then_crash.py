@@ -233,9 +233,8 @@ SPEC = ExperimentSpec(
         needs.op("reconcile", "slow_resend_claim_answer"),
         needs.point("after_tool_response_before_tx2_commit", "superseded_claim"),
         needs.capability("ledger_tool:none", EXPIRED_CLAIMS_ONE_HELD, ANSWER_AFTER_LEASE_LOST),
-        needs.point(
-            "after_tool_response_before_tx2_commit", "before_renew", ANSWER_AFTER_LEASE_LOST
-        ),
+        needs.point("after_tool_response_before_tx2_commit", ANSWER_AFTER_LEASE_LOST),
+        needs.point("before_renew", ANSWER_AFTER_LEASE_LOST),
         needs.op("reconcile", EXPIRED_CLAIMS_ONE_HELD),
     ),
     variants=(
