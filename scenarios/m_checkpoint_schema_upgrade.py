@@ -465,8 +465,10 @@ def run_out_of_range(ctx: ExperimentContext) -> None:
             continue
         planted = _plant(ctx, run_id, int(own["schema_version"]), state)
         wait_claimable(ctx, run_id)
+        epoch_before = checkers.run_row(ctx, run_id, "the run before B resumes it")["epoch"]
         code = finish(ctx, ctx.env.start_worker(f"B{i}", "run", ["--run-id", run_id, "--once"]))
         row = checkers.run_row(ctx, run_id)
+        _exit_zero_is_true(ctx, f"B{i}", code, row, epoch_before)
         ctx.command(
             f"run {run_id[:8]}: v{own['schema_version']} state with {field} = {OUT_OF_RANGE} "
             f"planted at revision {planted}; B{i} exit {code}, run {row['status']} at revision "
@@ -482,6 +484,25 @@ def run_out_of_range(ctx: ExperimentContext) -> None:
     # Refused or resumed, never a run that succeeded without its steps.
     writes_name_workflow_steps(ctx, runs)
     checkers.lease_history_is_sound(ctx, runs)
+
+
+def _exit_zero_is_true(
+    ctx: ExperimentContext, worker: str, code: int | None, row: dict[str, Any], epoch_before: int
+) -> None:
+    """A `run --once` worker's exit 0 says the run is done or paused for a
+    person, or that it never took it (contract section 2, exit codes): one
+    that took the run over and left it running under its own lease lied
+    (blind hunt 41 #09 and generated dd732219: a state past its plan found
+    no step left, and the worker exited 0 with the run still running)."""
+    took = row["epoch"] > epoch_before
+    ctx.invariant(
+        f"{worker}'s exit 0 is true of the run",
+        code != 0 or not took or row["status"] in ("succeeded", "paused_human"),
+        expected="exit 0 only with the run succeeded or paused for a person, or never taken; a "
+        "refused state exits 12 (SchemaVersionUnknown)",
+        observed=f"{worker} exit {code}; run {row['status']} at epoch {row['epoch']} (was "
+        f"{epoch_before}), owner {row['owner']}",
+    )
 
 
 def _resume_refused(

@@ -192,9 +192,9 @@ def run(ctx: ExperimentContext) -> None:
         what="operator_actions (action, ticket, tasks)",
     )
     _ended_just_now_after_idling(ctx, ctl, idle, tasks[idle], made, args)
-    # Last: an approve the worker wrongly takes leaves the states above intact.
+    # Last: a decision the worker wrongly takes leaves the states above intact.
     if ctx.system.capabilities.offers_op("decide"):
-        _superseded_approve_refused(ctx, paused)
+        _superseded_decisions_refused(ctx, paused)
 
 
 def _cancelled_in_flight(ctx: ExperimentContext) -> tuple[str, WorkerProcess]:
@@ -225,24 +225,27 @@ def _retried_while_paused(ctx: ExperimentContext) -> tuple[str, str]:
     return paused, retried
 
 
-def _superseded_approve_refused(ctx: ExperimentContext, paused: str) -> None:
-    """A person's approve of the paused run a retry superseded asks it to go
-    on, which only the task's active run may (contract section 5, decide):
-    queued again, it would be a live run beside its task's retry, able to
-    act at the tool. Refused, nothing written; the run stays paused."""
+def _superseded_decisions_refused(ctx: ExperimentContext, paused: str) -> None:
+    """A person's approve or supplement of the paused run a retry superseded
+    asks it to go on, which only the task's active run may (contract section
+    5, decide): queued again, it would be a live run beside its task's retry,
+    able to act at the tool. Each refused, nothing written; the run stays
+    paused (blind hunt 41 #04: the refusal covered approve only, and a
+    supplement cancelled the run and wrote its input, event and audit)."""
     ctl = control_plane(ctx)
-    reply, changes = op_and_changes(
-        ctx, ctl, "decide", run_id=paused, decision="approve",
-        reason="refusal probe: a run its task's retry superseded",
-    )  # fmt: skip
-    status = checkers.run_row(ctx, paused, "the superseded run after the approve")["status"]
-    ctx.invariant(
-        "an approve of a run a retry superseded is refused and writes nothing",
-        not reply.ok and not changes and status == "paused_human",
-        expected="decide approve refused, no audited change, the run still paused_human",
-        observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; "
-        f"{len(changes)} change(s); run {status}",
-    )
+    for decision, extra in (("approve", {}), ("supplement", {"supplement": {"amount": 7}})):
+        reply, changes = op_and_changes(
+            ctx, ctl, "decide", run_id=paused, decision=decision,
+            reason="refusal probe: a run its task's retry superseded", **extra,
+        )  # fmt: skip
+        status = checkers.run_row(ctx, paused, f"the superseded run after the {decision}")
+        ctx.invariant(
+            f"a {decision} of a run a retry superseded is refused and writes nothing",
+            not reply.ok and not changes and status["status"] == "paused_human",
+            expected=f"decide {decision} refused, no audited change, the run still paused_human",
+            observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; "
+            f"{len(changes)} change(s); run {status['status']}",
+        )
 
 
 def _finished_with_an_unsent_intent(ctx: ExperimentContext) -> tuple[str, str]:
