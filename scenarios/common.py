@@ -104,10 +104,13 @@ def new_run(
             "billing": {"payment_token": nested},
             "contacts": [{"customer_email": listed}],
             "card_number": {"pan": whole, "expiry": "12/29"},
-            # Not ASCII, and part of every request: a digest or hash the worker
-            # computes must be of the canonical form (UTF-8, never \u-escaped),
-            # the one the tool and the harness compute (contract section 2).
-            "order_id": f"commande-zoë-{task_id[-8:]}",
+            # Not ASCII, with control characters JSON escapes short (\b, \f,
+            # \t) and one it escapes as \u001f, and part of every request: a
+            # digest or hash the worker computes must be of the canonical form
+            # (UTF-8, never \u-escaped where a short escape exists), the one
+            # the tool and the harness compute (contract section 2; blind hunt
+            # 42 #06: a Go encoder that wrote \b as \u0008).
+            "order_id": f"commande-zoë\b\f\t\x1f-{task_id[-8:]}",
             **(input or {}),
         },
     }
