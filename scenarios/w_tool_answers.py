@@ -736,21 +736,32 @@ def _resend_refused(ctx: ExperimentContext) -> None:
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
+def _held_after_an_empty_query(
+    ctx: ExperimentContext, name: str, timeout_ms: int
+) -> tuple[str, ToolClient, WorkerProcess]:
+    """A run of tool ``name`` whose create is held on the network until the
+    harness lets it arrive, and its ``run`` worker A (tool timeout
+    ``timeout_ms``) held at ``after_reconcile_query``: its call timed out and
+    its query found nothing. The run, the tool's client and A."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(timeout_ms)}
+    run_id = new_run(ctx, tool=name)
+    tool = ctx.env.tool.client()
+    tool.set_fault(name, "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(
+        f"tool: run {run_id}'s create is held on the network until the harness lets it arrive"
+    )
+    ctx.arm("A", "after_reconcile_query", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    ctx.reached("A", "after_reconcile_query")
+    return run_id, tool, a
+
+
 def _resend_meets_own_resource(ctx: ExperimentContext) -> None:
     """A same-id resend to a deterministic-id tool meets the resource its own
     first call made after the worker's query found nothing: the 409 names our
     request and its resource, which is our success (generated 8f2c6753: a 409
     naming our own request taken for a conflict froze the run in doubt)."""
-    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(RESEND_OWN_TIMEOUT_MS)}
-    run_id = new_run(ctx, tool="detid")
-    tool = ctx.env.tool.client()
-    tool.set_fault("detid", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
-    ctx.command(
-        f"tool: run {run_id}'s first create is held on the network until the harness lets it arrive"
-    )
-    ctx.arm("A", "after_reconcile_query", Hold())
-    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
-    ctx.reached("A", "after_reconcile_query")
+    run_id, tool, a = _held_after_an_empty_query(ctx, "detid", RESEND_OWN_TIMEOUT_MS)
     arrived = _let_arrive(ctx, tool, run_id, "detid")
     released_at = time.time()
     ctx.release("A", "after_reconcile_query")
@@ -1172,17 +1183,8 @@ def _converged_before_freeze(ctx: ExperimentContext, *, failed: bool = False) ->
     acts) and a person converges the operation to failed_final meanwhile:
     settled as much as by a success, nothing is left to freeze (blind hunt
     11 #04: a freeze refused only over a success)."""
-    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
-    run_id = new_run(ctx, tool="queryable")
-    tool = ctx.env.tool.client()
-    tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
-    ctx.command(
-        f"tool: run {run_id}'s create is held on the network until the harness lets it arrive"
-    )
     ctl = control_plane(ctx)
-    ctx.arm("A", "after_reconcile_query", Hold())
-    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
-    ctx.reached("A", "after_reconcile_query")
+    run_id, tool, a = _held_after_an_empty_query(ctx, "queryable", TOOL_TIMEOUT_MS)
     if failed:
         took = _failed_while_held(ctx, tool, ctl, run_id)
     else:
