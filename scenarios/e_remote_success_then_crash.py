@@ -81,6 +81,13 @@ made it: it must send nothing. One that counts from the answer still
 believes it holds the claim. Variant ``slow_resend_claim_answer``: the same
 for a reconciler's same-key resend of an operation left ``unknown`` by a
 create lost on the network; its reply must also list that operation.
+
+Variant ``two_unknown_resent``: one ``ops`` dispatcher D leaves two
+operations of an idempotent tool ``unknown`` at the same ledger revision
+(their creates held on the network past its tool timeout). One reconcile
+cycle, its queries finding nothing, resends each under its own key and its
+reply lists both; then an untargeted ``dispatch`` beside those two settled
+operations takes the run's new prepared intent.
 """
 
 from __future__ import annotations
@@ -172,6 +179,7 @@ EXPIRED_CLAIMS_ONE_HELD = "expired_claims_one_held"
 # takeover, so that only the lease decides A's result write.
 ANSWER_AFTER_LEASE_LOST = "answer_after_lease_lost"
 LIVE_CLAIM_MS = 30_000
+TWO_UNKNOWN_RESENT = "two_unknown_resent"
 
 SPEC = ExperimentSpec(
     id="E",
@@ -235,7 +243,8 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:none", EXPIRED_CLAIMS_ONE_HELD, ANSWER_AFTER_LEASE_LOST),
         needs.point("after_tool_response_before_tx2_commit", ANSWER_AFTER_LEASE_LOST),
         needs.point("before_renew", ANSWER_AFTER_LEASE_LOST),
-        needs.op("reconcile", EXPIRED_CLAIMS_ONE_HELD),
+        needs.op("reconcile", EXPIRED_CLAIMS_ONE_HELD, TWO_UNKNOWN_RESENT),
+        needs.capability("ledger_tool:idempotent", TWO_UNKNOWN_RESENT),
     ),
     variants=(
         "idempotent",
@@ -257,6 +266,7 @@ SPEC = ExperimentSpec(
         "deterministic_id",
         EXPIRED_CLAIMS_ONE_HELD,
         ANSWER_AFTER_LEASE_LOST,
+        TWO_UNKNOWN_RESENT,
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -388,6 +398,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == ANSWER_AFTER_LEASE_LOST:
         _answer_after_lease_lost(ctx)
+        return
+    if variant == TWO_UNKNOWN_RESENT:
+        _two_unknown_resent(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -1246,20 +1259,7 @@ def _expired_claims_one_held(ctx: ExperimentContext) -> None:
     run_id = new_run(ctx, tool="plain")
     registrar = ctx.env.start_worker("W", "ops")
     first = intent_registered(ctx, registrar, run_id, tool="plain", step_id="e.label")
-    row = checkers.run_row(ctx, run_id, "the run after its first intent")
-    second = str(
-        ctx.ok(
-            registrar,
-            "register_intent",
-            run_id=run_id,
-            epoch=row["epoch"],
-            expected_revision=row["revision"],
-            step_id="e.second",
-            effect_version=1,
-            tool="plain",
-            request={"kind": "second_label"},
-        )["operation_id"]
-    )
+    second = _another_intent(ctx, registrar, run_id, "e.second", tool="plain")
     tool = ctx.env.tool.client()
     tool.set_fault("plain", "hang", count=2, ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(f"tool: the next two creates of run {run_id} hang until the harness lets them go")
@@ -1324,6 +1324,92 @@ def _expired_claims_one_held(ctx: ExperimentContext) -> None:
     for call in calls:
         call.result(15.0)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _two_unknown_resent(ctx: ExperimentContext) -> None:
+    """Two operations of an idempotent tool unknown at the same ledger
+    revision, and one reconcile cycle: each is resent under its own key and
+    the reply lists both (generated 353543a5: a same-key claim without its
+    operation's id also claimed every other unknown operation at that
+    revision, sent only its own and left the other dispatching, unlisted).
+    Then an untargeted dispatch beside the two settled operations must take
+    the run's new prepared intent (generated 7775685a: a pick without
+    ``status = 'prepared'`` took the oldest settled one, whose claim matched
+    nothing, and answered that there was nothing to dispatch)."""
+    run_id = new_run(ctx, tool="idem")
+    # W's lease outlives the case: it registers the third intent at the end.
+    registrar = ctx.env.start_worker("W", "ops", env={"FENCECHECK_LEASE_TTL_MS": "60000"})
+    first = intent_registered(ctx, registrar, run_id, tool="idem", step_id="e.label")
+    second = _another_intent(ctx, registrar, run_id, "e.second")
+    tool = ctx.env.tool.client()
+    tool.set_fault("idem", "arrive_held", count=2, ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id}'s next two creates are held on the network")
+    d = ctx.env.start_worker(
+        "D", "ops", env={"FENCECHECK_TOOL_TIMEOUT_MS": str(LOST_CALL_TIMEOUT_MS)}
+    )
+    for op in (first, second):
+        ctx.op(d, "dispatch", operation_id=op)
+    held = {str(h["operation_id"]) for h in tool.faults()["hung"]}
+    before = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
+    pair = [before.get(first), before.get(second)]
+    ctx.fault(
+        "two operations of an idempotent tool unknown at one revision, their creates held",
+        held >= {first, second}
+        and all(o is not None and o["status"] == "unknown" for o in pair)
+        and len({(o or {}).get("revision") for o in pair}) == 1,
+        expected="both operations unknown at one ledger revision, both creates held on "
+        "the network (a query finds nothing)",
+        observed=f"held {sorted(held)}; ledger "
+        f"{[((o or {}).get('status'), (o or {}).get('revision')) for o in pair]}",
+    )
+    ctl = control_plane(ctx)
+    started = time.time()
+    cycle = ctx.op(ctl, "reconcile")
+    after = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+    ctx.progress(
+        "one cycle resent both unknown operations under their own keys",
+        cycle.ok and after.get(first) == "succeeded" and after.get(second) == "succeeded",
+        expected=f"reconcile ok; {first} and {second} succeeded (the tool's query found "
+        "neither, so each was resent with its key)",
+        observed=f"reconcile {cycle.result if cycle.ok else cycle.error}; ledger {after}",
+        since=started,
+    )
+    # The calls still on the network are lost there now: the resends did their work.
+    ctx.command(f"tool: drop the held creates ({tool.release(drop=True)} held)")
+    third = _another_intent(ctx, registrar, run_id, "e.third")
+    started = time.time()
+    picked = ctx.op(ctx.env.start_worker("D2", "ops"), "dispatch")
+    after = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+    ctx.progress(
+        "an untargeted dispatch beside settled operations took the prepared one",
+        picked.ok and after.get(third) == "succeeded",
+        expected=f"dispatch ok; {third} (the run's only prepared intent) succeeded",
+        observed=f"dispatch {picked.result if picked.ok else picked.error}; ledger {after}",
+        since=started,
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _another_intent(
+    ctx: ExperimentContext, registrar: WorkerProcess, run_id: str, step: str, tool: str = "idem"
+) -> str:
+    """One more intent of ``tool`` on ``run_id``, registered by the ``ops``
+    process that holds its lease; its operation_id."""
+    row = checkers.run_row(ctx, run_id, f"the run before intent {step}")
+    return str(
+        ctx.ok(
+            registrar,
+            "register_intent",
+            run_id=run_id,
+            epoch=row["epoch"],
+            expected_revision=row["revision"],
+            step_id=step,
+            effect_version=1,
+            tool=tool,
+            request={"kind": step},
+        )["operation_id"]
+    )
 
 
 def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
