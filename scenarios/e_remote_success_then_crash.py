@@ -88,6 +88,12 @@ operations of an idempotent tool ``unknown`` at the same ledger revision
 cycle, its queries finding nothing, resends each under its own key and its
 reply lists both; then an untargeted ``dispatch`` beside those two settled
 operations takes the run's new prepared intent.
+
+Variant ``refused_beside_own_claim``: one ``ops`` dispatcher holds two
+claims made at the same ledger revision; the first one's create hangs at
+the tool (it may still act), the second one's is refused with 429. Only
+the refused one goes back to ``prepared``; the other stays dispatching
+until its answer, which is then recorded.
 """
 
 from __future__ import annotations
@@ -180,6 +186,7 @@ EXPIRED_CLAIMS_ONE_HELD = "expired_claims_one_held"
 ANSWER_AFTER_LEASE_LOST = "answer_after_lease_lost"
 LIVE_CLAIM_MS = 30_000
 TWO_UNKNOWN_RESENT = "two_unknown_resent"
+REFUSED_BESIDE_OWN_CLAIM = "refused_beside_own_claim"
 
 SPEC = ExperimentSpec(
     id="E",
@@ -244,7 +251,7 @@ SPEC = ExperimentSpec(
         needs.point("after_tool_response_before_tx2_commit", ANSWER_AFTER_LEASE_LOST),
         needs.point("before_renew", ANSWER_AFTER_LEASE_LOST),
         needs.op("reconcile", EXPIRED_CLAIMS_ONE_HELD, TWO_UNKNOWN_RESENT),
-        needs.capability("ledger_tool:idempotent", TWO_UNKNOWN_RESENT),
+        needs.capability("ledger_tool:idempotent", TWO_UNKNOWN_RESENT, REFUSED_BESIDE_OWN_CLAIM),
     ),
     variants=(
         "idempotent",
@@ -267,6 +274,7 @@ SPEC = ExperimentSpec(
         EXPIRED_CLAIMS_ONE_HELD,
         ANSWER_AFTER_LEASE_LOST,
         TWO_UNKNOWN_RESENT,
+        REFUSED_BESIDE_OWN_CLAIM,
     ),
     natural_wait_s=0.8,
     variant_waits=(
@@ -401,6 +409,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == TWO_UNKNOWN_RESENT:
         _two_unknown_resent(ctx)
+        return
+    if variant == REFUSED_BESIDE_OWN_CLAIM:
+        _refused_beside_own_claim(ctx)
         return
     run_id = new_run(ctx, tool=TOOL_FOR[variant])
     ctx.arm("A", "after_tool_response_before_tx2_commit", Crash())
@@ -1256,10 +1267,7 @@ def _expired_claims_one_held(ctx: ExperimentContext) -> None:
     lists exactly what its cycle changed (generated 02395871: an expiry whose
     condition matched any expired claim of the same owner and revision also
     moved the held one, unlisted, once let go)."""
-    run_id = new_run(ctx, tool="plain")
-    registrar = ctx.env.start_worker("W", "ops")
-    first = intent_registered(ctx, registrar, run_id, tool="plain", step_id="e.label")
-    second = _another_intent(ctx, registrar, run_id, "e.second", tool="plain")
+    run_id, _registrar, first, second = _two_intents(ctx, "plain")
     tool = ctx.env.tool.client()
     tool.set_fault("plain", "hang", count=2, ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(f"tool: the next two creates of run {run_id} hang until the harness lets them go")
@@ -1336,11 +1344,8 @@ def _two_unknown_resent(ctx: ExperimentContext) -> None:
     the run's new prepared intent (generated 7775685a: a pick without
     ``status = 'prepared'`` took the oldest settled one, whose claim matched
     nothing, and answered that there was nothing to dispatch)."""
-    run_id = new_run(ctx, tool="idem")
     # W's lease outlives the case: it registers the third intent at the end.
-    registrar = ctx.env.start_worker("W", "ops", env={"FENCECHECK_LEASE_TTL_MS": "60000"})
-    first = intent_registered(ctx, registrar, run_id, tool="idem", step_id="e.label")
-    second = _another_intent(ctx, registrar, run_id, "e.second")
+    run_id, registrar, first, second = _two_intents(ctx, "idem", lease_ttl_ms=60_000)
     tool = ctx.env.tool.client()
     tool.set_fault("idem", "arrive_held", count=2, ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(f"tool: run {run_id}'s next two creates are held on the network")
@@ -1389,6 +1394,85 @@ def _two_unknown_resent(ctx: ExperimentContext) -> None:
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _refused_beside_own_claim(ctx: ExperimentContext) -> None:
+    """One dispatcher's two claims at the same ledger revision, the first one's
+    create hanging at the tool while the second one's is refused with 429:
+    only the refused claim goes back to prepared (generated d3f4a5b2 and
+    c3cdaa69: a return without its operation's id sent every claim of that
+    owner and revision back, though the hanging request may still act)."""
+    run_id, _registrar, first, second = _two_intents(ctx, "idem")
+    before = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
+    tool = ctx.env.tool.client()
+    tool.set_fault("idem", "hang", count=1, ms=HELD_MAX_MS, run_id=run_id)
+    tool.set_fault("idem", "reject_429", count=1, run_id=run_id)
+    ctx.command(f"tool: run {run_id}'s next create hangs, the one after it gets 429")
+    # Claims and tool calls that outlive the case: only the answers settle them.
+    d = ctx.env.start_worker(
+        "D",
+        "ops",
+        env={
+            "FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_MS),
+            "FENCECHECK_TOOL_TIMEOUT_MS": str(LIVE_CLAIM_MS),
+        },
+    )
+    hanging = ctx.op_async(d, "dispatch", {"operation_id": first}, worker_async=True)
+    hung = seen_within(
+        lambda: [h for h in tool.faults()["hung"] if h["operation_id"] == first] or None,
+        what=f"D's create of {first} to hang at the tool",
+        timeout_s=10,
+    )
+    refused = ctx.op(d, "dispatch", operation_id=second)
+    creates = {
+        str(r["operation_id"]): r.get("outcome") for r in checkers.tool_requests(ctx, run_id=run_id)
+    }
+    ctx.fault(
+        "one dispatcher's two claims at one revision: one create hanging, the other refused",
+        bool(hung)
+        and creates.get(second) == "rejected_429"
+        and len({before[op]["revision"] for op in (first, second) if op in before}) == 1,
+        expected=f"both intents prepared at one revision; {first}'s create hanging at the "
+        f"tool, {second}'s answered 429",
+        observed=f"hanging {bool(hung)}; creates {creates}; revisions "
+        f"{[(before.get(op) or {}).get('revision') for op in (first, second)]}",
+    )
+    after = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
+    mine = after.get(first) or {}
+    ctx.invariant(
+        "a 429 returns only its own claim",
+        mine.get("status") == "dispatching"
+        and (after.get(second) or {}).get("status") == "prepared",
+        expected=f"{first} dispatching (its request may still act), {second} prepared",
+        observed=f"dispatch of {second}: {refused.result if refused.ok else refused.error}; "
+        f"ledger {[(k, o['status'], o['revision']) for k, o in after.items()]}",
+    )
+    ctx.command(f"tool: let the hanging create go ({tool.release()} hung)")
+    answered = hanging.result(15.0)
+    status = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+    ctx.progress(
+        "the hanging call's answer was recorded",
+        answered.ok and status.get(first) == "succeeded",
+        expected=f"dispatch ok; {first} succeeded",
+        observed=f"dispatch {answered.result if answered.ok else answered.error}; ledger {status}",
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _two_intents(
+    ctx: ExperimentContext, tool: str, lease_ttl_ms: int | None = None
+) -> tuple[str, WorkerProcess, str, str]:
+    """A new run of ``tool`` with two prepared intents, registered by an ``ops``
+    process W that claimed it (its lease ``lease_ttl_ms`` long, if given): the
+    run, W and the two operation_ids, in the order registered."""
+    run_id = new_run(ctx, tool=tool)
+    env: dict[str, str | None] = {}
+    if lease_ttl_ms is not None:
+        env["FENCECHECK_LEASE_TTL_MS"] = str(lease_ttl_ms)
+    registrar = ctx.env.start_worker("W", "ops", env=env)
+    first = intent_registered(ctx, registrar, run_id, tool=tool, step_id="e.label")
+    return run_id, registrar, first, _another_intent(ctx, registrar, run_id, "e.second", tool)
 
 
 def _another_intent(
