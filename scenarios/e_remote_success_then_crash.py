@@ -110,6 +110,7 @@ from harness.parts import clock_skew
 from harness.parts.control import Crash, Hit, Hold
 from harness.parts.processes import SignalRecord, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
+from mock_tool.client import ToolClient
 from scenarios.common import (
     control_plane,
     crash_in_op,
@@ -1397,17 +1398,30 @@ def _two_unknown_resent(ctx: ExperimentContext) -> None:
 
 
 def _refused_beside_own_claim(ctx: ExperimentContext) -> None:
-    """One dispatcher's two claims at the same ledger revision, the first one's
-    create hanging at the tool while the second one's is refused with 429:
-    only the refused claim goes back to prepared (generated d3f4a5b2 and
-    c3cdaa69: a return without its operation's id sent every claim of that
-    owner and revision back, though the hanging request may still act)."""
-    run_id, _registrar, first, second = _two_intents(ctx, "idem")
+    """One dispatcher's three claims at the same ledger revision, two of them
+    (``second`` and ``twin``, one request body under two steps) hanging at the
+    tool while the third's create is refused with 429: only the refused claim
+    goes back to prepared (generated d3f4a5b2 and c3cdaa69: a return without
+    its operation's id sent every claim of that owner and revision back,
+    though the hanging requests may still act). Let go, each answer lands on
+    its own operation (generated 9b38b4b1: a result write whose condition
+    bound as "this claim, or any operation at this revision with this body"
+    also wrote one twin's resource over the other)."""
+    run_id, registrar, first, second = _two_intents(ctx, "idem", lease_ttl_ms=60_000)
+    twin = _another_intent(ctx, registrar, run_id, "e.twin", request={"kind": "e.second"})
     before = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
+    digests = {
+        str(r["operation_id"]): str(r["request_digest"])
+        for r in ctx.env.query(
+            "SELECT operation_id, request_digest FROM fencecheck_model.tool_operations"
+            " WHERE run_id = %s",
+            [run_id],
+        )
+    }
     tool = ctx.env.tool.client()
-    tool.set_fault("idem", "hang", count=1, ms=HELD_MAX_MS, run_id=run_id)
+    tool.set_fault("idem", "hang", count=2, ms=HELD_MAX_MS, run_id=run_id)
     tool.set_fault("idem", "reject_429", count=1, run_id=run_id)
-    ctx.command(f"tool: run {run_id}'s next create hangs, the one after it gets 429")
+    ctx.command(f"tool: run {run_id}'s next two creates hang, the one after them gets 429")
     # Claims and tool calls that outlive the case: only the answers settle them.
     d = ctx.env.start_worker(
         "D",
@@ -1417,47 +1431,57 @@ def _refused_beside_own_claim(ctx: ExperimentContext) -> None:
             "FENCECHECK_TOOL_TIMEOUT_MS": str(LIVE_CLAIM_MS),
         },
     )
-    hanging = ctx.op_async(d, "dispatch", {"operation_id": first}, worker_async=True)
-    hung = seen_within(
-        lambda: [h for h in tool.faults()["hung"] if h["operation_id"] == first] or None,
-        what=f"D's create of {first} to hang at the tool",
-        timeout_s=10,
-    )
-    refused = ctx.op(d, "dispatch", operation_id=second)
+    hanging = []
+    for op in (second, twin):
+        hanging.append(ctx.op_async(d, "dispatch", {"operation_id": op}, worker_async=True))
+        _hanging_at_the_tool(tool, op, f"D's create of {op}")
+    refused = ctx.op(d, "dispatch", operation_id=first)
+    ops = (first, second, twin)
     creates = {
         str(r["operation_id"]): r.get("outcome") for r in checkers.tool_requests(ctx, run_id=run_id)
     }
+    hung = {str(h["operation_id"]) for h in tool.faults()["hung"]}
     ctx.fault(
-        "one dispatcher's two claims at one revision: one create hanging, the other refused",
-        bool(hung)
-        and creates.get(second) == "rejected_429"
-        and len({before[op]["revision"] for op in (first, second) if op in before}) == 1,
-        expected=f"both intents prepared at one revision; {first}'s create hanging at the "
-        f"tool, {second}'s answered 429",
-        observed=f"hanging {bool(hung)}; creates {creates}; revisions "
-        f"{[(before.get(op) or {}).get('revision') for op in (first, second)]}",
+        "one dispatcher's three claims at one revision: two creates hanging, one refused",
+        hung >= {second, twin}
+        and creates.get(first) == "rejected_429"
+        and len({(before.get(op) or {}).get("revision") for op in ops}) == 1
+        and digests.get(second) == digests.get(twin) is not None,
+        expected=f"three intents prepared at one revision, {second} and {twin} of one request "
+        f"body; their creates hanging at the tool, {first}'s answered 429",
+        observed=f"hanging {sorted(hung)}; creates {creates}; (revision, digest) "
+        f"{[((before.get(op) or {}).get('revision'), digests.get(op, '')[:8]) for op in ops]}",
     )
     after = {o["operation_id"]: o for o in checkers.ledger(ctx, run_id)}
-    mine = after.get(first) or {}
     ctx.invariant(
         "a 429 returns only its own claim",
-        mine.get("status") == "dispatching"
-        and (after.get(second) or {}).get("status") == "prepared",
-        expected=f"{first} dispatching (its request may still act), {second} prepared",
-        observed=f"dispatch of {second}: {refused.result if refused.ok else refused.error}; "
+        [(after.get(op) or {}).get("status") for op in (first, second, twin)]
+        == ["prepared", "dispatching", "dispatching"],
+        expected=f"{first} prepared; {second} and {twin} dispatching (their requests may "
+        "still act)",
+        observed=f"dispatch of {first}: {refused.result if refused.ok else refused.error}; "
         f"ledger {[(k, o['status'], o['revision']) for k, o in after.items()]}",
     )
-    ctx.command(f"tool: let the hanging create go ({tool.release()} hung)")
-    answered = hanging.result(15.0)
+    ctx.command(f"tool: let the hanging creates go ({tool.release()} hung)")
+    answers = [call.result(15.0) for call in hanging]
     status = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
     ctx.progress(
-        "the hanging call's answer was recorded",
-        answered.ok and status.get(first) == "succeeded",
-        expected=f"dispatch ok; {first} succeeded",
-        observed=f"dispatch {answered.result if answered.ok else answered.error}; ledger {status}",
+        "the hanging calls' answers were recorded",
+        all(a.ok for a in answers) and status.get(second) == status.get(twin) == "succeeded",
+        expected=f"both dispatches ok; {second} and {twin} succeeded",
+        observed=f"dispatches {[a.result if a.ok else a.error for a in answers]}; ledger {status}",
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _hanging_at_the_tool(tool: ToolClient, op_id: str, what: str) -> None:
+    """Wait until ``op_id``'s create hangs at the tool (fault ``hang``)."""
+    seen_within(
+        lambda: [h for h in tool.faults()["hung"] if h["operation_id"] == op_id] or None,
+        what=f"{what} to hang at the tool",
+        timeout_s=10,
+    )
 
 
 def _two_intents(
@@ -1476,10 +1500,16 @@ def _two_intents(
 
 
 def _another_intent(
-    ctx: ExperimentContext, registrar: WorkerProcess, run_id: str, step: str, tool: str = "idem"
+    ctx: ExperimentContext,
+    registrar: WorkerProcess,
+    run_id: str,
+    step: str,
+    tool: str = "idem",
+    request: dict[str, Any] | None = None,
 ) -> str:
-    """One more intent of ``tool`` on ``run_id``, registered by the ``ops``
-    process that holds its lease; its operation_id."""
+    """One more intent of ``tool`` on ``run_id`` (its request ``request``, or
+    one naming the step), registered by the ``ops`` process that holds its
+    lease; its operation_id."""
     row = checkers.run_row(ctx, run_id, f"the run before intent {step}")
     return str(
         ctx.ok(
@@ -1491,7 +1521,7 @@ def _another_intent(
             step_id=step,
             effect_version=1,
             tool=tool,
-            request={"kind": step},
+            request=request or {"kind": step},
         )["operation_id"]
     )
 
