@@ -86,8 +86,10 @@ Variant ``two_unknown_resent``: one ``ops`` dispatcher D leaves two
 operations of an idempotent tool ``unknown`` at the same ledger revision
 (their creates held on the network past its tool timeout). One reconcile
 cycle, its queries finding nothing, resends each under its own key and its
-reply lists both; then an untargeted ``dispatch`` beside those two settled
-operations takes the run's new prepared intent.
+reply lists both; then the run changes hands (a release and another
+process's claim) and D's untargeted ``dispatch`` beside those two settled
+operations takes the run's new prepared intent, sending it with the new
+epoch.
 
 Variant ``refused_beside_own_claim``: one ``ops`` dispatcher holds two
 claims made at the same ledger revision; the first one's create hangs at
@@ -1341,11 +1343,12 @@ def _two_unknown_resent(ctx: ExperimentContext) -> None:
     the reply lists both (generated 353543a5: a same-key claim without its
     operation's id also claimed every other unknown operation at that
     revision, sent only its own and left the other dispatching, unlisted).
-    Then an untargeted dispatch beside the two settled operations must take
-    the run's new prepared intent (generated 7775685a: a pick without
-    ``status = 'prepared'`` took the oldest settled one, whose claim matched
-    nothing, and answered that there was nothing to dispatch)."""
-    # W's lease outlives the case: it registers the third intent at the end.
+    Then the run changes hands, and D's untargeted dispatch beside the two
+    settled operations must take the run's new prepared intent (generated
+    7775685a: a pick without ``status = 'prepared'`` took the oldest settled
+    one, whose claim matched nothing, and answered that there was nothing to
+    dispatch), sending it with the run's new epoch."""
+    # W's lease outlives the case: it gives the run up at the end.
     run_id, registrar, first, second = _two_intents(ctx, "idem", lease_ttl_ms=60_000)
     tool = ctx.env.tool.client()
     tool.set_fault("idem", "arrive_held", count=2, ms=HELD_MAX_MS, run_id=run_id)
@@ -1382,9 +1385,22 @@ def _two_unknown_resent(ctx: ExperimentContext) -> None:
     )
     # The calls still on the network are lost there now: the resends did their work.
     ctx.command(f"tool: drop the held creates ({tool.release(drop=True)} held)")
-    third = _another_intent(ctx, registrar, run_id, "e.third")
+    # The run changes hands before its next intent, and D, the process that
+    # dispatched its first two at the old epoch, takes it: its request must
+    # carry the new epoch (global effect.sent_only_under_a_dispatch_claim;
+    # blind hunt 44 #03 and #10: a run's epoch kept per dispatcher process).
+    given = checkers.run_row(ctx, run_id, "the run before it changes hands")
+    ctx.ok(registrar, "release", run_id=run_id, epoch=given["epoch"])
+    taken = ctx.ok(ctx.env.start_worker("W2", "ops"), "claim", run_id=run_id)
+    ctx.fault(
+        "the run changed hands between D's dispatches",
+        int(taken["epoch"]) > int(given["epoch"]),
+        expected=f"W2 holds the run at an epoch past {given['epoch']}",
+        observed=f"W2's epoch {taken['epoch']}",
+    )
+    third = _another_intent(ctx, ctx.env.workers["W2"], run_id, "e.third")
     started = time.time()
-    picked = ctx.op(ctx.env.start_worker("D2", "ops"), "dispatch")
+    picked = ctx.op(d, "dispatch")
     after = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
     ctx.progress(
         "an untargeted dispatch beside settled operations took the prepared one",

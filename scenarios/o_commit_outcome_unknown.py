@@ -19,6 +19,10 @@ commit.
 Variant ``run_half_found``: the same in ``run`` mode, on the workflow's
 second write: the worker must freeze the run in doubt with an
 ``agent.commit_inconsistent`` event and write nothing on top of that write.
+
+Variant ``lost_thrice``: one ``ops`` process loses the COMMIT of three
+writes in a row (request lost each time); each is read back and decided on
+its own, whatever the process met before.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from scenarios.common import finish, new_run, seen_within
 HALF_FOUND = "half_found"
 CHECKPOINT_HALF_FOUND = "checkpoint_half_found"
 RUN_HALF_FOUND = "run_half_found"
+LOST_THRICE = "lost_thrice"
 # run_half_found: W's lease, far longer than the case (its renewals are parked).
 RUN_HALF_FOUND_LEASE_MS = 60_000
 
@@ -61,7 +66,14 @@ SPEC = ExperimentSpec(
         needs.capability("workflow", RUN_HALF_FOUND),
         needs.point("before_renew", RUN_HALF_FOUND),
     ),
-    variants=("request_lost", "response_lost", HALF_FOUND, CHECKPOINT_HALF_FOUND, RUN_HALF_FOUND),
+    variants=(
+        "request_lost",
+        "response_lost",
+        HALF_FOUND,
+        CHECKPOINT_HALF_FOUND,
+        RUN_HALF_FOUND,
+        LOST_THRICE,
+    ),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",
     # The race is about a COMMIT's outcome, not expiry: the read-back after
@@ -88,6 +100,39 @@ def run(ctx: ExperimentContext) -> None:
     # read-back that matches more than the write's own event_id shows.
     base = ctx.ok(w, "save_checkpoint", run_id=run_id, epoch=lease["epoch"],
                   expected_revision=lease["revision"], state={"step": "before"})["revision"]  # fmt: skip
+    if variant != LOST_THRICE:
+        _lost_commit(ctx, variant, w, run_id, lease["epoch"], base, claim_sent)
+        return
+    # The same process loses three COMMITs in a row, each read back on its own
+    # (blind hunt 44 #02: a budget of read-backs spent per process, not per write,
+    # answered the third unknown at once), on the thread that keeps its state
+    # between requests. The lease renewed before each.
+    for _ in range(3):
+        claim_sent = time.time()
+        # The first use of a session the last cut closed may answer its loss.
+        if not ctx.op(w, "renew", run_id=run_id, epoch=lease["epoch"]).ok:
+            ctx.ok(w, "renew", run_id=run_id, epoch=lease["epoch"])
+        if not _lost_commit(
+            ctx, "request_lost", w, run_id, lease["epoch"], base, claim_sent, worker_async=False
+        ):
+            return
+        base += 1
+
+
+def _lost_commit(
+    ctx: ExperimentContext,
+    variant: str,
+    w: WorkerProcess,
+    run_id: str,
+    epoch: int,
+    base: int,
+    claim_sent: float,
+    worker_async: bool = True,
+) -> bool:
+    """W's next write (revision ``base`` + 1) loses its COMMIT as ``variant``
+    says, and is judged; whether it was decided by a read-back (the next
+    write may follow). Without ``worker_async`` W handles it on its main
+    thread, with whatever that thread kept from its earlier requests."""
     event_id = ctx.uuid()
     ctx.arm("W", "before_commit", Hold())
     pending = ctx.op_async(
@@ -95,12 +140,12 @@ def run(ctx: ExperimentContext) -> None:
         "save_checkpoint",
         {
             "run_id": run_id,
-            "epoch": lease["epoch"],
+            "epoch": epoch,
             "expected_revision": base,
             "state": {"step": "committing"},
             "event_id": event_id,
         },
-        worker_async=True,
+        worker_async=worker_async,
     )
     ctx.reached("W", "before_commit", held=True)  # not the first write's passage
     sessions = _sessions_of(ctx, "W")
@@ -143,7 +188,7 @@ def run(ctx: ExperimentContext) -> None:
     if variant in (HALF_FOUND, CHECKPOINT_HALF_FOUND):
         _judge_half_found(ctx, run_id, base, event_id, fault.kind, sessions_ended,
                           committed_while_cut, reply)  # fmt: skip
-        return
+        return False
     if variant == "request_lost":
         ctx.fault(
             "the COMMIT never reached the server",
@@ -170,7 +215,7 @@ def run(ctx: ExperimentContext) -> None:
     mine = [w for w in checkers.writes(ctx, run_id) if w["event_id"] == event_id]
     if not _read_back_met_the_heal(ctx, reply, pending.answered_at, released_at, healed_at):
         _judge_at_most_once(ctx, run_id, base, event_id, mine, events)
-        return
+        return False
     ctx.invariant(
         "the write committed exactly once",
         len(mine) == 1
@@ -218,6 +263,7 @@ def run(ctx: ExperimentContext) -> None:
         what="outbox events of the run since the claim",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
+    return True
 
 
 def _events_since(ctx: ExperimentContext, run_id: str, base: int) -> list[str]:
