@@ -7,9 +7,18 @@ write, then resumes A and has it renew, save and release with its old epoch.
 Last, B releases its lease and writes once more under it: the run has no
 owner now, and that write is refused as definitely as the others (the
 worker's history says `fail`, never `info`: no fault was on its link).
+
+Then one ``ops`` process H holds two leases with a heartbeat each, at once,
+and gives the first up with its heartbeat still running (whose next renewal
+is refused, which cancels that lease's work only); H claims the first run
+again at the next epoch. Writes under that new lease and under the second
+lease, whose heartbeat ran beside the other's throughout, are accepted: a
+process keeps each lease's heartbeat and cancellation apart.
 """
 
 from __future__ import annotations
+
+import time
 
 from harness.checking import checkers
 from harness.checking.history import load_history, select
@@ -205,6 +214,67 @@ def run(ctx: ExperimentContext) -> None:
     if caps.checkpoints and caps.offers_op("release"):
         _write_after_release(ctx, b, run_id, epoch_b)
     checkers.lease_history_is_sound(ctx, [run_id])
+    if caps.checkpoints and caps.offers_op("heartbeat") and caps.offers_op("release"):
+        _heartbeats_in_one_process(ctx)
+
+
+# H's leases, renewals and their bound: far from any timeout on a busy machine,
+# since what is judged is how one process keeps two heartbeats apart.
+H_LEASE_MS = 4000
+H_INTERVAL_MS = 150
+H_TIMEOUT_MS = 1500
+# How long both heartbeats run side by side, and how long the first one's
+# renewals have after its lease was given up (a dozen intervals).
+BESIDE_S = 1.2
+REFUSED_S = 0.6
+
+
+def _heartbeats_in_one_process(ctx: ExperimentContext) -> None:
+    """Two heartbeats in one process, one of them refused, and the same run
+    claimed again at the next epoch (blind hunt 44 #07: the Go heartbeats of
+    one process shared one connection; #09: kept by run, not by run and
+    epoch, so the refused one's cancellation refused the new lease's write)."""
+    h = ctx.env.start_worker("H", "ops", env={"FENCECHECK_LEASE_TTL_MS": str(H_LEASE_MS)})
+    runs = [new_run(ctx), new_run(ctx)]
+    leases = [ctx.ok(h, "claim", run_id=r) for r in runs]
+    for run_id, lease in zip(runs, leases, strict=True):
+        ctx.ok(h, "heartbeat", run_id=run_id, epoch=lease["epoch"], action="start",
+               interval_ms=H_INTERVAL_MS, timeout_ms=H_TIMEOUT_MS)  # fmt: skip
+    started = time.time()
+    ctx.command(f"observe H's two heartbeats side by side for {BESIDE_S} s")
+    time.sleep(BESIDE_S)
+    ctx.ok(h, "release", run_id=runs[0], epoch=leases[0]["epoch"])
+    ctx.command(f"H gave up {runs[0]} with its heartbeat running: observe {REFUSED_S} s")
+    time.sleep(REFUSED_S)
+    again = ctx.ok(h, "claim", run_id=runs[0])
+    ctx.fault(
+        "H holds the first run again at the next epoch",
+        int(again["epoch"]) == int(leases[0]["epoch"]) + 1,
+        expected=f"epoch {int(leases[0]['epoch']) + 1}",
+        observed=f"epoch {again['epoch']}",
+    )
+    writes = [
+        ctx.op(
+            h,
+            "save_checkpoint",
+            run_id=run_id,
+            epoch=lease["epoch"],
+            expected_revision=lease["revision"],
+            state={"step": "by H"},
+        )
+        for run_id, lease in ((runs[0], again), (runs[1], leases[1]))
+    ]
+    rows = [checkers.run_row(ctx, r, f"{r} after H's writes") for r in runs]
+    ctx.progress(
+        "writes under each of H's live leases were accepted",
+        all(w.ok for w in writes),
+        expected=f"H's write under {runs[0]} at epoch {again['epoch']} (claimed again) and under "
+        f"{runs[1]} (its heartbeat beside the other's all along) both accepted",
+        observed=f"{[w.result if w.ok else f'{w.error}: {w.message}' for w in writes]}; runs "
+        f"{[(r['owner'], r['epoch'], r['revision'], r['lease_expired']) for r in rows]}",
+        since=started,
+    )
+    checkers.lease_history_is_sound(ctx, runs)
 
 
 def _write_after_release(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoch: int) -> None:
