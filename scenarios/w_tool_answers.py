@@ -1413,6 +1413,14 @@ def _converged_beside_a_live_claim(
     tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(f"tool: run {run_id[:8]}'s create of 'queryable' held on the network")
     code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
+    # A reconcile while A's create is still on the network: its query finds
+    # nothing, and the same control plane must ask again in its next cycle
+    # (blind hunt 44 #08: a reconciler that remembered "not found" per process
+    # never asked again, and the operation stayed in doubt).
+    early = ctx.op(control_plane(ctx), "reconcile")
+    ctx.command(
+        f"a reconcile before A's create arrived: {early.result if early.ok else early.error}"
+    )
     _let_arrive(ctx, tool, run_id)
     ledger = {str(o["operation_id"]): o for o in checkers.ledger(ctx, run_id)}
     own = [k for k in ledger if k != live_op and k not in seconds]
