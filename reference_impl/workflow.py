@@ -162,7 +162,7 @@ class RefundWorkflow:
     # ------------------------------------------------------------ tool step
     def tool_step(self, state: dict[str, Any], step: str) -> str | None:
         """Advance the tool step by what the ledger says; None when the step is done."""
-        rt, conn = self.rt, self.rt.conn
+        rt = self.rt
         tool = str(self.input.get("tool", "idem"))
         # An operator's supplement is part of the request from then on.
         request = {
@@ -174,6 +174,9 @@ class RefundWorkflow:
         op_id = rt.protocol.operation_id(rt.settings.tenant, str(self.lease.run_id), step, version)
         for _ in range(10_000):
             self.cancel.check()
+            # The session's connection of this pass: a write in the last one
+            # (an unknown commit read back) may have replaced the connection.
+            conn = rt.conn
             row = rt.ledger.get(conn, op_id)
             if row is None:
                 cap = rt.tools.capability(tool)

@@ -20,6 +20,10 @@ Variant ``run_half_found``: the same in ``run`` mode, on the workflow's
 second write: the worker must freeze the run in doubt with an
 ``agent.commit_inconsistent`` event and write nothing on top of that write.
 
+Variant ``run_intent_answer_lost``: in ``run`` mode, the answer to the
+COMMIT of the tool step's intent is lost after the server committed it: the
+worker reads it back and goes on from the ledger to finish the run.
+
 Variant ``lost_thrice``: one ``ops`` process loses the COMMIT of three
 writes in a row (request lost each time); each is read back and decided on
 its own, whatever the process met before.
@@ -35,7 +39,7 @@ from harness.checking import checkers
 from harness.checking.history import load_history
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.control import Hold
+from harness.parts.control import Hit, Hold
 from harness.parts.processes import OpReply, WorkerProcess
 from scenarios.common import finish, new_run, seen_within
 
@@ -43,6 +47,7 @@ HALF_FOUND = "half_found"
 CHECKPOINT_HALF_FOUND = "checkpoint_half_found"
 RUN_HALF_FOUND = "run_half_found"
 LOST_THRICE = "lost_thrice"
+RUN_INTENT_ANSWER_LOST = "run_intent_answer_lost"
 # run_half_found: W's lease, far longer than the case (its renewals are parked).
 RUN_HALF_FOUND_LEASE_MS = 60_000
 
@@ -63,8 +68,8 @@ SPEC = ExperimentSpec(
         *needs.capabilities("checkpoints", "outbox"),
         needs.point("before_commit"),
         needs.capability("contract_schema", CHECKPOINT_HALF_FOUND),
-        needs.capability("workflow", RUN_HALF_FOUND),
-        needs.point("before_renew", RUN_HALF_FOUND),
+        needs.capability("workflow", RUN_HALF_FOUND, RUN_INTENT_ANSWER_LOST),
+        needs.point("before_renew", RUN_HALF_FOUND, RUN_INTENT_ANSWER_LOST),
     ),
     variants=(
         "request_lost",
@@ -73,6 +78,7 @@ SPEC = ExperimentSpec(
         CHECKPOINT_HALF_FOUND,
         RUN_HALF_FOUND,
         LOST_THRICE,
+        RUN_INTENT_ANSWER_LOST,
     ),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",
@@ -91,6 +97,9 @@ def run(ctx: ExperimentContext) -> None:
     variant = ctx.variant or "request_lost"
     if variant == RUN_HALF_FOUND:
         _run_half_found(ctx)
+        return
+    if variant == RUN_INTENT_ANSWER_LOST:
+        _run_intent_answer_lost(ctx)
         return
     run_id = new_run(ctx)
     w = ctx.env.start_worker("W", "ops")
@@ -377,25 +386,7 @@ def _run_half_found(ctx: ExperimentContext) -> None:
     ``agent.commit_inconsistent`` event (rule 9) while its lease is its own,
     never leave it running with the inconsistency unrecorded."""
     run_id = new_run(ctx)
-    ctx.arm("W", "before_commit", Hold())
-    # A lease that outlasts the whole case, and renewals parked while the link
-    # is cut: a renewal refused by the cut link rightly cancels the worker
-    # (exit 10), and the case would then probe nothing. Parked from the first
-    # one: a renewal already under way when a write holds the run's row
-    # waits on that row and never comes back to the point (seen beside six
-    # CPU hogs: the point not reached in 15 s).
-    ctx.arm("W", "before_renew", Hold())
-    w = ctx.env.start_worker(
-        "W",
-        "run",
-        ["--run-id", run_id, "--once"],
-        env={"FENCECHECK_LEASE_TTL_MS": str(RUN_HALF_FOUND_LEASE_MS)},
-    )
-    ctx.reached("W", "before_commit")  # start: let through, the next one held
-    ctx.arm("W", "before_commit", Hold())
-    ctx.release("W", "before_commit")
-    hit = ctx.reached("W", "before_commit", held=True)
-    ctx.reached("W", "before_renew", held=True)
+    w, hit = _run_held_before_commit(ctx, run_id, 2)
     event_id = _pending_event_id(w, run_id)
     base = int(checkers.run_row(ctx, run_id, "the run while W's write waits")["revision"])
     sessions = _sessions_of(ctx, "W")
@@ -463,6 +454,105 @@ def _run_half_found(ctx: ExperimentContext) -> None:
         "its lease still its own (exit 11)",
         observed=f"run {row['status']} at epoch {row['epoch']} (W's {hit.epoch}), W exit {code}; "
         f"commit_inconsistent events {len(alerts)}",
+        since=healed,
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _run_held_before_commit(
+    ctx: ExperimentContext, run_id: str, nth: int
+) -> tuple[WorkerProcess, Hit]:
+    """A ``run`` worker W of ``run_id`` held before the COMMIT of its ``nth``
+    write (1: ``start``), its lease 60 s and its renewals parked at
+    ``before_renew``; W and the held point's hit."""
+    ctx.arm("W", "before_commit", Hold())
+    # A lease that outlasts the whole case, and renewals parked while the link
+    # is cut: a renewal refused by the cut link rightly cancels the worker
+    # (exit 10), and the case would then probe nothing. Parked from the first
+    # one: a renewal already under way when a write holds the run's row
+    # waits on that row and never comes back to the point (seen beside six
+    # CPU hogs: the point not reached in 15 s).
+    ctx.arm("W", "before_renew", Hold())
+    w = ctx.env.start_worker(
+        "W",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={"FENCECHECK_LEASE_TTL_MS": str(RUN_HALF_FOUND_LEASE_MS)},
+    )
+    for _ in range(nth - 1):  # let the writes before it through, the next one held
+        ctx.reached("W", "before_commit")
+        ctx.arm("W", "before_commit", Hold())
+        ctx.release("W", "before_commit")
+    hit = ctx.reached("W", "before_commit", held=True)
+    ctx.reached("W", "before_renew", held=True)
+    return w, hit
+
+
+def _run_intent_answer_lost(ctx: ExperimentContext) -> None:
+    """In ``run`` mode, the answer to the COMMIT of the tool step's intent (the
+    workflow's fourth write: start, plan, lookup, intent) is lost after the
+    server committed it. W reads it back, finds it, and goes on from the
+    ledger to finish the run, on a connection of its own again (blind hunt
+    44 #06: the Go tool step kept the connection it took before its loop,
+    which the read-back had replaced, and W exited 1 on a closed one)."""
+    run_id = new_run(ctx)
+    w, _hit = _run_held_before_commit(ctx, run_id, 4)
+    event_id = _pending_event_id(w, run_id)
+    sessions = _sessions_of(ctx, "W")
+    fault = ctx.env.links["worker_pg"].drop_responses(close_after_ms=400)
+    ctx.command(f"toxiproxy: {fault.detail}")
+    ctx.release("W", "before_commit")
+    committed = bool(
+        event_id
+        and seen_within(
+            lambda: ctx.env.query(
+                "SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id]
+            ),
+            what="W's COMMIT to reach the server while answers are dropped",
+            timeout_s=10,
+        )
+    )
+    sessions_ended = _sessions_ended(ctx, sessions)
+    ctx.heal("worker_pg")
+    healed = time.time()
+    intents = ctx.env.query(
+        "SELECT operation_id FROM fencecheck_model.tool_operations WHERE run_id = %s", [run_id]
+    )
+    ctx.fault(
+        "the intent committed while its answer was dropped",
+        committed and sessions_ended and len(intents) == 1,
+        expected="W's fourth write (the tool step's intent) committed on the server, one "
+        "operation in the ledger, W's sessions from before the fault gone before the heal",
+        observed=f"event {event_id} committed: {committed}; sessions ended: {sessions_ended}; "
+        f"operations {len(intents)}",
+    )
+    seen_within(
+        lambda: (
+            not w.is_alive()
+            or ctx.env.query(
+                "SELECT status NOT IN ('running', 'waiting_tool') AS moved "
+                "FROM fencecheck_model.agent_runs WHERE run_id = %s",
+                [run_id],
+            )[0]["moved"]
+        ),
+        what="W to finish the run once the link healed (exit, or the run done)",
+        timeout_s=20,
+    )
+    ctx.release("W", "before_renew")
+    code = finish(ctx, w)
+    mine = [e for e in checkers.outbox(ctx, run_id) if str(e["event_id"]) == event_id]
+    ctx.invariant(
+        "the intent's write is in once",
+        len(mine) == 1,
+        expected=f"one outbox event {event_id}",
+        observed=f"{len(mine)}",
+    )
+    row = checkers.run_row(ctx, run_id, "the run once W exited")
+    ctx.progress_equal(
+        "W went on from the intent it read back and finished the run",
+        (row["status"], code),
+        ("succeeded", 0),
+        what="(run status, W exit)",
         since=healed,
     )
     checkers.lease_history_is_sound(ctx, [run_id])
