@@ -36,6 +36,7 @@ from harness.engine.experiment import (
     Inconclusive,
     LoggedOp,
 )
+from harness.parts.control import Hold
 from harness.parts.postgres import PostgresCluster, failover
 from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
@@ -45,6 +46,11 @@ from scenarios.common import new_run, seen_within
 #: which waits for the standby as 'on' does (blind hunt 27 #12: a read-back
 #: that counted only 'on' as waiting answered the terminated commit durable).
 REMOTE_APPLY_TERMINATED = "sync_terminated_wait_remote_apply"
+#: sync_terminated_wait on W's main thread after that thread read back a lost
+#: commit while the primary had no synchronous standby (blind hunt 44 #05: a
+#: writer that asked "do commits wait for a standby?" once answered the
+#: terminated wait durable).
+TERMINATED_AFTER_ASYNC_READ_BACK = "sync_terminated_after_async_read_back"
 
 SPEC = ExperimentSpec(
     id="H",
@@ -54,7 +60,10 @@ SPEC = ExperimentSpec(
     "sync: no acknowledged epoch is lost; a cancelled sync wait is never reported as durable",
     fault="promote the standby (old primary fenced first) under async, under sync, and after "
     "cancelling a sync commit's wait",
-    needs=needs.capabilities("checkpoints", "ledger"),
+    needs=(
+        *needs.capabilities("checkpoints", "ledger"),
+        needs.point("before_commit", TERMINATED_AFTER_ASYNC_READ_BACK),
+    ),
     rules=(11,),
     replication="async",
     variants=(
@@ -63,6 +72,7 @@ SPEC = ExperimentSpec(
         "sync_cancelled_wait",
         "sync_terminated_wait",
         REMOTE_APPLY_TERMINATED,
+        TERMINATED_AFTER_ASYNC_READ_BACK,
     ),
     variant_faults=(
         (
@@ -74,8 +84,16 @@ SPEC = ExperimentSpec(
             REMOTE_APPLY_TERMINATED,
             "the same with W's login role committing at synchronous_commit = remote_apply",
         ),
+        (
+            TERMINATED_AFTER_ASYNC_READ_BACK,
+            "the answers to W's write dropped while the primary has no synchronous standby "
+            "(W reads its commit back), then synchronous replication on and the same as "
+            "sync_terminated_wait, both on W's main thread",
+        ),
     ),
     natural_wait_s=0.0,
+    # The read-back's lost answer comes from a hold before the COMMIT.
+    variant_write_paths=((TERMINATED_AFTER_ASYNC_READ_BACK, "stepped"),),
     exemptions=(
         Exemption(
             "worker.accounts_match_the_evidence",
@@ -208,6 +226,67 @@ def _terminated_in_the_wait(
     ctx.heal("replication")
 
 
+def _read_back_without_a_sync_standby(
+    ctx: ExperimentContext, primary: PostgresCluster, w: WorkerProcess, run_id: str, epoch: int,
+    rev: int,
+) -> int:  # fmt: skip
+    """A write of W's main thread whose answer is lost after the server
+    committed it, while no standby is synchronous: W reads it back and
+    answers it committed (held before its COMMIT on the stepped path while
+    the answers are dropped from then on). The run's revision after it."""
+    event_id = ctx.uuid()
+    sessions = [
+        r["pid"]
+        for r in primary.query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND application_name = 'W'",
+            dbname=ctx.env.db.name,
+        )
+    ]
+    ctx.arm("W", "before_commit", Hold())
+    pending = ctx.op_async(
+        w,
+        "save_checkpoint",
+        {"run_id": run_id, "epoch": epoch, "expected_revision": rev,
+         "state": {"step": "read back"}, "event_id": event_id},
+        worker_async=False,
+    )  # fmt: skip
+    ctx.reached("W", "before_commit", held=True)
+    fault = ctx.env.links["worker_pg"].drop_responses(close_after_ms=400)
+    ctx.command(f"toxiproxy: {fault.detail}")
+    ctx.release("W", "before_commit")
+    committed = seen_within(
+        lambda: primary.query(
+            "SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s",
+            [event_id],
+            dbname=ctx.env.db.name,
+        ),
+        what="W's COMMIT to reach the server while its answers are dropped",
+        timeout_s=10,
+    )
+    # Healed only once the write's answer is lost for good: W's sessions from
+    # before the fault gone on the server (toxiproxy closes them 400 ms in).
+    seen_within(
+        lambda: not primary.query(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = ANY(%s)", [sessions],
+            dbname=ctx.env.db.name,
+        ) or None,
+        what="W's sessions from before the fault to end on the server",
+        timeout_s=10,
+    )  # fmt: skip
+    ctx.heal("worker_pg")
+    reply = pending.result(30)
+    ctx.fault(
+        "W read back a commit whose answer was lost, with no synchronous standby",
+        bool(committed) and reply.ok and int(reply.result.get("revision", -1)) == rev + 1,
+        expected=f"W's write (event {event_id}) committed while its answers were dropped, and "
+        f"answered ok at revision {rev + 1} once the link healed",
+        observed=f"committed: {bool(committed)}; reply "
+        f"{reply.result if reply.ok else f'{reply.error}: {reply.message}'}",
+    )
+    return rev + 1
+
+
 def _local_commits_are_not_sync(ctx: ExperimentContext) -> None:
     """With standby names set, a session whose ``synchronous_commit`` is
     ``local`` commits without waiting for the standby: a worker that reads
@@ -286,6 +365,10 @@ def run(ctx: ExperimentContext) -> None:
     if variant == REMOTE_APPLY_TERMINATED:
         _role_commits_at(ctx, "remote_apply")
         variant = "sync_terminated_wait"
+    after_async = variant == TERMINATED_AFTER_ASYNC_READ_BACK
+    if after_async:
+        primary.set_sync_standby(None)
+        ctx.command("ALTER SYSTEM SET synchronous_standby_names = '': commits wait for nobody")
     w = env.start_worker("W", "ops")
     declared = ctx.ok(w, "durability")
     mode = "async" if variant == "async" else "sync"
@@ -332,6 +415,10 @@ def run(ctx: ExperimentContext) -> None:
     else:
         if variant == "sync_cancelled_wait":
             _reconnected(ctx, primary, w)
+        if after_async:
+            rev = _read_back_without_a_sync_standby(ctx, primary, w, run_id, lease["epoch"], rev)
+            primary.set_sync_standby("replica")
+            ctx.command("synchronous replication on again (the standby named, sync_state sync)")
         ctx.cut("replication")
         _wait_link_down(primary)
         pending = ctx.op_async(
@@ -345,7 +432,7 @@ def run(ctx: ExperimentContext) -> None:
             },
             # The cancelled wait on W's own session, the one that reconnected
             # (an async request would get a new session and writer of its own).
-            worker_async=variant != "sync_cancelled_wait",
+            worker_async=variant != "sync_cancelled_wait" and not after_async,
         )
         waiting = seen_within(
             lambda: (
@@ -368,7 +455,7 @@ def run(ctx: ExperimentContext) -> None:
         )
         if waiting is None:
             return  # nothing to cancel; the verdict is unknown already
-        if variant == "sync_terminated_wait":
+        if variant == "sync_terminated_wait" or after_async:
             _terminated_in_the_wait(ctx, primary, waiting[0]["pid"], pending)
             return
         primary.query("SELECT pg_cancel_backend(%s)", [waiting[0]["pid"]], dbname=env.db.name)
