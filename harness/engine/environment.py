@@ -686,6 +686,16 @@ class Environment:
     statements_called: list[dict[str, Any]] | None = None
     #: Why a server count above is None (the judges name it when not judging).
     server_counts_unknown: str = ""
+    #: The workers' links whose connection attempts the run's firewall table
+    #: counts (link key -> its port; harness/parts/port_guard.py), and the
+    #: counts, read with the server's (None: not known, ``connections_unknown``
+    #: says why).
+    counted_ports: dict[str, int] = field(default_factory=dict)
+    connection_attempts: dict[str, int] | None = None
+    connections_unknown: str = ""
+    #: Each cut of a counted link that ended: its link key, how long it lasted
+    #: and the connection attempts made against the closed port meanwhile.
+    link_cuts: list[dict[str, Any]] = field(default_factory=list)
     aborted: str | None = None
     interrupted: str | None = None
     extra_links: list[str] = field(default_factory=list)
@@ -785,6 +795,7 @@ class Environment:
         )
         self.links[key] = link
         self.extra_links.append(link.name)
+        _count_connections(self.shared, self.counted_ports, key, link)
         return link
 
     def login_role(self, tenant_id: str, kind: RoleKind = "worker") -> str:
@@ -983,10 +994,13 @@ def experiment_environment(
         toxi = shared.toxiproxy
         links: dict[str, Link] = {}
 
+        counted: dict[str, int] = {}
+
         def add_link(key: str, upstream: str) -> None:
             link = toxi.link(f"{tag}_{key}", upstream)
             links[key] = link
             stack.callback(_delete_link, toxi, link.name)
+            _count_connections(shared, counted, key, link)
 
         add_link("worker_pg", shared.backend.inner_address("127.0.0.1", primary.port))
         stopping.check(f"the mock tool of experiment {name}")
@@ -1026,6 +1040,7 @@ def experiment_environment(
             standby=standby,
             replication=replication,
             write_path=write_path,
+            counted_ports=counted,
         )
         stack.callback(_remove_links, toxi, env.extra_links)
         env.secrets.add(env.data_key)
@@ -1104,6 +1119,16 @@ def _drop_roles(cluster: PostgresCluster, roles: dict[tuple[str, RoleKind], str]
                 "DO $$BEGIN SET LOCAL synchronous_commit = local; "
                 f"DROP ROLE IF EXISTS {name}; END$$"
             )
+
+
+def _count_connections(
+    shared: SharedServices, counted: dict[str, int], key: str, link: Link
+) -> None:
+    """Count the connection attempts on a worker's link from now, where the
+    workers are this host's processes: a container's address rewriting
+    happens before the firewall's output chain sees the attempt."""
+    if shared.backend.kind == "local-processes" and port_guard.count_from_now(link.listen_port):
+        counted[key] = link.listen_port
 
 
 def _delete_link(toxi: ToxiproxyServer, name: str) -> None:

@@ -55,6 +55,7 @@ from harness.evidence.summary import (
 )
 from harness.explore import cell_coverage
 from harness.mutation.error_context import functions_in_error_context
+from harness.parts import port_guard
 from harness.parts.processes import ProcessTimeout
 from harness.verdict import Verdict
 from harness.waiting import wait_for
@@ -187,6 +188,8 @@ def run_job(
                 called = _functions_called(env) if interrupted is None else None
                 env.functions_called = called
                 env.statements_called = _statements_called(env) if interrupted is None else None
+                if interrupted is None:
+                    _read_connection_attempts(env)
             # Steps that judge the experiment after its scenario go here, one
             # call each, while the environment is still up:
             # `verdict, reason = step(ctx, verdict, reason)`.
@@ -345,6 +348,37 @@ def _functions_called(env: Environment) -> dict[str, int] | None:
         env.server_counts_unknown = f"reading the function counts failed: {exc!r}"[:300]
         return None
     return {str(r["f"]): int(r["calls"]) for r in rows}
+
+
+def _read_connection_attempts(env: Environment) -> None:
+    """The connection attempts on each counted worker link (the run's firewall
+    table's counts; harness/parts/port_guard.py), or why they are not known."""
+    if not env.counted_ports:
+        env.connections_unknown = (
+            "no link's connection attempts are counted here (the run's firewall table needs "
+            "root and nft, and the workers on this host)"
+        )
+        return
+    counts = port_guard.connection_attempts(env.counted_ports.values())
+    if isinstance(counts, str):
+        env.connections_unknown = counts
+        return
+    env.connection_attempts = {key: counts[port] for key, port in env.counted_ports.items()}
+    by_name = {link.name: key for key, link in env.links.items() if key in env.counted_ports}
+    journal = env.shared.toxiproxy.journal() if env.shared.toxiproxy else []
+    env.link_cuts = [
+        {
+            "link": by_name[f.link],
+            "seconds": round(f.stopped_at - f.started_at, 3),
+            "attempts": f.attempts_at_stop - f.attempts_at_start,
+        }
+        for f in journal
+        if f.kind == "cut"
+        and f.link in by_name
+        and f.stopped_at is not None
+        and f.attempts_at_start is not None
+        and f.attempts_at_stop is not None
+    ]
 
 
 def _statements_called(env: Environment) -> list[dict[str, Any]] | None:

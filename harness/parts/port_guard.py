@@ -16,10 +16,19 @@ into its deployment facts: a gate then knows its evidence was exposed.
 
 Ports are added as the parts open them (:func:`guard_port`): a port a part
 opens in the instant before is reachable for that instant.
+
+The same table counts the connection attempts (TCP SYNs) to each guarded
+port, in a set of per-port counters: a worker that reconnects to a link the
+harness cut without a pause between its attempts shows there
+(``worker.connections_are_paced``), which no server sees, since the
+attempts never reach one. :func:`count_from_now` starts a port's count
+(ports are reused after a link is deleted), :func:`connection_attempts`
+reads it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -27,6 +36,7 @@ import threading
 from collections.abc import Iterable
 
 TABLE_PREFIX = "fencecheck_"
+SYN_SET = "connection_attempts"
 NFT_TIMEOUT_S = 10.0
 
 
@@ -34,7 +44,8 @@ class PortGuardError(RuntimeError):
     """nft refused a change; the message has its stderr."""
 
 
-def _nft(script: str | None = None, *args: str) -> None:
+def _nft(script: str | None = None, *args: str) -> str:
+    """Run nft with ``script`` on its stdin, or with ``args``; its stdout."""
     nft = shutil.which("nft") or "/usr/sbin/nft"
     done = subprocess.run(
         [nft, *(["-f", "-"] if script is not None else list(args))],
@@ -46,6 +57,7 @@ def _nft(script: str | None = None, *args: str) -> None:
     )
     if done.returncode != 0:
         raise PortGuardError(f"nft {' '.join(args) or '-f -'}: {done.stderr.strip()[:300]}")
+    return done.stdout
 
 
 class PortGuard:
@@ -62,8 +74,12 @@ class PortGuard:
         _nft(
             f"table inet {self.table} {{\n"
             "  set ports { type inet_service; }\n"
+            f"  set {SYN_SET} {{ type inet_service; size 65535; flags dynamic; counter; }}\n"
             "  chain output {\n"
             "    type filter hook output priority 0; policy accept;\n"
+            # Every connection attempt to a guarded port, whoever makes it.
+            "    ip daddr 127.0.0.0/8 tcp dport @ports tcp flags & (syn | ack) == syn "
+            f"update @{SYN_SET} {{ tcp dport }}\n"
             f"    ip daddr 127.0.0.0/8 tcp dport @ports meta skuid != {{ {owners} }} "
             "counter reject with tcp reset\n"
             "  }\n"
@@ -76,6 +92,25 @@ class PortGuard:
                 return
             _nft(None, "add", "element", "inet", self.table, "ports", f"{{ {port} }}")
             self.ports.add(port)
+
+    def count_from_now(self, port: int) -> None:
+        """Forget ``port``'s count so far (a deleted link's port may come back)."""
+        try:
+            _nft(None, "delete", "element", "inet", self.table, SYN_SET, f"{{ {port} }}")
+        except PortGuardError as exc:
+            if "No such file or directory" not in str(exc):
+                raise
+
+    def connection_attempts(self, ports: Iterable[int]) -> dict[int, int]:
+        """The connection attempts to each of ``ports`` since its count began."""
+        listed = json.loads(_nft(None, "-j", "list", "set", "inet", self.table, SYN_SET))
+        seen: dict[int, int] = {}
+        for item in listed.get("nftables", []):
+            for elem in (item.get("set") or {}).get("elem", []):
+                body = elem.get("elem", {}) if isinstance(elem, dict) else {}
+                if isinstance(body.get("val"), int):
+                    seen[body["val"]] = int((body.get("counter") or {}).get("packets", 0))
+        return {port: seen.get(port, 0) for port in ports}
 
     def close(self) -> None:
         delete_table(self.table)
@@ -143,3 +178,28 @@ def guard_port(port: int) -> None:
     guard = _CURRENT
     if guard is not None:
         guard.add(port)
+
+
+def count_from_now(port: int) -> bool:
+    """Start counting the connection attempts to ``port`` from zero; False
+    when they cannot be counted here (no guard)."""
+    guard = _CURRENT
+    if guard is None:
+        return False
+    try:
+        guard.count_from_now(port)
+    except (PortGuardError, OSError, subprocess.SubprocessError):
+        return False
+    return True
+
+
+def connection_attempts(ports: Iterable[int]) -> dict[int, int] | str:
+    """The connection attempts to each of ``ports`` since :func:`count_from_now`,
+    or why they are not known."""
+    guard = _CURRENT
+    if guard is None:
+        return "no firewall table of the run counts them (not root, or no nft)"
+    try:
+        return guard.connection_attempts(ports)
+    except (PortGuardError, OSError, subprocess.SubprocessError, ValueError) as exc:
+        return f"reading the counts failed: {exc}"[:300]

@@ -32,7 +32,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from harness.failures import PartFailed
-from harness.parts.port_guard import guard_port
+from harness.parts.port_guard import connection_attempts, guard_port
 from harness.parts.ports import free_port
 from harness.parts.processes import ManagedProcess, ProcessRegistry
 
@@ -248,6 +248,11 @@ class FaultRecord:
     started_at: float
     stopped_at: float | None = None
     detail: str = ""
+    # For a cut: the run's count of connection attempts to the link's port
+    # when it started and stopped (harness/parts/port_guard.py; None: not
+    # counted here), so the attempts made against the closed port are known.
+    attempts_at_start: int | None = None
+    attempts_at_stop: int | None = None
 
 
 class Link:
@@ -284,6 +289,11 @@ class Link:
     def info(self) -> ProxyInfo:
         return self.client.get_proxy(self.name)
 
+    def _attempts(self) -> int | None:
+        """The run's count of connection attempts to this link's port so far."""
+        counts = connection_attempts([self.listen_port])
+        return None if isinstance(counts, str) else counts[self.listen_port]
+
     def active(self) -> list[FaultRecord]:
         with self._lock:
             return [replace(rec) for rec, _ in self._active.values()]
@@ -315,6 +325,7 @@ class Link:
                 kind=kind,
                 started_at=time.time(),
                 detail=f"{what} link {self.name} ({self.listen} -> {self.upstream})",
+                attempts_at_start=self._attempts() if disable else None,
             )
             self._active[kind] = (record, added)
             self._server._journal_add(record)
@@ -328,6 +339,8 @@ class Link:
                 raise KeyError(f"no active fault {kind!r} on link {self.name}")
             record, toxic_names = self._active[kind]
             if kind == "cut":
+                # Counted before the port opens again: attempts after it succeed.
+                record.attempts_at_stop = self._attempts()
                 self.client.set_enabled(self.name, True)
             for name in toxic_names:
                 self.client.remove_toxic(self.name, name)

@@ -210,6 +210,8 @@ def evidence(s: Story) -> Evidence:
             {"role": "fcw_x_1", "query": "SELECT fencecheck.renew($1, $2, $3)", "calls": 2},
         ],
         worker_lifetimes_s=[1.5, 0.9],
+        connection_attempts={"worker_pg": 5, "worker_tool": 1},
+        link_cuts=[{"link": "worker_pg", "seconds": 0.3, "attempts": 2}],
     )
 
 
@@ -1011,6 +1013,15 @@ def busy_ledger_poll(ev: Evidence) -> None:
     ]
 
 
+def reconnect_loop_in_a_cut(ev: Evidence) -> None:
+    """A worker that reconnects to a cut link without a pause: a hundred
+    refused attempts in the 0.11 s the harness held it cut (generated
+    8bf81b91: the read-back's sleep dropped)."""
+    ev.worker_lifetimes_s = [0.7, 1.2]
+    ev.connection_attempts = {"worker_pg": 118, "worker_tool": 0}
+    ev.link_cuts = [{"link": "worker_pg", "seconds": 0.114, "attempts": 109}]
+
+
 def cancel_reports_another_runs_status(ev: Evidence) -> None:
     """A cancel reply, right after the run was made, whose run_status is one
     the run never had (generated a83ac9a7: the status of another run's row)."""
@@ -1032,6 +1043,7 @@ def cancel_reports_another_runs_status(ev: Evidence) -> None:
 EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "worker.cancel_reports_the_runs_status": cancel_reports_another_runs_status,
     "worker.statements_are_paced": busy_ledger_poll,
+    "worker.connections_are_paced": reconnect_loop_in_a_cut,
     "lease.acquisition_attempts_are_paced": busy_claim_loop,
     "effect.prepared_holds_no_claim": prepared_keeps_a_deadline,
     "run.created_with_its_initial_values": created_with_a_budget_of_three,
@@ -1640,3 +1652,18 @@ def test_server_counts_not_known_name_why() -> None:
         result = next(r for r in check(ev) if r.name == name)
         assert result.ok and result.checked == 0
         assert "not judged" in result.observed and "OperationalError" in result.observed
+
+
+def test_paced_reconnects_in_a_cut_hold() -> None:
+    """A few reconnects with a pause during a cut, and a link nobody cut, are
+    within the bound; without the run's count nothing is judged, and the
+    note says why."""
+    ev = evidence(clean_story())
+    ev.worker_lifetimes_s = [0.7, 1.2]
+    ev.connection_attempts = {"worker_pg": 9, "worker_tool": 0}
+    ev.link_cuts = [{"link": "worker_pg", "seconds": 0.5, "attempts": 6}]
+    result = next(r for r in check(ev) if r.name == "worker.connections_are_paced")
+    assert result.ok and result.checked == 3, result
+    ev.connection_attempts, ev.connections_unknown = None, "no firewall table"
+    result = next(r for r in check(ev) if r.name == "worker.connections_are_paced")
+    assert result.ok and result.checked == 0 and "no firewall table" in result.observed

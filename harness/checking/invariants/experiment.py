@@ -96,6 +96,9 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
                 for w in env.started_workers
                 if w.started_at is not None
             ],
+            connection_attempts=env.connection_attempts,
+            connections_unknown=env.connections_unknown,
+            link_cuts=env.link_cuts,
         )
         results = check(evidence, exempt)
     except Exception as exc:

@@ -96,6 +96,9 @@ def gather(
     statements_called: list[dict[str, Any]] | None = None,
     server_counts_unknown: str = "",
     worker_lifetimes_s: list[float] | None = None,
+    connection_attempts: dict[str, int] | None = None,
+    connections_unknown: str = "",
+    link_cuts: list[dict[str, Any]] | None = None,
 ) -> Evidence:
     trail = changes(query)
     return Evidence(
@@ -115,4 +118,7 @@ def gather(
         statements_called=statements_called,
         server_counts_unknown=server_counts_unknown,
         worker_lifetimes_s=list(worker_lifetimes_s or []),
+        connection_attempts=connection_attempts,
+        connections_unknown=connections_unknown,
+        link_cuts=list(link_cuts or []),
     )

@@ -151,6 +151,13 @@ class Evidence:
     statements_called: list[dict[str, Any]] | None = None
     # Why a server count above is None ("" when not told).
     server_counts_unknown: str = ""
+    # The connection attempts (TCP SYNs) on each worker link of the experiment,
+    # counted by the run's firewall table (None: not known; why in
+    # connections_unknown).
+    connection_attempts: dict[str, int] | None = None
+    connections_unknown: str = ""
+    # Each cut of a counted link: {link, seconds, attempts made meanwhile}.
+    link_cuts: list[dict[str, Any]] = field(default_factory=list)
     # How long each worker process the harness started lived, in seconds
     # (start to the harness seeing its exit; a stopped process counts).
     worker_lifetimes_s: list[float] = field(default_factory=list)
