@@ -369,7 +369,11 @@ def run(ctx: ExperimentContext) -> None:
     if after_async:
         primary.set_sync_standby(None)
         ctx.command("ALTER SYSTEM SET synchronous_standby_names = '': commits wait for nobody")
-    w = env.start_worker("W", "ops")
+    # after_async: a lease that outlasts both faults and the switch to sync on
+    # a busy machine (a write refused for its lease tests nothing here).
+    w = env.start_worker(
+        "W", "ops", env={"FENCECHECK_LEASE_TTL_MS": "30000"} if after_async else None
+    )
     declared = ctx.ok(w, "durability")
     mode = "async" if variant == "async" else "sync"
     if variant == "sync":
