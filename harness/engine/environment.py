@@ -304,11 +304,11 @@ def start_fork_server(
     stack.callback(server.close)
     # Its exit reports decide every crash fault: check one it cannot fake.
     probe_env = {**env, "FENCECHECK_DSN": UNREACHABLE_DSN}
-    problem = server.check_kill_report(probe_env)
+    problem = server.check_kill_report(probe_env) or server.check_sigterm_ends(probe_env)
     if problem is not None:
         raise ForkServerMisreports(
-            f"the worker's fork server (`{shlex.join(server.argv)}`) breaks its wire: {problem}. "
-            f"Fix its exit report, or run without it (FENCECHECK_FORK_SERVER=0); its log: "
+            f"the worker's fork server (`{shlex.join(server.argv)}`) breaks the mode's contract: "
+            f"{problem}. Fix the server, or run without it (FENCECHECK_FORK_SERVER=0); its log: "
             f"{log_dir / 'fork-server.log'}"
         )
     return server, f"fork of `{shlex.join(server.argv)}` (pid {server.pid})"

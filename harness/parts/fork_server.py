@@ -326,6 +326,48 @@ class ForkServer:
             )
         return None
 
+    def check_sigterm_ends(self, env: Mapping[str, str], timeout_s: float = 5.0) -> str | None:
+        """Whether a forked ``ops`` child ends on SIGTERM, as the process the
+        command would have exec'd does (worker contract section 1: SIGTERM
+        drains a worker, then it exits; a child is exactly that process, with
+        nothing of the server's state, its signal handlers included). The
+        probe child waits for requests (its database unreachable); SIGTERM
+        must end it within ``timeout_s``, by any status. The problem, said for
+        a reader; None when it ended."""
+        read_end, write_end = os.pipe()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            pid = self.spawn(["ops"], env=env, cwd=None, stdin=read_end, stdout=devnull,
+                             stderr=devnull, timeout_s=timeout_s)  # fmt: skip
+        finally:
+            os.close(read_end)
+            os.close(devnull)
+        child = self.adopt(pid, None, None)
+        try:
+            # Signalled once it waits for requests (asleep for a while), not
+            # in the instant between its fork and its own start.
+            if not _settled_asleep(pid, timeout_s):
+                return None  # it ended, or never settled: nothing is proven
+            try:
+                child.send_signal(signal.SIGTERM)
+            except ProcessLookupError:
+                return None
+            try:
+                child.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                return (
+                    f"the fork server's child {pid} (an `ops` worker waiting for requests) was "
+                    f"still running {timeout_s:g}s after SIGTERM: a forked worker must be the "
+                    "process the command would have exec'd, which SIGTERM ends (worker contract "
+                    "section 1); reset the server's signal handlers in the child"
+                )
+        finally:
+            os.close(write_end)
+            if child.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.kill()
+        return None
+
     # ----------------------------------------------------------------- reading
     def _read(self) -> None:
         assert self._sock is not None
@@ -391,6 +433,22 @@ def _state(pid: int) -> str | None:
             return f.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return None
+
+
+def _settled_asleep(pid: int, timeout_s: float, polls: int = 5) -> bool:
+    """Whether process ``pid`` was seen asleep ``polls`` times in a row, 20 ms
+    apart, within ``timeout_s`` (a child waiting for its input)."""
+    deadline = time.monotonic() + timeout_s
+    seen = 0
+    while time.monotonic() < deadline:
+        state = _state(pid)
+        if state in ("Z", "X", None):
+            return False
+        seen = seen + 1 if state == "S" else 0
+        if seen >= polls:
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def _exists(pid: int) -> bool:

@@ -142,3 +142,31 @@ def test_the_kill_report_probe_names_a_server_that_misreports(tmp_path: Path) ->
     finally:
         fork.close()
     assert problem is not None and "reported status 0" in problem and "-9" in problem
+
+
+def test_the_sigterm_probe_passes_the_real_server(server: ForkServer) -> None:
+    """A forked ops child waiting for requests ends on SIGTERM, as an exec'd one does."""
+    assert server.check_sigterm_ends(dict(os.environ)) is None
+
+
+def test_the_sigterm_probe_names_a_child_that_keeps_the_servers_handler(
+    tmp_path: Path,
+) -> None:
+    """The reference server with the child's reset of SIGTERM dropped (blind hunt
+    45 #05): the child keeps the server's do-nothing handler, so SIGTERM no
+    longer ends a worker; the probe says so instead of every drain hanging."""
+    keeping = [
+        sys.executable,
+        "-c",
+        "import runpy, signal; real = signal.signal; "
+        "signal.signal = lambda sig, h: None if sig == signal.SIGTERM and h is signal.SIG_DFL "
+        "else real(sig, h); "
+        f"runpy.run_path({str(SCRIPTS / 'ops_worker.py')!r}, run_name='__main__')",
+    ]
+    fork = ForkServer(keeping, log_path=tmp_path / "fork-server.log", env=dict(os.environ))
+    assert fork.start(), fork.why_not
+    try:
+        problem = fork.check_sigterm_ends(dict(os.environ), timeout_s=2.0)
+    finally:
+        fork.close()
+    assert problem is not None and "after SIGTERM" in problem
