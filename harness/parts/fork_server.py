@@ -273,6 +273,22 @@ class ForkServer:
             child._set_exit(early[0])
         return child
 
+    def _probe_child(self, env: Mapping[str, str], timeout_s: float) -> tuple[ForkedChild, int]:
+        """An ``ops`` child waiting for requests on a pipe (its output discarded)
+        and the pipe's write end, which the caller closes to end its input."""
+        read_end, write_end = os.pipe()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            pid = self.spawn(["ops"], env=env, cwd=None, stdin=read_end, stdout=devnull,
+                             stderr=devnull, timeout_s=timeout_s)  # fmt: skip
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+            os.close(devnull)
+        return self.adopt(pid, None, None), write_end
+
     def check_kill_report(self, env: Mapping[str, str], timeout_s: float = 5.0) -> str | None:
         """Whether the server reports a child a signal killed as killed (wire:
         minus the signal). Every crash fault is judged by that report, so a
@@ -283,15 +299,8 @@ class ForkServer:
         is the one true report. The problem, said for a reader; None when the
         report is right or the probe could not be made (the child ended
         before it was stopped: nothing is proven either way)."""
-        read_end, write_end = os.pipe()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            pid = self.spawn(["ops"], env=env, cwd=None, stdin=read_end, stdout=devnull,
-                             stderr=devnull, timeout_s=timeout_s)  # fmt: skip
-        finally:
-            os.close(read_end)
-            os.close(devnull)
-        child = self.adopt(pid, None, None)
+        child, write_end = self._probe_child(env, timeout_s)
+        pid = child.pid
         try:
             try:
                 child.send_signal(signal.SIGSTOP)
@@ -334,15 +343,8 @@ class ForkServer:
         probe child waits for requests (its database unreachable); SIGTERM
         must end it within ``timeout_s``, by any status. The problem, said for
         a reader; None when it ended."""
-        read_end, write_end = os.pipe()
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            pid = self.spawn(["ops"], env=env, cwd=None, stdin=read_end, stdout=devnull,
-                             stderr=devnull, timeout_s=timeout_s)  # fmt: skip
-        finally:
-            os.close(read_end)
-            os.close(devnull)
-        child = self.adopt(pid, None, None)
+        child, write_end = self._probe_child(env, timeout_s)
+        pid = child.pid
         try:
             # Signalled once it waits for requests (asleep for a while), not
             # in the instant between its fork and its own start.
