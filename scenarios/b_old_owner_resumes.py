@@ -19,12 +19,13 @@ process keeps each lease's heartbeat and cancellation apart.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from harness.checking import checkers
 from harness.checking.history import load_history, select
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.processes import WorkerProcess
-from scenarios.common import new_run
+from scenarios.common import new_run, seen_within
 
 SPEC = ExperimentSpec(
     id="B",
@@ -227,6 +228,9 @@ H_TIMEOUT_MS = 1500
 # renewals have after its lease was given up (a dozen intervals).
 BESIDE_S = 1.2
 REFUSED_S = 0.6
+# How long the harness keeps the run's row after it stopped H's heartbeat
+# whose renewal waits on it: within that renewal's bound.
+STOP_HELD_S = 0.3
 
 
 def _heartbeats_in_one_process(ctx: ExperimentContext) -> None:
@@ -274,7 +278,61 @@ def _heartbeats_in_one_process(ctx: ExperimentContext) -> None:
         f"{[(r['owner'], r['epoch'], r['revision'], r['lease_expired']) for r in rows]}",
         since=started,
     )
+    if writes[1].ok:
+        _stopped_with_a_renewal_waiting(ctx, h, runs[1], leases[1])
     checkers.lease_history_is_sound(ctx, runs)
+
+
+def _stopped_with_a_renewal_waiting(
+    ctx: ExperimentContext, h: WorkerProcess, run_id: str, lease: dict[str, Any]
+) -> None:
+    """H's heartbeat of ``run_id`` is stopped while its renewal waits on the
+    run's row (the harness holds it locked), and the row is let go soon after:
+    the stop is no cancellation, so H's next write under the live lease is
+    accepted (blind hunt 45 #02: a stop that closed the heartbeat's connection
+    under its waiting renewal made that renewal unconfirmed, which cancelled
+    the lease's work)."""
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id):
+        waiting = seen_within(
+            lambda: (
+                ctx.env.query(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND application_name = 'H' AND wait_event_type = 'Lock'"
+                )
+                or None
+            ),
+            what="H's renewal to wait on the run's row the harness holds",
+            timeout_s=5,
+        )
+        stop = ctx.op_async(
+            h, "heartbeat", {"run_id": run_id, "epoch": lease["epoch"], "action": "stop"}
+        )
+        ctx.command(f"hold the row {STOP_HELD_S} s past the stop, then let it go")
+        time.sleep(STOP_HELD_S)
+    stopped = stop.result(15)
+    ctx.fault(
+        "H's heartbeat was stopped while its renewal waited on the run's row",
+        bool(waiting) and stopped.ok,
+        expected="a session of H waiting on a lock when the stop was sent; the stop answered",
+        observed=f"waiting: {waiting}; stop {'ok' if stopped.ok else stopped.error}",
+    )
+    row = checkers.run_row(ctx, run_id, "the run after H's heartbeat stopped")
+    after = ctx.op(
+        h,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=lease["epoch"],
+        expected_revision=row["revision"],
+        state={"step": "after the stop"},
+    )
+    ctx.progress(
+        "a write under the lease after its heartbeat's stop was accepted",
+        after.ok or bool(row["lease_expired"]),
+        expected=f"H's write under {run_id} at epoch {lease['epoch']} accepted (a stop cancels "
+        "nothing; the lease still live)",
+        observed=f"{'ok' if after.ok else f'{after.error}: {after.message}'}; lease expired "
+        f"{row['lease_expired']}",
+    )
 
 
 def _write_after_release(ctx: ExperimentContext, b: WorkerProcess, run_id: str, epoch: int) -> None:
