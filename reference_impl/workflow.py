@@ -296,9 +296,11 @@ class RefundWorkflow:
                 out = self.finish_tool(state, step, op_id, answer.kind, effect, None)
             except e.LeaseLost:
                 # Keep the late answer as a ledger fact (matching our claim) so
-                # the successor adopts it instead of asking again.
+                # the successor adopts it instead of asking again; on the
+                # session's connection now (the refused write may have read
+                # back on a new one).
                 with contextlib.suppress(e.LedgerConflict):
-                    rt.ledger.record_result(conn, op, rt.owner, answer)
+                    rt.ledger.record_result(rt.conn, op, rt.owner, answer)
                 raise
             except e.LedgerConflict:
                 # Our claim no longer matches: the operation moved while we held
