@@ -488,6 +488,25 @@ def test_a_superseded_runs_success_asks_for_compensation() -> None:
     assert "effect.compensation_required_exactly_for_a_cancelled_runs_success" not in broken
 
 
+def test_a_compensation_names_the_resource_the_ledger_recorded() -> None:
+    """Blind hunt 46 #02: the event took remote_id from the row before the
+    success (NULL), so the owning service had nothing to undo by."""
+    s = clean_story()
+    result_after_retry(s, compensated=True)
+    at = next(
+        k
+        for k, c in enumerate(s.changes)
+        if c.table == "tool_operations" and c.after("status") == "succeeded"
+        and c.row.get("operation_id") == "op-2"
+    )  # fmt: skip
+    success = s.changes[at]
+    s.changes[at] = dataclasses.replace(success, new={**(success.new or {}), "remote_id": "res-9"})
+    (row,) = broken_by(evidence(s))[
+        "effect.compensation_required_exactly_for_a_cancelled_runs_success"
+    ]
+    assert "names remote_id None" in row["why"] and "res-9" in row["why"]
+
+
 def test_a_run_frozen_for_an_inconsistent_commit_can_wait_for_a_person() -> None:
     """Rule 9: paused in doubt with nothing in its ledger in doubt, but with its
     agent.commit_inconsistent event; without that event the pause is named."""

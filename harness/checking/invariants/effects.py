@@ -713,7 +713,8 @@ def _supersedes(ev: Evidence) -> dict[str, list[Change]]:
     "for compensation); worker contract section 5 `cancel` and `retry_run`",
     "an operation that becomes succeeded once its run's cancel, or the retry that superseded "
     "its run, is committed gets an outbox event agent.compensation_required naming it "
-    "(payload operation_id) in the same transaction; no such event names an operation that "
+    "(payload operation_id) and the resource to undo (payload remote_id, the ledger's) in the "
+    "same transaction; no such event names an operation that "
     "did not become succeeded in its transaction, or whose run had been neither cancelled nor "
     "superseded",
 )
@@ -749,6 +750,14 @@ def compensation_exactly_for_cancelled_success(ev: Evidence) -> Finding:
             bad.append({**c.brief("operation_id", "status", "run_id"),
                         "why": f"no {COMPENSATION} in its transaction; run {why} at seq "
                                f"{seen[0].seq}"})  # fmt: skip
+        event = written.get((c.txid, str(c.row.get("operation_id"))))
+        named = (event.row.get("payload") or {}).get("remote_id") if event else None
+        if event is not None and str(named) != str(c.after("remote_id")):
+            # The owning service undoes the effect by its resource: the event
+            # must name the one the ledger recorded (blind hunt 46 #02).
+            bad.append({**event.brief("event_id", "run_id", "payload"),
+                        "why": f"names remote_id {named!r}, the ledger recorded "
+                               f"{c.after('remote_id')!r}"})  # fmt: skip
     for (txid, op_id), e in written.items():
         run = str(e.row.get("run_id"))
         ended_before = any(x.at <= e.at for x in cancels.get(run, []) + supersedes.get(run, []))
