@@ -145,9 +145,10 @@ def run(ctx: ExperimentContext) -> None:
         observed=plain(second),
     )
     rest = [r for r in eligible if tasks[r] not in second]
-    third: list[str] | None = None
+    locked: list[list[str]] | None = None
     if len(rest) == 1:
-        third = _purge_while_locked(ctx, ctl, tasks[rest[0]], args)
+        locked = _purge_while_locked(ctx, ctl, tasks[rest[0]], args)
+    third = [t for got in locked or [] for t in got] if locked is not None else None
     # The last purge keeps no archive: the archive then holds the first
     # purged task's rows alone (an archive is optional, and its absence must
     # not stop a purge).
@@ -182,7 +183,7 @@ def run(ctx: ExperimentContext) -> None:
         len(first),
         *([len(middle)] if middle is not None else []),
         len(second),
-        *([len(third)] if third is not None else []),
+        *[len(got) for got in locked or []],
         len(fourth),
     ]
     ctx.equal(
@@ -287,9 +288,14 @@ def _refused_out_of_bounds(ctx: ExperimentContext, ctl: Any, args: dict[str, Any
 
 def _purge_while_locked(
     ctx: ExperimentContext, ctl: Any, task: str, args: dict[str, Any]
-) -> list[str] | None:
+) -> list[list[str]] | None:
     """Purge while the harness holds ``task``'s row: the purge must skip it,
-    not wait for it. None when the purge waited (judged broken)."""
+    not wait for it. Then purge while the harness holds the row of the task's
+    run instead: the purge may skip the task or wait for the row, but its
+    reply must name the task exactly when it deleted it (blind hunt 46 #08: a
+    Go purge that listed a task its guarded delete had refused under its
+    locks). What each of the two purges reported; None when the first waited
+    (judged broken)."""
     with checkers.row_locked(ctx, "agent_tasks", "task_id", task) as lock:
         pending = ctx.op_async(ctl, "purge", {"older_than_ms": 0, "limit": 100, **args})
         waited = lock.answered_or_waiting(pending, ctl.worker_id)
@@ -311,7 +317,27 @@ def _purge_while_locked(
     got = [str(t) for t in reply.result.get("purged_tasks") or []]
     if waited is None:
         ctx.equal("the locked task is not purged", got, [], what="tasks purged beside the lock")
-    return got
+    run = ctx.env.query(
+        "SELECT run_id FROM fencecheck_model.agent_runs WHERE task_id = %s", [task]
+    )[0]["run_id"]
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run) as lock:
+        pending = ctx.op_async(ctl, "purge", {"older_than_ms": 0, "limit": 100, **args})
+        waited = lock.answered_or_waiting(pending, ctl.worker_id)
+        ctx.command(f"the purge beside the locked run: {waited or 'answered'}")
+    beside = pending.result(15.0)
+    named = [str(t) for t in (beside.result or {}).get("purged_tasks") or []]
+    present = bool(
+        ctx.env.query("SELECT 1 FROM fencecheck_model.agent_tasks WHERE task_id = %s", [task])
+    )
+    ctx.invariant(
+        "a purge reports exactly the tasks it deleted",
+        beside.ok and (task in named) != present,
+        expected=f"{task} named in purged_tasks exactly when it is gone from the database "
+        "(the purge skipped it for its locked run, or waited and deleted it)",
+        observed=f"reply {plain(named) if beside.ok else beside.error}; task still there: "
+        f"{present}",
+    )
+    return [got, named if beside.ok else []]
 
 
 def _judge_rows(
