@@ -24,6 +24,11 @@ Variant ``run_intent_answer_lost``: in ``run`` mode, the answer to the
 COMMIT of the tool step's intent is lost after the server committed it: the
 worker reads it back and goes on from the ledger to finish the run.
 
+Variant ``commit_refused``: the COMMIT itself answers a definite error (a
+deferred constraint trigger the harness adds refuses the write's checkpoint
+row at commit): the worker must not answer ok, nothing of the write is
+there, and its next write goes through.
+
 Variant ``lost_thrice``: one ``ops`` process loses the COMMIT of three
 writes in a row (request lost each time); each is read back and decided on
 its own, whatever the process met before.
@@ -48,6 +53,7 @@ CHECKPOINT_HALF_FOUND = "checkpoint_half_found"
 RUN_HALF_FOUND = "run_half_found"
 LOST_THRICE = "lost_thrice"
 RUN_INTENT_ANSWER_LOST = "run_intent_answer_lost"
+COMMIT_REFUSED = "commit_refused"
 # run_half_found: W's lease, far longer than the case (its renewals are parked).
 RUN_HALF_FOUND_LEASE_MS = 60_000
 
@@ -79,6 +85,7 @@ SPEC = ExperimentSpec(
         RUN_HALF_FOUND,
         LOST_THRICE,
         RUN_INTENT_ANSWER_LOST,
+        COMMIT_REFUSED,
     ),
     variant_waits=(("response_lost", 0.4),),
     write_path="stepped",
@@ -109,6 +116,9 @@ def run(ctx: ExperimentContext) -> None:
     # read-back that matches more than the write's own event_id shows.
     base = ctx.ok(w, "save_checkpoint", run_id=run_id, epoch=lease["epoch"],
                   expected_revision=lease["revision"], state={"step": "before"})["revision"]  # fmt: skip
+    if variant == COMMIT_REFUSED:
+        _commit_refused(ctx, w, run_id, lease["epoch"], base)
+        return
     if variant != LOST_THRICE:
         _lost_commit(ctx, variant, w, run_id, lease["epoch"], base, claim_sent)
         return
@@ -126,6 +136,77 @@ def run(ctx: ExperimentContext) -> None:
         ):
             return
         base += 1
+
+
+def _commit_refused(
+    ctx: ExperimentContext, w: WorkerProcess, run_id: str, epoch: int, base: int
+) -> None:
+    """W's write whose COMMIT fails with a definite error: a constraint trigger
+    the harness adds, deferred to the commit, refuses its checkpoint row by
+    event_id (the server's own refusal, as a deferred constraint or a
+    serialization failure at commit would give). Generated e714485b: a
+    stepped write that swallowed a COMMIT error which was not an unknown
+    outcome answered the write committed."""
+    event_id = ctx.uuid()
+    marker = f"refused at commit by the harness: {event_id}"
+    ctx.env.query(
+        "CREATE FUNCTION public.fencecheck_refuse_at_commit() RETURNS trigger "
+        "LANGUAGE plpgsql AS $$BEGIN IF NEW.event_id::text = '" + event_id + "' THEN "
+        "RAISE EXCEPTION '" + marker + "'; END IF; RETURN NULL; END$$"
+    )
+    ctx.env.query(
+        "CREATE CONSTRAINT TRIGGER fencecheck_refuse_at_commit AFTER INSERT "
+        "ON public.agent_checkpoints DEFERRABLE INITIALLY DEFERRED FOR EACH ROW "
+        "EXECUTE FUNCTION public.fencecheck_refuse_at_commit()"
+    )
+    ctx.command(f"a constraint trigger deferred to the commit refuses event {event_id}")
+    reply = ctx.op(
+        w,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch,
+        expected_revision=base,
+        state={"step": "refused at commit"},
+        event_id=event_id,
+    )
+    ctx.env.query("DROP TRIGGER fencecheck_refuse_at_commit ON public.agent_checkpoints")
+    ctx.env.query("DROP FUNCTION public.fencecheck_refuse_at_commit()")
+    ctx.command("the trigger dropped")
+    try:
+        logged = marker in ctx.env.primary.log_path.read_text(errors="replace")
+        seen = f"logged: {logged}"
+    except OSError as exc:  # a server whose log this host cannot read
+        logged, seen = False, f"the server's log not readable here: {exc}"
+    ctx.fault(
+        "the server refused the write at its COMMIT",
+        logged,
+        expected=f"the server's log holds the trigger's error for event {event_id}",
+        observed=seen,
+    )
+    there = [c for c in checkers.checkpoints(ctx, run_id) if str(c["event_id"]) == event_id]
+    events = _events_since(ctx, run_id, base)
+    ctx.invariant(
+        "a write refused at its COMMIT is not answered ok and is not there",
+        not reply.ok and not there and event_id not in events,
+        expected=f"an error reply; no checkpoint and no outbox event {event_id}",
+        observed=f"reply {reply.result if reply.ok else reply.error}; checkpoints with it "
+        f"{len(there)}; events since the claim {events}",
+    )
+    after = ctx.op(
+        w,
+        "save_checkpoint",
+        run_id=run_id,
+        epoch=epoch,
+        expected_revision=base,
+        state={"step": "after the refusal"},
+    )
+    ctx.progress(
+        "the next write goes through",
+        after.ok,
+        expected=f"save_checkpoint at revision {base} accepted",
+        observed=f"{after.result if after.ok else f'{after.error}: {after.message}'}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _lost_commit(
