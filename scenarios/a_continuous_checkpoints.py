@@ -101,7 +101,35 @@ def run(ctx: ExperimentContext) -> None:
     _reads_answer_the_latest_write(ctx, reads, mine, base)
     _own_live_lease_not_granted_again(ctx, w, run_id)
     pipelined = _pipelined_writes(ctx)
+    _read_answers_its_own_run(ctx, w, pipelined, run_id)
     checkers.lease_history_is_sound(ctx, [run_id, pipelined])
+
+
+def _read_answers_its_own_run(
+    ctx: ExperimentContext, w: WorkerProcess, run_id: str, other: str
+) -> None:
+    """A read of ``run_id`` while ``other``, a run of the same tenant made
+    before it, has checkpoints at the same revisions: the reply is the run's
+    own checkpoint at its revision (blind hunt 47 #02: a read that joined the
+    checkpoints on the revision alone answered the other run's)."""
+    revision = checkers.run_row(ctx, run_id, "the run read")["revision"]
+    own = {c["revision"]: c["state_json"] for c in checkers.checkpoints(ctx, run_id)}
+    theirs = {c["revision"] for c in checkers.checkpoints(ctx, other)}
+    ctx.fault(
+        "another run of the tenant has a checkpoint at the read run's revision",
+        revision in own and revision in theirs,
+        expected=f"checkpoints of both runs at revision {revision}",
+        observed=f"the read run's revisions {sorted(own)}, the other's {sorted(theirs)}",
+    )
+    read = ctx.op(w, "read_checkpoint", run_id=run_id)
+    state = (read.result or {}).get("state") if read.ok else None
+    ctx.invariant(
+        "read_checkpoint answers the run's own checkpoint",
+        read.ok and state == own.get(revision),
+        expected=f"the state of the run's own checkpoint at revision {revision}: "
+        f"{own.get(revision)}",
+        observed=f"{state if read.ok else f'{read.error}: {read.message}'}",
+    )
 
 
 def _own_live_lease_not_granted_again(
