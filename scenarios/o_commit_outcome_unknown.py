@@ -89,6 +89,23 @@ SPEC = ExperimentSpec(
         COMMIT_REFUSED,
     ),
     variant_waits=(("response_lost", 0.4),),
+    variant_faults=(
+        (
+            COMMIT_REFUSED,
+            "no link fault: a deferred constraint trigger the harness adds refuses the write's "
+            "checkpoint row at COMMIT (a definite error), advancing a sequence as it fires",
+        ),
+        (
+            RUN_INTENT_ANSWER_LOST,
+            "a run worker's link answers dropped at the COMMIT of its tool step's intent, after "
+            "the server committed it, then healed",
+        ),
+        (
+            LOST_THRICE,
+            "worker->postgres link cut (request lost) at COMMIT, three writes in a row by one "
+            "ops process, healed after each",
+        ),
+    ),
     write_path="stepped",
     # The race is about a COMMIT's outcome, not expiry: the read-back after
     # the heal must meet a live lease, also when a loaded machine makes the
