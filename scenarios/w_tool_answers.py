@@ -66,8 +66,10 @@ answers a worker must handle"):
   (a 409 from *another* body is ``conflict_other_body``).
 
 * ``resend_refused``: the same late call, and the same-key resend refused
-  with a 429. The refusal proves only that the resend did nothing: the call
-  still on the network may act (here it does). The operation stays in doubt,
+  with a 429, a callback naming no resource (refused, kept as evidence)
+  delivered while the resend's claim is held. The refusal proves only that
+  the resend did nothing: the call still on the network may act (here it
+  does). The operation stays in doubt,
   never ``prepared`` again (effect.never_prepared_again_once_in_doubt: a
   prepared operation's next dispatch is judged by no key retention); once
   the call arrived, a ``reconcile`` finds its resource and a worker finishes
@@ -92,7 +94,7 @@ from harness.engine.experiment import (
     LoggedOp,
     SetupRefused,
 )
-from harness.parts.control import Crash, Hold
+from harness.parts.control import Continue, Crash, Hold
 from harness.parts.processes import OpReply, WorkerProcess
 from mock_tool.client import ToolClient
 from scenarios.common import (
@@ -241,7 +243,8 @@ SPEC = ExperimentSpec(
         (
             RESEND_REFUSED,
             "the run's first create reaches the tool late (past the worker's timeout and its "
-            "query), its same-key resend is refused with 429 before that",
+            "query), its same-key resend is refused with 429 before that; a callback naming no "
+            "resource is delivered while the resend's claim is held",
         ),
         (
             RESEND_MEETS_OWN,
@@ -303,6 +306,7 @@ SPEC = ExperimentSpec(
         needs.op("converge_operation", OTHERS_IN_DOUBT),
         needs.capability("ledger_tool:idempotent", RESEND_UNANSWERED, RESEND_REFUSED),
         needs.op("reconcile", RESEND_REFUSED),
+        needs.point("after_dispatch_claim_commit", RESEND_REFUSED),
         needs.capability("ledger_tool:deterministic_id", RESEND_MEETS_OWN),
         needs.point("after_reconcile_query", RESEND_MEETS_OWN),
         needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
@@ -684,7 +688,15 @@ def _resend_refused(ctx: ExperimentContext) -> None:
         "next create is refused with 429"
     )
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
-    code = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
+    # A's second dispatch claim (the resend's) is held while a callback naming
+    # no resource is delivered and kept as evidence on the operation's row
+    # (blind hunt 49 #01: "was the refused claim a same-key resend?" judged
+    # on the row's newest evidence alone put the operation back to prepared).
+    ctx.arm("A", "after_dispatch_claim_commit", Continue())
+    ctx.arm("A", "after_dispatch_claim_commit", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    _refused_callback_during_resend(ctx, run_id)
+    code = finish(ctx, a)
     in_doubt = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, run_id)]
     # The late call reaches the tool RESEND_LATE_MS after it was sent; wait for
     # exactly that arrival (bounded well past it), not a fixed time.
@@ -734,6 +746,45 @@ def _resend_refused(ctx: ExperimentContext) -> None:
     )
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _refused_callback_during_resend(ctx: ExperimentContext, run_id: str) -> None:
+    """Deliver a callback naming no resource while A's resend claim is held
+    at ``after_dispatch_claim_commit``; it must converge nothing. Not reached
+    (no second claim, or no ``deliver_callback``): W's own checks stand."""
+    judged = "a callback naming no resource during a resend converged nothing"
+    try:
+        hit = ctx.reached("A", "after_dispatch_claim_commit", RESEND_LATE_MS / 1000 + 5, held=True)
+    except Inconclusive as exc:
+        ctx.not_judged(judged, expected="A's resend claim held", observed=f"not reached: {exc}")
+        return
+    op_id = str(hit.operation_id)
+    try:
+        reply: OpReply | None = ctx.op(
+            control_plane(ctx), "deliver_callback", run_id=run_id, operation_id=op_id,
+            payload={"status": "processing"},
+        )  # fmt: skip
+    except Inconclusive:
+        reply = None  # the control plane takes no callbacks
+    finally:
+        after = checkers.ledger(ctx, run_id)
+        ctx.release("A", "after_dispatch_claim_commit")
+    if not ctx.probe_reached(
+        "a callback was delivered while A's resend claim was held",
+        reply is not None and (reply.ok or reply.error is not None),
+        judges=judged,
+        expected="the control plane answered the delivery (accepted or refused)",
+        observed=f"reply {reply and (reply.result if reply.ok else reply.error)}",
+    ):
+        return
+    assert reply is not None
+    ctx.invariant(
+        judged,
+        [(o["status"], o["remote_id"]) for o in after] == [("dispatching", None)],
+        expected="the operation still dispatching under the resend's claim, no resource",
+        observed=f"ledger after the callback {[(o['status'], o['remote_id']) for o in after]}; "
+        f"reply {reply.result if reply.ok else reply.error}",
+    )
 
 
 def _held_after_an_empty_query(
