@@ -71,7 +71,8 @@ until its lease ran out and an ``ops`` session took the run over; its
 dispatch claim lives on. Let go, A's result write is refused for its lease,
 but the answer is known and the claim is A's: A records it on the ledger
 (only the ledger, under its claim), so the successor adopts it instead of
-freezing the run for a person.
+freezing the run for a person. Beside it A2, held the same way with the
+tool's final refusal (422): it records that answer (``failed_final``) too.
 
 Variant ``slow_claim_answer``: an ``ops`` dispatcher's database link answers
 late while it claims an intent; it is held right after the claim and let go
@@ -300,8 +301,9 @@ SPEC = ExperimentSpec(
     variant_faults=(
         (
             ANSWER_AFTER_LEASE_LOST,
-            "A held with the tool's answer before recording it, its heartbeat parked, until "
-            "its lease ran out and another session took the run over; its dispatch claim live",
+            "A held with the tool's answer before recording it (A2 beside it with a 422), its "
+            "heartbeat parked, until its lease ran out and another session took the run over; "
+            "its dispatch claim live",
         ),
         (
             EXPIRED_CLAIMS_ONE_HELD,
@@ -1549,66 +1551,89 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
     live: the tool's answer is recorded on the ledger under that claim, never
     lost (blind hunt 40 #09: the Go worker compared the refusal with ``==``
     instead of ``errors.Is`` and dropped the answer; a tool with neither
-    query nor key then leaves the run to a person)."""
+    query nor key then leaves the run to a person). Beside it A2, whose
+    create the tool refuses for good (422): that answer is as final and is
+    recorded too (blind hunt 49 #02: only a success was kept)."""
     point = "after_tool_response_before_tx2_commit"
-    run_id = new_run(ctx, tool="plain")
-    ctx.arm("A", point, Hold())
+    cases = {"A": new_run(ctx, tool="plain"), "A2": new_run(ctx, tool="plain")}
+    ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=cases["A2"])
+    ctx.command(f"tool: run {cases['A2']}'s create is refused for good (422)")
     env: dict[str, str | None] = {"FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_MS)}
-    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
-    hit = ctx.reached("A", point)
-    op_id = str(hit.operation_id)
-    ctx.arm("A", "before_renew", Hold())
-    ctx.reached("A", "before_renew", held=True)
-    checkers.wait_lease_expired(ctx, run_id)
-    taken = ctx.ok(ctx.env.start_worker("T", "ops"), "claim", run_id=run_id)
-    claim = ctx.sql(
-        "A's dispatch claim after the takeover",
-        "SELECT status, dispatch_until > clock_timestamp() AS live "
-        "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
-        [op_id],
-    )
-    created = checkers.tool_requests(ctx, run_id=run_id)
+    workers, hits = {}, {}
+    for name, run_id in cases.items():
+        ctx.arm(name, point, Hold())
+        workers[name] = ctx.env.start_worker(name, "run", ["--run-id", run_id, "--once"], env=env)
+    for name in cases:
+        hits[name] = ctx.reached(name, point)
+        ctx.arm(name, "before_renew", Hold())
+    for name, run_id in cases.items():
+        ctx.reached(name, "before_renew", held=True)
+        checkers.wait_lease_expired(ctx, run_id)
+    t = ctx.env.start_worker("T", "ops")
+    taken = {name: ctx.ok(t, "claim", run_id=run_id) for name, run_id in cases.items()}
+    answers = {"A": "created", "A2": "rejected_final"}
+    created = {name: checkers.tool_requests(ctx, run_id=r) for name, r in cases.items()}
+    claims = {
+        name: ctx.sql(
+            f"{name}'s dispatch claim after the takeover",
+            "SELECT status, dispatch_until > clock_timestamp() AS live "
+            "FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+            [str(hits[name].operation_id)],
+        )
+        for name in cases
+    }
     ctx.fault(
-        "A held the tool's answer while another session took its run over, its claim live",
-        [r["outcome"] for r in created] == ["created"]
-        and taken["epoch"] > (hit.epoch or 0)
-        and bool(claim)
-        and claim[0]["status"] == "dispatching"
-        and bool(claim[0]["live"]),
-        expected=f"one created resource; the run taken over at an epoch above A's {hit.epoch}; "
-        f"{op_id} dispatching under A's live claim",
-        observed=f"tool {[r['outcome'] for r in created]}; epoch {taken['epoch']}; claim "
-        f"{claim[0] if claim else 'none'}",
+        "A and A2 held the tool's answers while another session took their runs over, their "
+        "claims live",
+        all(
+            [r["outcome"] for r in created[name]] == [answers[name]]
+            and taken[name]["epoch"] > (hits[name].epoch or 0)
+            and [(c["status"], c["live"]) for c in claims[name]] == [("dispatching", True)]
+            for name in cases
+        ),
+        expected=f"the tool's answers {answers}; each run taken over at an epoch above its "
+        "holder's; each operation dispatching under its holder's live claim",
+        observed="; ".join(
+            f"{name}: tool {[r['outcome'] for r in created[name]]}, epoch {hits[name].epoch} -> "
+            f"{taken[name]['epoch']}, claim {claims[name][0] if claims[name] else 'none'}"
+            for name in cases
+        ),
     )
     mark = checkers.audit_mark(ctx)
     released_at = time.time()
-    ctx.release("A", point)
-    ctx.release("A", "before_renew")
-    code_a = finish(ctx, a)
-    op = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), {})
-    by_a = [
-        r for r in checkers.changes_by(ctx, ["A"], after_seq=mark) if r["tbl"] == "tool_operations"
-    ]
-    remote = created[0]["resource_id"] if created else None
-    ctx.progress(
-        "the answer A held is recorded under its claim",
-        op.get("status") == "succeeded" and op.get("remote_id") == remote and bool(by_a),
-        expected=f"{op_id} succeeded with the tool's resource {remote}, written by A's session "
-        "(its result write refused for the lease, the claim still its own)",
-        observed=f"ledger {(op.get('status'), op.get('remote_id'))}; A's changes to "
-        f"tool_operations {[(r['seq'], r['op']) for r in by_a]} (A exit {code_a})",
-        since=released_at,
-    )
-    row = checkers.run_row(ctx, run_id, "the run once A exited")
-    ctx.invariant(
-        "A wrote no checkpoint under its lost lease",
-        row["epoch"] == taken["epoch"] and row["revision"] == taken["revision"],
-        expected=f"the run at the takeover's epoch {taken['epoch']} and revision "
-        f"{taken['revision']}",
-        observed=f"epoch {row['epoch']}, revision {row['revision']}",
-    )
-    checkers.recorded_results_are_the_tools(ctx, run_id)
-    checkers.lease_history_is_sound(ctx, [run_id])
+    for name in cases:
+        ctx.release(name, point)
+        ctx.release(name, "before_renew")
+    codes = {name: finish(ctx, w) for name, w in workers.items()}
+    for name, run_id in cases.items():
+        op_id = str(hits[name].operation_id)
+        op = next((o for o in checkers.ledger(ctx, run_id) if o["operation_id"] == op_id), {})
+        by = [
+            r
+            for r in checkers.changes_by(ctx, [name], after_seq=mark)
+            if r["tbl"] == "tool_operations"
+        ]
+        remote = created[name][0]["resource_id"] if created[name] else None
+        want = ("succeeded", remote) if name == "A" else ("failed_final", None)
+        ctx.progress(
+            f"the answer {name} held is recorded under its claim",
+            (op.get("status"), op.get("remote_id")) == want and bool(by),
+            expected=f"{op_id} {want[0]} with remote id {want[1]} (the tool's answer), written "
+            f"by {name}'s session (its result write refused for the lease, the claim its own)",
+            observed=f"ledger {(op.get('status'), op.get('remote_id'))}; {name}'s changes to "
+            f"tool_operations {[(r['seq'], r['op']) for r in by]} ({name} exit {codes[name]})",
+            since=released_at,
+        )
+        row = checkers.run_row(ctx, run_id, f"the run once {name} exited")
+        ctx.invariant(
+            f"{name} wrote no checkpoint under its lost lease",
+            (row["epoch"], row["revision"]) == (taken[name]["epoch"], taken[name]["revision"]),
+            expected=f"the run at the takeover's epoch {taken[name]['epoch']} and revision "
+            f"{taken[name]['revision']}",
+            observed=f"epoch {row['epoch']}, revision {row['revision']}",
+        )
+        checkers.recorded_results_are_the_tools(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, list(cases.values()))
 
 
 def _superseded_claim(ctx: ExperimentContext) -> None:
