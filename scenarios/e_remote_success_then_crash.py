@@ -1603,6 +1603,27 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
     released_at = time.time()
     for name in cases:
         ctx.release(name, point)
+    # The heartbeats stay parked until each holder's answer is on the ledger
+    # (or it exited): a refused renewal let through first cancels the work
+    # before the result write meets the lease, which is also correct, and
+    # is not this case (the Go worker beside a loaded campaign: its answer
+    # rightly dropped, which failed the progress check below).
+    seen_within(
+        lambda: (
+            all(
+                not w.is_alive()
+                or any(
+                    r["tbl"] == "tool_operations"
+                    for r in checkers.changes_by(ctx, [name], after_seq=mark)
+                )
+                for name, w in workers.items()
+            )
+            or None
+        ),
+        what="each holder's answer on the ledger, or its exit, before its heartbeat goes on",
+        timeout_s=10,
+    )
+    for name in cases:
         ctx.release(name, "before_renew")
     codes = {name: finish(ctx, w) for name, w in workers.items()}
     for name, run_id in cases.items():

@@ -51,6 +51,8 @@ from mock_tool.canonical import request_digest
 # Generous against a loaded machine: nothing here waits for a lease to expire.
 LEASE_TTL_MS = 5000
 HEARTBEAT_MS = 100
+#: R's renewal bound in the workflow check (the environment's is 1 s).
+R_HEARTBEAT_TIMEOUT_MS = 4000
 OP_TIMEOUT_S = 20.0
 RUN_TIMEOUT_S = 60.0
 #: The protected writes of a run of the built-in workflow without faults and
@@ -541,6 +543,16 @@ class HappyPath:
             )
 
 
+def _unconfirmed_renewals(worker: WorkerProcess) -> list[str]:
+    """The renewals ``worker``'s history records unconfirmed or refused."""
+    history = read_history([worker.events_path])
+    return [
+        f"{e.type} {e.error or ''}".strip()
+        for e in history.events
+        if e.op in ("renew", "heartbeat") and e.type in ("info", "fail")
+    ]
+
+
 def _wait_point(env: Environment, worker: str, point: str, timeout_s: float) -> None:
     with contextlib.suppress(WaitTimeout):  # a point never reached is reported by _points
         wait_for(
@@ -568,7 +580,14 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
         )
         return False
     run_id = str(reply.result["run_id"])
-    worker = env.start_worker("R", "run", ["--run-id", run_id, "--once"])
+    # Renewals bounded far above a busy machine's delays: this check is about
+    # the workflow, not timing (a 1 s bound ran out beside a loaded campaign).
+    worker = env.start_worker(
+        "R",
+        "run",
+        ["--run-id", run_id, "--once"],
+        env={"FENCECHECK_HEARTBEAT_TIMEOUT_MS": str(R_HEARTBEAT_TIMEOUT_MS)},
+    )
     try:
         code: int | None = worker.wait(RUN_TIMEOUT_S)
     except ProcessError:
@@ -576,7 +595,15 @@ def _workflow(env: Environment, report: ContractReport) -> bool:
         worker.stop(grace_s=1.0)
     row = env.query("SELECT status FROM fencecheck_model.agent_runs WHERE run_id = %s", [run_id])
     status = row[0]["status"] if row else None
-    if (code, status) != (0, "succeeded"):
+    unconfirmed = _unconfirmed_renewals(worker) if (code, status) == (10, "succeeded") else []
+    if unconfirmed:
+        # Cancelled by its own heartbeat after the last write committed: the
+        # worker could not know it had finished; exit 10 is then its due.
+        report.skipped.append(
+            f"`run --run-id ID --once` exit code: 10 with the run succeeded, after renewals "
+            f"its history records unconfirmed ({unconfirmed[:3]}): a timing outcome, not judged"
+        )
+    elif (code, status) != (0, "succeeded"):
         report.gap(
             "10",
             "`run --run-id ID --once` on a queued run",

@@ -370,9 +370,20 @@ const commitsWaitForStandby = `SELECT current_setting('synchronous_standby_names
 // readBackResolve is rule 9 (Chinese seed section 6.1): both rows = committed;
 // neither = not committed (nil, nil: the caller sends the same *Write again);
 // one = CommitInconsistent. It asks on fresh connections for up to 10 s, as
-// an unknown commit usually coincides with a network fault.
-func readBackResolve(ctx context.Context, w *Writer, wr *Write) (*Written, error) {
-	deadline := time.Now().Add(10 * time.Second)
+// an unknown commit usually coincides with a network fault. A cancelled
+// execution still asks, for up to 2 s: a read sends nothing, and a heartbeat
+// refused because this very commit ended the run must not leave the worker
+// in doubt of it (a cut link is not waited out: the work is cancelled).
+func readBackResolve(parent context.Context, w *Writer, wr *Write) (*Written, error) {
+	start := time.Now()
+	deadline := start.Add(10 * time.Second)
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(parent), deadline)
+	defer cancel()
+	// Once the execution is cancelled, the read-back ends 2 s after it began
+	// (a dial into a cut link included).
+	defer context.AfterFunc(parent, func() {
+		time.AfterFunc(max(time.Until(start.Add(2*time.Second)), 0), cancel)
+	})()
 	delay := 50 * time.Millisecond
 	var last error
 	for {
