@@ -204,6 +204,7 @@ def cancel_ends_a_paused_run(ctx: ExperimentContext, ctl: WorkerProcess, run_id:
             observed=f"not tried: the run is {status}",
         )
         return False
+    ops_before = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
     reply = ctx.op(ctl, "cancel", run_id=run_id, reason="customer withdrew")
     after = checkers.run_row(ctx, run_id, "the run after its cancel")
     ctx.invariant(
@@ -213,6 +214,17 @@ def cancel_ends_a_paused_run(ctx: ExperimentContext, ctl: WorkerProcess, run_id:
         observed=f"reply {'ok' if reply.ok else f'{reply.error}: {reply.message}'}; run "
         f"{after['status']}, owner {after['owner']}",
     )
+    if reply.ok:
+        # Its prepared operations are cancelled with it, paused or not (blind
+        # hunt 49 #06: skipped for a paused run).
+        ops_after = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+        prepared = [k for k, v in ops_before.items() if v == "prepared"]
+        ctx.invariant(
+            f"a cancel of a run {PAUSED[status]} cancels its prepared operations",
+            all(ops_after.get(k) == "cancelled" for k in prepared),
+            expected=f"{prepared or 'no operation'} prepared before the cancel, cancelled after",
+            observed=f"ledger {ops_after} (before the cancel {ops_before})",
+        )
     if reply.ok and after["status"] == "cancelled":
         _cancel_of_an_ended_run_changes_nothing(ctx, ctl, run_id)
     return reply.ok

@@ -636,9 +636,11 @@ def _resend_unanswered(ctx: ExperimentContext) -> None:
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     code = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
     # An observation window, not a wait for something: every create A sent
-    # reaches the tool within RESEND_LATE_MS of its exit.
+    # reaches the tool within RESEND_LATE_MS of its exit. Another case fills it.
+    window_ends = time.time() + RESEND_LATE_MS / 1000 + 0.2
     ctx.command(f"observe the tool's log for {RESEND_LATE_MS} ms after A's exit")
-    time.sleep(RESEND_LATE_MS / 1000 + 0.2)
+    _terminated_beside_prepared(ctx, env)
+    time.sleep(max(0.0, window_ends - time.time()))
     log = checkers.tool_log(ctx)
     creates = [r for r in log["requests"] if r.get("run_id") == run_id]
     op_id = creates[0].get("operation_id") if creates else None
@@ -864,6 +866,45 @@ def _resend_meets_own_resource(ctx: ExperimentContext) -> None:
     )
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _terminated_beside_prepared(ctx: ExperimentContext, env: dict[str, str | None]) -> None:
+    """A run paused in doubt (its create's answer lost at a tool with neither
+    query nor key) holding a prepared intent of another step is terminated:
+    that intent is cancelled in the same decision, the one in doubt stays
+    (blind hunt 49 #08: the Go terminate cancelled prepared intents only of a
+    run paused for a person)."""
+    caps = ctx.system.capabilities
+    if not (caps.offers_op("decide") and caps.offers("ledger_tool:none")):
+        return
+    judged = "a terminate of a run paused in doubt cancels its prepared operations"
+    run_id = new_run(ctx, tool="plain")
+    (planned,) = _registered_beside_first_checkpoint(ctx, run_id, env, (PLANNED_STEP,))
+    ctx.env.tool.client().set_fault("plain", "drop_after_act", count=1, run_id=run_id)
+    ctx.command(f"tool: run {run_id}'s create loses its answer after acting")
+    code = finish(ctx, ctx.env.start_worker("A2", "run", ["--run-id", run_id, "--once"], env=env))
+    before = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+    status = checkers.run_row(ctx, run_id, "the run before its terminate")["status"]
+    if not ctx.probe_reached(
+        "a run paused in doubt beside a prepared intent of another step",
+        status == "paused_indoubt" and before.get(planned) == "prepared",
+        judges=judged,
+        expected=f"run paused_indoubt, {planned} prepared",
+        observed=f"run {status} (A2 exit {code}); ledger {before}",
+    ):
+        return
+    reply = ctx.op(control_plane(ctx), "decide", run_id=run_id, decision="terminate",
+                   reason="give up")  # fmt: skip
+    after = {o["operation_id"]: o["status"] for o in checkers.ledger(ctx, run_id)}
+    ended = checkers.run_row(ctx, run_id, "the run after its terminate")["status"]
+    ctx.invariant(
+        judged,
+        reply.ok and ended == "failed" and after.get(planned) == "cancelled",
+        expected=f"terminate taken, the run failed, {planned} cancelled",
+        observed=f"reply {'ok' if reply.ok else f'{reply.error}: {reply.message}'}; run "
+        f"{ended}; ledger {after}",
+    )
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
