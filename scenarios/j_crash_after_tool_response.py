@@ -366,7 +366,7 @@ def _operator_converges(
     ctx: ExperimentContext, run_id: str, op_id: str, sent: list[dict[str, object]]
 ) -> None:
     remote = str(sent[0]["resource_id"]) if sent else None
-    _bystander_in_doubt(ctx)
+    bystander = _bystander_in_doubt(ctx)
     before = checkers.run_row(ctx, run_id)["status"]
     ctx.fault(
         "the operator converges an operation of a run paused in doubt",
@@ -428,9 +428,46 @@ def _operator_converges(
         expected="one row: converge, ticket OPS-43, paused_indoubt -> queued",
         observed=f"{seen}",
     )
+    if bystander is not None:
+        _superseded_then_resolved(ctx, bystander)
 
 
-def _bystander_in_doubt(ctx: ExperimentContext) -> None:
+def _superseded_then_resolved(ctx: ExperimentContext, run_id: str) -> None:
+    """The bystander, still paused in doubt, is superseded by a retry of its
+    task; then a person's ``resolve_indoubt`` finds its create executed: the
+    finding is taken and the old run ends cancelled, its doubt settled (blind
+    hunt 49 #05: the Go decision refused every move of a superseded run, the
+    finding included, and left it paused for good)."""
+    caps = ctx.system.capabilities
+    if not (caps.offers_op("retry_run") and caps.offers_op("resolve_indoubt")):
+        return
+    ctl = control_plane(ctx)
+    (op,) = checkers.ledger(ctx, run_id)
+    made = [str(r["resource_id"]) for r in checkers.tool_resources(ctx, run_id=run_id)]
+    task_id = str(checkers.run_row(ctx, run_id)["task_id"])
+    retried = ctx.op(ctl, "retry_run", task_id=task_id)
+    reply = ctx.op(
+        ctl, "resolve_indoubt", run_id=run_id, operation_id=op["operation_id"],
+        decision="executed", remote_id=made[0] if made else None,
+        reason="found in the tool's console",
+    )  # fmt: skip
+    after = [(o["status"], o["remote_id"]) for o in checkers.ledger(ctx, run_id)]
+    old = checkers.run_row(ctx, run_id, "the superseded bystander after the finding")
+    ctx.invariant(
+        "a person's finding on a superseded run's doubt is taken and ends that run",
+        retried.ok
+        and reply.ok
+        and after == [("succeeded", made[0] if made else None)]
+        and old["status"] == "cancelled",
+        expected=f"retry_run and resolve_indoubt executed ({made}) taken; the operation "
+        "succeeded with that resource; the old run cancelled (no longer its task's active run)",
+        observed=f"retry {'ok' if retried.ok else retried.error}; resolve "
+        f"{'ok' if reply.ok else f'{reply.error}: {reply.message}'}; ledger {after}; old run "
+        f"{old['status']}",
+    )
+
+
+def _bystander_in_doubt(ctx: ExperimentContext) -> str | None:
     """Another run of the tenant paused in doubt on its own unknown operation
     while the operator converges this one's last: whether this run has nothing
     left in doubt is asked of its own operations only (generated mutant
@@ -449,6 +486,7 @@ def _bystander_in_doubt(ctx: ExperimentContext) -> None:
         expected="the bystander paused_indoubt on its one unknown operation",
         observed=f"bystander {row['status']}, ledger {ops} (Z exit {code})",
     )
+    return bystander if row["status"] == "paused_indoubt" and ops == ["unknown"] else None
 
 
 def _invalid_decisions_change_nothing(
