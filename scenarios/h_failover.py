@@ -28,6 +28,7 @@ from typing import Any
 from psycopg import sql
 
 from harness.checking import checkers
+from harness.checking.history import load_history, select
 from harness.contract import needs
 from harness.engine.experiment import (
     Exemption,
@@ -158,6 +159,40 @@ def _wait_link_down(primary: PostgresCluster) -> None:
         lambda: not primary.replication_status(),
         what="the primary to see the replication link down",
         timeout_s=15,
+    )
+
+
+def _committed_locally_not_told_failed(
+    ctx: ExperimentContext, primary: PostgresCluster, w: WorkerProcess, run_id: str, rev: int
+) -> None:
+    """The write whose standby wait was cancelled committed on the primary
+    (the WARNING says so): W's history may call it ``info`` (unknown), never
+    ``fail``, which says it did not happen (generated a05e9d1e: the warning
+    not raised as an unknown outcome, the write's answer became an error the
+    history recorded ``fail``). Judged before the failover loses it."""
+    row = primary.query(
+        "SELECT revision FROM fencecheck_model.agent_runs WHERE run_id = %s",
+        [run_id],
+        dbname=ctx.env.db.name,
+    )
+    told = [
+        e.type
+        for e in select(load_history([w.events_path]), op="save_checkpoint", run_id=run_id)
+        if e.revision == rev and e.type != "invoke"
+    ]
+    name = "a write committed on the primary, its durability unknown, is not recorded failed"
+    if not (row and int(row[0]["revision"]) == rev + 1 and told):
+        ctx.not_judged(
+            name,
+            expected=f"the run at revision {rev + 1} on the primary; W's history of the write",
+            observed=f"run {row}; W's history of it {told}",
+        )
+        return
+    ctx.invariant(
+        name,
+        told[-1] != "fail",
+        expected=f"W's history of the write at revision {rev} info (or ok, judged above)",
+        observed=f"W's history: {told}; the primary has revision {row[0]['revision']}",
     )
 
 
@@ -472,6 +507,7 @@ def run(ctx: ExperimentContext) -> None:
             expected="CommitOutcomeUnknown, or ok with durable=false",
             observed=f"reply ok={reply.ok} {reply.result or reply.error}",
         )
+        _committed_locally_not_told_failed(ctx, primary, w, run_id, rev)
     before = _state(ctx, primary, run_id, "old primary just before failover")
     record = failover(primary, standby)
     ctx.command(
