@@ -1645,6 +1645,15 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
             f"tool_operations {[(r['seq'], r['op']) for r in by]} ({name} exit {codes[name]})",
             since=released_at,
         )
+        # Exit 10 is the contract's "cancelled: the lease was lost" (generated
+        # 5d7611b4: the refusal swallowed after the answer was kept, the tool
+        # step went on to a name never bound and the worker exited 1).
+        ctx.invariant(
+            f"{name} exits 10 (its lease lost)",
+            codes[name] == 10,
+            expected="exit 10: execution cancelled because the lease was lost",
+            observed=f"{name} exit {codes[name]}",
+        )
         row = checkers.run_row(ctx, run_id, f"the run once {name} exited")
         ctx.invariant(
             f"{name} wrote no checkpoint under its lost lease",
