@@ -28,6 +28,7 @@ import base64
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.processes import OpReply
 from scenarios.common import finish, new_run, planted_secret
 
 # X judges refusals, not timing: the worker with sound settings gets timers a
@@ -153,7 +154,34 @@ def run(ctx: ExperimentContext) -> None:
         what=f"run status (OK exit {code})",
     )
     keyless = _without_a_data_key(ctx)
-    checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes] + keyless)
+    other = _ops_for_another_tenant(ctx)
+    checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes] + keyless + [other])
+
+
+def _ops_for_another_tenant(ctx: ExperimentContext) -> str:
+    """An ``ops`` process told it acts for another tenant than its login
+    role's binding must not work either: it exits at start or refuses, and
+    changes nothing (blind hunt 50 #06: the Go worker checked
+    the binding only in ``run`` mode and served a claim). Its run id."""
+    run_id = new_run(ctx)
+    mark = checkers.audit_mark(ctx)
+    worker = ctx.env.start_worker("XOPS", "ops", env={"FENCECHECK_TENANT": ctx.env.other_tenant_id})
+    try:
+        reply: OpReply | None = worker.request("claim", {"run_id": run_id}, timeout_s=15)
+    except Exception as exc:  # the process ended at start: no answer at all
+        ctx.command(f"XOPS: claim got no answer ({type(exc).__name__}); exit {worker.returncode}")
+        reply = None
+    changed = checkers.changes_by(ctx, ["XOPS"], after_seq=mark)
+    ctx.invariant(
+        "an ops process acting for a tenant other than its login role's binding refused",
+        (reply is None or not reply.ok) and not changed,
+        expected="no claim granted (the process exits at start, or refuses); no audited change",
+        observed=f"claim {'no answer' if reply is None else 'ok' if reply.ok else reply.error}; "
+        f"{len(changed)} change(s)"
+        + (f": {[(r['tbl'], r['op']) for r in changed]}" if changed else ""),
+    )
+    worker.stop(grace_s=2)
+    return run_id
 
 
 KEYLESS = "a worker without a data key refuses a sensitive field it is given"
