@@ -79,6 +79,7 @@ SPEC = ExperimentSpec(
         *needs.capabilities("outbox", "consumer_dedupe"),
         needs.point("after_broker_ack_before_outbox_mark", "ack_then_crash"),
         needs.point("after_consumer_read", "apply_fails"),
+        needs.point("after_consumer_dedup_commit", "reordered_delivery"),
         needs.point("after_outbox_batch_locked", "concurrent_relays"),
     ),
     variants=(
@@ -94,7 +95,7 @@ SPEC = ExperimentSpec(
         ("publish_fails", "none (broker fault)"),
         ("late_ack", "none (broker fault)"),
         ("duplicate_delivery", "none (broker fault)"),
-        ("reordered_delivery", "none (broker fault)"),
+        ("reordered_delivery", "after_consumer_dedup_commit"),
         ("concurrent_relays", "after_outbox_batch_locked"),
         ("apply_fails", "after_consumer_read"),
     ),
@@ -111,7 +112,7 @@ SPEC = ExperimentSpec(
             "reordered_delivery",
             "the run's outbox rows stored out of id order (a filler's rows published, the "
             "database vacuumed, later rows in the freed space); the broker hands a read out in "
-            "reverse order",
+            "reverse order, and the consumer's database link is cut after its first apply",
         ),
         (
             "concurrent_relays",
@@ -582,6 +583,37 @@ def _apply_fails(ctx: ExperimentContext) -> WorkerProcess:
     return consumer
 
 
+def _fails_after_first_apply(ctx: ExperimentContext) -> WorkerProcess:
+    """The consumer's first read comes out of order (the variant's broker
+    fault); it loses its database right after its first apply committed, the
+    highest message of the read: that pass fails, and the same process's
+    later passes must apply every other event of it (a position moved past
+    the highest message applied skips the lower ones not applied yet: the Go
+    reference did, found in blind hunt 50's review)."""
+    ctx.env.add_pg_link("pg_K")
+    consumer = ctx.env.start_worker("K", "ops", pg_link="pg_K")
+    ctx.arm("K", "after_consumer_dedup_commit", Hold())
+    first = ctx.op_async(consumer, "consume", {"consumer": CONSUMER})
+    ctx.reached("K", "after_consumer_dedup_commit")
+    ctx.cut("pg_K")
+    ctx.release("K", "after_consumer_dedup_commit")
+    reply = first.result(timeout_s=15)
+    ctx.heal("pg_K")
+    applied = ctx.sql(
+        "business effects after the failed pass",
+        "SELECT count(*) AS n FROM fencecheck_model.consumer_effects WHERE consumer_name = %s",
+        [CONSUMER],
+    )[0]["n"]
+    ctx.fault(
+        "the consumer lost its database after the first apply of a read",
+        not reply.ok and int(applied) == 1,
+        expected="the pass failed with the link cut after one effect committed",
+        observed=f"the pass answered {'ok' if reply.ok else reply.error}; {applied} effect(s) "
+        f"committed; K alive: {consumer.is_alive()}",
+    )
+    return consumer
+
+
 @dataclass(frozen=True)
 class Variant:
     """How the events get to the broker (with the variant's fault), and how the
@@ -612,6 +644,7 @@ VARIANTS = {
     "reordered_delivery": Variant(
         _relay_then_arm("deliver_reorder"),
         _delivered("deliver_reorder", "out of order", lambda s: s != sorted(s)),
+        _fails_after_first_apply,
         out_of_id_order=True,
     ),
     "concurrent_relays": Variant(_concurrent_relays, _none),

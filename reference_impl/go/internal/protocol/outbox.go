@@ -100,27 +100,31 @@ func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]in
 		injection.Point("after_consumer_read", "", nil, nil, msgs[0].EventID)
 	}
 	consumed, duplicates := 0, 0
+	// The position moves past the read only once every message of it is
+	// applied: a read may come out of order, and a failure after a higher
+	// message's apply must not skip a lower one not applied yet
+	// (L[reordered_delivery]); the applied ones come back as duplicates.
+	past := c.after[name]
 	for _, m := range msgs {
 		if c.P.ConsumerPastBeforeApply {
 			c.after[name] = max(c.after[name], m.Seq)
 		}
+		past = max(past, m.Seq)
 		if t, ok := m.Payload["tenant_id"].(string); ok && t != c.Tenant {
-			c.after[name] = max(c.after[name], m.Seq)
 			continue // another tenant's event: not ours to apply
 		}
 		first, err := c.Process(ctx, db, name, m)
 		if err != nil {
-			// Not past this message: the next cycle reads it again (L[apply_fails]).
+			// Not past this read: the next cycle reads it again (L[apply_fails]).
 			return nil, err
 		}
-		// Past a message only once its effect committed (or it was a duplicate).
-		c.after[name] = max(c.after[name], m.Seq)
 		if first {
 			consumed++
 		} else {
 			duplicates++
 		}
 	}
+	c.after[name] = past
 	return map[string]int{"consumed": consumed, "duplicates": duplicates}, nil
 }
 
