@@ -49,7 +49,7 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Crash, Hold
-from harness.parts.processes import WorkerProcess
+from harness.parts.processes import OpReply, WorkerProcess
 from scenarios.common import new_run, seen_within
 
 EVENTS = 3
@@ -549,17 +549,17 @@ def _copies(ctx: ExperimentContext, event_id: str) -> list[dict[str, Any]]:
     return [m for m in checkers.tool_log(ctx)["messages"] if m["event_id"] == event_id]
 
 
-def _apply_fails(ctx: ExperimentContext) -> WorkerProcess:
-    """The consumer reads the whole batch, then loses its database before it
-    applies any of it: that pass must fail, and the same process's later
-    passes (the caller's) must still apply every event of the batch."""
+def _cut_at(ctx: ExperimentContext, point: str) -> tuple[WorkerProcess, OpReply, int]:
+    """A consumer K whose first pass loses its database link at ``point``
+    (healed once the pass answered): K, that pass's reply, the business
+    effects committed by then."""
     ctx.env.add_pg_link("pg_K")
     consumer = ctx.env.start_worker("K", "ops", pg_link="pg_K")
-    ctx.arm("K", "after_consumer_read", Hold())
+    ctx.arm("K", point, Hold())
     first = ctx.op_async(consumer, "consume", {"consumer": CONSUMER})
-    ctx.reached("K", "after_consumer_read")
+    ctx.reached("K", point)
     ctx.cut("pg_K")
-    ctx.release("K", "after_consumer_read")
+    ctx.release("K", point)
     reply = first.result(timeout_s=15)
     ctx.heal("pg_K")
     applied = ctx.sql(
@@ -567,6 +567,14 @@ def _apply_fails(ctx: ExperimentContext) -> WorkerProcess:
         "SELECT count(*) AS n FROM fencecheck_model.consumer_effects WHERE consumer_name = %s",
         [CONSUMER],
     )[0]["n"]
+    return consumer, reply, int(applied)
+
+
+def _apply_fails(ctx: ExperimentContext) -> WorkerProcess:
+    """The consumer reads the whole batch, then loses its database before it
+    applies any of it: that pass must fail, and the same process's later
+    passes (the caller's) must still apply every event of the batch."""
+    consumer, reply, applied = _cut_at(ctx, "after_consumer_read")
     handed = [d for d in checkers.tool_log(ctx)["deliveries"] if d.get("event_ids")]
     ctx.fault(
         "the consumer lost its database between its read and its first apply",
@@ -590,20 +598,7 @@ def _fails_after_first_apply(ctx: ExperimentContext) -> WorkerProcess:
     later passes must apply every other event of it (a position moved past
     the highest message applied skips the lower ones not applied yet: the Go
     reference did, found in blind hunt 50's review)."""
-    ctx.env.add_pg_link("pg_K")
-    consumer = ctx.env.start_worker("K", "ops", pg_link="pg_K")
-    ctx.arm("K", "after_consumer_dedup_commit", Hold())
-    first = ctx.op_async(consumer, "consume", {"consumer": CONSUMER})
-    ctx.reached("K", "after_consumer_dedup_commit")
-    ctx.cut("pg_K")
-    ctx.release("K", "after_consumer_dedup_commit")
-    reply = first.result(timeout_s=15)
-    ctx.heal("pg_K")
-    applied = ctx.sql(
-        "business effects after the failed pass",
-        "SELECT count(*) AS n FROM fencecheck_model.consumer_effects WHERE consumer_name = %s",
-        [CONSUMER],
-    )[0]["n"]
+    consumer, reply, applied = _cut_at(ctx, "after_consumer_dedup_commit")
     ctx.fault(
         "the consumer lost its database after the first apply of a read",
         not reply.ok and int(applied) == 1,
