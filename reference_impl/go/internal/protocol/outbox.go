@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"sync"
 
 	"github.com/jackc/pgx/v5"
 
@@ -83,15 +84,32 @@ type Consumer struct {
 	P      *Protocol
 	Broker *tool.Client
 	Tenant string
-	after  map[string]int64
+	// mu guards after: an ops process may run two async consume cycles at once.
+	mu    sync.Mutex
+	after map[string]int64
+}
+
+// position is the broker sequence consumer name has read past.
+func (c *Consumer) position(name string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.after[name]
+}
+
+// movePast moves name's position to seq, never back (another cycle of the
+// same name may have moved it further meanwhile).
+func (c *Consumer) movePast(name string, seq int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.after == nil {
+		c.after = map[string]int64{}
+	}
+	c.after[name] = max(c.after[name], seq)
 }
 
 // Cycle reads the broker's new messages and processes those of this tenant.
 func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]int, error) {
-	if c.after == nil {
-		c.after = map[string]int64{}
-	}
-	msgs, err := c.Broker.Messages(c.after[name])
+	msgs, err := c.Broker.Messages(c.position(name))
 	if err != nil {
 		return nil, err
 	}
@@ -104,10 +122,10 @@ func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]in
 	// applied: a read may come out of order, and a failure after a higher
 	// message's apply must not skip a lower one not applied yet
 	// (L[reordered_delivery]); the applied ones come back as duplicates.
-	past := c.after[name]
+	past := c.position(name)
 	for _, m := range msgs {
 		if c.P.ConsumerPastBeforeApply {
-			c.after[name] = max(c.after[name], m.Seq)
+			c.movePast(name, m.Seq)
 		}
 		past = max(past, m.Seq)
 		if t, ok := m.Payload["tenant_id"].(string); ok && t != c.Tenant {
@@ -124,7 +142,7 @@ func (c *Consumer) Cycle(ctx context.Context, db DB, name string) (map[string]in
 			duplicates++
 		}
 	}
-	c.after[name] = past
+	c.movePast(name, past)
 	return map[string]int{"consumed": consumed, "duplicates": duplicates}, nil
 }
 
