@@ -1477,7 +1477,8 @@ def _converged_beside_a_live_claim(
     queued alike. With ``second`` a second dispatcher holds another operation
     under a live claim; its answer, recorded first, must leave the run paused
     while the first's claim lives (blind hunt 21 #01: the resume after a
-    recorded answer counted only ``unknown`` as in doubt)."""
+    recorded answer counted only ``unknown`` as in doubt), and the first's,
+    a final refusal (422), must queue it."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     # Queued bystanders, one created before the run and one after, so that a
     # scan of the runs is likely to meet one of them first (where the run's
@@ -1571,6 +1572,11 @@ def _converged_beside_a_live_claim(
     if rejected:
         ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
         ctx.command(f"tool: the held dispatcher's create of 'plain' for run {run_id[:8]} gets 429")
+    elif second:
+        # A final refusal settles the doubt as much as a success (blind hunt
+        # 51 #03: the resume after a recorded answer came only for a success).
+        ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=run_id)
+        ctx.command(f"tool: the held dispatcher's create of 'plain' for run {run_id[:8]} gets 422")
     ctx.release("D", "after_dispatch_claim_commit")
     answered = held.result(15)
     settled = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
@@ -1586,7 +1592,7 @@ def _converged_beside_a_live_claim(
     ctx.progress_equal(
         "the dispatcher's answer was recorded and the run queued",
         (settled.get(live_op), status),
-        ("prepared" if rejected else "succeeded", "queued"),
+        ("prepared" if rejected else "failed_final" if second else "succeeded", "queued"),
         what=f"({live_op}'s status, run status)",
     )
     left = [checkers.run_row(ctx, b, "a bystander at the end")["status"] for b in bystanders]
