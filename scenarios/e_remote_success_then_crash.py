@@ -73,6 +73,8 @@ but the answer is known and the claim is A's: A records it on the ledger
 (only the ledger, under its claim), so the successor adopts it instead of
 freezing the run for a person. Beside it A2, held the same way with the
 tool's final refusal (422): it records that answer (``failed_final``) too.
+And A3, whose create arrives only after its tool timeout, which comes after
+its lease ran out: the freeze it then tries is refused, and it must stop.
 
 Variant ``slow_claim_answer``: an ``ops`` dispatcher's database link answers
 late while it claims an intent; it is held right after the claim and let go
@@ -102,6 +104,7 @@ until its answer, which is then recorded.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from harness.checking import checkers
@@ -115,6 +118,7 @@ from harness.parts.processes import SignalRecord, WorkerProcess
 from harness.waiting import WaitTimeout, wait_for
 from mock_tool.client import ToolClient
 from scenarios.common import (
+    CANCELLED,
     control_plane,
     crash_in_op,
     finish,
@@ -189,6 +193,12 @@ EXPIRED_CLAIMS_ONE_HELD = "expired_claims_one_held"
 # takeover, so that only the lease decides A's result write.
 ANSWER_AFTER_LEASE_LOST = "answer_after_lease_lost"
 LIVE_CLAIM_MS = 30_000
+# answer_after_lease_lost, A3: its tool timeout comes well after its lease ran
+# out (the experiment's 800 ms), its create reaches the tool later still; the
+# harness watches it with its heartbeat parked for FREEZE_WATCH_S.
+FREEZE_TOOL_TIMEOUT_MS = 2500
+FREEZE_LATE_MS = 6000
+FREEZE_WATCH_S = 1.0
 TWO_UNKNOWN_RESENT = "two_unknown_resent"
 REFUSED_BESIDE_OWN_CLAIM = "refused_beside_own_claim"
 
@@ -1558,6 +1568,7 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
     cases = {"A": new_run(ctx, tool="plain"), "A2": new_run(ctx, tool="plain")}
     ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=cases["A2"])
     ctx.command(f"tool: run {cases['A2']}'s create is refused for good (422)")
+    frozen = _freeze_after_lease_lost(ctx)
     env: dict[str, str | None] = {"FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_MS)}
     workers, hits = {}, {}
     for name, run_id in cases.items():
@@ -1663,7 +1674,62 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
             observed=f"epoch {row['epoch']}, revision {row['revision']}",
         )
         checkers.recorded_results_are_the_tools(ctx, run_id)
+    frozen()
     checkers.lease_history_is_sound(ctx, list(cases.values()))
+
+
+def _freeze_after_lease_lost(ctx: ExperimentContext) -> Callable[[], None]:
+    """A3, its heartbeat parked, whose create (a tool with neither query nor
+    key) reaches the tool only after A3's tool timeout, which comes after its
+    lease ran out: the operation is unknown, nothing can settle it, and the
+    freeze that would pause the run is refused for the lease. A3 must stop
+    there (exit 10), not go round again (blind hunt 51 #08: the Go tool step
+    took any refusal of the freeze for "it converged meanwhile" and spun,
+    reconciling and freezing, until its heartbeat noticed; the global
+    ``worker.statements_are_paced`` counts the spin). Started now, judged by
+    the function it returns, once the other holders are done."""
+    run_id = new_run(ctx, tool="plain")
+    ctx.env.tool.client().set_fault(
+        "plain", "arrive_late", count=1, ms=FREEZE_LATE_MS, run_id=run_id
+    )
+    ctx.command(f"tool: run {run_id}'s create reaches the tool {FREEZE_LATE_MS} ms late")
+    ctx.arm("A3", "before_renew", Hold())
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(FREEZE_TOOL_TIMEOUT_MS)}
+    a3 = ctx.env.start_worker("A3", "run", ["--run-id", run_id, "--once"], env=env)
+
+    def judge() -> None:
+        unknown = seen_within(
+            lambda: [o for o in checkers.ledger(ctx, run_id) if o["status"] == "unknown"] or None,
+            what="A3's operation to be unknown (its tool timeout past its lease)",
+            timeout_s=FREEZE_TOOL_TIMEOUT_MS / 1000 + 10,
+        )
+        row = checkers.run_row(ctx, run_id, "A3's run once its operation was unknown")
+        expired = ctx.env.query(
+            "SELECT lease_expires_at < clock_timestamp() AS expired "
+            "FROM fencecheck_model.agent_runs WHERE run_id = %s",
+            [run_id],
+        )
+        # Room for a spin to show, with the heartbeat still parked.
+        time.sleep(FREEZE_WATCH_S)
+        ctx.release("A3", "before_renew")
+        code = finish(ctx, a3)
+        if not ctx.probe_reached(
+            "A3's operation unknown after its lease ran out, its heartbeat parked",
+            bool(unknown) and bool(expired) and bool(expired[0]["expired"]),
+            judges="a freeze refused for the lease ends the work",
+            expected="A3's operation unknown, its lease expired by database time",
+            observed=f"ledger {[o['status'] for o in unknown or []]}; run {row['status']}, "
+            f"lease expired {expired}",
+        ):
+            return
+        ctx.invariant(
+            "a freeze refused for the lease ends the work",
+            code == CANCELLED and row["status"] != "paused_indoubt",
+            expected="A3 exits 10 (its lease lost); the run not paused by it",
+            observed=f"A3 exit {code}; run {row['status']}",
+        )
+
+    return judge
 
 
 def _superseded_claim(ctx: ExperimentContext) -> None:
