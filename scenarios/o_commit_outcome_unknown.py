@@ -185,15 +185,12 @@ def _commit_refused(
         "EXECUTE FUNCTION public.fencecheck_refuse_at_commit()"
     )
     ctx.command(f"a constraint trigger deferred to the commit refuses event {event_id}")
-    reply = ctx.op(
-        w,
-        "save_checkpoint",
-        run_id=run_id,
-        epoch=epoch,
-        expected_revision=base,
-        state={"step": "refused at commit"},
-        event_id=event_id,
-    )
+
+    def save(step: str, **extra: Any) -> OpReply:
+        return ctx.op(w, "save_checkpoint", run_id=run_id, epoch=epoch,
+                      expected_revision=base, state={"step": step}, **extra)  # fmt: skip
+
+    reply = save("refused at commit", event_id=event_id)
     ctx.env.query("DROP TRIGGER fencecheck_refuse_at_commit ON public.agent_checkpoints")
     ctx.env.query("DROP FUNCTION public.fencecheck_refuse_at_commit()")
     fired = bool(ctx.env.query("SELECT is_called FROM public.fencecheck_refusals")[0]["is_called"])
@@ -215,14 +212,7 @@ def _commit_refused(
         observed=f"reply {reply.result if reply.ok else reply.error}; checkpoints with it "
         f"{len(there)}; events since the claim {events}",
     )
-    after = ctx.op(
-        w,
-        "save_checkpoint",
-        run_id=run_id,
-        epoch=epoch,
-        expected_revision=base,
-        state={"step": "after the refusal"},
-    )
+    after = save("after the refusal")
     ctx.progress(
         "the next write goes through",
         after.ok,
