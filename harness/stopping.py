@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # From the first signal to the forced exit: the orderly stop gets this long,
@@ -66,6 +67,7 @@ class _State:
         self.escalated = False
         self.stop_callbacks: list[Callable[[str], None]] = []
         self.escalate_callbacks: list[Callable[[str], None]] = []
+        self.unfinished_callbacks: list[Callable[[], str | None]] = []
         self.main_depth = 0  # how deep the main thread is in interruptible()
         self.main_raised = False
         # The signal the handler raised Interrupted for: the watcher thread may
@@ -141,7 +143,16 @@ def on_escalate(callback: Callable[[str], None]) -> Callable[[], None]:
     return lambda: _remove(_state.escalate_callbacks, callback)
 
 
-def _remove(callbacks: list[Callable[[str], None]], callback: Callable[[str], None]) -> None:
+def on_unfinished(callback: Callable[[], str | None]) -> Callable[[], None]:
+    """Run ``callback()`` when the escalation's own steps did not finish within
+    its budget, just before the forced exit: hand what is left to a process
+    that outlives this one. It returns what to say (or None)."""
+    with _state.lock:
+        _state.unfinished_callbacks.append(callback)
+    return lambda: _remove(_state.unfinished_callbacks, callback)
+
+
+def _remove(callbacks: list[Any], callback: Any) -> None:
     with _state.lock, contextlib.suppress(ValueError):
         callbacks.remove(callback)
 
@@ -234,13 +245,22 @@ def escalate(why: str) -> None:
     worker.start()
     worker.join(budget)
     if worker.is_alive():
+        handed = [_handed_over(callback) for callback in list(_state.unfinished_callbacks)]
+        said = "; ".join(text for text in handed if text)
         _say(
-            f"could not finish removing everything within {budget:.1f}s; the next "
-            "run (or `fencecheck clean`) reaps what is left"
+            f"could not finish removing everything within {budget:.1f}s; "
+            + (said or "the next run (or `fencecheck clean`) reaps what is left")
         )
     with contextlib.suppress(OSError, ValueError):
         sys.stdout.flush()
     os._exit(exit_status())
+
+
+def _handed_over(callback: Callable[[], str | None]) -> str | None:
+    try:
+        return callback()
+    except Exception as exc:  # the exit comes next whatever happens here
+        return f"could not hand over the rest ({type(exc).__name__}: {exc})"
 
 
 # ------------------------------------------------------------------ signals

@@ -2,7 +2,8 @@
 
 Reads the run records in the state directory (``$TMPDIR/fencecheck-state-<uid>``,
 or under ``--work-dir``) and reaps each whose owner is dead: orphaned servers,
-System V shared memory segments, temp directories, containers. Live runs are
+System V shared memory segments, temp directories, containers, and the
+shared memory libfaketime left for ended workers. Live runs are
 listed and left alone. Every ``fencecheck run`` does the same at its start.
 """
 
@@ -12,6 +13,7 @@ import argparse
 from pathlib import Path
 
 from harness.cli.common import UsageError, reap_and_report
+from harness.parts import clock_skew
 from harness.verdict import EXIT_PASS, EXIT_UNKNOWN
 
 NAME = "clean"
@@ -30,6 +32,9 @@ def main(args: argparse.Namespace) -> int:
     if base is not None and not base.is_dir():
         raise UsageError(f"--work-dir {args.work_dir} is not a directory")
     report = reap_and_report(base, print)
+    stale = clock_skew.forget_dead()
+    if stale:
+        print(f"  removed libfaketime shared memory of ended process(es) {stale}")
     if not report.reaped:
         print(f"fencecheck clean: nothing left behind by dead runs in {report.state_dir}")
     for live in report.live:

@@ -314,6 +314,9 @@ def _auto(args: argparse.Namespace) -> int:
         print("\n" + survivors)
     print(auto_report.publish(report_dir, pages=not args.no_pages))
     print(f"\n{result.line()}\n  {md_path}\n  {report_dir / auto_report.RESULTS}")
+    if stopping.requested():  # the report holds what was judged; the run did not finish
+        print(f"fencecheck: {stopping.reason()}: the mutants not judged are listed as not run")
+        return stopping.exit_status()
     if result.rate is None:
         return EXIT_UNKNOWN
     return 0 if 100 * result.rate >= args.min_score else 1

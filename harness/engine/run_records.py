@@ -141,6 +141,18 @@ _UNRELEASED: set[RunRecord] = set()
 _UNRELEASED_LOCK = threading.Lock()
 
 
+def unreleased_paths(created_after: float | None = None) -> list[Path]:
+    """The files of the records this process created and has not released yet
+    (with ``created_after``, only those created since then)."""
+    with _UNRELEASED_LOCK:
+        records = list(_UNRELEASED)
+    return [
+        r.path
+        for r in records
+        if created_after is None or float(r.as_dict()["created_at"]) >= created_after
+    ]
+
+
 def release_unreleased(created_after: float | None = None) -> list[Reaped]:
     """Release every record this process created and never released (with
     ``created_after``, only those created since then): the last step of a

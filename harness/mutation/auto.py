@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import scenarios
+from harness import stopping
 from harness.engine.environment import CALLS_FILE, Settings, SharedServices
 from harness.engine.runner import Job, again_while_unknown, jobs_for, run_job, run_jobs
 from harness.evidence.summary import ExperimentResult
@@ -198,12 +199,17 @@ class _Runner:
     def cut_short(self) -> bool:
         """Start nothing new: interrupted, or the --budget ran out (it bounds the
         mutants already running too, so the run ends within one experiment)."""
-        return self.stop.is_set() or self.out_of_time()
+        return self.interrupted() or self.out_of_time()
+
+    def interrupted(self) -> bool:
+        # A signal reaches the process-wide state; the main thread, blocked on
+        # the pool's results, may not have set self.stop yet.
+        return self.stop.is_set() or stopping.requested()
 
     def one(self, mutant: AutoMutant) -> AutoOutcome:
         with self._lock:
             number = next(self._numbers)
-        if self.stop.is_set():
+        if self.interrupted():
             outcome = AutoOutcome(mutant, "not_run", "the run was interrupted before it")
         elif self.out_of_time():
             outcome = AutoOutcome(mutant, "not_run", "the time budget ran out before it")
@@ -270,6 +276,8 @@ class _Runner:
         try:
             workspace.preflight()
         except PreflightFailed as exc:
+            if self.interrupted():
+                return AutoOutcome(mutant, "not_run", "the run was interrupted before it")
             return AutoOutcome(mutant, "error", f"preflight: {exc}")
         settings = dataclasses.replace(
             self.shared.settings,
@@ -286,6 +294,8 @@ class _Runner:
                     self.shared.worker_view(settings, template, report_dir / "logs")
                 )
             except Exception as exc:
+                if self.interrupted():  # the stop, not the mutant, ended its migration
+                    return AutoOutcome(mutant, "not_run", "the run was interrupted before it")
                 return AutoOutcome(mutant, "error", f"migrate: {type(exc).__name__}: {exc}")
             with self._lock:
                 ordered = last(self.order.order(mutant, self.jobs), self.unreliable)
@@ -306,9 +316,10 @@ class _Runner:
                 f" (ran the {len(ordered)} of {len(self.jobs)} experiments whose databases run "
                 f"{mutant.scope}; the others cannot reach it)"
             )
-        if outcome.status != "caught" and self.cut_short() and len(results) < len(ordered):
+        cut = self.interrupted() or (self.out_of_time() and len(results) < len(ordered))
+        if outcome.status != "caught" and cut:
             # Not judged: a survivor is one that ran the whole matrix without a fail.
-            why = "interrupted" if self.stop.is_set() else "the time budget ran out"
+            why = "interrupted" if self.interrupted() else "the time budget ran out"
             return AutoOutcome(
                 mutant,
                 "not_run",
@@ -317,6 +328,15 @@ class _Runner:
             )
         if outcome.status == "caught" and self.options.confirm:
             self.confirm(outcome, report_dir / "confirm")
+            if self.interrupted() and outcome.status != "caught":
+                # The stop cut the confirmation, not the correct code: not judged.
+                return AutoOutcome(
+                    mutant,
+                    "not_run",
+                    f"failed {', '.join(outcome.caught_by)}; interrupted before the catch was "
+                    "confirmed against the unmutated implementation",
+                    verdicts=outcome.verdicts,
+                )
         with self._lock:
             if outcome.status == "caught":
                 self.order.learn(mutant, results)

@@ -23,15 +23,20 @@ Limits, said where they bite:
 Invariants: :func:`skewed_env` raises :class:`ClockSkewUnavailable` (what to
 install, and how) when the library is missing; :func:`measure` runs one
 short process under the same preload and reports the offset it saw, bounded
-by a timeout.
+by a timeout. libfaketime 0.9.10 makes a POSIX shared memory segment and a
+semaphore per process (``/dev/shm/faketime_shm_<pid>``) and leaves both
+behind even when the process exits normally: :func:`forget` removes them
+once the process has ended, so a run leaves nothing in ``/dev/shm``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +45,7 @@ from pathlib import Path
 LIBRARY_ENV = "FENCECHECK_LIBFAKETIME"
 DEBIAN_LIBRARIES = "/usr/lib/*-linux-gnu/faketime/libfaketimeMT.so.1"
 PROBE_TIMEOUT_S = 10.0
+SHARED_MEMORY_DIR = Path("/dev/shm")
 
 
 class ClockSkewUnavailable(RuntimeError):
@@ -85,20 +91,52 @@ def measure(behind_s: float) -> SkewMeasurement:
     (the worker's history then shows that it moved the worker's)."""
     env = {**os.environ, **skewed_env(behind_s)}
     before = time.time()
-    done = subprocess.run(
+    probe = subprocess.Popen(
         [sys.executable, "-S", "-c", "import time; print(repr(time.time()))"],
         env=env,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=PROBE_TIMEOUT_S,
-        check=False,
     )
+    try:
+        stdout, stderr = probe.communicate(timeout=PROBE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        probe.kill()
+        probe.communicate()
+        return SkewMeasurement(0.0, f"the probe did not answer within {PROBE_TIMEOUT_S:g} s")
+    finally:
+        forget(probe.pid)
     after = time.time()
-    if done.returncode != 0:
-        return SkewMeasurement(0.0, f"the probe exited {done.returncode}: {done.stderr.strip()}")
-    seen = float(done.stdout.strip())
+    if probe.returncode != 0:
+        return SkewMeasurement(0.0, f"the probe exited {probe.returncode}: {stderr.strip()}")
+    seen = float(stdout.strip())
     # The probe read its clock between before and after: the skew is at least
     # before - seen and at most after - seen; the lower bound is the claim.
     return SkewMeasurement(
         before - seen, f"the probe read {seen:.3f}, the harness {before:.3f}..{after:.3f}"
     )
+
+
+def preloaded(env: Mapping[str, str | None]) -> bool:
+    """Whether ``env`` preloads libfaketime (the process will leave shared memory)."""
+    return "faketime" in (env.get("LD_PRELOAD") or "")
+
+
+def forget(pid: int) -> None:
+    """Remove the shared memory and semaphore libfaketime made for ``pid`` (call
+    once the process has ended: a live one still uses them)."""
+    for name in (f"faketime_shm_{pid}", f"sem.faketime_sem_{pid}"):
+        with contextlib.suppress(FileNotFoundError):
+            (SHARED_MEMORY_DIR / name).unlink()
+
+
+def forget_dead() -> list[int]:
+    """Remove what libfaketime left for processes that no longer exist (a run
+    killed before it could call :func:`forget`); the pids it removed."""
+    removed = []
+    for path in sorted(SHARED_MEMORY_DIR.glob("faketime_shm_*")):
+        pid = path.name.rsplit("_", 1)[-1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            forget(int(pid))
+            removed.append(int(pid))
+    return removed

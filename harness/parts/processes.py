@@ -46,6 +46,7 @@ from typing import IO, TYPE_CHECKING, Any, Self
 import psutil
 
 from harness import stopping
+from harness.parts import clock_skew
 from harness.parts.os_user import OsUser, first_untraversable, give_to
 
 if TYPE_CHECKING:
@@ -1123,6 +1124,8 @@ class WorkerProcess(ManagedProcess):
 
     def _after_exit(self) -> None:
         super()._after_exit()
+        if clock_skew.preloaded(self._env_overrides):
+            clock_skew.forget(self.pid)
         reader = self._reader
         if reader is not None and reader is not threading.current_thread():
             reader.join(timeout=2.0)

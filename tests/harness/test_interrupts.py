@@ -186,6 +186,32 @@ def test_sigterm_stops_a_named_mutants_campaign(tmp_path: Path) -> None:
     _check_part_and_seal(run_dir, "interrupted by SIGTERM", run.output)
 
 
+def test_ctrl_c_stops_a_generated_mutants_campaign(tmp_path: Path) -> None:
+    """A Ctrl-C while a generated mutant's experiments run: every mutant not
+    judged is "not run" (never an error, a survivor or an unconfirmed catch),
+    the report is written, and nothing is left behind."""
+    run = outside.start(
+        ["mutants", "--auto", "*leases.py:Leases.*", "--no-baseline", "--jobs", "2"], tmp_path
+    )
+    try:
+        run.wait_file("automutants-*/mutants/*/logs/*/*.events.jsonl")
+        sent = run.signal(signal.SIGINT, group=True)
+        code, ended, seen = run.finish()
+    except BaseException:
+        run.close()
+        raise
+    assert code == 130, run.output
+    assert ended - sent < STOP_BOUND_S, f"stopped in {ended - sent:.2f}s:\n{run.output}"
+    try:
+        assert outside.leftovers(seen, run.tmpdir) == [], run.output
+    finally:
+        run.close()
+    (journal,) = run.reports.glob("automutants-*/outcomes.jsonl")
+    statuses = [json.loads(line)["status"] for line in journal.read_text().splitlines()]
+    assert "not_run" in statuses, statuses
+    assert not {"error", "unconfirmed"} & set(statuses), run.output
+
+
 def test_a_signal_after_the_verdict_keeps_its_exit_code(tmp_path: Path) -> None:
     """Ctrl-C just after the last line said "exit 0": the process exits 0, not
     130 (or dead by SIGINT when the interpreter's shutdown had put the
