@@ -110,7 +110,7 @@ def new_run(
             # (UTF-8, never \u-escaped where a short escape exists), the one
             # the tool and the harness compute (contract section 2; blind hunt
             # 42 #06: a Go encoder that wrote \b as \u0008).
-            "order_id": f"commande-zoë\b\f\t\x1f-{task_id[-8:]}",
+            "order_id": f"{ORDER_PREFIX}{task_id[-8:]}",
             **(input or {}),
         },
     }
@@ -124,6 +124,12 @@ def new_run(
     refusals = ("BadRequest", "TaskExists", "InsufficientPrivilege")
     result = ctx.ok(ctl, "create_run", definite=refusals, **args)
     return ctx.note_run(str(result["run_id"]))
+
+
+# The start of every order_id new_run plants: only the built-in workflow copies
+# it from a run's input into a tool request (the harness's own intents name
+# no such order), so it tells the workflow's requests from the harness's.
+ORDER_PREFIX = "commande-zoë\b\f\t\x1f-"
 
 
 def workflow_steps(extra_steps: int = 0) -> list[str]:
@@ -166,6 +172,30 @@ def writes_name_workflow_steps(
         expected=f"the first protected write of each step in the order {order}, for each of "
         f"{len(succeeded)} succeeded run(s)",
         observed=f"steps in order of their first write: {skipped}" if skipped else "as expected",
+    )
+    _tool_request_carries_the_steps(ctx, run_ids)
+
+
+def _tool_request_carries_the_steps(ctx: ExperimentContext, run_ids: list[str]) -> None:
+    """The tool step's request is built from what the steps before it found
+    (worker contract §7: ``plan_ok`` and ``refundable`` true, with the run's
+    ``order_id``): a workflow whose step kept its finding out of the state it
+    passed on still reaches the tool, asking for what nobody checked
+    (generated mutant 0906251d: the lookup's finding written at the plan)."""
+    made = [r for run in run_ids for r in checkers.tool_resources(ctx, run_id=run)]
+    requests = [r["request"] for r in made if isinstance(r.get("request"), dict)]
+    ours = [q for q in requests if str(q.get("order_id", "")).startswith(ORDER_PREFIX)]
+    short = [
+        {k: q.get(k) for k in ("plan_ok", "refundable")}
+        for q in ours
+        if q.get("plan_ok") is not True or q.get("refundable") is not True
+    ]
+    ctx.invariant(
+        "the tool step asks with what the steps before it found",
+        not short,
+        expected="every request the tool made a resource from for these runs' workflow "
+        "carries plan_ok: true and refundable: true",
+        observed=f"{len(ours)} request(s) of the workflow; without the findings: {short or 'none'}",
     )
 
 

@@ -525,6 +525,12 @@ def _invalid_decisions_change_nothing(
         probes.append(("resolve_indoubt", "run_id", nobody, remote, {"decision": "executed"}))
     if "decide" in ops:
         probes.append(("decide", "run_id", nobody, None, {"decision": "terminate"}))
+    # And decisions that would be taken but for their reason: the contract
+    # audits every operator action with a non-empty reason (blank is none).
+    if "resolve_indoubt" in ops:
+        probes.append(("resolve_indoubt", "reason", "  ", None, {"decision": "not_executed"}))
+    if "decide" in ops:
+        probes.append(("decide", "reason", "", None, {"decision": "terminate"}))
     for op, arg, value, remote_id, extra in probes:
         if op in skipped:
             continue
@@ -534,7 +540,8 @@ def _invalid_decisions_change_nothing(
             "remote_id": remote_id,
             **extra,
         }
-        args["reason"] = f"refusal probe: {arg}={value}, remote_id={remote_id}"
+        if arg != "reason":
+            args["reason"] = f"refusal probe: {arg}={value}, remote_id={remote_id}"
         reply = ctx.op_async(ctl, op, args).result(15)
         ctx.command(
             f"ctl: {op} {json.dumps(args, default=str)} -> "
@@ -553,8 +560,9 @@ def _invalid_decisions_change_nothing(
         bool(tried) and not changed and after == before,
         expected="every decision and outcome outside the contract's enumeration, a finding "
         "'executed' without the resource found, a convergence of an operation nobody "
-        "registered, an approve or a supplement of a run paused in doubt, and a finding or a "
-        "terminate naming a run nobody made, refused: no "
+        "registered, an approve or a supplement of a run paused in doubt, a finding or a "
+        "terminate naming a run nobody made, and a finding or a terminate with a blank "
+        "reason, refused: no "
         "audited change by the operator's session, run and ledger as before",
         observed=f"{len(tried)} probes ({'; '.join(tried)}); skipped (not implemented): "
         f"{sorted(skipped) or 'none'}; audited changes: "
