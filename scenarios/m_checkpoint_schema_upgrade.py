@@ -24,14 +24,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
+import time
 from typing import Any
+
+import psycopg
+from psycopg import sql
 
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.environment import MigrateFailed
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, Inconclusive
 from harness.parts.control import Crash
+from harness.parts.postgres import PostgresCluster
 from harness.parts.processes import WorkerProcess
+from harness.waiting import wait_for
 from scenarios.common import finish, new_run, wait_claimable, writes_name_workflow_steps
 
 SPEC = ExperimentSpec(
@@ -51,7 +58,7 @@ SPEC = ExperimentSpec(
         needs.point("after_checkpoint_commit", "out_of_range"),
     ),
     rules=(13,),
-    variants=("old_version", "unknown_version", "malformed", "out_of_range"),
+    variants=("old_version", "unknown_version", "malformed", "out_of_range", "concurrent_migrate"),
     lease_ttl_ms=500,
     natural_wait_s=0.5,
 )
@@ -144,6 +151,9 @@ CONTRACT_COLUMNS = [
 
 
 def run(ctx: ExperimentContext) -> None:
+    if ctx.variant == "concurrent_migrate":
+        run_concurrent_migrate(ctx)
+        return
     if ctx.variant == "malformed":
         run_malformed(ctx)
         return
@@ -273,6 +283,131 @@ def _migrate_again_keeps_everything(ctx: ExperimentContext, run_id: str) -> None
         observed=f"migrate {outcome}; run {(row['revision'], row['status'])} with {count} "
         f"checkpoint(s), before {(before[0]['revision'], before[0]['status'])} with {before[1]}",
     )
+
+
+#: The contract's group roles: cluster-wide, made by whichever migrate is first.
+GROUP_ROLES = ("fencecheck_worker", "fencecheck_operator")
+CONCURRENT_MIGRATES = 2
+#: The contract role the harness holds uncommitted while the migrates start,
+#: and how long it waits for both to block behind it.
+HELD_ROLE = "fencecheck_worker"
+BLOCK_TIMEOUT_S = 20.0
+
+
+def run_concurrent_migrate(ctx: ExperimentContext) -> None:
+    """A first deployment: the worker's ``migrate`` started twice at once, each
+    against its own new database of one cluster fresh from initdb (contract:
+    migrate may run concurrently against different databases of one cluster).
+    The group roles are the cluster's, not a database's: both migrates find
+    them missing, one makes them, and the other must take them instead of
+    failing, whatever error its lost race gives. Left to chance the race is
+    a window of microseconds; the harness makes it certain: it creates
+    ``fencecheck_worker`` itself in a transaction it keeps open, so each
+    migrate that finds the role missing blocks on that uncommitted row; once
+    both wait, it rolls back: one migrate's role goes in, and the other's
+    CREATE ROLE, which waited on it, fails on the catalog's unique index
+    (23505, not duplicate_object). Both must exit 0 and leave a whole schema."""
+    with ctx.env.fresh_cluster("first_deployment") as cluster:
+        roles_before = cluster.query(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", [list(GROUP_ROLES)]
+        )
+        databases = [cluster.create_database(prefix="deploy") for _ in range(CONCURRENT_MIGRATES)]
+        spans: list[tuple[float, float, str]] = [(0.0, 0.0, "not started")] * len(databases)
+        start = threading.Barrier(len(databases))
+
+        def migrate(i: int) -> None:
+            start.wait(timeout=30)
+            began = time.monotonic()
+            try:
+                ctx.env.migrate_into(databases[i].admin_dsn, f"migrate-concurrent-{i + 1}.log")
+                outcome = "exit 0"
+            except MigrateFailed as exc:
+                outcome = f"failed: {str(exc)[:400]}"
+            spans[i] = (began, time.monotonic(), outcome)
+
+        threads = [threading.Thread(target=migrate, args=(i,)) for i in range(len(databases))]
+        with psycopg.connect(cluster.admin_dsn(), autocommit=False) as hold:
+            holder = int(hold.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+            hold.execute(sql.SQL("CREATE ROLE {} NOLOGIN").format(sql.Identifier(HELD_ROLE)))
+            for thread in threads:
+                thread.start()
+            direct, blocked = _blocked_behind(ctx, cluster, holder, len(databases), threads)
+            hold.rollback()
+        for thread in threads:
+            thread.join()
+        for i, (began, ended, outcome) in enumerate(spans):
+            ctx.command(
+                f"migrate {i + 1} of {len(spans)} into {databases[i].name} of a fresh cluster: "
+                f"{outcome} ({ended - began:.2f} s)"
+            )
+        ctx.fault(
+            f"both migrates waited while the harness held the creation of {HELD_ROLE}",
+            not roles_before and direct >= 1 and blocked >= len(databases),
+            expected=f"none of {list(GROUP_ROLES)} before; {len(databases)} migrate backends "
+            f"blocked, at least one behind the harness's uncommitted CREATE ROLE {HELD_ROLE} "
+            "(the other may wait behind the first's uncommitted roles), before it rolled back",
+            observed=f"roles before {[r['rolname'] for r in roles_before]}; {blocked} blocked, "
+            f"{direct} of them behind the harness",
+        )
+        outcomes = [o for _, _, o in spans]
+        schemas = [
+            db.query(
+                "SELECT to_regclass('public.agent_runs') IS NOT NULL AS runs, "
+                "to_regclass('public.tenant_bindings') IS NOT NULL AS bindings"
+            )[0]
+            for db in databases
+        ]
+        roles_after = cluster.query(
+            "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", [list(GROUP_ROLES)]
+        )
+        ctx.invariant(
+            "concurrent migrates of a first deployment both succeed",
+            all(o == "exit 0" for o in outcomes)
+            and all(s["runs"] and s["bindings"] for s in schemas)
+            and len(roles_after) == len(GROUP_ROLES),
+            expected="both exit 0; each database has agent_runs and tenant_bindings; the "
+            "cluster has both group roles",
+            observed=f"migrates {outcomes}; schemas {schemas}; roles "
+            f"{sorted(r['rolname'] for r in roles_after)}",
+        )
+
+
+def _blocked_behind(
+    ctx: ExperimentContext,
+    cluster: PostgresCluster,
+    holder: int,
+    wanted: int,
+    threads: list[threading.Thread],
+) -> tuple[int, int]:
+    """(backends blocked behind ``holder``, backends blocked at all) once
+    ``wanted`` are blocked, at least one of them behind the harness (the
+    other may wait behind the first: a migrate that creates two roles in one
+    transaction holds its first one uncommitted while it waits for the
+    second), or once every migrate ended without: bounded, and the counts are
+    the fault's evidence."""
+    query = (
+        "SELECT count(*) FILTER (WHERE %s = ANY(pg_blocking_pids(pid))) AS direct, "
+        "count(*) FILTER (WHERE cardinality(pg_blocking_pids(pid)) > 0) AS blocked "
+        "FROM pg_stat_activity"
+    )
+
+    def counts() -> tuple[int, int]:
+        row = cluster.query(query, [holder])[0]
+        return int(row["direct"]), int(row["blocked"])
+
+    def ready() -> bool:
+        direct, blocked = counts()
+        return (direct >= 1 and blocked >= wanted) or not any(t.is_alive() for t in threads)
+
+    try:
+        wait_for(
+            ready,
+            what=f"{wanted} migrates blocked, one behind the harness's CREATE ROLE {HELD_ROLE}",
+            timeout_s=BLOCK_TIMEOUT_S,
+        )
+    except TimeoutError as exc:
+        ctx.command(f"not every migrate blocked: {exc}")
+    return counts()
 
 
 def _declared_version_kept(

@@ -710,6 +710,31 @@ class Environment:
     data_key: str = field(default_factory=lambda: base64.b64encode(os.urandom(32)).decode())
     write_path: str = "fast"
 
+    @contextlib.contextmanager
+    def fresh_cluster(self, name: str) -> Iterator[PostgresCluster]:
+        """A PostgreSQL cluster of the experiment's own straight from initdb: no
+        role or database of the contract's (what a first deployment meets).
+        Recorded for reaping at once, removed when the block ends."""
+        stopping.check(f"PostgreSQL cluster {name}")
+        cluster = self.shared.backend.start_primary(self.work_dir / name, name)
+        try:
+            self.shared.record.add_cluster(cluster.datadir)
+            yield cluster
+        finally:
+            cluster.remove()
+
+    def migrate_into(self, dsn: str, log_name: str) -> None:
+        """The worker's ``migrate`` against another database (``dsn``, a
+        superuser's); its transcript goes to ``log_name``. Raises MigrateFailed."""
+        settings = self.shared.settings
+        run_migrate(
+            settings.worker_cmd,
+            dsn,
+            self.log_dir / log_name,
+            migrate_timeout_s(),
+            settings.mutant,
+        )
+
     def migrate_again(self) -> None:
         """The worker's ``migrate`` run once more against this experiment's
         database, already migrated (the contract: migrate is idempotent, an
