@@ -68,6 +68,9 @@ RESUMING_LEASE_TTL_MS = 5000
 #: state, and how many of its integers (depth first) get it, one run each.
 OUT_OF_RANGE = 1_000_000
 OUT_OF_RANGE_LEAVES = 2
+#: out_of_range: what the first list of the worker's own state becomes (a
+#: value of another type, every other field as the worker wrote it).
+RETYPED_LIST = "plan"
 
 
 def _plant(
@@ -583,18 +586,32 @@ def _with_leaf(state: Any, path: tuple[Any, ...], value: object) -> Any:
     return copy
 
 
+def _list_paths(value: Any, path: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Paths of the lists in ``value`` (outermost first, keys in order)."""
+    found = [path] if isinstance(value, list) and path else []
+    if isinstance(value, dict):
+        found += [p for k in sorted(value) for p in _list_paths(value[k], (*path, k))]
+    elif isinstance(value, list):
+        found += [p for i, v in enumerate(value) for p in _list_paths(v, (*path, i))]
+    return found
+
+
 def run_out_of_range(ctx: ExperimentContext) -> None:
     run_id, own = _stopped_after_first_checkpoint(ctx, "A")
     leaves = _int_leaves(own["state_json"])[:OUT_OF_RANGE_LEAVES]
     if not leaves:
         raise Inconclusive("the worker's own state holds no integer to set out of range")
+    # And its first list turned into a string (generated 38a26c91: a v2 check
+    # that no longer required the plan to be a list resumed a plan of letters).
+    plants: list[tuple[tuple[Any, ...], object]] = [(p, OUT_OF_RANGE) for p in leaves]
+    plants += [(p, RETYPED_LIST) for p in _list_paths(own["state_json"])[:1]]
     runs: list[str] = []
-    for i, path in enumerate(leaves):
+    for i, (path, value) in enumerate(plants):
         if i > 0:
             run_id, own = _stopped_after_first_checkpoint(ctx, f"A{i}")
         field = ".".join(str(p) for p in path)
         try:
-            state = _with_leaf(own["state_json"], path, OUT_OF_RANGE)
+            state = _with_leaf(own["state_json"], path, value)
         except (KeyError, IndexError, TypeError):
             ctx.command(f"run {run_id[:8]}: its state has no {field}; not planted")
             continue
@@ -605,15 +622,16 @@ def run_out_of_range(ctx: ExperimentContext) -> None:
         row = checkers.run_row(ctx, run_id)
         _exit_zero_is_true(ctx, f"B{i}", code, row, epoch_before)
         ctx.command(
-            f"run {run_id[:8]}: v{own['schema_version']} state with {field} = {OUT_OF_RANGE} "
+            f"run {run_id[:8]}: v{own['schema_version']} state with {field} = {value!r} "
             f"planted at revision {planted}; B{i} exit {code}, run {row['status']} at revision "
             f"{row['revision']}"
         )
         runs.append(run_id)
     ctx.fault(
-        "a state with an integer out of range was the run's latest when a worker resumed it",
+        "a state with a value out of range or of another type was the run's latest when a "
+        "worker resumed it",
         bool(runs),
-        expected=f"{len(leaves)} plant(s) of {OUT_OF_RANGE} in place of {leaves}",
+        expected=f"{len(plants)} plant(s): {[('.'.join(map(str, p)), v) for p, v in plants]}",
         observed=f"{len(runs)} planted",
     )
     # Refused or resumed, never a run that succeeded without its steps.
