@@ -410,16 +410,22 @@ class Reconciler:
                 changes.append(change)
         return changes
 
-    def reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
+    def reconcile_one(
+        self, conn: Conn, row: dict[str, Any], cancel: Cancellation | None = None
+    ) -> dict[str, Any] | None:
         """Try to learn the remote fact of one unknown operation (reconcile_total
-        counts success, failure or no_result)."""
-        change = self._reconcile_one(conn, row)
+        counts success, failure or no_result). ``cancel``: the execution this
+        runs for (a run's tool step); once it is cancelled (its lease lost) no
+        same-key resend is claimed or sent."""
+        change = self._reconcile_one(conn, row, cancel)
         to = (change or {}).get("to")
         outcome = {"succeeded": "success", "failed_final": "failure"}.get(str(to), "no_result")
         metrics.reconcile_total.labels(outcome).inc()
         return change
 
-    def _reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
+    def _reconcile_one(
+        self, conn: Conn, row: dict[str, Any], cancel: Cancellation | None
+    ) -> dict[str, Any] | None:
         op_id = str(row["operation_id"])
         cap = str(row["tool_capability"])
         if cap == "none":
@@ -464,17 +470,23 @@ class Reconciler:
             "running",
             "waiting_tool",
         ):
-            return self.retry_same_key(conn, row)
+            return self.retry_same_key(conn, row, cancel)
         return None
 
-    def retry_same_key(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
+    def retry_same_key(
+        self, conn: Conn, row: dict[str, Any], cancel: Cancellation | None = None
+    ) -> dict[str, Any] | None:
         """Resend with the original operation_id (tools that promise it is safe)."""
+        if cancel is not None:
+            cancel.check()  # a cancelled execution claims no resend
         op = self.ledger.claim_retry(
             conn, self.dispatcher.owner, str(row["operation_id"]), int(row["revision"])
         )
         if op is None:
             return None
-        answer = self.dispatcher.send(op, epoch=self.ledger.run_epoch(conn, op.run_id))
+        answer = self.dispatcher.send(
+            op, epoch=self.ledger.run_epoch(conn, op.run_id), cancel=cancel
+        )
         if answer.kind in ("succeeded", "failed_final"):
             status = self.ledger.record_result(conn, op, self.dispatcher.owner, answer)
             outcome_committed(op.run_id, op.operation_id)

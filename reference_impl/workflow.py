@@ -227,7 +227,9 @@ class RefundWorkflow:
                     # Someone's claim is live: its answer may still come.
                     self.cancel.sleep(0.1)
             elif status == "unknown":
-                change = rt.reconciler.reconcile_one(conn, {**row, "run_status": "running"})
+                change = rt.reconciler.reconcile_one(
+                    conn, {**row, "run_status": "running"}, cancel=self.cancel
+                )
                 if change is None or change.get("to") == "unknown":
                     try:
                         return self.freeze(state, step, op_id, None, {"reason": "unresolved"})

@@ -86,6 +86,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checking import checkers
+from harness.checking.history import load_history, select
 from harness.contract import needs
 from harness.engine.experiment import (
     ExperimentContext,
@@ -138,6 +139,11 @@ BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
 REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
 ANSWERED_BESIDE_LIVE_CLAIM = "answered_beside_live_claim"
 LIVE_CLAIM_VARIANTS = (BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM, ANSWERED_BESIDE_LIVE_CLAIM)
+LEASE_LOST_MID_RECONCILE = "lease_lost_mid_reconcile"
+# lease_lost_mid_reconcile: how long the harness waits for the worker's own
+# record of its refused renewal before it lets the worker's reconcile go on
+# (the record orders the two; without it the variant's check is not judged).
+REFUSED_S = 3.0
 #: A run paused for a person (its step refused for good) while another of its
 #: operations is in doubt, which a person then converges.
 CONVERGED_WHILE_HUMAN = "converged_while_paused_for_a_person"
@@ -238,8 +244,15 @@ SPEC = ExperimentSpec(
         REJECTED_BESIDE_LIVE_CLAIM,
         ANSWERED_BESIDE_LIVE_CLAIM,
         CONVERGED_WHILE_HUMAN,
+        LEASE_LOST_MID_RECONCILE,
     ),
     variant_faults=(
+        (
+            LEASE_LOST_MID_RECONCILE,
+            "the run's create held on the network past the worker's timeout; the worker held "
+            "after its empty query with its heartbeat parked until its lease ran out, then its "
+            "renewal let go (refused)",
+        ),
         (
             RESEND_REFUSED,
             "the run's first create reaches the tool late (past the worker's timeout and its "
@@ -321,6 +334,9 @@ SPEC = ExperimentSpec(
         needs.capability("operator_actions", CONVERGED_WHILE_HUMAN),
         needs.point("after_checkpoint_commit", CONVERGED_WHILE_HUMAN),
         needs.op("converge_operation", CONVERGED_WHILE_HUMAN),
+        needs.capability("ledger_tool:idempotent", LEASE_LOST_MID_RECONCILE),
+        needs.point("after_reconcile_query", LEASE_LOST_MID_RECONCILE),
+        needs.point("before_renew", LEASE_LOST_MID_RECONCILE),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -337,6 +353,7 @@ SPEC = ExperimentSpec(
         (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (ANSWERED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (CONVERGED_WHILE_HUMAN, TOOL_TIMEOUT_MS / 1000),
+        (LEASE_LOST_MID_RECONCILE, TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -365,6 +382,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == CONVERGED_WHILE_HUMAN:
         _converged_while_paused_for_a_person(ctx)
+        return
+    if ctx.variant == LEASE_LOST_MID_RECONCILE:
+        _lease_lost_mid_reconcile(ctx)
         return
     if ctx.variant in LIVE_CLAIM_VARIANTS:
         _converged_beside_a_live_claim(
@@ -807,6 +827,57 @@ def _held_after_an_empty_query(
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     ctx.reached("A", "after_reconcile_query")
     return run_id, tool, a
+
+
+def _lease_lost_mid_reconcile(ctx: ExperimentContext) -> None:
+    """The worker's lease runs out while it holds its empty query (its heartbeat
+    parked meanwhile); once its renewal is refused, its execution is cancelled,
+    and the same-key resend its tool's promise would otherwise allow is a new
+    side effect after a lost lease: never claimed, never sent (blind hunt 53
+    #06: a Go reconcile run on a context the cancellation never reached sent
+    it). The run is left in doubt for whoever holds it next."""
+    run_id, tool, a = _held_after_an_empty_query(ctx, "idem", TOOL_TIMEOUT_MS)
+    ctx.arm("A", "before_renew", Hold())
+    ctx.reached("A", "before_renew", held=True)
+    wait_claimable(ctx, run_id)  # A's lease ran out by database time
+    released_at = time.time()
+    ctx.release("A", "before_renew")
+    refused = seen_within(
+        lambda: [
+            e
+            for e in select(load_history([a.events_path]), op="renew", run_id=run_id)
+            if e.type in ("fail", "info") and e.time >= released_at
+        ],
+        what=f"A's history to record its refused renewal of {run_id}",
+        timeout_s=REFUSED_S,
+    )
+    ctx.release("A", "after_reconcile_query")
+    code = finish(ctx, a)
+    released = tool.release()  # every create of the run held so far arrives now
+    ctx.command(f"tool: let run {run_id}'s held creates arrive ({released} held)")
+    seen_within(
+        lambda: len(checkers.tool_requests(ctx, run_id=run_id)) >= released or None,
+        what=f"the tool to see run {run_id}'s {released} held create(s)",
+        timeout_s=5,
+    )
+    creates = checkers.tool_requests(ctx, run_id=run_id)
+    name = "no resend once the lease was lost"
+    if not ctx.probe_reached(
+        "A's renewal was refused while it held its empty query, its lease run out",
+        bool(refused),
+        judges=name,
+        expected="A's lease expired by database time while A held after_reconcile_query with "
+        "its heartbeat parked; its renewal, let go, recorded refused before A went on",
+        observed=f"renewals after the release: {[(e.type, e.error) for e in refused or []]}",
+    ):
+        return
+    ctx.invariant(
+        name,
+        len(creates) == 1,
+        expected="the tool receives the run's first create only: no same-key resend after "
+        "the renewal was refused (the execution is cancelled: no new side effect)",
+        observed=f"creates {[(r['outcome'], r.get('epoch')) for r in creates]}; A exit {code}",
+    )
 
 
 def _resend_meets_own_resource(ctx: ExperimentContext) -> None:

@@ -32,7 +32,10 @@ def backoff_same_for_every_run(self: Protocol, run_id: str, attempt: int) -> int
 class ResendingReconciler(Reconciler):
     """Takes an unknown outcome for a failed attempt and sends the request again."""
 
-    def reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
+    def reconcile_one(
+        self, conn: Conn, row: dict[str, Any], cancel: Cancellation | None = None
+    ) -> dict[str, Any] | None:
+        del cancel
         # MUTANT: no query, no check of what the tool promises: resend with the
         # same key and record whatever the second answer says as the fact.
         op_id = str(row["operation_id"])

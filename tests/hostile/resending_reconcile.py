@@ -12,13 +12,17 @@ from typing import Any
 
 from mock_tool.errors import ToolError
 from reference_impl import worker
+from reference_impl.cancellation import Cancellation
 from reference_impl.db import Conn
 from reference_impl.ledger import Reconciler
 from reference_impl.protocol import Protocol
 
 
 class Resending(Reconciler):
-    def reconcile_one(self, conn: Conn, row: dict[str, Any]) -> dict[str, Any] | None:
+    def reconcile_one(
+        self, conn: Conn, row: dict[str, Any], cancel: Cancellation | None = None
+    ) -> dict[str, Any] | None:
+        del cancel
         op_id = str(row["operation_id"])
         try:
             res = self.dispatcher.tools.create(
