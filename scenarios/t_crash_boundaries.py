@@ -75,6 +75,9 @@ class Boundary:
     tool: str = "idem"
     input: tuple[tuple[str, Any], ...] = ()
     wait_s: float = 0.0
+    #: The ledger status the point promises committed for the run's operation
+    #: when its worker dies there (judged at once, before any successor).
+    ledger_after: str | None = None
 
     @property
     def run_crashes(self) -> tuple[str, ...]:
@@ -116,6 +119,7 @@ BOUNDARIES: tuple[Boundary, ...] = (
         "dispatch_outcome", "after_dispatch_outcome_commit", "reconciler / dispatcher", "run",
         "a ledger-only outcome (here the reconciler's convergence by query: succeeded); the run "
         "not moved", before=("after_tool_response_before_tx2_commit",), wait_s=1.6,
+        ledger_after="succeeded",
     ),
     Boundary(
         "relay_locked", "after_outbox_batch_locked", "outbox relay", "relay",
@@ -144,6 +148,19 @@ COVERED_ELSEWHERE: dict[str, str] = {
 
 BY_POINT = {b.point: b for b in BOUNDARIES}
 
+# The same point on a second path: a dispatcher's own answer recorded without
+# the run's lease (here a reconciler's same-key resend, after A died between
+# its claim and its call: the query finds nothing), not a convergence by
+# query. The point promises that answer committed (blind hunt 54 #08: a Go
+# point moved before its commit; generated f836aac1: a point not reached).
+RESEND_OUTCOME = Boundary(
+    "resend_outcome", "after_dispatch_outcome_commit", "reconciler's same-key resend", "run",
+    "a ledger-only outcome (here a same-key resend's answer: succeeded); the run not moved",
+    before=("after_dispatch_claim_commit",), wait_s=1.6, ledger_after="succeeded",
+)  # fmt: skip
+#: Boundaries of the table crashed at once more, on another path to their point.
+SECOND_PATHS: tuple[Boundary, ...] = (RESEND_OUTCOME,)
+
 # A variant crashes at one run-side boundary and, where one is left, at one relay
 # and one consumer boundary too: the relay and the consumer run after every run
 # anyway, so riding along costs a process, not an environment (7 variants for 11
@@ -156,6 +173,7 @@ VARIANTS: dict[str, tuple[Boundary, ...]] = {
     "claims_expired": (BY_POINT["after_claims_expired_commit"],),
     "reconcile_query": (BY_POINT["after_reconcile_query"],),
     "dispatch_outcome": (BY_POINT["after_dispatch_outcome_commit"],),
+    "resend_outcome": (RESEND_OUTCOME,),
 }
 
 
@@ -259,10 +277,13 @@ def run(ctx: ExperimentContext) -> None:
     first = group[0]
     run_id = new_run(ctx, tool=first.tool, input=dict(first.input))
     crashed: list[tuple[str, str, int]] = []  # (worker, point, exit code)
+    promised = {b.point: b.ledger_after for b in group if b.ledger_after and b.stage == "run"}
     for i, point in enumerate(p for b in group for p in b.run_crashes):
         name = f"A{i + 1}"
         ctx.arm(name, point, Crash())
         crashed.append((name, point, finish(ctx, _run_worker(ctx, name, run_id))))
+        if point in promised and crashed[-1][2] == -9:
+            _committed_at_the_point(ctx, run_id, name, point, promised[point])
         wait_claimable(ctx, run_id, timeout_s=15)
     code = finish(ctx, _run_worker(ctx, "W", run_id), 30)
     ctx.command(f"successor W exit {code}")
@@ -274,6 +295,25 @@ def run(ctx: ExperimentContext) -> None:
     ctx.ok(successor, "consume", consumer=CONSUMER)
     _confirm(ctx, group, run_id, crashed)
     _judge(ctx, run_id)
+
+
+def _committed_at_the_point(
+    ctx: ExperimentContext, run_id: str, name: str, point: str, status: str
+) -> None:
+    """What ``point`` promises is committed when its worker dies there (worker
+    contract section 3): read from the database before any successor runs. A
+    point reached before its transaction commits rolls the answer back with
+    the crash (blind hunt 54 #08)."""
+    hit = [h for h in ctx.env.control.hits() if h.worker == name and h.point == point]
+    if not hit:
+        return  # not reached: the fault check says so
+    ledger = [str(o["status"]) for o in checkers.ledger(ctx, run_id)]
+    ctx.invariant(
+        f"the answer recorded at {point} is committed when its worker dies there",
+        status in ledger,
+        expected=f"an operation of the run {status} once {name} died at {point}",
+        observed=f"ledger {ledger}",
+    )
 
 
 def _run_worker(ctx: ExperimentContext, name: str, run_id: str) -> WorkerProcess:
