@@ -55,6 +55,9 @@ from scenarios.common import new_run, seen_within
 EVENTS = 3
 CONSUMER = "billing"
 # A second consumer of the same events, after the first (its own dedup rows).
+# duplicate_delivery, reordered_delivery: the events of a later run, published
+# after the consumer's first passes, that its next pass must apply.
+LATER_EVENTS = 2
 SECOND_CONSUMER = "audit"
 THIRD_CONSUMER = "ledger-sync"
 # The relay's own call timeout in late_ack (FENCECHECK_TOOL_TIMEOUT_MS), and
@@ -148,6 +151,7 @@ def run(ctx: ExperimentContext) -> None:
             expected="the second pass: consumed 0, duplicates 0 (nothing new at the broker)",
             observed=f"the second pass answered {again}",
         )
+        _later_pass_applies_what_came_since(ctx, consumer)
     checkers.every_event_applied_once(ctx, CONSUMER)
     _another_consumer_applies_them_too(ctx, consumer)
     outbox = checkers.outbox(ctx, run_id)
@@ -161,6 +165,34 @@ def run(ctx: ExperimentContext) -> None:
     _published_stays_published(ctx, run_id)
     if ctx.variant == "reordered_delivery":
         _cut_after_an_out_of_order_apply(ctx)
+
+
+def _later_pass_applies_what_came_since(ctx: ExperimentContext, consumer: WorkerProcess) -> None:
+    """More events reach the broker after the consumer's passes; the same
+    process's next pass applies each of them (blind hunt 54 #07: a Go consumer
+    that kept the first sequence number it had not read as its position, and
+    read after it, passed over the first message published after every pass)."""
+    later = new_run(ctx)
+    w = ctx.env.start_worker("L2", "ops", env=SETUP_LEASE)
+    lease = ctx.ok(w, "claim", run_id=later)
+    rev = lease["revision"]
+    for i in range(LATER_EVENTS):
+        rev = ctx.ok(
+            w, "save_checkpoint", run_id=later, epoch=lease["epoch"], expected_revision=rev,
+            state={"step": f"later {i + 1}"},
+        )["revision"]  # fmt: skip
+    ctx.ok(w, "relay")
+    events = [str(r["event_id"]) for r in checkers.outbox(ctx, later)]
+    ctx.ok(consumer, "consume", consumer=CONSUMER)
+    effects = checkers.consumer_effects(ctx, CONSUMER)
+    wrong = [f"{e[:8]}: {effects.get(e, 0)} effects" for e in events if effects.get(e) != 1]
+    ctx.invariant(
+        "a consumer's later pass applies every event published since its last",
+        bool(events) and not wrong,
+        expected=f"each of the {LATER_EVENTS} events of a later run, relayed after the "
+        f"consumer's passes, applied once by {CONSUMER}'s next pass in the same process",
+        observed="; ".join(wrong) or f"{len(events)} event(s), each applied once",
+    )
 
 
 def _another_consumer_applies_them_too(ctx: ExperimentContext, consumer: WorkerProcess) -> None:
