@@ -172,15 +172,7 @@ def _later_pass_applies_what_came_since(ctx: ExperimentContext, consumer: Worker
     process's next pass applies each of them (blind hunt 54 #07: a Go consumer
     that kept the first sequence number it had not read as its position, and
     read after it, passed over the first message published after every pass)."""
-    later = new_run(ctx)
-    w = ctx.env.start_worker("L2", "ops", env=SETUP_LEASE)
-    lease = ctx.ok(w, "claim", run_id=later)
-    rev = lease["revision"]
-    for i in range(LATER_EVENTS):
-        rev = ctx.ok(
-            w, "save_checkpoint", run_id=later, epoch=lease["epoch"], expected_revision=rev,
-            state={"step": f"later {i + 1}"},
-        )["revision"]  # fmt: skip
+    later, w = _run_with_checkpoints(ctx, "L2", LATER_EVENTS, "later")
     ctx.ok(w, "relay")
     events = [str(r["event_id"]) for r in checkers.outbox(ctx, later)]
     ctx.ok(consumer, "consume", consumer=CONSUMER)
@@ -294,15 +286,24 @@ def _outbox_events(
 
 def _filler_events(ctx: ExperimentContext) -> None:
     """A filler run's ``EVENTS`` checkpoints: outbox rows older than the run's."""
-    filler = new_run(ctx)
-    f = ctx.env.start_worker("F", "ops", env=SETUP_LEASE)
-    lease = ctx.ok(f, "claim", run_id=filler)
+    _run_with_checkpoints(ctx, "F", EVENTS, "filler")
+
+
+def _run_with_checkpoints(
+    ctx: ExperimentContext, worker: str, count: int, label: str
+) -> tuple[str, WorkerProcess]:
+    """A new run with ``count`` checkpoints written by ops process ``worker``
+    (one outbox event each); the run and the process."""
+    run_id = new_run(ctx)
+    w = ctx.env.start_worker(worker, "ops", env=SETUP_LEASE)
+    lease = ctx.ok(w, "claim", run_id=run_id)
     rev = lease["revision"]
-    for i in range(EVENTS):
+    for i in range(count):
         rev = ctx.ok(
-            f, "save_checkpoint", run_id=filler, epoch=lease["epoch"], expected_revision=rev,
-            state={"step": f"filler {i + 1}"},
+            w, "save_checkpoint", run_id=run_id, epoch=lease["epoch"], expected_revision=rev,
+            state={"step": f"{label} {i + 1}"},
         )["revision"]  # fmt: skip
+    return run_id, w
 
 
 def _filler_published_and_vacuumed(ctx: ExperimentContext) -> None:
