@@ -497,6 +497,42 @@ def _concurrent_relays(ctx: ExperimentContext, run_id: str, events: list[str]) -
         expected="R2's relay answered ok (it skipped R1's rows or waited for them)",
         observed=f"R2's relay: {'ok ' + plain(reply.result) if reply.ok else reply.error}",
     )
+    _lower_rows_given_back(ctx, r2)
+
+
+def _lower_rows_given_back(ctx: ExperimentContext, relay: WorkerProcess) -> None:
+    """A relay process that published a newer row while older ones were held by
+    another relay, which then died with them unpublished: its next cycle
+    publishes the older rows (blind hunt 55 #06: a Go relay that kept the
+    highest id it had published and paged after it never looked back)."""
+    low, _ = _run_with_checkpoints(ctx, "L3", LATER_EVENTS, "held then given back")
+    ctx.arm("R4", "after_outbox_batch_locked", Hold())
+    r4 = ctx.env.start_worker("R4", "ops")
+    ctx.op_async(r4, "relay", {})
+    ctx.reached("R4", "after_outbox_batch_locked")
+    high, _ = _run_with_checkpoints(ctx, "L4", 1, "newer")
+    ctx.ok(relay, "relay")
+    newer = {str(r["event_id"]) for r in checkers.outbox(ctx, high) if r["published_at"]}
+    killed = ctx.kill(r4)
+    ctx.ok(relay, "relay")
+    rows = checkers.outbox(ctx, low)
+    left = [str(r["event_id"])[:8] for r in rows if r["published_at"] is None]
+    if not ctx.probe_reached(
+        "a newer row published while older ones were held, their holder killed",
+        bool(newer) and killed.confirmed_at is not None and bool(rows),
+        judges="older rows given back are published by the next cycle",
+        expected="the later run's row published by R2 while R4 held the older run's rows; "
+        "R4 killed before R2's next cycle",
+        observed=f"newer published: {sorted(e[:8] for e in newer)}; R4 {killed.detail}",
+    ):
+        return
+    ctx.invariant(
+        "older rows given back are published by the next cycle",
+        not left,
+        expected=f"each of the {len(rows)} older rows published by R2's next cycle, though R2 "
+        "had published a newer row before",
+        observed=f"unpublished after R2's next cycle: {left or 'none'}",
+    )
 
 
 def _relay_keeps_its_limit(

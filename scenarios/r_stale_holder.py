@@ -258,15 +258,18 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
         # Started twice: a start for a lease that has one replaces it (contract
         # section 5, heartbeat: one background renewal per lease), and the stop
         # at the end must leave no renewal (blind hunt 28 #09: a restart that
-        # left the first loop running, untracked, renewed after the stop).
-        for _ in range(2):
+        # left the first loop running, untracked, renewed after the stop). The
+        # first start asks the default interval, the second the longer one the
+        # pace check holds B to (blind hunt 55 #07: a repeated start answered
+        # ok and ignored kept renewing at the first start's interval).
+        for interval_ms in (ctx.env.heartbeat_ms, ASKED_INTERVAL_FACTOR * ctx.env.heartbeat_ms):
             ctx.ok(
                 b,
                 "heartbeat",
                 run_id=run_id,
                 epoch=new["epoch"],
                 action="start",
-                interval_ms=ASKED_INTERVAL_FACTOR * ctx.env.heartbeat_ms,
+                interval_ms=interval_ms,
                 timeout_ms=ctx.env.heartbeat_timeout_ms,
             )
     heartbeat_mark, heartbeat_started_at = checkers.audit_mark(ctx), time.time()

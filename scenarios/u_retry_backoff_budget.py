@@ -265,9 +265,34 @@ def _retried_run(ctx: ExperimentContext, ctl: WorkerProcess, task: str, attempts
     if not (caps.offers_op("cancel") and caps.offers_op("retry_run")):
         return first
     ctx.note_run(first)
-    ctx.ok(ctl, "cancel", run_id=first, reason="withdrawn before its first attempt")
+    # Cancelled while it waits out a requeue's backoff (planted: the run's
+    # next attempt half a minute ahead; a cancel leaves it as it is): the
+    # retry is a new run, due at once (blind hunt 55 #02: a retry that kept
+    # the old run's next_attempt_at could not be claimed until it passed).
+    ctx.sql(
+        "the run waiting out a backoff (planted)",
+        "UPDATE fencecheck_model.agent_runs SET next_attempt_at = clock_timestamp() + "
+        "interval '30 seconds' WHERE run_id = %s RETURNING next_attempt_at::text",
+        [first],
+    )
+    ctx.ok(ctl, "cancel", run_id=first, reason="withdrawn while it waited out a backoff")
     task_id = checkers.run_row(ctx, first, "the cancelled run, before its retry")["task_id"]
-    return str(ctx.ok(ctl, "retry_run", task_id=task_id)["run_id"])
+    retry = str(ctx.ok(ctl, "retry_run", task_id=task_id)["run_id"])
+    due = ctx.sql(
+        "the retry's next attempt against the database's clock",
+        "SELECT next_attempt_at::text AS next_attempt_at, "
+        "next_attempt_at <= clock_timestamp() AS due "
+        "FROM fencecheck_model.agent_runs WHERE run_id = %s",
+        [retry],
+    )
+    ctx.invariant(
+        "a retry is due at once, whatever backoff its old run waited out",
+        bool(due) and bool(due[0]["due"]),
+        expected="the retry's run next_attempt_at no later than now (database time): a new "
+        "run, as create_run makes it",
+        observed=f"next_attempt_at {due[0]['next_attempt_at'] if due else 'missing'}",
+    )
+    return retry
 
 
 def _budget(ctx: ExperimentContext, run_id: str, why: str) -> dict[str, Any]:
