@@ -124,8 +124,25 @@ def processes_naming(text: str) -> list[str]:
     return found
 
 
+# harness/engine/reaper.py: at most 30 s for the command to be gone, then one
+# bounded reap of what the command's escalation could not remove in time.
+REAPER_BOUND_S = 45.0
+
+
+def _reapers_done(tmpdir: Path) -> None:
+    """Wait, bounded, for a reaper the stopped command handed its records to:
+    it is part of the stop, and what it leaves (itself included) is judged
+    once it has ended or run out of its bound."""
+    deadline = time.monotonic() + REAPER_BOUND_S
+    while time.monotonic() < deadline and any(
+        "harness.engine.reaper" in p for p in processes_naming(str(tmpdir))
+    ):
+        time.sleep(0.1)
+
+
 def leftovers(seen: Observed, tmpdir: Path) -> list[str]:
     """What a finished run left behind, attributed by its private TMPDIR."""
+    _reapers_done(tmpdir)
     problems = [f"process still running: {p}" for p in alive(seen.pids)]
     problems += [f"orphan naming the TMPDIR: {p}" for p in processes_naming(str(tmpdir))]
     for path in sorted(tmpdir.iterdir()):
