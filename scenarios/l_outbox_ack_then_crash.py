@@ -514,16 +514,32 @@ def _lower_rows_given_back(ctx: ExperimentContext, relay: WorkerProcess) -> None
     ctx.ok(relay, "relay")
     newer = {str(r["event_id"]) for r in checkers.outbox(ctx, high) if r["published_at"]}
     killed = ctx.kill(r4)
+    # The server ends R4's session (and its row locks) only once it notices
+    # the client is gone: the next cycle skips rows still locked, so it waits
+    # for that (seen on PostgreSQL 15 in CI: the cycle ran first and skipped).
+    gone = seen_within(
+        lambda: (
+            not ctx.env.query(
+                "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                "AND application_name = %s",
+                ["R4"],
+            )
+            or None
+        ),
+        what="the killed relay R4's sessions to end",
+        timeout_s=10,
+    )
     ctx.ok(relay, "relay")
     rows = checkers.outbox(ctx, low)
     left = [str(r["event_id"])[:8] for r in rows if r["published_at"] is None]
     if not ctx.probe_reached(
         "a newer row published while older ones were held, their holder killed",
-        bool(newer) and killed.confirmed_at is not None and bool(rows),
+        bool(newer) and killed.confirmed_at is not None and bool(gone) and bool(rows),
         judges="older rows given back are published by the next cycle",
         expected="the later run's row published by R2 while R4 held the older run's rows; "
-        "R4 killed before R2's next cycle",
-        observed=f"newer published: {sorted(e[:8] for e in newer)}; R4 {killed.detail}",
+        "R4 killed and its sessions ended before R2's next cycle",
+        observed=f"newer published: {sorted(e[:8] for e in newer)}; R4 {killed.detail}; its "
+        f"sessions {'ended' if gone else 'still there after 10 s'}",
     ):
         return
     ctx.invariant(
