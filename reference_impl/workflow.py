@@ -62,6 +62,27 @@ class Draining(Exception):
     """SIGTERM: stop at the next step boundary and give the lease back."""
 
 
+# Marks a step's refused result once the run was paused for a person over it.
+PAUSED_FOR_PERSON = "paused_for_person"
+
+
+def refused_by_tool(row: dict[str, Any]) -> bool:
+    """A ``failed_final`` the tool answered (a definite refusal, its error kept),
+    not a person's finding or an intent retired unsent."""
+    result = row.get("result")
+    return isinstance(result, dict) and "error" in result
+
+
+def paused_for(state: dict[str, Any], step: str, op_id: str) -> bool:
+    """Whether the run was paused for a person over this refused operation."""
+    done = state["results"].get(step)
+    return (
+        isinstance(done, dict)
+        and done.get("operation_id") == op_id
+        and bool(done.get(PAUSED_FOR_PERSON))
+    )
+
+
 def initial_state(input_: dict[str, Any]) -> dict[str, Any]:
     extra = int(input_.get("extra_steps", 0))
     plan = [*DEFAULT_PLAN[:-1], *(f"work_{i + 1}" for i in range(extra)), DEFAULT_PLAN[-1]]
@@ -240,8 +261,14 @@ class RefundWorkflow:
             elif status == "succeeded":
                 return self.finish_tool(state, step, op_id, status, {"mode": "adopt"}, row)
             elif status == "failed_final":
-                # Definitely not executed (refused, or found not executed): the
-                # next version is planned on the next pass of this loop.
+                if refused_by_tool(row) and not paused_for(state, step, op_id):
+                    # The tool refused it for good and nobody paused the run for
+                    # it (its worker died between recording the refusal and the
+                    # pause, or another dispatcher recorded it): only a person
+                    # may move a refused step on.
+                    return self.finish_tool(state, step, op_id, status, {"mode": "adopt"}, row)
+                # Definitely not executed (refused and decided on, or found not
+                # executed): the next version is planned on the next pass.
                 version += 1
                 op_id = rt.protocol.operation_id(
                     rt.settings.tenant, str(self.lease.run_id), step, version
@@ -372,14 +399,19 @@ class RefundWorkflow:
         state.update(new)
         if outcome == "failed_final":
             # A permanent error (Chinese seed §10): a person approves,
-            # supplements or terminates (fencecheck.operator_decide).
+            # supplements or terminates (fencecheck.operator_decide). The
+            # pause marks the refusal it was for: a run that leaves this pause
+            # was moved on by a person's decision.
+            paused = {**results, step: {**results[step], PAUSED_FOR_PERSON: True}}
+            marked = {**new, "results": paused}
             out = self.write(
                 "pause_human",
-                new,
+                marked,
                 step=step,
                 event_type="agent.paused_human",
                 payload={"reason": "tool_rejected"},
             )
+            state.update(marked)
             return out.status
         return None
 

@@ -1674,8 +1674,37 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
             observed=f"epoch {row['epoch']}, revision {row['revision']}",
         )
         checkers.recorded_results_are_the_tools(ctx, run_id)
+    _refusal_nobody_paused_for(ctx, cases["A2"])
     frozen()
     checkers.lease_history_is_sound(ctx, list(cases.values()))
+
+
+def _refusal_nobody_paused_for(ctx: ExperimentContext, run_id: str) -> None:
+    """A2's refusal is on the ledger, recorded by A2 beside the lease it lost,
+    and nobody paused the run for it (the same state as a worker killed
+    between recording a refusal and pausing). Once the taker's lease ran out,
+    the next worker of the run must pause it for a person: only a person's
+    decision moves a refused step on (blind hunt 56: both references planned
+    the step's next version at once and sent it; the global
+    ``effect.refused_step_moved_on_only_by_a_person`` judges every run)."""
+    checkers.wait_lease_expired(ctx, run_id)
+    code = finish(ctx, ctx.env.start_worker("A2next", "run", ["--run-id", run_id, "--once"]))
+    row = checkers.run_row(ctx, run_id, "A2's run once its next worker exited")
+    ctx.progress_equal(
+        "the next worker of A2's run pauses it for a person",
+        (row["status"], code),
+        ("paused_human", 0),
+        what="run status, the worker's exit code",
+    )
+    ops = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
+    sent = [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)]
+    ctx.invariant(
+        "A2's refused step is not planned again without a person",
+        ops == [(1, "failed_final")] and sent == ["rejected_final"],
+        expected="the ledger holds version 1 failed_final only; the tool saw the one refused "
+        "create",
+        observed=f"ledger {ops}; tool {sent}",
+    )
 
 
 def _freeze_after_lease_lost(ctx: ExperimentContext) -> Callable[[], None]:

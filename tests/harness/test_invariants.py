@@ -284,6 +284,7 @@ def test_clean_history_breaks_nothing() -> None:
         "run.purged_only_past_the_retention",
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
+        "effect.refused_step_moved_on_only_by_a_person",
     }
 
 
@@ -1096,6 +1097,7 @@ def test_every_invariant_has_a_violating_history() -> None:
     covered |= {
         "effect.cancelled_intent_never_sent",
         "effect.ledger_records_the_tools_own_retention",
+        "effect.refused_step_moved_on_only_by_a_person",
     }
     assert covered == set(INVARIANTS)
 
@@ -1686,3 +1688,57 @@ def test_paced_reconnects_in_a_cut_hold() -> None:
     ev.connection_attempts, ev.connections_unknown = None, "no firewall table"
     result = next(r for r in check(ev) if r.name == "worker.connections_are_paced")
     assert result.ok and result.checked == 0 and "no firewall table" in result.observed
+
+
+REFUSED = "op-refused-v1"
+REPLANNED = "op-refused-v2"
+REFUSAL = "effect.refused_step_moved_on_only_by_a_person"
+
+
+def refused_then_planned_again(*, person_decided: bool) -> Evidence:
+    """RUN2's create_label v1 refused for good by the tool (422), recorded
+    failed_final; then v2 registered, with or without a person's decision
+    (the run paused for a person and queued again) in between."""
+    s = clean_story()
+    s.tx(0.81, app="ctl")("agent_runs", None, run_row(run_id=RUN2, task_id="task-2"))
+    op = {"operation_id": REFUSED, "run_id": RUN2, "step_id": "create_label", "effect_version": 1}
+    s.tx(0.82, app="B")(
+        "tool_operations", None, {**op, "tool_name": "idem", "status": "dispatching", "revision": 1}
+    )
+    s.tx(0.84, app="B")(
+        "tool_operations",
+        s.state("tool_operations", (REFUSED,)),
+        {"status": "failed_final", "revision": 2},
+    )
+    if person_decided:
+        s.tx(0.85, app="B")(
+            "agent_runs", s.state("agent_runs", (RUN2,)), {"status": "paused_human"}
+        )
+        s.tx(0.86, app="ctl")("agent_runs", s.state("agent_runs", (RUN2,)), {"status": "queued"})
+    s.tx(0.88, app="C")(
+        "tool_operations",
+        None,
+        {**op, "operation_id": REPLANNED, "effect_version": 2, "status": "prepared", "revision": 0},
+    )
+    ev = evidence(s)
+    ev.tool["requests"].append(
+        request(2, 0.83, operation_id=REFUSED, run_id=RUN2, outcome="rejected_final")
+    )
+    return ev
+
+
+def test_a_refused_step_planned_again_without_a_person() -> None:
+    (row,) = broken_by(refused_then_planned_again(person_decided=False))[REFUSAL]
+    assert (row["refused"], row["next_version"], row["registered_by"]) == (
+        REFUSED,
+        REPLANNED,
+        "C",
+    )
+    results = {r.name: r for r in check(refused_then_planned_again(person_decided=True))}
+    assert results[REFUSAL].ok and results[REFUSAL].checked == 1
+    # An ops client that asked for the next version made that call itself.
+    ev = refused_then_planned_again(person_decided=False)
+    seq = ev.changes[-1].seq
+    ev.replies.append({"op": "register_intent", "worker": "C", "seq_before": seq - 1,
+                       "seq_after": seq, "ok": True})  # fmt: skip
+    assert REFUSAL not in broken_by(ev)

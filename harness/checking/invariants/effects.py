@@ -302,6 +302,81 @@ def not_executed_only_where_not_acted(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "effect.refused_step_moved_on_only_by_a_person",
+    "SPEC rules 4, 5; Chinese seed §3.1 (PAUSED_HUMAN), §10 (a permanent error waits for a person)",
+    "after the tool refused an operation for good (its log: rejected_final, recorded "
+    "failed_final), the step's next effect version is registered only after a person's approve "
+    "or supplement of that run after the refusal was recorded (the run moved from paused_human "
+    "to queued in between): a worker that finds a "
+    "refusal nobody paused the run for (its recorder died before the pause, or lost its lease) "
+    "pauses the run for a person instead of planning the step again (an ops client's own "
+    "register_intent is the client's call, not judged)",
+)
+def refused_step_moved_on_only_by_a_person(ev: Evidence) -> Finding:
+    refused = {
+        str(r.get("operation_id")) for r in ev.requests() if r.get("outcome") == "rejected_final"
+    }
+    recorded: dict[str, Change] = {}
+    for c in ev.of("tool_operations", "UPDATE"):
+        op = str(c.row.get("operation_id"))
+        if op in refused and c.after("status") == "failed_final" and op not in recorded:
+            recorded[op] = c
+    # A run leaves paused_human for the queue only by a person's approve or
+    # supplement (the contract's run statuses); operator_actions is optional.
+    decisions = group(
+        [
+            c
+            for c in ev.of("agent_runs", "UPDATE")
+            if c.before("status") == "paused_human" and c.after("status") == "queued"
+        ],
+        lambda c: str(c.row.get("run_id")),
+    )
+    registered = group(
+        ev.of("tool_operations", "INSERT"),
+        lambda c: (str(c.row.get("run_id")), str(c.row.get("step_id"))),
+    )
+    # An ops client's register_intent is the client's decision, not the
+    # worker's (G registers a refused step's next version so on purpose).
+    asked = [
+        (int(r["seq_before"]), r.get("seq_after"), r.get("worker"))
+        for r in ev.replies
+        if r.get("op") == "register_intent" and r.get("seq_before") is not None
+    ]
+
+    def on_request(c: Change) -> bool:
+        return any(
+            before < c.seq and (after is None or c.seq <= int(after)) and c.app == worker
+            for before, after, worker in asked
+        )
+
+    checked, bad = 0, []
+    for (run, step), inserts in registered.items():
+        by_version = {int(c.row.get("effect_version") or 0): c for c in inserts}
+        for version, c in sorted(by_version.items()):
+            before = by_version.get(version - 1)
+            if before is None or c.by_harness or on_request(c):
+                continue
+            refusal = recorded.get(str(before.row.get("operation_id")))
+            if refusal is None:
+                continue  # not refused by the tool: a person's finding, a retirement
+            checked += 1
+            if not any(refusal.seq < d.seq < c.seq for d in decisions.get(run, [])):
+                bad.append(
+                    {
+                        "run_id": run,
+                        "step_id": step,
+                        "refused": before.row.get("operation_id"),
+                        "refusal_recorded_seq": refusal.seq,
+                        "next_version": c.row.get("operation_id"),
+                        "registered_seq": c.seq,
+                        "registered_by": c.app,
+                        "decisions_seqs": [d.seq for d in decisions.get(run, [])],
+                    }
+                )
+    return Finding(checked, bad)
+
+
+@invariant(
     "effect.claim_back_to_prepared_only_after_a_proven_rejection",
     "SPEC rule 4; English seed §9.2 (never revert dispatching to prepared)",
     "a dispatching operation goes back to prepared only when the tool's log shows it refused "

@@ -46,6 +46,15 @@ type OperationRow struct {
 	DispatchOwner *string
 	ClaimExpired  bool
 	RemoteID      *string
+	// Result is the recorded answer (nil while there is none).
+	Result map[string]any
+}
+
+// RefusedByTool: a failed_final the tool answered (a definite refusal, its
+// error kept), not a person's finding or an intent retired unsent.
+func (r *OperationRow) RefusedByTool() bool {
+	_, ok := r.Result["error"]
+	return r.Status == "failed_final" && ok
 }
 
 // Change is one reconciler decision.
@@ -87,14 +96,18 @@ func scanOperation(rows pgx.Rows) (*Operation, error) {
 // GetOperation reads one ledger row (nil when absent).
 func (p *Protocol) GetOperation(ctx context.Context, q Querier, opID string) (*OperationRow, error) {
 	r := new(OperationRow)
-	var body []byte
+	var body, result []byte
 	err := q.QueryRow(ctx, p.SQL.Operation, opID).Scan(&r.OperationID, &r.RunID, &r.StepID, &r.Tool, &r.Capability,
-		&body, &r.Digest, &r.Status, &r.DispatchOwner, &r.ClaimExpired, &r.RemoteID, &r.Revision)
+		&body, &r.Digest, &r.Status, &r.DispatchOwner, &r.ClaimExpired, &r.RemoteID, &r.Revision, &result)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, err
+	}
+	if len(result) > 0 {
+		// Any answer that is not an object names no refusal.
+		_ = json.Unmarshal(result, &r.Result)
 	}
 	r.Request, err = Decode(body)
 	return r, err

@@ -298,7 +298,7 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
  WHERE operation_id = $1`,
 		Operation: `SELECT operation_id, run_id::text, step_id, tool_name, tool_capability, request_body,
        request_digest, status, dispatch_owner, COALESCE(dispatch_until <= clock_timestamp(), false),
-       remote_id, revision
+       remote_id, revision, result
   FROM tool_operations WHERE operation_id = $1`,
 		// A step's effect versions, newest first (a re-planned effect is a new version).
 		StepVersions: `SELECT effect_version, status FROM tool_operations

@@ -302,8 +302,15 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 		case "succeeded":
 			return x.finishTool(state, step, opID, row.Status, &protocol.Effect{Mode: "adopt", RemoteID: row.RemoteID})
 		case "failed_final":
-			// Definitely not executed (refused, or found not executed): the
-			// effect is planned again as the next version on the next pass.
+			if row.RefusedByTool() && !pausedFor(state, step, opID) {
+				// The tool refused it for good and nobody paused the run for
+				// it (its worker died between recording the refusal and the
+				// pause, or another dispatcher recorded it): only a person
+				// may move a refused step on.
+				return x.finishTool(state, step, opID, row.Status, &protocol.Effect{Mode: "adopt"})
+			}
+			// Definitely not executed (refused and decided on, or found not
+			// executed): the effect is planned again as the next version.
 			version++
 			opID = rt.P.OperationID(rt.S.Tenant, x.lease.RunID, step, version)
 		default: // cancelled: the run was cancelled under us
@@ -475,10 +482,25 @@ func (x *Execution) finishTool(state map[string]any, step, opID, outcome string,
 		state[k] = v
 	}
 	if outcome == "failed_final" {
-		// A permanent error (Chinese seed section 10): a person decides.
-		return x.end(x.rt.P.OnRefusal, next, step, map[string]any{"reason": "tool_rejected"})
+		// A permanent error (Chinese seed section 10): a person decides. The
+		// pause marks the refusal it was for: a run that leaves this pause
+		// was moved on by a person's decision.
+		marked := copyMap(results[step])
+		marked[pausedForPerson] = true
+		results[step] = marked
+		return x.end(x.rt.P.OnRefusal, state, step, map[string]any{"reason": "tool_rejected"})
 	}
 	return "", nil
+}
+
+// pausedForPerson marks a step's refused result once the run was paused for
+// a person over it.
+const pausedForPerson = "paused_for_person"
+
+// pausedFor: the run was paused for a person over this refused operation.
+func pausedFor(state map[string]any, step, opID string) bool {
+	done, ok := copyMap(state["results"])[step].(map[string]any)
+	return ok && done["operation_id"] == opID && done[pausedForPerson] == true
 }
 
 // freeze pauses the run in doubt: nothing automatic can learn what the tool did.
