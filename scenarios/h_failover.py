@@ -52,6 +52,12 @@ REMOTE_APPLY_TERMINATED = "sync_terminated_wait_remote_apply"
 #: writer that asked "do commits wait for a standby?" once answered the
 #: terminated wait durable).
 TERMINATED_AFTER_ASYNC_READ_BACK = "sync_terminated_after_async_read_back"
+#: A `run` worker's COMMIT waits for the synchronous standby (its link cut)
+#: while the worker's heartbeat, its renewals waiting on the run's row the
+#: write still holds, gives up and cancels the execution (blind hunt 56 #06:
+#: the Go writer answered a COMMIT that failed under the cancelled context as
+#: a cancellation, a refusal, and never read it back).
+WAIT_OUTLIVES_RENEWALS = "sync_wait_outlives_renewals"
 
 SPEC = ExperimentSpec(
     id="H",
@@ -63,7 +69,7 @@ SPEC = ExperimentSpec(
     "cancelling a sync commit's wait",
     needs=(
         *needs.capabilities("checkpoints", "ledger"),
-        needs.point("before_commit", TERMINATED_AFTER_ASYNC_READ_BACK),
+        needs.point("before_commit", TERMINATED_AFTER_ASYNC_READ_BACK, WAIT_OUTLIVES_RENEWALS),
     ),
     rules=(11,),
     replication="async",
@@ -74,6 +80,7 @@ SPEC = ExperimentSpec(
         "sync_terminated_wait",
         REMOTE_APPLY_TERMINATED,
         TERMINATED_AFTER_ASYNC_READ_BACK,
+        WAIT_OUTLIVES_RENEWALS,
     ),
     variant_faults=(
         (
@@ -91,10 +98,19 @@ SPEC = ExperimentSpec(
             "(W reads its commit back), then synchronous replication on and the same as "
             "sync_terminated_wait, both on W's main thread",
         ),
+        (
+            WAIT_OUTLIVES_RENEWALS,
+            "a `run` worker held before the COMMIT of its first protected write while the "
+            "synchronous standby's link is cut, then let go: the COMMIT waits for the standby "
+            "until the worker's heartbeat has given up a renewal; no failover",
+        ),
     ),
     natural_wait_s=0.0,
     # The read-back's lost answer comes from a hold before the COMMIT.
-    variant_write_paths=((TERMINATED_AFTER_ASYNC_READ_BACK, "stepped"),),
+    variant_write_paths=(
+        (TERMINATED_AFTER_ASYNC_READ_BACK, "stepped"),
+        (WAIT_OUTLIVES_RENEWALS, "stepped"),
+    ),
     exemptions=(
         Exemption(
             "worker.accounts_match_the_evidence",
@@ -193,6 +209,85 @@ def _committed_locally_not_told_failed(
         told[-1] != "fail",
         expected=f"W's history of the write at revision {rev} info (or ok, judged above)",
         observed=f"W's history: {told}; the primary has revision {row[0]['revision']}",
+    )
+
+
+def _wait_outlives_renewals(ctx: ExperimentContext, primary: PostgresCluster, run_id: str) -> None:
+    """W's first protected write goes into the local WAL and waits for the
+    standby, holding the run's row, so W's renewals wait too and its heartbeat
+    gives one up and cancels the execution while the COMMIT is on the wire.
+    The write committed on this primary: W may record it ``ok`` or ``info``
+    (read back, or unknown), never ``fail``."""
+    ctx.arm("W", "before_commit", Hold())
+    w = ctx.env.start_worker("W", "run", ["--run-id", run_id, "--once"])
+    hit = ctx.reached("W", "before_commit")
+    ctx.cut("replication")
+    _wait_link_down(primary)
+    ctx.release("W", "before_commit")
+    waiting = seen_within(
+        lambda: _sync_waiters(ctx, primary) or None,
+        what="W's COMMIT to wait for the synchronous standby",
+        timeout_s=10,
+    )
+
+    def renewal_given_up() -> list[str] | None:
+        events = select(load_history([w.events_path]), op="renew", run_id=run_id)
+        return [f"{e.type} {e.error}" for e in events if e.type in ("fail", "info")] or None
+
+    gave_up = seen_within(renewal_given_up, what="W's heartbeat to give a renewal up", timeout_s=15)
+    still_waiting = _sync_waiters(ctx, primary)
+    ctx.heal("replication")
+    code = w.wait(20)
+    ctx.command(f"W exited with code {code}")
+    # A commit is visible to other sessions only once its wait has ended.
+    seen_within(
+        lambda: not _sync_waiters(ctx, primary) or None,
+        what="no backend of W still waiting for the standby once the link healed",
+        timeout_s=10,
+    )
+    ctx.fault(
+        "W's COMMIT waited for the standby until its heartbeat gave a renewal up",
+        waiting is not None and gave_up is not None,
+        expected="W's backend waiting on SyncRep; a renewal W's history records failed or "
+        "unknown meanwhile",
+        observed=f"waiting: {waiting}; renewals given up: {gave_up}; still waiting then: "
+        f"{still_waiting}",
+    )
+    revision = int(hit.revision or 0)
+    row = primary.query(
+        "SELECT revision FROM fencecheck_model.agent_checkpoints WHERE run_id = %s "
+        "AND revision = %s",
+        [run_id, revision],
+        dbname=ctx.env.db.name,
+    )
+    events = select(load_history([w.events_path]), run_id=run_id)
+    held = {
+        e.event_id
+        for e in events
+        if e.type == "invoke" and e.event_id and e.revision == revision - 1
+    }
+    told = [f"{e.op} {e.type}" for e in events if e.event_id in held and e.type != "invoke"]
+    name = "a write committed while its execution was cancelled is not recorded failed"
+    if not (row and told):
+        ctx.not_judged(
+            name,
+            expected=f"W's checkpoint at revision {revision} on the primary; W's history of it",
+            observed=f"checkpoint rows {row}; W's history of it {told}",
+        )
+        return
+    ctx.invariant(
+        name,
+        not told[-1].endswith(" fail"),
+        expected=f"W's history of the write at revision {revision - 1}: ok or info",
+        observed=f"W's history: {told} (exit {code}); the primary holds the checkpoint",
+    )
+
+
+def _sync_waiters(ctx: ExperimentContext, primary: PostgresCluster) -> list[dict[str, Any]]:
+    return primary.query(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+        "AND application_name = 'W' AND wait_event = 'SyncRep'",
+        dbname=ctx.env.db.name,
     )
 
 
@@ -397,6 +492,9 @@ def run(ctx: ExperimentContext) -> None:
     if standby is None:
         raise Inconclusive("no standby was started for this experiment")
     run_id = new_run(ctx, tool="idem")
+    if variant == WAIT_OUTLIVES_RENEWALS:
+        _wait_outlives_renewals(ctx, primary, run_id)
+        return
     if variant == REMOTE_APPLY_TERMINATED:
         _role_commits_at(ctx, "remote_apply")
         variant = "sync_terminated_wait"
