@@ -70,6 +70,7 @@ SPEC = ExperimentSpec(
     needs=(
         *needs.capabilities("checkpoints", "ledger"),
         needs.point("before_commit", TERMINATED_AFTER_ASYNC_READ_BACK, WAIT_OUTLIVES_RENEWALS),
+        needs.point("before_renew", WAIT_OUTLIVES_RENEWALS),
     ),
     rules=(11,),
     replication="async",
@@ -215,10 +216,14 @@ def _committed_locally_not_told_failed(
 def _wait_outlives_renewals(ctx: ExperimentContext, primary: PostgresCluster, run_id: str) -> None:
     """W's first protected write goes into the local WAL and waits for the
     standby, holding the run's row, so W's renewals wait too and its heartbeat
-    gives one up and cancels the execution while the COMMIT is on the wire.
-    The write committed on this primary: W may record it ``ok`` or ``info``
+    gives one up and cancels the execution while the COMMIT is on the wire
+    (its renewals parked until the COMMIT waits). The write committed on this
+    primary: W may record it ``ok`` or ``info``
     (read back, or unknown), never ``fail``."""
     ctx.arm("W", "before_commit", Hold())
+    # The heartbeat parked meanwhile: a renewal given up before the COMMIT
+    # went out would cancel a write that never reached the server.
+    ctx.arm("W", "before_renew", Hold())
     w = ctx.env.start_worker("W", "run", ["--run-id", run_id, "--once"])
     hit = ctx.reached("W", "before_commit")
     ctx.cut("replication")
@@ -229,6 +234,8 @@ def _wait_outlives_renewals(ctx: ExperimentContext, primary: PostgresCluster, ru
         what="W's COMMIT to wait for the synchronous standby",
         timeout_s=10,
     )
+    ctx.reached("W", "before_renew", held=True)
+    ctx.release("W", "before_renew")
 
     def renewal_given_up() -> list[str] | None:
         events = select(load_history([w.events_path]), op="renew", run_id=run_id)
