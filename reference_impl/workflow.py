@@ -248,9 +248,14 @@ class RefundWorkflow:
                     # Someone's claim is live: its answer may still come.
                     self.cancel.sleep(0.1)
             elif status == "unknown":
-                change = rt.reconciler.reconcile_one(
-                    conn, {**row, "run_status": "running"}, cancel=self.cancel
-                )
+                try:
+                    change = rt.reconciler.reconcile_one(
+                        conn, {**row, "run_status": "running"}, cancel=self.cancel
+                    )
+                except e.LedgerConflict:
+                    # Another reconciler, a person or a callback settled it
+                    # first: go on from what the ledger says now.
+                    continue
                 if change is None or change.get("to") == "unknown":
                     try:
                         return self.freeze(state, step, op_id, None, {"reason": "unresolved"})

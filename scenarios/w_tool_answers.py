@@ -140,6 +140,10 @@ REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
 ANSWERED_BESIDE_LIVE_CLAIM = "answered_beside_live_claim"
 LIVE_CLAIM_VARIANTS = (BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM, ANSWERED_BESIDE_LIVE_CLAIM)
 LEASE_LOST_MID_RECONCILE = "lease_lost_mid_reconcile"
+#: The worker's query finds the resource (the tool acted, its answer came
+#: after the worker's timeout); while the worker is held after that query,
+#: another reconciler converges the operation first.
+FOUND_CONVERGED_BY_ANOTHER = "found_converged_by_another"
 # lease_lost_mid_reconcile: how long the harness waits for the worker's own
 # record of its refused renewal before it lets the worker's reconcile go on
 # (the record orders the two; without it the variant's check is not judged).
@@ -245,8 +249,15 @@ SPEC = ExperimentSpec(
         ANSWERED_BESIDE_LIVE_CLAIM,
         CONVERGED_WHILE_HUMAN,
         LEASE_LOST_MID_RECONCILE,
+        FOUND_CONVERGED_BY_ANOTHER,
     ),
     variant_faults=(
+        (
+            FOUND_CONVERGED_BY_ANOTHER,
+            "the query tool acts at once and answers after the worker's timeout; the worker "
+            "held after its query (which found the resource) while another reconciler's cycle "
+            "converges the operation",
+        ),
         (
             LEASE_LOST_MID_RECONCILE,
             "the run's create held on the network past the worker's timeout; the worker held "
@@ -337,6 +348,9 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:idempotent", LEASE_LOST_MID_RECONCILE),
         needs.point("after_reconcile_query", LEASE_LOST_MID_RECONCILE),
         needs.point("before_renew", LEASE_LOST_MID_RECONCILE),
+        needs.capability("ledger_tool:query", FOUND_CONVERGED_BY_ANOTHER),
+        needs.point("after_reconcile_query", FOUND_CONVERGED_BY_ANOTHER),
+        needs.op("reconcile", FOUND_CONVERGED_BY_ANOTHER),
     ),
     variant_waits=(
         ("late_answer", LATE_MS / 1000),
@@ -354,6 +368,7 @@ SPEC = ExperimentSpec(
         (ANSWERED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (CONVERGED_WHILE_HUMAN, TOOL_TIMEOUT_MS / 1000),
         (LEASE_LOST_MID_RECONCILE, TOOL_TIMEOUT_MS / 1000),
+        (FOUND_CONVERGED_BY_ANOTHER, TOOL_TIMEOUT_MS / 1000),
     ),
 )
 
@@ -385,6 +400,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if ctx.variant == LEASE_LOST_MID_RECONCILE:
         _lease_lost_mid_reconcile(ctx)
+        return
+    if ctx.variant == FOUND_CONVERGED_BY_ANOTHER:
+        _found_converged_by_another(ctx)
         return
     if ctx.variant in LIVE_CLAIM_VARIANTS:
         _converged_beside_a_live_claim(
@@ -1390,6 +1408,55 @@ def _converged_before_freeze(ctx: ExperimentContext, *, failed: bool = False) ->
         [] if failed else ["created"],
         what=f"the tool's log of creates for the run's first operation {first}"
         + (" (lost on the network, then settled by a person)" if failed else ""),
+    )  # fmt: skip
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    writes_name_workflow_steps(ctx, [run_id])
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _found_converged_by_another(ctx: ExperimentContext) -> None:
+    """The worker's query found the tool's resource, and another reconciler
+    converged the operation while the worker was held after that query: the
+    worker's own convergence then meets a ledger that moved on, which is no
+    error. It goes on from what the ledger says and finishes the run (blind
+    hunt 57's reader: both references let that refusal end the execution,
+    exit 1, the run left under its lease for a successor)."""
+    ctl = control_plane(ctx)
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="queryable")
+    ctx.env.tool.client().set_fault("queryable", "answer_late", ms=LATE_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id}'s create acts at once and is answered {LATE_MS} ms late")
+    ctx.arm("A", "after_reconcile_query", Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
+    ctx.reached("A", "after_reconcile_query")
+    ctx.op(ctl, "reconcile")
+    ops = checkers.ledger(ctx, run_id)
+    op_id = str(ops[0]["operation_id"]) if ops else ""
+    queried = [
+        q["outcome"] for q in checkers.tool_log(ctx)["queries"] if q.get("operation_id") == op_id
+    ]
+    ctx.fault(
+        "another reconciler converged the operation after the worker's query found it",
+        bool(queried) and queried[0] == "found" and [o["status"] for o in ops] == ["succeeded"],
+        expected="the worker's query (the first) found the resource; the ledger then "
+        "succeeded, converged by the other reconciler while the worker was held",
+        observed=f"queries of {op_id}: {queried}; ledger {[o['status'] for o in ops]}",
+    )
+    ctx.release("A", "after_reconcile_query")
+    code = finish(ctx, a)
+    row = checkers.run_row(ctx, run_id, "the run once A exited")
+    ctx.progress(
+        "the worker went on from the converged result and finished the run",
+        (row["status"], code) == ("succeeded", 0),
+        expected="run succeeded by A, exit 0",
+        observed=f"run {row['status']} (A exit {code})",
+    )
+    ctx.equal(
+        "nothing resent",
+        [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)
+         if str(r["operation_id"]) == op_id],
+        ["created_then_late"],
+        what=f"the tool's log of creates for {op_id}",
     )  # fmt: skip
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id])

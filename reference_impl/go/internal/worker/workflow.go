@@ -287,6 +287,11 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 			u := protocol.UnknownOp{OperationID: opID, RunID: x.lease.RunID, Tool: row.Tool, Capability: row.Capability,
 				Digest: row.Digest, Revision: row.Revision, RunStatus: "running"}
 			change, err := rt.Recon.ReconcileOne(x.ctx, c, u)
+			if protocol.ClassOf(err) == "LedgerConflict" {
+				// Another reconciler, a person or a callback settled it
+				// first: go on from what the ledger says now.
+				continue
+			}
 			if err != nil {
 				return "", conn.Check(err)
 			}
