@@ -706,12 +706,21 @@ def _retry_race(ctx: ExperimentContext) -> None:
     made = [str(r.result["run_id"]) for r in replies if r.ok]
     for run_id in made:
         ctx.note_run(run_id)
+    # The fault is the harness's doing; whether the retries waited on its hold
+    # is the implementation's answer, judged as progress (one that answered at
+    # once without waiting must not turn a fail into unknown).
     ctx.fault(
+        "both retries were sent while the harness held the task's row",
+        row["status"] == "cancelled",
+        expected="the old run cancelled; the task's row held by the harness while both were sent",
+        observed=f"old run {row['status']}",
+    )
+    ctx.progress(
         "both retries waited on the task together",
-        row["status"] == "cancelled" and waiting is not None,
-        expected="the old run cancelled; both control planes' retries waiting on a lock while "
-        "the harness held the task's row",
-        observed=f"old run {row['status']}; waiting: {waiting or 'not both'}",
+        waiting is not None,
+        expected="both control planes' retries waiting on a lock while the harness held the "
+        "task's row",
+        observed=f"waiting: {waiting or 'not both'}",
     )
     runs = ctx.sql(
         "the task's runs after the retries",

@@ -324,8 +324,11 @@ def _retry_races_decision(
     the task: whichever goes first, the task never has two live runs (blind
     hunt 34 #10: a retry that read the paused run without waiting for that
     lock made a new run, and the decision queued the old one). Either may be
-    refused, or fail on a deadlock between the two: only the outcome is
-    judged, not which one wins."""
+    refused: the outcome is judged, not which one wins. Neither may fail on a
+    deadlock between the two (blind hunt 57 #06: a Go decision that read the
+    task's row FOR SHARE after the run's, while the retry holds the task and
+    waits for the run): two actors whose locks are taken in one order wait
+    for each other and both answer."""
     remote = str(sent[0]["resource_id"]) if sent else None
     ctl = control_plane(ctx)
     # Started now: a process start under the hold would stretch it.
@@ -359,6 +362,18 @@ def _retry_races_decision(
         + (f"ok {decided.result}" if decided.ok else f"{decided.error}")
         + "; retry "
         + (f"ok {retried.result}" if retried.ok else f"{retried.error}"),
+    )
+    failed = [
+        f"{name}: {reply.error} {reply.message}"
+        for name, reply in (("decision", decided), ("retry", retried))
+        if reply.error in ("DatabaseError", "OperationalError") or "deadlock" in str(reply.message)
+    ]
+    ctx.progress(
+        "the decision and the retry both answer, neither failing on the other",
+        not failed,
+        expected="each ok or refused with the contract's class (a deadlock between the two "
+        "is a lock order the two do not share)",
+        observed=f"failed: {failed or 'none'}",
     )
 
 

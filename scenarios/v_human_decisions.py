@@ -458,7 +458,16 @@ def _two_operators_decide_together(
         second = ctx.op_async(other, "decide", args)
         waiting = lock.wait_for_waiters(["ctl", "ctl2"])
     replies = [first.result(15.0), second.result(15.0)]
+    # The fault is the harness's hold; whether the decisions waited on it is
+    # the implementation's answer (blind hunt 57 #07: decisions that skipped
+    # the locked run and answered RunNotFound had turned a fail into unknown).
     ctx.fault(
+        "both decisions were sent while the harness held the run's row",
+        True,  # row_locked found and locked the row, or the experiment ended inconclusive
+        expected="the run's row locked by the harness's own session while both were sent",
+        observed="held by the harness from before the first was sent until both were waited for",
+    )
+    ctx.progress(
         "both operators' decisions waited on the run together",
         waiting is not None,
         expected="a session of each control plane waiting on the run's row while the harness "
