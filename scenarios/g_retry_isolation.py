@@ -69,11 +69,15 @@ from scenarios.common import (
     new_run,
     next_version_judged_by_its_own_step,
     op_and_changes,
+    seen_within,
     wait_claimable,
     writes_name_workflow_steps,
 )
 
 TOOL = "plain"  # no query, no idempotency: the callback is the only news of the effect
+#: A callback delivered while the dispatcher's own answer is being recorded.
+CALLBACK_BESIDE_RECORDER = "callback_beside_recorder"
+RECORDER_ANSWER_LATE_MS = 1500
 LIVE = ("queued", "running", "waiting_tool")  # the run statuses a callback may converge under
 
 SPEC = ExperimentSpec(
@@ -116,6 +120,7 @@ SPEC = ExperimentSpec(
         "live_unknown",
         "live_succeeded",
         "retry_race",
+        CALLBACK_BESIDE_RECORDER,
     ),
     # The held worker's refused result write on the stepped path, a
     # transaction of several statements: its session must be usable after
@@ -123,6 +128,12 @@ SPEC = ExperimentSpec(
     # it aborted, and the worker's next read failed).
     variant_write_paths=(("live_dispatching_stepped", "stepped"),),
     variant_faults=(
+        (
+            CALLBACK_BESIDE_RECORDER,
+            "the tool acts on an ops dispatcher's create at once and answers it late; the "
+            "harness holds the run's row while the tool's callback is delivered and until the "
+            "dispatcher's answer came back, then lets go",
+        ),
         (
             "retry_race",
             "two retry_run of one cancelled run sent at once, both waiting on the task's row "
@@ -162,6 +173,9 @@ class Moment:
 def run(ctx: ExperimentContext) -> None:
     if ctx.variant == "retry_race":
         _retry_race(ctx)
+        return
+    if ctx.variant == CALLBACK_BESIDE_RECORDER:
+        _callback_beside_recorder(ctx)
         return
     moment = SETUPS[ctx.variant or "superseded"](ctx)
     # A bystander: another run's operation, registered and never sent. A
@@ -254,6 +268,76 @@ def run(ctx: ExperimentContext) -> None:
     moment.then(op_after)
     checkers.recorded_results_are_the_tools(ctx, moment.run_id)
     checkers.lease_history_is_sound(ctx)
+
+
+def _callback_beside_recorder(ctx: ExperimentContext) -> None:
+    """The tool's genuine callback and an ``ops`` dispatcher's own answer for
+    one operation are settled at once: the harness holds the run's row while
+    the callback is delivered and until the dispatcher's late answer came
+    back, then lets go. Whichever wins, the operation ends with the tool's
+    resource and neither the callback nor the dispatcher fails on the other
+    (blind hunt 57 #08: a Go callback that locked the run before the
+    operation deadlocked with the dispatcher's record, which locks the
+    operation and then the run it may resume)."""
+    run_id = new_run(ctx, tool=TOOL)
+    holder = ctx.env.start_worker("H", "ops")
+    op_id = intent_registered(ctx, holder, run_id, tool=TOOL, step_id="g.label")
+    ctl = control_plane(ctx)
+    d = ctx.env.start_worker("D", "ops", env={"FENCECHECK_TOOL_TIMEOUT_MS": "20000"})
+    ctx.env.tool.client().set_fault(TOOL, "answer_late", ms=RECORDER_ANSWER_LATE_MS, run_id=run_id)
+    ctx.command(f"tool: D's create acts at once and is answered {RECORDER_ANSWER_LATE_MS} ms late")
+    dispatched = ctx.op_async(d, "dispatch", {"operation_id": op_id})
+    seen_within(
+        lambda: checkers.tool_requests(ctx, run_id=run_id) or None,
+        what="the tool to act on D's create",
+        timeout_s=10,
+    )
+    payload = _genuine(ctx, op_id)
+    with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+        held_at = time.time()
+        delivered = ctx.op_async(
+            ctl, "deliver_callback", {"run_id": run_id, "operation_id": op_id, "payload": payload}
+        )
+        # The callback settles, or waits (on the run, locked before the
+        # operation); then the dispatcher's late answer settles or waits too.
+        lock.answered_or_waiting(delivered, "ctl")
+        lock.answered_or_waiting(dispatched, "D", timeout_s=RECORDER_ANSWER_LATE_MS / 1000 + 10)
+        let_go_at = time.time()
+    callback, record = delivered.result(15), dispatched.result(25)
+    answered = [
+        float(r.get("answered_at") or 0) for r in checkers.tool_requests(ctx, run_id=run_id)
+    ]
+    ctx.fault(
+        "the dispatcher's answer came back while the harness held the run's row",
+        len(answered) == 1 and held_at < answered[0] < let_go_at,
+        expected="the tool's one late answer to D left while the harness held the run's row, "
+        "the callback already sent",
+        observed=f"held {held_at:.3f} .. {let_go_at:.3f}; answers left at "
+        f"{[round(a, 3) for a in answered]}",
+    )
+    failed = [
+        f"{name}: {reply.error} {reply.message}"
+        for name, reply in (("callback", callback), ("dispatch", record))
+        if reply.error in ("DatabaseError", "OperationalError") or "deadlock" in str(reply.message)
+    ]
+    ctx.progress(
+        "the callback and the dispatcher's answer both settle, neither failing on the other",
+        not failed,
+        expected="the callback accepted or refused, the dispatch answered ok or refused for "
+        "its claim (a deadlock between the two is a lock order they do not share)",
+        observed=f"failed: {failed or 'none'}",
+    )
+    op = _operation(ctx, op_id)
+    resource = _resource(ctx, op_id)
+    ctx.progress(
+        "the operation converged to the tool's resource",
+        (op["status"], op["remote_id"]) == ("succeeded", resource),
+        expected=f"succeeded with the tool's resource {resource}",
+        observed=f"{_key(op)}; callback {'ok ' + str(callback.result) if callback.ok else callback.error}"
+        f"; dispatch {'ok ' + str(record.result) if record.ok else record.error}",
+    )
+    checkers.recorded_results_are_the_tools(ctx, run_id)
+    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _notice_without_resource_refused(
