@@ -620,3 +620,18 @@ def _another_body_refused(
             observed=f"reply {'ok ' + plain(reply.result) if reply.ok else reply.error}; "
             f"changes {[(r['seq'], r['tbl'], r['op']) for r in changed]}",
         )
+
+
+def neither_failed_on_the_other(
+    ctx: ExperimentContext, name: str, replies: dict[str, OpReply], expected: str
+) -> None:
+    """Progress check: two actors that met on the same rows both answered
+    (ok, or refused with the contract's class); neither failed with a
+    database error, as a deadlock between them does (their locks taken in
+    orders the other does not share)."""
+    failed = [
+        f"{who}: {reply.error} {reply.message}"
+        for who, reply in replies.items()
+        if reply.error in ("DatabaseError", "OperationalError") or "deadlock" in str(reply.message)
+    ]
+    ctx.progress(name, not failed, expected=expected, observed=f"failed: {failed or 'none'}")

@@ -66,6 +66,7 @@ from scenarios.common import (
     control_plane,
     finish,
     intent_registered,
+    neither_failed_on_the_other,
     new_run,
     next_version_judged_by_its_own_step,
     op_and_changes,
@@ -315,17 +316,12 @@ def _callback_beside_recorder(ctx: ExperimentContext) -> None:
         observed=f"held {held_at:.3f} .. {let_go_at:.3f}; answers left at "
         f"{[round(a, 3) for a in answered]}",
     )
-    failed = [
-        f"{name}: {reply.error} {reply.message}"
-        for name, reply in (("callback", callback), ("dispatch", record))
-        if reply.error in ("DatabaseError", "OperationalError") or "deadlock" in str(reply.message)
-    ]
-    ctx.progress(
+    neither_failed_on_the_other(
+        ctx,
         "the callback and the dispatcher's answer both settle, neither failing on the other",
-        not failed,
-        expected="the callback accepted or refused, the dispatch answered ok or refused for "
+        {"callback": callback, "dispatch": record},
+        "the callback accepted or refused, the dispatch answered ok or refused for "
         "its claim (a deadlock between the two is a lock order they do not share)",
-        observed=f"failed: {failed or 'none'}",
     )
     op = _operation(ctx, op_id)
     resource = _resource(ctx, op_id)

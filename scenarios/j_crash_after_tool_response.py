@@ -32,6 +32,7 @@ from scenarios.common import (
     control_plane,
     finish,
     finish_or_take_over,
+    neither_failed_on_the_other,
     new_run,
     paused_list_is_the_databases,
     resumed_once_converged,
@@ -363,17 +364,12 @@ def _retry_races_decision(
         + "; retry "
         + (f"ok {retried.result}" if retried.ok else f"{retried.error}"),
     )
-    failed = [
-        f"{name}: {reply.error} {reply.message}"
-        for name, reply in (("decision", decided), ("retry", retried))
-        if reply.error in ("DatabaseError", "OperationalError") or "deadlock" in str(reply.message)
-    ]
-    ctx.progress(
+    neither_failed_on_the_other(
+        ctx,
         "the decision and the retry both answer, neither failing on the other",
-        not failed,
-        expected="each ok or refused with the contract's class (a deadlock between the two "
+        {"decision": decided, "retry": retried},
+        "each ok or refused with the contract's class (a deadlock between the two "
         "is a lock order the two do not share)",
-        observed=f"failed: {failed or 'none'}",
     )
 
 
