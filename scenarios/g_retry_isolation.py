@@ -568,6 +568,8 @@ def _retried_paused_in_doubt(ctx: ExperimentContext) -> Moment:
 def _live_unknown(ctx: ExperimentContext) -> Moment:
     run_id, op_id = _unknown_after_crash(ctx)
     _in_state(ctx, run_id, op_id, "the run live, its operation unknown", ("unknown", LIVE))
+    if ctx.system.capabilities.offers_op("resolve_indoubt"):
+        _finding_on_a_live_run_refused(ctx, run_id, op_id)
 
     def then(op_after: dict[str, Any]) -> None:
         code = finish(ctx, ctx.env.start_worker("B", "run", ["--run-id", run_id, "--once"]))
@@ -581,6 +583,30 @@ def _live_unknown(ctx: ExperimentContext) -> Moment:
             )
 
     return Moment(run_id, op_id, _genuine(ctx, op_id), True, then)
+
+
+def _finding_on_a_live_run_refused(ctx: ExperimentContext, run_id: str, op_id: str) -> None:
+    """A person's finding on an operation in doubt of a live run is refused and
+    writes nothing: only a run paused in doubt takes one, while a live run's
+    holder may still query, resend or be answered by a callback (generated
+    c867349e: the finding's test of the run's status dropped)."""
+    reply, changes = op_and_changes(
+        ctx,
+        control_plane(ctx),
+        "resolve_indoubt",
+        run_id=run_id,
+        operation_id=op_id,
+        decision="not_executed",
+        reason="refusal probe: the run is live",
+        ticket="OPS-48",
+    )
+    ctx.invariant(
+        "a finding on a live run's operation in doubt is refused",
+        not reply.ok and not changes,
+        expected=f"resolve_indoubt of the live run {run_id[:8]} refused, nothing written",
+        observed=f"reply {'ok' if reply.ok else reply.error}; changes "
+        f"{[(r['seq'], r['tbl'], r['op']) for r in changes]}",
+    )
 
 
 def _held(ctx: ExperimentContext, point: str) -> tuple[str, WorkerProcess]:
