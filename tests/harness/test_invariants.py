@@ -1742,3 +1742,33 @@ def test_a_refused_step_planned_again_without_a_person() -> None:
     ev.replies.append({"op": "register_intent", "worker": "C", "seq_before": seq - 1,
                        "seq_after": seq, "ok": True})  # fmt: skip
     assert REFUSAL not in broken_by(ev)
+
+
+def cancel_reply(run_status: str) -> Evidence:
+    """RUN3 made queued, then cancelled by ctl; the cancel's reply names
+    ``run_status``."""
+    s = clean_story()
+    s.tx(0.81, app="ctl")("agent_runs", None, run_row(run_id=RUN3, task_id="task-3"))
+    s.tx(0.82, app="ctl")("agent_runs", s.state("agent_runs", (RUN3,)), {"status": "cancelled"})
+    ev = evidence(s)
+    made, cancelled = ev.changes[-2], ev.changes[-1]
+    result = {"run_status": run_status, "operations": []}
+    ev.replies.append(
+        {
+            **reply_entry("cancel", {"id": 9, "ok": True, "result": result}),
+            "args": {"run_id": RUN3},
+            "run_status": run_status,
+            "seq_before": made.seq,
+            "seq_after": cancelled.seq,
+        }
+    )
+    return ev
+
+
+def test_a_cancel_reply_names_the_status_after_the_cancel() -> None:
+    """Blind hunt 58 #08: the status read before the move, reported as the
+    run's status after the cancel."""
+    name = "worker.cancel_reports_the_runs_status"
+    (row,) = broken_by(cancel_reply("queued"))[name]
+    assert (row["reported"], row["once_cancelled"]) == ("queued", "cancelled")
+    assert name not in broken_by(cancel_reply("cancelled"))

@@ -187,12 +187,15 @@ def relay_lists_what_it_marked(ev: Evidence) -> Finding:
     return Finding(len(cycles), bad)
 
 
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+
+
 @invariant(
     "worker.cancel_reports_the_runs_status",
     "contract section 5 (cancel: run_status, the run's status once the cancel is done)",
-    "an ok cancel reply's run_status is a status the named run had, by the audit trail, "
-    "between the request and the reply (its status when the request was sent, or one a "
-    "change in between gave it): never another run's",
+    "an ok cancel reply's run_status is the named run's status once the cancel is done, by "
+    "the audit trail as it stood at the reply: cancelled, or the terminal status the run "
+    "already had; never the status it had before the cancel, nor another run's",
 )
 def cancel_reports_the_runs_status(ev: Evidence) -> Finding:
     cancels = [r for r in ev.answered_ok("cancel") if isinstance(r.get("run_status"), str)]
@@ -211,13 +214,18 @@ def cancel_reports_the_runs_status(ev: Evidence) -> Finding:
         had = {str(c.after("status")) for c in during}
         if before:
             had.add(str(before[-1].after("status")))
-        if r["run_status"] not in had:
+        # A terminal run changes no more, so its status at the reply is the
+        # one the cancel left (a purge's DELETE is no status).
+        kept = [c for c in before + during if c.op != "DELETE"]
+        done = str(kept[-1].after("status")) if kept else None
+        if r["run_status"] not in had or r["run_status"] != done or done not in TERMINAL:
             bad.append(
                 {
                     "worker": r["worker"],
                     "run_id": str(r["args"].get("run_id")),
                     "reported": r["run_status"],
                     "the_run_had": sorted(had),
+                    "once_cancelled": done,
                 }
             )
     return Finding(checked, bad)
