@@ -285,6 +285,7 @@ def test_clean_history_breaks_nothing() -> None:
         "run.leaves_doubt_only_with_nothing_in_doubt",
         "effect.ledger_records_the_tools_own_retention",
         "effect.refused_step_moved_on_only_by_a_person",
+        "run.freeze_leaves_no_claim_of_its_own",
     }
 
 
@@ -1098,6 +1099,7 @@ def test_every_invariant_has_a_violating_history() -> None:
         "effect.cancelled_intent_never_sent",
         "effect.ledger_records_the_tools_own_retention",
         "effect.refused_step_moved_on_only_by_a_person",
+        "run.freeze_leaves_no_claim_of_its_own",
     }
     assert covered == set(INVARIANTS)
 
@@ -1772,3 +1774,37 @@ def test_a_cancel_reply_names_the_status_after_the_cancel() -> None:
     (row,) = broken_by(cancel_reply("queued"))[name]
     assert (row["reported"], row["once_cancelled"]) == ("queued", "cancelled")
     assert name not in broken_by(cancel_reply("cancelled"))
+
+
+def frozen_beside_own_claim(*, claim_turned_unknown: bool) -> Evidence:
+    """B claims RUN2's operation and then pauses RUN2 in doubt; its freeze
+    turns that claim unknown in the same transaction, or leaves it live."""
+    s = clean_story()
+    s.tx(0.81, app="ctl")("agent_runs", None, run_row(run_id=RUN2, task_id="task-2"))
+    s.tx(0.815, app="B")(
+        "agent_runs", s.state("agent_runs", (RUN2,)), {"status": "running", "owner": "B/1"}
+    )
+    op = {"operation_id": "op-f", "run_id": RUN2, "step_id": "create_label", "effect_version": 1}
+    s.tx(0.82, app="B")("tool_operations", None, {**op, "status": "prepared", "revision": 0})
+    s.tx(0.83, app="B")(
+        "tool_operations",
+        s.state("tool_operations", ("op-f",)),
+        {"status": "dispatching", "dispatch_until": iso(T0 + 5), "revision": 1},
+    )
+    freeze = s.tx(0.85, app="B")
+    freeze(
+        "agent_runs", s.state("agent_runs", (RUN2,)), {"status": "paused_indoubt", "owner": None}
+    )
+    if claim_turned_unknown:
+        freeze("tool_operations", s.state("tool_operations", ("op-f",)),
+               {"status": "unknown", "dispatch_until": None, "revision": 2})  # fmt: skip
+    return evidence(s)
+
+
+def test_a_freeze_leaves_no_live_claim_of_its_own() -> None:
+    """Generated 7ecb66a7: the freeze's ledger half matched every owner but its own."""
+    name = "run.freeze_leaves_no_claim_of_its_own"
+    (row,) = broken_by(frozen_beside_own_claim(claim_turned_unknown=False))[name]
+    assert row["own_live_claims"][0]["operation_id"] == "op-f"
+    results = {r.name: r for r in check(frozen_beside_own_claim(claim_turned_unknown=True))}
+    assert results[name].ok and results[name].checked == 1

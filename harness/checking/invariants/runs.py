@@ -202,6 +202,54 @@ def leaves_doubt_only_with_nothing_in_doubt(ev: Evidence) -> Finding:
     return Finding(len(moves), bad, f"{len(moves)} run(s) left paused_indoubt")
 
 
+@invariant(
+    "run.freeze_leaves_no_claim_of_its_own",
+    "SPEC rules 4, 5; English seed §9.3 (a call without an answer is unknown)",
+    "a worker that pauses its run in doubt leaves no operation of the run dispatching under a "
+    "live claim its own session made: the freeze turns its own claim unknown in the same "
+    "transaction (a claim left live tells a person or a reconciler the request may still be "
+    "on its way from a worker that has given it up)",
+)
+def freeze_leaves_no_claim_of_its_own(ev: Evidence) -> Finding:
+    freezes = [
+        c
+        for c in ev.of("agent_runs", "UPDATE")
+        if c.after("status") == "paused_indoubt"
+        and c.before("status") in HOLDS_LEASE
+        and not c.by_harness
+    ]
+    if not freezes:
+        return Finding(0, [], "no run paused in doubt by a worker")
+    ops = group(ev.of("tool_operations"), lambda c: (_run_of(c), str(c.row.get("operation_id"))))
+    bad: list[dict[str, Any]] = []
+    for freeze in freezes:
+        left = []
+        for (run_id, op_id), timeline in ops.items():
+            if run_id != _run_of(freeze):
+                continue
+            image = _as_committed_with(timeline, freeze)
+            claims = [
+                c
+                for c in timeline
+                if c.seq < freeze.seq
+                and c.after("status") == "dispatching"
+                and c.before("status") != "dispatching"
+            ]
+            until = ts((image or {}).get("dispatch_until"))
+            if (
+                image is not None
+                and image.get("status") == "dispatching"
+                and claims
+                and claims[-1].app == freeze.app
+                and until is not None
+                and until > freeze.at
+            ):
+                left.append({"operation_id": op_id, "claimed_at_seq": claims[-1].seq})
+        if left:
+            bad.append({**freeze.brief("run_id", "status"), "own_live_claims": left})
+    return Finding(len(freezes), bad, f"{len(freezes)} freeze(s) by a worker")
+
+
 def _as_committed_with(timeline: list[Change], move: Change) -> dict[str, Any] | None:
     """An operation's row as the transaction of ``move`` left it: its own last
     change of the row, else the last change committed before that transaction
