@@ -1402,8 +1402,10 @@ def test_a_claim_reported_refused_that_its_own_session_was_granted_is_a_lie() ->
 def test_a_claim_reported_ok_for_another_sessions_grant_is_a_lie() -> None:
     """B says it was granted epoch 1, which the audit trail gave A's session
     (blind hunt 23 #03: refused claims logged ok with the holder's epoch).
-    Judged only for a worker some grant names: a system whose sessions carry
-    another application_name is not told apart this way."""
+    Also for a worker no grant names, when the grant went to another worker's
+    id (blind hunt 58 #03: a takeover of a paused run logged ok with an old
+    grant); not where the grant's session carries no worker id (a system
+    whose sessions carry another application_name is not told apart so)."""
     s = clean_story()
     regrant(s, 0.9, 2, "B/1", 1.7)
     ev = evidence(s)
@@ -1412,6 +1414,10 @@ def test_a_claim_reported_ok_for_another_sessions_grant_is_a_lie() -> None:
     assert row["why"] == "reported a claim the audit trail granted to another session (A)"
     ev = clean()
     ev.history.append(dataclasses.replace(account("ok", "claim", epoch=1), worker="C"))
+    (row,) = broken_by(ev)["worker.accounts_match_the_evidence"]
+    assert row["worker"] == "C"
+    ev = clean()
+    ev.history = [dataclasses.replace(e, worker="C") for e in ev.history]
     assert "worker.accounts_match_the_evidence" not in broken_by(ev)
 
 

@@ -42,6 +42,9 @@ def accounts_match(ev: Evidence) -> Finding:
         if c.changed("epoch") and c.after("epoch") is not None and c.after("owner") is not None
     }
     grantees = set(granted_to.values())
+    # Worker ids with a history: a grant whose session carries one of them
+    # went to that worker (its sessions name it, as PGAPPNAME makes them).
+    workers = {e.worker for e in ev.history}
     reported_ok = {
         (e.worker, e.run_id, e.epoch) for e in ev.history if e.op == "claim" and e.type == "ok"
     }
@@ -66,10 +69,16 @@ def accounts_match(ev: Evidence) -> Finding:
             holder = granted_to.get((e.run_id, int(e.epoch)))
             if (e.run_id, e.epoch) not in granted:
                 why = "reported a claim the audit trail never granted"
-            elif holder is not None and holder != e.worker and e.worker in grantees:
-                # Judged only for a worker whose sessions name it in the audit
-                # trail (some grant went to it): a system whose sessions carry
-                # another application_name is not told apart this way.
+            elif (
+                holder is not None
+                and holder != e.worker
+                and (e.worker in grantees or holder in workers)
+            ):
+                # Judged only where sessions are told apart by worker id: the
+                # claimant got some grant under its own id, or this grant went
+                # to another worker's id (a system whose sessions carry another
+                # application_name is not judged this way). Blind hunt 58 #03:
+                # a takeover of a paused run recorded ok, naming an old grant.
                 why = f"reported a claim the audit trail granted to another session ({holder})"
         elif e.op == "claim" and e.type == "fail" and e.run_id and e.epoch is not None:
             checked += 1
