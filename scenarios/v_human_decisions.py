@@ -184,6 +184,8 @@ def run(ctx: ExperimentContext) -> None:
         "ticket": "CS-7",
     }
     bystander = _bystander_intent(ctx) if variant == "terminate" else None
+    if variant == "supplement":
+        _supplement_that_is_no_object_refused(ctx, ctl, run_id)
     if variant == "terminate":
         reply = _two_operators_decide_together(ctx, ctl, decide_args)
     else:
@@ -442,6 +444,31 @@ def _a_later_run_counts_its_own_versions(ctx: ExperimentContext, seen: list[int]
         expected=f"the later run's ledger starts at (create_label, 1), whatever another run "
         f"of the tenant holds (its versions {seen})",
         observed=f"{plain(mine)} (L exit {code})",
+    )
+
+
+def _supplement_that_is_no_object_refused(
+    ctx: ExperimentContext, ctl: WorkerProcess, run_id: str
+) -> None:
+    """A supplement is an object of fields (contract: decide); a list is refused
+    and writes nothing, the run still paused for a person (generated 517c2039:
+    the object test dropped, the list merged into the run's input)."""
+    reply, changes = op_and_changes(
+        ctx,
+        ctl,
+        "decide",
+        run_id=run_id,
+        decision="supplement",
+        supplement=["address", "corrected"],
+        reason="refusal probe: a supplement that is no object",
+        ticket="CS-6",
+    )
+    ctx.invariant(
+        "a supplement that is no object is refused",
+        not reply.ok and not changes,
+        expected="decide supplement with a list refused, nothing written",
+        observed=f"reply {'ok' if reply.ok else reply.error}; changes "
+        f"{[(r['seq'], r['tbl'], r['op']) for r in changes]}",
     )
 
 
