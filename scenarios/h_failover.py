@@ -579,15 +579,7 @@ def run(ctx: ExperimentContext) -> None:
             worker_async=variant != "sync_cancelled_wait" and not after_async,
         )
         waiting = seen_within(
-            lambda: (
-                primary.query(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND application_name = 'W' "
-                    "AND wait_event = 'SyncRep'",
-                    dbname=env.db.name,
-                )
-                or None
-            ),
+            lambda: _sync_waiters(ctx, primary) or None,
             what="W's COMMIT to wait for the synchronous standby",
             timeout_s=10,
         )

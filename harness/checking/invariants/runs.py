@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from harness.checking.invariants.model import (
@@ -191,10 +192,7 @@ def leaves_doubt_only_with_nothing_in_doubt(ev: Evidence) -> Finding:
     bad: list[dict[str, Any]] = []
     for move in moves:
         left = []
-        for (run_id, op_id), timeline in ops.items():
-            if run_id != _run_of(move):
-                continue
-            image = _as_committed_with(timeline, move)
+        for op_id, image, _ in _operations_as_left_by(ops, move):
             if image is not None and image.get("status") in IN_FLIGHT:
                 left.append((op_id, image.get("status")))
         if left:
@@ -224,10 +222,7 @@ def freeze_leaves_no_claim_of_its_own(ev: Evidence) -> Finding:
     bad: list[dict[str, Any]] = []
     for freeze in freezes:
         left = []
-        for (run_id, op_id), timeline in ops.items():
-            if run_id != _run_of(freeze):
-                continue
-            image = _as_committed_with(timeline, freeze)
+        for op_id, image, timeline in _operations_as_left_by(ops, freeze):
             claims = [
                 c
                 for c in timeline
@@ -248,6 +243,16 @@ def freeze_leaves_no_claim_of_its_own(ev: Evidence) -> Finding:
         if left:
             bad.append({**freeze.brief("run_id", "status"), "own_live_claims": left})
     return Finding(len(freezes), bad, f"{len(freezes)} freeze(s) by a worker")
+
+
+def _operations_as_left_by(
+    ops: dict[tuple[str, str], list[Change]], move: Change
+) -> Iterator[tuple[str, dict[str, Any] | None, list[Change]]]:
+    """Each operation of ``move``'s run with its row as ``move``'s transaction
+    left it, and the operation's whole timeline."""
+    for (run_id, op_id), timeline in ops.items():
+        if run_id == _run_of(move):
+            yield op_id, _as_committed_with(timeline, move), timeline
 
 
 def _as_committed_with(timeline: list[Change], move: Change) -> dict[str, Any] | None:
