@@ -247,6 +247,9 @@ def request(seq: int, at: float, **kw: Any) -> dict[str, Any]:
 
 
 def account(kind: str, op: str, **kw: Any) -> Event:
+    # A fail or info line names its class (worker.failures_name_their_class).
+    if kind in ("fail", "info"):
+        kw.setdefault("error", "RevisionConflict" if kind == "fail" else "TimeoutError")
     return Event(time=T0, worker="A", pid=1, type=kind, op=op, run_id=RUN, **kw)
 
 
@@ -996,6 +999,12 @@ def refusal_recorded_unknown(ev: Evidence) -> None:
     ev.history.append(account("info", "cancel", error="InsufficientPrivilege"))
 
 
+def unknown_without_a_class(ev: Evidence) -> None:
+    """Generated 2a29c0ae: a renewal that timed out recorded ``info`` with no
+    error class."""
+    ev.history.append(account("info", "renew", error=None))
+
+
 def created_with_a_budget_of_three(ev: Evidence) -> None:
     """A create_run without max_attempts that stored 3, not the contract's 12."""
     ev.replies[0]["args"] = {"task_id": TASK, "input": {}, "max_attempts": 3}
@@ -1070,6 +1079,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "run.created_with_its_initial_values": created_with_a_budget_of_three,
     "run.attempts_never_exceed_the_budget": granted_past_the_budget,
     "worker.refusals_are_not_recorded_unknown": refusal_recorded_unknown,
+    "worker.failures_name_their_class": unknown_without_a_class,
     "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
     "write.revisions_gapless": gap,

@@ -145,6 +145,24 @@ def refusals_are_not_unknown(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "worker.failures_name_their_class",
+    "worker contract §4 (`error` is the error class name), §5 (the error classes)",
+    "every history line of type `fail` or `info` names its error class: an account that "
+    "says an operation did not happen, or may not have, without saying why cannot be told "
+    "from a refusal or a lost answer (a timed-out renewal recorded with no class is read "
+    "as neither)",
+)
+def failures_name_their_class(ev: Evidence) -> Finding:
+    ended = [e for e in ev.history if e.type in ("fail", "info")]
+    bad = [
+        {"worker": e.worker, "op": e.op, "type": e.type, "where": f"{e.source}:{e.line}"}
+        for e in ended
+        if not isinstance(e.error, str) or not e.error.strip()
+    ]
+    return Finding(len(ended), bad, f"{len(ended)} line(s) of type fail or info")
+
+
+@invariant(
     "worker.replies_match_the_contract",
     "worker contract §5 (one reply line per request, as ops.schema.json has it)",
     "every reply line a worker's ops session gave matches ops.schema.json: the envelope, "
