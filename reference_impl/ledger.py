@@ -405,7 +405,12 @@ class Reconciler:
     def cycle(self, conn: Conn) -> list[dict[str, Any]]:
         changes = self.ledger.expire_claims(conn)
         for row in self.ledger.unknown_operations(conn):
-            change = self.reconcile_one(conn, row)
+            try:
+                change = self.reconcile_one(conn, row)
+            except e.LedgerConflict:
+                # Another reconciler, a person or a callback settled it since
+                # the list was read: nothing of ours changed; go on.
+                continue
             if change is not None:
                 changes.append(change)
         return changes

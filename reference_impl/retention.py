@@ -34,7 +34,7 @@ def purge(
             conn,
             "SELECT task_id, archived FROM fencecheck.operator_purge("
             "%(ms)s, %(limit)s, %(reason)s, %(ticket)s)",
-            {"ms": int(older_than_s * 1000), "limit": limit, "reason": reason, "ticket": ticket},
+            {"ms": round(older_than_s * 1000), "limit": limit, "reason": reason, "ticket": ticket},
         )
         if archive is not None and rows:
             with archive.open("a", encoding="utf-8") as f:

@@ -243,7 +243,10 @@ class RefundWorkflow:
                     return done if done != "" else None
             elif status == "dispatching":
                 if row["claim_expired"]:
-                    rt.ledger.expire_claims(conn)
+                    if not rt.ledger.expire_claims(conn):
+                        # Its row is locked by another session (the expiry
+                        # skips locked rows): wait for it, never spin.
+                        self.cancel.sleep(0.1)
                 else:
                     # Someone's claim is live: its answer may still come.
                     self.cancel.sleep(0.1)

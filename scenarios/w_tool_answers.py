@@ -1420,7 +1420,11 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
     worker's own convergence then meets a ledger that moved on, which is no
     error. It goes on from what the ledger says and finishes the run (blind
     hunt 57's reader: both references let that refusal end the execution,
-    exit 1, the run left under its lease for a successor)."""
+    exit 1, the run left under its lease for a successor). A third
+    reconciler's own ``reconcile`` cycle, held after its query found the
+    resource as well, loses the same race: its reply is still ok (blind hunt
+    59's reader: both references answered the whole cycle LedgerConflict,
+    leaving the rest of the cycle's operations unreconciled)."""
     ctl = control_plane(ctx)
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
     run_id = new_run(ctx, tool="queryable")
@@ -1429,6 +1433,12 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
     ctx.arm("A", "after_reconcile_query", Hold())
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     ctx.reached("A", "after_reconcile_query")
+    # A second reconciler's own cycle is held after its query found the
+    # resource too: its convergence also loses the race.
+    ctl2 = ctx.env.start_worker("ctl2", "ops", role="operator")
+    ctx.arm("ctl2", "after_reconcile_query", Hold())
+    cycle = ctx.op_async(ctl2, "reconcile", {})
+    ctx.reached("ctl2", "after_reconcile_query")
     ctx.op(ctl, "reconcile")
     ops = checkers.ledger(ctx, run_id)
     op_id = str(ops[0]["operation_id"]) if ops else ""
@@ -1441,6 +1451,18 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
         expected="the worker's query (the first) found the resource; the ledger then "
         "succeeded, converged by the other reconciler while the worker was held",
         observed=f"queries of {op_id}: {queried}; ledger {[o['status'] for o in ops]}",
+    )
+    ctx.release("ctl2", "after_reconcile_query")
+    lost = cycle.result(15.0)
+    ctx.progress(
+        "a reconcile cycle whose convergence lost the race answers what it changed",
+        lost.ok and not any(
+            str(c.get("operation_id")) == op_id for c in lost.result.get("changes") or []
+        ),
+        expected=f"ctl2's reconcile ok, listing no change of {op_id} (another reconciler "
+        "converged it after ctl2's query; nothing of ctl2's changed it)",
+        observed=f"{'ok ' + str(lost.result.get('changes')) if lost.ok else lost.error}: "
+        f"{lost.message if not lost.ok else ''}",
     )
     ctx.release("A", "after_reconcile_query")
     code = finish(ctx, a)

@@ -400,6 +400,11 @@ func (r *Reconciler) Cycle(ctx context.Context, q Querier) ([]Change, error) {
 	rows.Close()
 	for _, u := range unknown {
 		c, err := r.ReconcileOne(ctx, q, u)
+		if ClassOf(err) == "LedgerConflict" {
+			// Another reconciler, a person or a callback settled it since
+			// the list was read: nothing of ours changed; go on.
+			continue
+		}
 		if err != nil {
 			return changes, err
 		}

@@ -277,8 +277,16 @@ func (x *Execution) toolStep(state map[string]any, step string) (string, error) 
 			}
 		case "dispatching":
 			if row.ClaimExpired {
-				if _, err := rt.P.ExpireClaims(x.ctx, c); err != nil {
+				expired, err := rt.P.ExpireClaims(x.ctx, c)
+				if err != nil {
 					return "", conn.Check(err)
+				}
+				if len(expired) == 0 {
+					// Its row is locked by another session (the expiry skips
+					// locked rows): wait for it, never spin.
+					if err := x.sleep(100 * time.Millisecond); err != nil {
+						return "", err
+					}
 				}
 			} else if err := x.sleep(100 * time.Millisecond); err != nil { // a live claim: its answer may come
 				return "", err
