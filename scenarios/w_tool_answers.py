@@ -1456,9 +1456,8 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
     lost = cycle.result(15.0)
     ctx.progress(
         "a reconcile cycle whose convergence lost the race answers what it changed",
-        lost.ok and not any(
-            str(c.get("operation_id")) == op_id for c in lost.result.get("changes") or []
-        ),
+        lost.ok
+        and not any(str(c.get("operation_id")) == op_id for c in lost.result.get("changes") or []),
         expected=f"ctl2's reconcile ok, listing no change of {op_id} (another reconciler "
         "converged it after ctl2's query; nothing of ctl2's changed it)",
         observed=f"{'ok ' + str(lost.result.get('changes')) if lost.ok else lost.error}: "

@@ -17,6 +17,7 @@ import pytest
 from harness.evidence.metrics import samples, total
 from harness.parts.postgres import Database
 from mock_tool.process import MockToolProcess
+from reference_impl.workflow import initial_state
 from tests.reference_impl.conftest import ROLES, TENANT
 
 
@@ -184,6 +185,33 @@ def test_legacy_checkpoint_sample_is_migrated(ref_db: Database, tool: MockToolPr
         for part in path.split("."):
             node = node[part]
         assert node == value, path
+
+
+def test_a_plan_saved_done_on_a_live_run_is_finished_by_a_write(
+    ref_db: Database, tool: MockToolProcess
+) -> None:
+    """A live run whose checkpoint's cursor is past its plan (a state another
+    writer saved) is ended by the worker's own write, not answered succeeded
+    while the run stays held (blind hunt 59's reader: both references did)."""
+    env = _env(ref_db, tool)
+    (c,) = _ops(_ctl(env), {"op": "create_run", "args": {"task_id": "td", "input": {}}})
+    run_id = c["result"]["run_id"]
+    state = initial_state({})
+    state["cursor"] = len(state["plan"])
+    replies = _ops(
+        env,
+        {"op": "claim", "args": {"run_id": run_id}},
+        {
+            "op": "save_checkpoint",
+            "args": {"run_id": run_id, "epoch": 1, "expected_revision": 0, "state": state},
+        },
+        {"op": "release", "args": {"run_id": run_id, "epoch": 1}},
+    )
+    assert all(r["ok"] for r in replies), replies
+    out = _worker(env, "run", "--run-id", run_id, "--once")
+    assert out.returncode == 0, out.stderr
+    row = ref_db.query("SELECT status, owner FROM agent_runs WHERE run_id = %s", (run_id,))[0]
+    assert (row["status"], row["owner"]) == ("succeeded", None)
 
 
 def test_refused_effect_pauses_for_a_human_and_a_supplement_plans_version_2(

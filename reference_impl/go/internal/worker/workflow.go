@@ -139,7 +139,15 @@ func (x *Execution) Run() (string, error) {
 		plan, _ := state["plan"].([]any)
 		cursor := asInt(state["cursor"])
 		if cursor >= len(plan) {
-			return "succeeded", nil
+			// The plan is done but the run is not: a state saved by another
+			// writer, or a migrated one listing every step done. The run ends
+			// only by its own write; answering "succeeded" without it would
+			// leave it held.
+			out, err := x.write("succeed", state, "finish", "agent.succeeded", nil, map[string]any{"reason": "done"}, "")
+			if err != nil {
+				return "", err
+			}
+			return out.Status, nil
 		}
 		if x.ctx.Err() != nil {
 			return "", protocol.Cancelled(x.ctx)
