@@ -233,10 +233,16 @@ def run(ctx: ExperimentContext) -> None:
         # parse of the old state shows, so this one check rests on its reply.
         rstate = read.result.get("state") or {}
         rlost = {k: (v, _get(rstate, k)) for k, v in keep.items() if _get(rstate, k) != v}
+        # The revision it names (optional) is the checkpoint's, migrated or not.
+        named = read.result.get("revision") if read.ok else None
         ctx.invariant(
             "read_checkpoint migrates the old version",
-            read.ok and read.result.get("schema_version") != version and not rlost,
-            expected=f"read_checkpoint answers a newer schema keeping {keep}",
+            read.ok
+            and read.result.get("schema_version") != version
+            and not rlost
+            and named in (None, planted),
+            expected=f"read_checkpoint answers a newer schema keeping {keep}, naming "
+            f"revision {planted} if it names one",
             observed=f"{read.result if read.ok else read.error}; values lost: {rlost}",
         )
     else:
