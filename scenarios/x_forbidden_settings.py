@@ -19,6 +19,9 @@ then claims and finishes the first of those runs: they were claimable.
 An ops session without a data key (``FENCECHECK_DATA_KEY`` unset) is given
 the planted sensitive field in clear, in a checkpoint and in an intent's
 request: it must refuse both, never store or log the value in clear.
+
+An ops session handed lines that are no request (not JSON, a list, a number,
+``null``) answers each refused with ``id`` null and goes on serving.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import base64
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
-from harness.parts.processes import OpReply
+from harness.parts.processes import OpReply, OpTimeout, WorkerChannelClosed
 from scenarios.common import finish, new_run, planted_secret
 
 # X judges refusals, not timing: the worker with sound settings gets timers a
@@ -155,6 +158,7 @@ def run(ctx: ExperimentContext) -> None:
     )
     keyless = _without_a_data_key(ctx)
     other = _ops_for_another_tenant(ctx)
+    _lines_that_are_no_request(ctx)
     checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes] + keyless + [other])
 
 
@@ -182,6 +186,55 @@ def _ops_for_another_tenant(ctx: ExperimentContext) -> str:
     )
     worker.stop(grace_s=2)
     return run_id
+
+
+#: Lines on the ops channel that are no request: text that is not JSON, and
+#: JSON that is no object.
+NO_REQUESTS = ("this is no JSON", "[1, 2]", "42", "null")
+
+
+def _lines_that_are_no_request(ctx: ExperimentContext) -> None:
+    """An ``ops`` session handed lines that are no request answers each ``ok``
+    false with ``id`` null and goes on answering (contract section 5): a
+    garbled or hostile line never ends the session (generated 2e1342be: a
+    JSON list failed in the Python server, and the session ended)."""
+    worker = ctx.env.start_worker("XRAW", "ops")
+    answers: list[str] = []
+    wrong: list[str] = []
+    slow: list[str] = []
+    ended = False
+    for text in (*NO_REQUESTS, None):
+        what = repr(text) if text is not None else "the next request (durability)"
+        try:
+            if text is None:
+                reply = worker.request("durability", {}, timeout_s=15)
+            else:
+                reply = worker.send_line(text).result(15.0)
+        except OpTimeout:
+            slow.append(what)
+            break
+        except WorkerChannelClosed:
+            ended = True
+            break
+        answers.append(f"{what}: {'ok' if reply.ok else reply.error} (id {reply.id})")
+        if text is not None and (reply.ok or reply.id is not None):
+            wrong.append(what)
+    ctx.command(f"XRAW: {'; '.join(answers) or 'no answer'}")
+    ctx.invariant(
+        "lines that are no request are refused and the session goes on",
+        not ended and not wrong,
+        expected=f"each of {list(NO_REQUESTS)} answered ok false with id null, then the "
+        "next request answered, the process still serving",
+        observed=f"{'; '.join(answers) or 'no answer'}"
+        + (f"; the session ended: {worker.how_it_ended()}" if ended else ""),
+    )
+    ctx.progress(
+        "every line answered in time",
+        not slow,
+        expected="each answer within 15 s",
+        observed=f"no answer within 15 s to {slow}" if slow else "all answered",
+    )
+    worker.stop(grace_s=2)
 
 
 KEYLESS = "a worker without a data key refuses a sensitive field it is given"

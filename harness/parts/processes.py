@@ -789,7 +789,7 @@ class OpReply:
     """One `ops` reply (worker contract section 5), matched to its request."""
 
     worker: str
-    id: int
+    id: int | None
     op: str
     ok: bool
     result: dict[str, Any]
@@ -816,7 +816,9 @@ class OpReply:
 class PendingOp:
     """An `ops` request in flight; `result()` waits for its reply."""
 
-    def __init__(self, worker: WorkerProcess, request_id: int, op: str, sent_at: float) -> None:
+    def __init__(
+        self, worker: WorkerProcess, request_id: int | None, op: str, sent_at: float
+    ) -> None:
         self.worker = worker
         self.id = request_id
         self.op = op
@@ -911,7 +913,7 @@ class WorkerProcess(ManagedProcess):
             launcher=(fork_server, [mode, *mode_args]) if fork_server is not None else None,
         )
         self._ids = itertools.count(1)
-        self._pending: dict[int, PendingOp] = {}
+        self._pending: dict[int | None, PendingOp] = {}
         self._write_lock = threading.Lock()
         self._pending_lock = threading.Lock()
         self._reader: threading.Thread | None = None
@@ -1072,7 +1074,19 @@ class WorkerProcess(ManagedProcess):
         message: dict[str, Any] = {"id": request_id, "op": op, "args": dict(args or {})}
         if worker_async:
             message["async"] = True
-        line = (json.dumps(message, separators=(",", ":"), default=str) + "\n").encode()
+        line = json.dumps(message, separators=(",", ":"), default=str)
+        return self._send(request_id, op, line)
+
+    def send_line(self, text: str) -> PendingOp:
+        """Send one line that is no request (hostile input). The contract
+        answers it with ``id`` null: one such line at a time, its reply awaited
+        before the next is sent."""
+        if not self.pipe_stdio:
+            raise ProcessError(f"worker {self.worker_id!r} runs mode {self.mode!r}, not 'ops'")
+        return self._send(None, "(no request)", text)
+
+    def _send(self, request_id: int | None, op: str, text: str) -> PendingOp:
+        line = (text + "\n").encode()
         with self._pending_lock:
             if self._channel_closed:
                 raise WorkerChannelClosed(

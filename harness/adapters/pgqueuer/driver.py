@@ -209,6 +209,10 @@ OPS: dict[str, Callable[[Driver, dict[str, Any]], Awaitable[Any]]] = {
 ERRORS = {NotClaimable: "NotClaimable", RunNotFound: "RunNotFound"}
 
 
+class BadRequest(Exception):
+    """A line on the ops channel that is no request object (section 5)."""
+
+
 def reply(request_id: Any, result: Any = None, error: BaseException | None = None) -> None:
     if error is None:
         line = {"id": request_id, "ok": True, "result": result}
@@ -259,7 +263,13 @@ async def ops() -> int:
             while (line := await lines.get()) is not None:
                 if not line.strip():
                     continue
-                request = json.loads(line)
+                try:
+                    request = json.loads(line)
+                    if not isinstance(request, dict):
+                        raise ValueError("a request is a JSON object")
+                except ValueError as exc:  # no request: answered, and the session goes on
+                    reply(None, error=BadRequest(str(exc)))
+                    continue
                 if request.get("async"):
                     task = loop.create_task(serve(driver, request))
                     running.add(task)

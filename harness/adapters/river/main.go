@@ -369,8 +369,9 @@ func serve(ctx context.Context) error {
 			continue
 		}
 		var req map[string]any
-		if err := json.Unmarshal([]byte(line), &req); err != nil {
-			fmt.Fprintf(os.Stderr, "not a request: %s\n", line)
+		if err := json.Unmarshal([]byte(line), &req); err != nil || req == nil {
+			// No request object: answered, and the session goes on (section 5).
+			answer(map[string]any{"id": nil, "ok": false, "error": "BadRequest", "message": "a request is a JSON object"})
 			continue
 		}
 		if async, _ := req["async"].(bool); async {
