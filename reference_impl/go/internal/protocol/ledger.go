@@ -482,6 +482,13 @@ func (r *Reconciler) RetrySameKey(ctx context.Context, q Querier, u UnknownOp) (
 		return nil, err
 	}
 	op.Resend = true
+	// As a first dispatch's claim: the resend carries the run's epoch as it
+	// stands after the claim committed, not the one its RETURNING read on the
+	// statement's snapshot (a claim that waited on the operation's row while
+	// a takeover committed would carry the old epoch).
+	if err := q.QueryRow(ctx, r.D.P.SQL.RunEpoch, op.RunID).Scan(&op.RunEpoch); err != nil {
+		return nil, err
+	}
 	if r.D.P.ResendDeadlineFromAnswer {
 		sent = time.Now()
 	}
