@@ -42,6 +42,7 @@ from pgqueuer.domain.types import JobId, QueueManagerId
 from pgqueuer.queries import EntrypointExecutionParameter, Queries
 
 from harness import injection
+from harness.adapters.requests import BadRequest, parse_request
 
 HERE = Path(__file__).parent
 
@@ -209,10 +210,6 @@ OPS: dict[str, Callable[[Driver, dict[str, Any]], Awaitable[Any]]] = {
 ERRORS = {NotClaimable: "NotClaimable", RunNotFound: "RunNotFound"}
 
 
-class BadRequest(Exception):
-    """A line on the ops channel that is no request object (section 5)."""
-
-
 def reply(request_id: Any, result: Any = None, error: BaseException | None = None) -> None:
     if error is None:
         line = {"id": request_id, "ok": True, "result": result}
@@ -264,11 +261,9 @@ async def ops() -> int:
                 if not line.strip():
                     continue
                 try:
-                    request = json.loads(line)
-                    if not isinstance(request, dict):
-                        raise ValueError("a request is a JSON object")
-                except ValueError as exc:  # no request: answered, and the session goes on
-                    reply(None, error=BadRequest(str(exc)))
+                    request = parse_request(line)
+                except BadRequest as exc:  # no request: answered, and the session goes on
+                    reply(None, error=exc)
                     continue
                 if request.get("async"):
                     task = loop.create_task(serve(driver, request))

@@ -34,6 +34,7 @@ import psycopg
 from procrastinate import App, PsycopgConnector, jobs, manager
 
 from harness import injection
+from harness.adapters.requests import BadRequest, parse_request
 
 HERE = Path(__file__).parent
 TASK = "fencecheck.run"
@@ -209,10 +210,6 @@ OPS: dict[str, Callable[[Driver, dict[str, Any]], Awaitable[Any]]] = {
 ERRORS = {NotClaimable: "NotClaimable", RunNotFound: "RunNotFound"}
 
 
-class BadRequest(Exception):
-    """A line on the ops channel that is no request object (section 5)."""
-
-
 def reply(request_id: Any, result: Any = None, error: BaseException | None = None) -> None:
     if error is None:
         line = {"id": request_id, "ok": True, "result": result}
@@ -261,11 +258,9 @@ async def ops() -> int:
             if not line.strip():
                 continue
             try:
-                request = json.loads(line)
-                if not isinstance(request, dict):
-                    raise ValueError("a request is a JSON object")
-            except ValueError as exc:  # no request: answered, and the session goes on
-                reply(None, error=BadRequest(str(exc)))
+                request = parse_request(line)
+            except BadRequest as exc:  # no request: answered, and the session goes on
+                reply(None, error=exc)
                 continue
             if request.get("async"):
                 task = loop.create_task(serve(driver, request))
