@@ -1447,9 +1447,9 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
     ]
     ctx.fault(
         "another reconciler converged the operation after the worker's query found it",
-        bool(queried) and queried[0] == "found" and [o["status"] for o in ops] == ["succeeded"],
-        expected="the worker's query (the first) found the resource; the ledger then "
-        "succeeded, converged by the other reconciler while the worker was held",
+        queried[:2] == ["found", "found"] and [o["status"] for o in ops] == ["succeeded"],
+        expected="the worker's query (the first) and ctl2's (the second) found the resource; "
+        "the ledger then succeeded, converged by the other reconciler while both were held",
         observed=f"queries of {op_id}: {queried}; ledger {[o['status'] for o in ops]}",
     )
     ctx.release("ctl2", "after_reconcile_query")
@@ -1460,8 +1460,9 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
         and not any(str(c.get("operation_id")) == op_id for c in lost.result.get("changes") or []),
         expected=f"ctl2's reconcile ok, listing no change of {op_id} (another reconciler "
         "converged it after ctl2's query; nothing of ctl2's changed it)",
-        observed=f"{'ok ' + str(lost.result.get('changes')) if lost.ok else lost.error}: "
-        f"{lost.message if not lost.ok else ''}",
+        observed=f"ok, changes {lost.result.get('changes')}"
+        if lost.ok
+        else f"{lost.error}: {lost.message}",
     )
     ctx.release("A", "after_reconcile_query")
     code = finish(ctx, a)
