@@ -129,7 +129,7 @@ def processes_naming(text: str) -> list[str]:
 REAPER_BOUND_S = 45.0
 
 
-def _reapers_done(tmpdir: Path) -> None:
+def reapers_done(tmpdir: Path) -> None:
     """Wait, bounded, for a reaper the stopped command handed its records to:
     it is part of the stop, and what it leaves (itself included) is judged
     once it has ended or run out of its bound."""
@@ -142,7 +142,7 @@ def _reapers_done(tmpdir: Path) -> None:
 
 def leftovers(seen: Observed, tmpdir: Path) -> list[str]:
     """What a finished run left behind, attributed by its private TMPDIR."""
-    _reapers_done(tmpdir)
+    reapers_done(tmpdir)
     problems = [f"process still running: {p}" for p in alive(seen.pids)]
     problems += [f"orphan naming the TMPDIR: {p}" for p in processes_naming(str(tmpdir))]
     for path in sorted(tmpdir.iterdir()):
