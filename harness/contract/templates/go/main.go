@@ -927,8 +927,23 @@ var handlers = map[string]handler{
 	"run_state": (*Ops).runState,
 }
 
+// boundToTenant says whether the login role is bound to FENCECHECK_TENANT;
+// checked at start in every mode that acts (run and ops): a process told
+// another tenant than its binding must not serve anything.
+func boundToTenant(d *Db) bool {
+	bound, err := d.one("SELECT fencecheck.session_tenant()::text AS tenant")
+	if err != nil || bound == nil || bound["tenant"] != tenant {
+		logf("the login role is not bound to FENCECHECK_TENANT", "tenant", tenant, "error", fmt.Sprint(err))
+		return false
+	}
+	return true
+}
+
 func (o *Ops) serve() int {
 	main := &Db{dsn: o.dsn}
+	if !boundToTenant(main) {
+		return 1
+	}
 	var wg sync.WaitGroup
 	in := bufio.NewScanner(os.Stdin)
 	in.Buffer(make([]byte, 1<<20), 1<<24)
@@ -945,6 +960,12 @@ func (o *Ops) serve() int {
 		}
 		dec := json.NewDecoder(strings.NewReader(line))
 		dec.UseNumber()
+		// A line that is no JSON object (a list, a number, null) is no request:
+		// json.Decode would take null into an empty struct without an error.
+		if !strings.HasPrefix(line, "{") {
+			o.reply(map[string]any{"id": nil, "ok": false, "error": "BadRequest", "message": "a request is a JSON object"})
+			continue
+		}
 		if err := dec.Decode(&req); err != nil {
 			o.reply(map[string]any{"id": nil, "ok": false, "error": "BadRequest", "message": err.Error()})
 			continue
@@ -1520,9 +1541,7 @@ func runMode(argv []string) int {
 		return 64
 	}
 	d := &Db{dsn: os.Getenv("FENCECHECK_DSN")}
-	bound, err := d.one("SELECT fencecheck.session_tenant()::text AS tenant")
-	if err != nil || bound == nil || bound["tenant"] != tenant {
-		logf("the login role is not bound to FENCECHECK_TENANT", "tenant", tenant, "error", fmt.Sprint(err))
+	if !boundToTenant(d) {
 		return 1
 	}
 	contract, err := durability(d)

@@ -676,6 +676,8 @@ class Ops:
 
     def serve(self) -> int:
         main = Db(self.dsn)
+        if not bound_to_tenant(main):
+            return 1
         threads = []
         for line in sys.stdin:
             if not line.strip():
@@ -1080,9 +1082,7 @@ def run_mode(argv: list[str]) -> int:
     parser.add_argument("--require-durability", default=ENV.get("FENCECHECK_REQUIRE_DURABILITY"))
     args = parser.parse_args(argv)
     db = Db(ENV["FENCECHECK_DSN"])
-    bound = db.one("SELECT fencecheck.session_tenant() AS tenant")
-    if bound is None or str(bound["tenant"]) != TENANT:
-        log("the login role is not bound to FENCECHECK_TENANT", bound=bound, tenant=TENANT)
+    if not bound_to_tenant(db):
         return 1
     contract = durability(db)
     log("durability contract", **contract)
@@ -1133,6 +1133,17 @@ def settings_refused() -> list[str]:
     if ENV.get("FENCECHECK_REQUIRE_DURABILITY") not in (None, "", "none", "async", "sync"):
         wrong.append("FENCECHECK_REQUIRE_DURABILITY must be none, async or sync")
     return wrong
+
+
+def bound_to_tenant(db: Db) -> bool:
+    """Whether the login role is bound to FENCECHECK_TENANT; checked at start
+    in every mode that acts (``run`` and ``ops``): a process told another
+    tenant than its binding must not serve anything."""
+    bound = db.one("SELECT fencecheck.session_tenant() AS tenant")
+    if bound is None or str(bound["tenant"]) != TENANT:
+        log("the login role is not bound to FENCECHECK_TENANT", bound=bound, tenant=TENANT)
+        return False
+    return True
 
 
 def main(argv: list[str]) -> int:
