@@ -13,6 +13,7 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from typing import Any
@@ -75,6 +76,15 @@ class Heartbeat:
         return self._thread.is_alive()
 
     def _loop(self) -> None:
+        # Connect before the first tick, outside any renewal's bound: a
+        # renewal's timeout is for the renewal, not for a TCP connect and a
+        # login (blind hunt 61's reader; the Go reference does the same). A
+        # connect that fails leaves the first renewal to connect, bounded.
+        with contextlib.suppress(psycopg.Error):
+            _ = self._session.conn
+        if self._stop.is_set():  # stopped while connecting: stop() may have closed before
+            self._session.close()
+            return
         while not self._stop.wait(self.interval_s):
             injection.point("before_renew", run_id=self.lease.run_id, epoch=self.lease.epoch)
             if self._stop.is_set():

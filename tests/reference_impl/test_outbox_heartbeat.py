@@ -152,3 +152,33 @@ def test_cancellation_token() -> None:
     assert type(err.value) is ExecutionCancelled
     # The sleep ended at the cancel, not at its end (far from it on any machine).
     assert time.monotonic() - t0 < 60
+
+
+def test_heartbeat_connects_before_its_first_renewal(
+    make_rt: Callable[..., Runtime], ref_db: Database
+) -> None:
+    """A renewal's timeout bounds the renewal, not a TCP connect and a login:
+    the heartbeat's session opens before its first tick (blind hunt 61's
+    reader found the first renewal connecting inside its bound)."""
+    a = make_rt("A")
+    run = new_run(a)
+    lease = take(a, run).lease
+
+    def sessions() -> int:
+        rows = ref_db.query(
+            "SELECT count(*) AS n FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+        return int(rows[0]["n"])
+
+    before = sessions()
+    hb = a.heartbeat(lease, Cancellation(), interval_ms=60_000, timeout_ms=500).start()
+    try:
+        wait_for(
+            lambda: sessions() > before,
+            what="the heartbeat's session to open before its first renewal",
+            timeout_s=10,
+        )
+        assert hb.last_outcome is None  # no renewal yet: the first tick is a minute away
+    finally:
+        hb.stop()
