@@ -24,7 +24,7 @@ from harness import injection
 from reference_impl import errors as e
 from reference_impl import history, retention
 from reference_impl.cancellation import Cancellation
-from reference_impl.checkpoint_schema import CURRENT_VERSION, migrate_v1
+from reference_impl.checkpoint_schema import CURRENT_VERSION, DEFAULT_PLAN, migrate_v1
 from reference_impl.db import Session
 from reference_impl.durability import read_contract
 from reference_impl.heartbeat import Heartbeat
@@ -523,19 +523,24 @@ class OpsServer:
         return {}
 
     def legacy_checkpoint(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
-        """A version-1 checkpoint this worker migrates, with what the migration must keep."""
+        """A version-1 checkpoint this worker migrates, with what the migration
+        must keep; with ``plan_done``, one whose every step is done (the old
+        code died between its last step and the run's terminal status)."""
+        plan_done = args.get("plan_done") is True
         state = {
-            "step": "create_label",
-            "done": ["plan", "lookup"],
+            "step": "finish" if plan_done else "create_label",
+            "done": list(DEFAULT_PLAN) if plan_done else ["plan", "lookup"],
             "vars": {"order_id": "o-legacy", "amount": 42},
         }
+        migrated = migrate_v1(state)
         expect = {
             "data.order_id": "o-legacy",
             "data.amount": 42,
-            "cursor": 2,
-            "plan": list(migrate_v1(state)["plan"]),
+            "cursor": migrated["cursor"],
+            "plan": list(migrated["plan"]),
         }
-        return {"schema_version": 1, "state": state, "expect": expect}
+        reply = {"schema_version": 1, "state": state, "expect": expect}
+        return {**reply, "plan_done": True} if plan_done else reply
 
     def run_state(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         return self.rt.runs.state(ctx.session.conn, _uuid(args, "run_id"))

@@ -12,6 +12,14 @@ worker that checks the hash of its current version only would migrate it).
 Each must be refused by name, and a worker resuming the run from either
 tampered one must neither advance it nor call a tool.
 
+Variant ``plan_done``: the older sample the worker gives when asked for one
+whose every step is done (``legacy_checkpoint`` with ``plan_done``: the old
+code died between its last step and the run's terminal status). Migrated,
+the plan is done and the run still live: a resuming worker ends it with its
+terminal write alone, no step redone, nothing sent to the tool (blind hunt
+61 #07: a Go resume check that refused a cursor at the end of its plan left
+such a run to fail at every attempt).
+
 Variant ``out_of_range`` hands a resuming worker its own current-version
 state (from a run it stopped after its first checkpoint) with an integer of
 it set far past any count a workflow keeps, its hash made again: no code of
@@ -41,6 +49,8 @@ from harness.parts.processes import WorkerProcess
 from harness.waiting import wait_for
 from scenarios.common import finish, new_run, wait_claimable, writes_name_workflow_steps
 
+PLAN_DONE = "plan_done"
+
 SPEC = ExperimentSpec(
     id="M",
     title="checkpoint schema upgrade",
@@ -58,7 +68,14 @@ SPEC = ExperimentSpec(
         needs.point("after_checkpoint_commit", "out_of_range"),
     ),
     rules=(13,),
-    variants=("old_version", "unknown_version", "malformed", "out_of_range", "concurrent_migrate"),
+    variants=(
+        "old_version",
+        "unknown_version",
+        "malformed",
+        "out_of_range",
+        "concurrent_migrate",
+        PLAN_DONE,
+    ),
     lease_ttl_ms=500,
     natural_wait_s=0.5,
 )
@@ -183,8 +200,17 @@ def run(ctx: ExperimentContext) -> None:
     if old:
         # Only the worker knows its own older formats: it hands the harness one
         # sample old-version state and the values its migration must keep.
-        legacy = ctx.ok(a, "legacy_checkpoint")
+        asked: dict[str, Any] = {"plan_done": True} if ctx.variant == PLAN_DONE else {}
+        legacy = ctx.ok(a, "legacy_checkpoint", **asked)
         version, sample, keep = legacy["schema_version"], legacy["state"], legacy["expect"]
+        if asked:
+            ctx.fault(
+                "the worker's older sample has every step of its plan done",
+                legacy.get("plan_done") is True,
+                expected="legacy_checkpoint with plan_done answers plan_done true (a sample "
+                "whose every step is done)",
+                observed=f"plan_done {legacy.get('plan_done')!r}; sample {sample}",
+            )
     planted = _plant(ctx, run_id, version, sample)
     rows = checkers.checkpoints(ctx, run_id)
     ctx.fault(
@@ -265,6 +291,16 @@ def run(ctx: ExperimentContext) -> None:
             len(sent),
             0,
             what=f"tool requests for the run ({told})",
+        )
+    if ctx.variant == PLAN_DONE:
+        sent = checkers.tool_requests(ctx, run_id=run_id)
+        ctx.invariant(
+            "nothing redone from a plan with every step done",
+            not sent and len(after) <= 1,
+            expected=f"no tool request for the run and at most one write after revision "
+            f"{planted} (the terminal one)",
+            observed=f"tool requests {len(sent)}; writes after it "
+            f"{[(c['revision'], c['schema_version']) for c in after]}; {told}",
         )
     _migrate_again_keeps_everything(ctx, run_id)
     checkers.lease_history_is_sound(ctx, [run_id])

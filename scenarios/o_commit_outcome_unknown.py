@@ -33,6 +33,17 @@ there, and its next write goes through.
 Variant ``lost_thrice``: one ``ops`` process loses the COMMIT of three
 writes in a row (request lost each time); each is read back and decided on
 its own, whatever the process met before.
+
+Variants ``fast_response_lost`` and ``fast_answer_reset``: the same response
+lost on the fast path (the production path: one statement in autocommit, no
+point before its commit). The harness holds the run's row lock, so W's write
+waits inside the server; answers are dropped (or the connection is reset when
+the answer comes), the lock let go, and the server commits with its answer
+lost. After the read-back, W's next write (on the same thread) must go
+through: a session whose statement's outcome was unknown is discarded, not
+used again (generated ddaf9f61 kept it). A worker whose only path sends its
+COMMIT after the statement answers never sends it here: nothing commits,
+and W must not answer ok.
 """
 
 from __future__ import annotations
@@ -53,6 +64,9 @@ HALF_FOUND = "half_found"
 CHECKPOINT_HALF_FOUND = "checkpoint_half_found"
 RUN_HALF_FOUND = "run_half_found"
 LOST_THRICE = "lost_thrice"
+FAST_RESPONSE_LOST = "fast_response_lost"
+FAST_ANSWER_RESET = "fast_answer_reset"
+FAST = (FAST_RESPONSE_LOST, FAST_ANSWER_RESET)
 RUN_INTENT_ANSWER_LOST = "run_intent_answer_lost"
 COMMIT_REFUSED = "commit_refused"
 # run_half_found: W's lease, far longer than the case (its renewals are parked).
@@ -87,8 +101,11 @@ SPEC = ExperimentSpec(
         LOST_THRICE,
         RUN_INTENT_ANSWER_LOST,
         COMMIT_REFUSED,
+        *FAST,
     ),
-    variant_waits=(("response_lost", 0.4),),
+    variant_waits=(("response_lost", 0.4), (FAST_RESPONSE_LOST, 0.4)),
+    variant_write_paths=tuple((v, "fast") for v in FAST),
+    variant_points=tuple((v, "none (the harness holds the row lock)") for v in FAST),
     variant_faults=(
         (
             COMMIT_REFUSED,
@@ -104,6 +121,17 @@ SPEC = ExperimentSpec(
             LOST_THRICE,
             "worker->postgres link cut (request lost) at COMMIT, three writes in a row by one "
             "ops process, healed after each",
+        ),
+        (
+            FAST_RESPONSE_LOST,
+            "the fast path's one statement waits on the run's row lock the harness holds; "
+            "worker->postgres answers dropped, the lock let go: the server commits, the "
+            "answer lost",
+        ),
+        (
+            FAST_ANSWER_RESET,
+            "the same, the connection reset (TCP RST) when the server's answer comes: the "
+            "server commits, the client meets a reset",
         ),
     ),
     write_path="stepped",
@@ -136,6 +164,16 @@ def run(ctx: ExperimentContext) -> None:
                   expected_revision=lease["revision"], state={"step": "before"})["revision"]  # fmt: skip
     if variant == COMMIT_REFUSED:
         _commit_refused(ctx, w, run_id, lease["epoch"], base)
+        return
+    if variant in FAST:
+        # On W's main thread: the session that lost the answer is the one its
+        # next request would use, unless W discarded it (a session another
+        # thread held, idle when the link closed it, may answer its loss at its
+        # first use: W could not know; this one W saw break).
+        if _lost_commit(ctx, variant, w, run_id, lease["epoch"], base, claim_sent,
+                        worker_async=False):  # fmt: skip
+            now = checkers.run_row(ctx, run_id, "the run after the lost answer")["revision"]
+            _next_write_goes_through(ctx, w, run_id, lease["epoch"], int(now))
         return
     if variant != LOST_THRICE:
         _lost_commit(ctx, variant, w, run_id, lease["epoch"], base, claim_sent)
@@ -237,28 +275,51 @@ def _lost_commit(
     write may follow). Without ``worker_async`` W handles it on its main
     thread, with whatever that thread kept from its earlier requests."""
     event_id = ctx.uuid()
-    ctx.arm("W", "before_commit", Hold())
-    pending = ctx.op_async(
-        w,
-        "save_checkpoint",
-        {
-            "run_id": run_id,
-            "epoch": epoch,
-            "expected_revision": base,
-            "state": {"step": "committing"},
-            "event_id": event_id,
-        },
-        worker_async=worker_async,
-    )
-    ctx.reached("W", "before_commit", held=True)  # not the first write's passage
-    sessions = _sessions_of(ctx, "W")
+    args = {
+        "run_id": run_id,
+        "epoch": epoch,
+        "expected_revision": base,
+        "state": {"step": "committing"},
+        "event_id": event_id,
+    }
     link = ctx.env.links["worker_pg"]
-    fault = link.cut() if variant != "response_lost" else link.drop_responses(close_after_ms=400)
-    ctx.command(f"toxiproxy: {fault.detail}")
-    ctx.release("W", "before_commit")
+    waited: str | None = "held at before_commit"
+    if variant in FAST:
+        # No point before the fast path's commit: the run's row lock, held by
+        # the harness, keeps the one statement waiting inside the server.
+        with checkers.row_locked(ctx, "agent_runs", "run_id", run_id) as lock:
+            pending = ctx.op_async(w, "save_checkpoint", args, worker_async=worker_async)
+            seen = lock.answered_or_waiting(pending.pending, "W")
+            # None: answered; "neither answered nor waiting": never seen waiting.
+            waiting = seen is not None and "neither" not in seen and not pending.done()
+            waited = seen if waiting else None
+            sessions = _sessions_of(ctx, "W")
+            if variant == FAST_ANSWER_RESET:
+                fault = link.reset(direction="downstream")
+            else:
+                fault = link.drop_responses(close_after_ms=400)
+            ctx.command(f"toxiproxy: {fault.detail}")
+    else:
+        ctx.arm("W", "before_commit", Hold())
+        pending = ctx.op_async(w, "save_checkpoint", args, worker_async=worker_async)
+        ctx.reached("W", "before_commit", held=True)  # not the first write's passage
+        sessions = _sessions_of(ctx, "W")
+        fault = (
+            link.cut() if variant != "response_lost" else link.drop_responses(close_after_ms=400)
+        )
+        ctx.command(f"toxiproxy: {fault.detail}")
+        ctx.release("W", "before_commit")
     released_at = time.time()
     committed_at_fault = False
-    if variant == "response_lost":
+    if variant in FAST:
+        # The statement, let go before its session was closed, has committed
+        # by the time the session ends, or never will (a worker whose only path
+        # holds its COMMIT until the statement answers): no 10 s wait for it.
+        _sessions_ended(ctx, sessions)
+        committed_at_fault = bool(
+            ctx.env.query("SELECT 1 FROM fencecheck_model.outbox WHERE event_id = %s", [event_id])
+        )
+    elif variant == "response_lost":
         committed_at_fault = bool(
             seen_within(
                 lambda: ctx.env.query(
@@ -306,14 +367,39 @@ def _lost_commit(
             expected="no event row while the link was cut (the write waited at before_commit)",
             observed=f"event row present while cut: {committed_while_cut}",
         )
+    elif variant in FAST and not committed_at_fault:
+        # A worker whose write path sends its COMMIT only after the statement
+        # answers (one path, an explicit transaction) never sent it: the same
+        # case as request_lost, reached another way.
+        ctx.fault(
+            "W's write waited in the server when its link began to lose answers",
+            waited is not None and sessions_ended,
+            expected="W's write waiting on the run's row lock when answers began to be lost "
+            "(dropped, or the connection reset at the answer), and "
+            "W's sessions from before the fault gone before the heal",
+            observed=f"W waiting: {waited or 'no, it had answered'}; nothing committed (its "
+            f"path holds the COMMIT back); sessions ended: {sessions_ended}",
+        )
+        mine = [w for w in checkers.writes(ctx, run_id) if w["event_id"] == event_id]
+        ctx.invariant(
+            "a write answered ok is there",
+            not reply.ok or len(mine) == 1,
+            expected="an ok answer only for a write found committed",
+            observed=f"W answered {reply.result if reply.ok else reply.error}; checkpoints with "
+            f"its event_id {len(mine)}",
+        )
+        _judge_at_most_once(ctx, run_id, base, event_id, mine, events)
+        return True
     else:
         ctx.fault(
             "the server committed while the answer was dropped",
-            committed_at_fault and sessions_ended,
-            expected="the event row visible on the server before the link healed, and W's"
-            " sessions from before the fault gone (its answer lost)",
-            observed=f"committed while dropped: {committed_at_fault}; sessions ended:"
-            f" {sessions_ended}",
+            committed_at_fault and sessions_ended and waited is not None,
+            expected="W's write waiting in the server when answers were dropped (at "
+            "before_commit, or on the run's row lock on the fast path), the event row visible "
+            "on the server before the link healed, and W's sessions from before the fault gone "
+            "(its answer lost)",
+            observed=f"W waiting: {waited or 'no, it had answered'}; committed while dropped: "
+            f"{committed_at_fault}; sessions ended: {sessions_ended}",
         )
     mine = [w for w in checkers.writes(ctx, run_id) if w["event_id"] == event_id]
     if not _read_back_met_the_heal(ctx, reply, pending.answered_at, released_at, healed_at):
@@ -367,6 +453,23 @@ def _lost_commit(
     )
     checkers.lease_history_is_sound(ctx, [run_id])
     return True
+
+
+def _next_write_goes_through(
+    ctx: ExperimentContext, w: WorkerProcess, run_id: str, epoch: int, base: int
+) -> None:
+    """W's next write after the lost answer commits: the session whose
+    statement's outcome was unknown was discarded (toxiproxy closed it), and
+    the write runs on a new one. A worker that keeps the broken session meets
+    its closed connection here."""
+    reply = ctx.op(w, "save_checkpoint", run_id=run_id, epoch=epoch,
+                   expected_revision=base, state={"step": "after"})  # fmt: skip
+    ctx.progress(
+        "W's next write goes through",
+        reply.ok and (reply.result or {}).get("revision") == base + 1,
+        expected=f"save_checkpoint at revision {base} answered ok with revision {base + 1}",
+        observed=f"{reply.result if reply.ok else f'{reply.error}: {reply.message}'}",
+    )
 
 
 def _events_since(ctx: ExperimentContext, run_id: str, base: int) -> list[str]:

@@ -574,10 +574,24 @@ func requestBody(input map[string]any) map[string]any {
 
 // ------------------------------------------------------------ checkpoint versions
 
-func legacySample() map[string]any {
-	return map[string]any{"schema_version": 1,
-		"state":  map[string]any{"steps": []any{"plan", "lookup"}, "order": map[string]any{"id": "o-legacy", "amount": 42}},
-		"expect": map[string]any{"done": []any{"plan", "lookup"}, "data.order_id": "o-legacy", "data.amount": 42}}
+// legacySample is a version-1 checkpoint this worker migrates, and what it
+// must keep; with planDone one whose every step is done (experiment M[plan_done]).
+func legacySample(planDone bool) map[string]any {
+	steps := []any{"plan", "lookup"}
+	if planDone {
+		steps = []any{"plan", "lookup", "create_label", "notify"}
+	}
+	expect := map[string]any{"done": steps, "data.order_id": "o-legacy", "data.amount": 42}
+	sample := map[string]any{"schema_version": 1,
+		"state":  map[string]any{"steps": steps, "order": map[string]any{"id": "o-legacy", "amount": 42}},
+		"expect": expect}
+	if planDone {
+		// The first write after resuming it is the finish, which adds itself
+		// to "done": only the data must be kept there.
+		delete(expect, "done")
+		sample["plan_done"] = true
+	}
+	return sample
 }
 
 // decode gives a stored checkpoint in this worker's current version (section
@@ -1268,7 +1282,9 @@ func (o *Ops) readCheckpoint(d *Db, a Args) (any, error) {
 	return out, err
 }
 
-func (o *Ops) legacyCheckpoint(d *Db, a Args) (any, error) { return legacySample(), nil }
+func (o *Ops) legacyCheckpoint(d *Db, a Args) (any, error) {
+	return legacySample(a["plan_done"] == true), nil
+}
 
 func (o *Ops) durability(d *Db, a Args) (any, error) { return durability(d) }
 

@@ -430,11 +430,18 @@ def request_body(run_input: dict[str, Any]) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------ checkpoint versions
-def legacy_sample() -> dict[str, Any]:
-    """A version-1 checkpoint this worker migrates, and what it must keep."""
-    state = {"steps": ["plan", "lookup"], "order": {"id": "o-legacy", "amount": 42}}
-    expect = {"done": ["plan", "lookup"], "data.order_id": "o-legacy", "data.amount": 42}
-    return {"schema_version": 1, "state": state, "expect": expect}
+def legacy_sample(plan_done: bool = False) -> dict[str, Any]:
+    """A version-1 checkpoint this worker migrates, and what it must keep; with
+    ``plan_done`` one whose every step is done (experiment M[plan_done])."""
+    steps = ["plan", "lookup", "create_label", "notify"] if plan_done else ["plan", "lookup"]
+    state = {"steps": steps, "order": {"id": "o-legacy", "amount": 42}}
+    # The first write after resuming a sample with every step done is the
+    # finish, which adds itself to "done": only the data must be kept there.
+    expect = {"data.order_id": "o-legacy", "data.amount": 42} | (
+        {} if plan_done else {"done": steps}
+    )
+    sample = {"schema_version": 1, "state": state, "expect": expect}
+    return sample | {"plan_done": True} if plan_done else sample
 
 
 def _field(state: dict[str, Any], key: str, kind: type) -> Any:
@@ -892,7 +899,7 @@ class Ops:
         return {"revision": ck["revision"], "schema_version": SCHEMA_VERSION, "state": state}
 
     def op_legacy_checkpoint(self, db: Db, a: dict[str, Any]) -> dict[str, Any]:
-        return legacy_sample()
+        return legacy_sample(a.get("plan_done") is True)
 
     def op_durability(self, db: Db, a: dict[str, Any]) -> dict[str, Any]:
         return durability(db)

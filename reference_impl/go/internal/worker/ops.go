@@ -702,15 +702,30 @@ func (o *Ops) heartbeat(c *opCtx, args map[string]any) (any, error) {
 	return map[string]any{}, nil
 }
 
+// legacyCheckpoint is a version-1 checkpoint this worker migrates, with what
+// the migration must keep; with plan_done, one whose every step is done (the
+// old code died between its last step and the run's terminal status).
 func (o *Ops) legacyCheckpoint(c *opCtx, args map[string]any) (any, error) {
-	state := map[string]any{"step": "create_label", "done": []any{"plan", "lookup"},
+	planDone := args["plan_done"] == true
+	step, done := "create_label", []any{"plan", "lookup"}
+	if planDone {
+		step, done = "finish", []any{}
+		for _, s := range protocol.DefaultPlan {
+			done = append(done, s)
+		}
+	}
+	state := map[string]any{"step": step, "done": done,
 		"vars": map[string]any{"order_id": "o-legacy", "amount": json.Number("42")}}
 	migrated, err := protocol.MigrateV1(state)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"schema_version": 1, "state": state, "expect": map[string]any{
-		"data.order_id": "o-legacy", "data.amount": 42, "cursor": 2, "plan": migrated["plan"]}}, nil
+	reply := map[string]any{"schema_version": 1, "state": state, "expect": map[string]any{
+		"data.order_id": "o-legacy", "data.amount": 42, "cursor": migrated["cursor"], "plan": migrated["plan"]}}
+	if planDone {
+		reply["plan_done"] = true
+	}
+	return reply, nil
 }
 
 func (o *Ops) runState(c *opCtx, args map[string]any) (any, error) {
