@@ -28,7 +28,6 @@ import asyncio
 import json
 import os
 import sys
-import threading
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -42,7 +41,7 @@ from pgqueuer.domain.types import JobId, QueueManagerId
 from pgqueuer.queries import EntrypointExecutionParameter, Queries
 
 from harness import injection
-from harness.adapters.requests import BadRequest, parse_request
+from harness.adapters.ops_channel import NotClaimable, RunNotFound, serve_stdin
 
 HERE = Path(__file__).parent
 
@@ -63,14 +62,6 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO fencecheck_worker, fencecheck_operator;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO fencecheck_worker, fencecheck_operator;
 """
-
-
-class NotClaimable(Exception):
-    pass
-
-
-class RunNotFound(Exception):
-    pass
 
 
 def env_ms(name: str, default: int) -> int:
@@ -207,35 +198,6 @@ OPS: dict[str, Callable[[Driver, dict[str, Any]], Awaitable[Any]]] = {
     "cancel": Driver.cancel,
     "durability": Driver.durability,
 }
-ERRORS = {NotClaimable: "NotClaimable", RunNotFound: "RunNotFound"}
-
-
-def reply(request_id: Any, result: Any = None, error: BaseException | None = None) -> None:
-    if error is None:
-        line = {"id": request_id, "ok": True, "result": result}
-    else:
-        name = next((v for k, v in ERRORS.items() if isinstance(error, k)), type(error).__name__)
-        line = {"id": request_id, "ok": False, "error": name, "message": str(error)[:500]}
-    sys.stdout.write(json.dumps(line, default=str) + "\n")
-    sys.stdout.flush()
-
-
-async def serve(driver: Driver, request: dict[str, Any]) -> None:
-    op, args = str(request.get("op")), dict(request.get("args") or {})
-    handler = OPS.get(op)
-    if handler is None:
-        reply(request.get("id"), error=type("Unsupported", (Exception,), {})(op))
-        return
-    injection.record("invoke", op, run_id=args.get("run_id"))
-    try:
-        result = await handler(driver, args)
-    except Exception as exc:
-        injection.record("fail", op, run_id=args.get("run_id"), error=exc)
-        reply(request.get("id"), error=exc)
-        return
-    run_id = (result or {}).get("run_id", args.get("run_id")) if isinstance(result, dict) else None
-    injection.record("ok", op, run_id=run_id)
-    reply(request.get("id"), result)
 
 
 async def ops() -> int:
@@ -247,30 +209,7 @@ async def ops() -> int:
             Queries.from_psycopg_connection(conn), Queries.from_psycopg_connection(hbconn)
         )
         async with driver.hbuff:
-            loop = asyncio.get_running_loop()
-            lines: asyncio.Queue[str | None] = asyncio.Queue()
-
-            def read() -> None:
-                for line in sys.stdin:
-                    loop.call_soon_threadsafe(lines.put_nowait, line)
-                loop.call_soon_threadsafe(lines.put_nowait, None)
-
-            threading.Thread(target=read, daemon=True).start()
-            running: set[asyncio.Task[None]] = set()
-            while (line := await lines.get()) is not None:
-                if not line.strip():
-                    continue
-                try:
-                    request = parse_request(line)
-                except BadRequest as exc:  # no request: answered, and the session goes on
-                    reply(None, error=exc)
-                    continue
-                if request.get("async"):
-                    task = loop.create_task(serve(driver, request))
-                    running.add(task)
-                    task.add_done_callback(running.discard)
-                else:
-                    await serve(driver, request)
+            await serve_stdin(OPS, driver)
             for job_id in list(driver.beats):
                 await driver.stop_beat(job_id)
     return 0

@@ -22,10 +22,8 @@ of that queue.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import sys
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -34,7 +32,7 @@ import psycopg
 from procrastinate import App, PsycopgConnector, jobs, manager
 
 from harness import injection
-from harness.adapters.requests import BadRequest, parse_request
+from harness.adapters.ops_channel import NotClaimable, RunNotFound, serve_stdin
 
 HERE = Path(__file__).parent
 TASK = "fencecheck.run"
@@ -56,14 +54,6 @@ GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public
 GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO fencecheck_worker, fencecheck_operator;
 GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO fencecheck_worker, fencecheck_operator;
 """
-
-
-class NotClaimable(Exception):
-    """Nothing to fetch (the run is held by a live worker, or finished)."""
-
-
-class RunNotFound(Exception):
-    """No job has that id."""
 
 
 def env_ms(name: str, default: int) -> int:
@@ -207,35 +197,6 @@ OPS: dict[str, Callable[[Driver, dict[str, Any]], Awaitable[Any]]] = {
     "cancel": Driver.cancel,
     "durability": Driver.durability,
 }
-ERRORS = {NotClaimable: "NotClaimable", RunNotFound: "RunNotFound"}
-
-
-def reply(request_id: Any, result: Any = None, error: BaseException | None = None) -> None:
-    if error is None:
-        line = {"id": request_id, "ok": True, "result": result}
-    else:
-        name = next((v for k, v in ERRORS.items() if isinstance(error, k)), type(error).__name__)
-        line = {"id": request_id, "ok": False, "error": name, "message": str(error)[:500]}
-    sys.stdout.write(json.dumps(line, default=str) + "\n")
-    sys.stdout.flush()
-
-
-async def serve(driver: Driver, request: dict[str, Any]) -> None:
-    op, args = str(request.get("op")), dict(request.get("args") or {})
-    handler = OPS.get(op)
-    if handler is None:
-        reply(request.get("id"), error=type("Unsupported", (Exception,), {})(op))
-        return
-    injection.record("invoke", op, run_id=args.get("run_id"))
-    try:
-        result = await handler(driver, args)
-    except Exception as exc:
-        injection.record("fail", op, run_id=args.get("run_id"), error=exc)
-        reply(request.get("id"), error=exc)
-        return
-    run_id = (result or {}).get("run_id", args.get("run_id")) if isinstance(result, dict) else None
-    injection.record("ok", op, run_id=run_id)
-    reply(request.get("id"), result)
 
 
 async def ops() -> int:
@@ -244,30 +205,7 @@ async def ops() -> int:
     async with app.open_async():
         driver = Driver(app)
         await driver.start()
-        loop = asyncio.get_running_loop()
-        lines: asyncio.Queue[str | None] = asyncio.Queue()
-
-        def read() -> None:  # stdin in a thread: the loop keeps heartbeating
-            for line in sys.stdin:
-                loop.call_soon_threadsafe(lines.put_nowait, line)
-            loop.call_soon_threadsafe(lines.put_nowait, None)
-
-        threading.Thread(target=read, daemon=True).start()
-        running: set[asyncio.Task[None]] = set()  # async requests, kept till done
-        while (line := await lines.get()) is not None:
-            if not line.strip():
-                continue
-            try:
-                request = parse_request(line)
-            except BadRequest as exc:  # no request: answered, and the session goes on
-                reply(None, error=exc)
-                continue
-            if request.get("async"):
-                task = loop.create_task(serve(driver, request))
-                running.add(task)
-                task.add_done_callback(running.discard)
-            else:
-                await serve(driver, request)
+        await serve_stdin(OPS, driver)
     return 0
 
 
