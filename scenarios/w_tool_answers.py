@@ -1699,8 +1699,8 @@ def _converged_beside_a_live_claim(
     if not took:
         checkers.lease_history_is_sound(ctx, [run_id])
         return
-    if not rejected and ctx.system.capabilities.offers_op("converge_operation"):
-        _no_finding_under_a_live_claim(ctx, live_op)
+    if not rejected:
+        _no_finding_under_a_live_claim(ctx, run_id, live_op)
     reply = ctx.op(control_plane(ctx), "reconcile")
     after = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
     status = checkers.run_row(ctx, run_id, "the run after the reconciler")["status"]
@@ -1765,32 +1765,40 @@ def _converged_beside_a_live_claim(
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
-def _no_finding_under_a_live_claim(ctx: ExperimentContext, op_id: str) -> None:
-    """A person's ``converge_operation`` names an operation a dispatcher holds
-    under a live claim (its request may be on its way): that is no operation
-    in doubt, and the finding must be refused with nothing written. Taken, a
-    `failed_final` lets the workflow plan the step again while the tool acts."""
-    reply, changed = op_and_changes(
-        ctx,
-        control_plane(ctx),
-        "converge_operation",
-        operation_id=op_id,
-        outcome="failed_final",
-        remote_id=None,
-        reason="no label in the tool's console yet",
-        ticket="OPS-79",
-    )
-    row = ctx.env.query(
-        "SELECT status FROM fencecheck_model.tool_operations WHERE operation_id = %s", [op_id]
-    )
-    ctx.invariant(
-        "no finding on an operation under a live dispatch claim",
-        not reply.ok and not changed and [r["status"] for r in row] == ["dispatching"],
-        expected=f"converge_operation of {op_id} (dispatching, its claim live) refused; nothing "
-        "written; the operation still dispatching",
-        observed=f"reply {'ok' if reply.ok else reply.error}; {len(changed)} change(s) "
-        f"{[(c['tbl'], c['op']) for c in changed]}; status {[r['status'] for r in row]}",
-    )
+def _no_finding_under_a_live_claim(ctx: ExperimentContext, run_id: str, op_id: str) -> None:
+    """A person's ``converge_operation``, and a person's ``resolve_indoubt``
+    (each where offered), name an operation a dispatcher holds under a live
+    claim (its request may be on its way): that is no operation in doubt,
+    and the finding must be refused with nothing written. Taken, a
+    ``failed_final`` lets the workflow plan the step again while the tool
+    acts (blind hunt 62's reader: both references' ``resolve_indoubt`` took
+    a dispatching operation whatever its claim's deadline)."""
+    caps = ctx.system.capabilities
+    findings = [
+        (op, args)
+        for op, args in (
+            ("converge_operation", {"operation_id": op_id, "outcome": "failed_final"}),
+            ("resolve_indoubt", {"run_id": run_id, "operation_id": op_id}),
+        )
+        if caps.offers_op(op)
+    ]
+    for op, args in findings:
+        extra = {"remote_id": None} if op == "converge_operation" else {"decision": "not_executed"}
+        reply, changed = op_and_changes(
+            ctx, control_plane(ctx), op, **args, **extra,
+            reason="no label in the tool's console yet", ticket="OPS-79",
+        )  # fmt: skip
+        row = ctx.env.query(
+            "SELECT status FROM fencecheck_model.tool_operations WHERE operation_id = %s", [op_id]
+        )
+        ctx.invariant(
+            f"no finding on an operation under a live dispatch claim ({op})",
+            not reply.ok and not changed and [r["status"] for r in row] == ["dispatching"],
+            expected=f"{op} of {op_id} (dispatching, its claim live) refused; nothing written; "
+            "the operation still dispatching",
+            observed=f"reply {'ok' if reply.ok else reply.error}; {len(changed)} change(s) "
+            f"{[(c['tbl'], c['op']) for c in changed]}; status {[r['status'] for r in row]}",
+        )
 
 
 def _found_by_a_person(

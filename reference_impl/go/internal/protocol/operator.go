@@ -181,6 +181,16 @@ func (p *Protocol) Resolve(ctx context.Context, db DB, runID, opID, decision str
 			return newErr("StateConflict", "not_in_doubt", "run %s is %s, operation %s is %s: nothing in doubt to resolve",
 				runID, status, opID, opStatus)
 		}
+		// Under a live dispatch claim the request may be on its way: no finding
+		// yet (as ConvergeOperation); one whose claim ran out is in doubt.
+		var claimLive bool
+		if err := tx.QueryRow(ctx, p.SQL.ClaimLive, opID).Scan(&claimLive); err != nil {
+			return err
+		}
+		if claimLive {
+			return newErr("StateConflict", "claim_live", "operation %s is dispatching under a live claim: "+
+				"its request may be on its way", opID)
+		}
 		before, err := p.snapshot(ctx, tx, &runID, &opID)
 		if err != nil {
 			return err

@@ -23,6 +23,8 @@ type Statements struct {
 	LockOperation, CallbackLive, CallbackRefuse, CallbackAccept string
 	InDoubtLeft, ActiveRunOfTask                                string
 	ResolveOperation, RunSnapshot, Audit                        string
+	// Whether an operation (its row locked by the caller) is under a live dispatch claim.
+	ClaimLive string
 	// The run's epoch as committed after a dispatch claim (what a request carries).
 	RunEpoch                    string
 	PausedRuns, OperatorActions string
@@ -352,6 +354,8 @@ VALUES (gen_random_uuid(), $2::text::uuid, $1::text::uuid, $3,
 		ActiveRunOfTask: `SELECT t.active_run_id::text FROM agent_runs r
   JOIN agent_tasks t ON t.tenant_id = r.tenant_id AND t.task_id = r.task_id
  WHERE r.run_id = $1`,
+		ClaimLive: `SELECT status = 'dispatching' AND dispatch_until > clock_timestamp()
+  FROM tool_operations WHERE operation_id = $1`,
 		InDoubtLeft: `SELECT EXISTS (SELECT 1 FROM tool_operations
                  WHERE run_id = $1 AND status IN ('unknown', 'dispatching'))`,
 		// A callback may move only an operation of the run it names, while that
