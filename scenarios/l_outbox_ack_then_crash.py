@@ -25,6 +25,14 @@ consumer applies them; one variant per thing that goes wrong on the way:
   cycle: the second must neither publish nor mark a row of that batch (it
   skips the locked rows, or waits for them); the broker holds no message of
   the batch until the first relay goes on.
+* ``late_commit``: a row whose id was taken before another's but whose
+  transaction commits later (its writer held at before_commit while a second
+  writer commits, so the ids commit out of order) commits after a relay locked
+  its batch, inside that batch's id range, before the relay marks it: the
+  batch's rows are marked and that one is not, since the broker never had it
+  (blind hunt 62 #03: a mark by the batch's id range, "a batch locked in id
+  order is contiguous", marked it published unpublished); the next cycle
+  publishes it.
 * ``apply_fails``: the consumer's database link is cut after it read the
   batch and before it applied any of it (held at after_consumer_read): that
   pass fails, the consumer process lives on, and its next passes over the
@@ -53,6 +61,7 @@ from harness.parts.processes import OpReply, WorkerProcess
 from scenarios.common import new_run, seen_within
 
 EVENTS = 3
+LATE_COMMIT = "late_commit"
 CONSUMER = "billing"
 # A second consumer of the same events, after the first (its own dedup rows).
 # duplicate_delivery, reordered_delivery: the events of a later run, published
@@ -84,7 +93,8 @@ SPEC = ExperimentSpec(
         needs.point("after_broker_ack_before_outbox_mark", "ack_then_crash"),
         needs.point("after_consumer_read", "apply_fails"),
         needs.point("after_consumer_dedup_commit", "reordered_delivery"),
-        needs.point("after_outbox_batch_locked", "concurrent_relays"),
+        needs.point("after_outbox_batch_locked", "concurrent_relays", LATE_COMMIT),
+        needs.point("before_commit", LATE_COMMIT),
     ),
     variants=(
         "ack_then_crash",
@@ -94,7 +104,10 @@ SPEC = ExperimentSpec(
         "reordered_delivery",
         "concurrent_relays",
         "apply_fails",
+        LATE_COMMIT,
     ),
+    # The late row's writer is held before its COMMIT, a point of the stepped path.
+    variant_write_paths=((LATE_COMMIT, "stepped"),),
     variant_points=(
         ("publish_fails", "none (broker fault)"),
         ("late_ack", "none (broker fault)"),
@@ -102,6 +115,7 @@ SPEC = ExperimentSpec(
         ("reordered_delivery", "after_consumer_dedup_commit"),
         ("concurrent_relays", "after_outbox_batch_locked"),
         ("apply_fails", "after_consumer_read"),
+        (LATE_COMMIT, "before_commit, after_outbox_batch_locked"),
     ),
     variant_faults=(
         ("ack_then_crash", "SIGKILL at after_broker_ack_before_outbox_mark"),
@@ -126,6 +140,11 @@ SPEC = ExperimentSpec(
         (
             "apply_fails",
             "the consumer's database link cut while it holds a read batch, none of it applied",
+        ),
+        (
+            LATE_COMMIT,
+            "an outbox row whose id was taken first commits after a higher one, and after a "
+            "relay locked a batch whose id range holds it, before that relay marks its batch",
         ),
     ),
     variant_waits=(("late_ack", LATE_ACK_MS / 1000),),
@@ -500,6 +519,59 @@ def _concurrent_relays(ctx: ExperimentContext, run_id: str, events: list[str]) -
     _lower_rows_given_back(ctx, r2)
 
 
+def _late_commit_in_batch(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
+    """WX's write takes its outbox id and is held before its COMMIT; WY's write
+    takes the next id and commits; R1 locks its batch (the run's rows and
+    WY's) and is held there; WX commits; R1 goes on. WX's row lies inside
+    R1's batch's id range but was never in its batch: R1 must not mark it,
+    and the next cycle publishes it."""
+    late_run = new_run(ctx)
+    wx = ctx.env.start_worker("WX", "ops", env=SETUP_LEASE)
+    lease = ctx.ok(wx, "claim", run_id=late_run)
+    ctx.arm("WX", "before_commit", Hold())
+    pending = ctx.op_async(wx, "save_checkpoint", {
+        "run_id": late_run, "epoch": lease["epoch"], "expected_revision": lease["revision"],
+        "state": {"step": "committed late"},
+    })  # fmt: skip
+    ctx.reached("WX", "before_commit", held=True)
+    first_run, _ = _run_with_checkpoints(ctx, "WY", 1, "committed first")
+    ctx.arm("R1", "after_outbox_batch_locked", Hold())
+    r1 = ctx.env.start_worker("R1", "ops")
+    cycle = ctx.op_async(r1, "relay", {})
+    ctx.reached("R1", "after_outbox_batch_locked")
+    ctx.release("WX", "before_commit")
+    late = pending.result(15)
+    late_rows, first_rows = checkers.outbox(ctx, late_run), checkers.outbox(ctx, first_run)
+    ctx.release("R1", "after_outbox_batch_locked")
+    reply = cycle.result(15)
+    at_broker = {str(m["event_id"]) for m in checkers.tool_log(ctx)["messages"]}
+    late_ids = [int(r["id"]) for r in late_rows]
+    first_ids = [int(r["id"]) for r in first_rows]
+    ctx.fault(
+        "a row committed inside a locked batch's id range, after the lock",
+        late.ok
+        and bool(late_ids)
+        and bool(first_ids)
+        and late_ids[0] < first_ids[0]
+        and all(str(r["event_id"]) in at_broker for r in first_rows),
+        expected="WX's write committed while R1 held its batch, its outbox id below WY's, "
+        "which R1's cycle published",
+        observed=f"WX {'ok' if late.ok else late.error}; outbox ids WX {late_ids}, WY "
+        f"{first_ids}; WY's event at the broker: "
+        f"{all(str(r['event_id']) in at_broker for r in first_rows)}; R1 "
+        f"{'ok' if reply.ok else reply.error}",
+    )
+    _nothing_marked_before_the_broker(ctx, late_run, "after the cycle that locked before it")
+    ctx.ok(r1, "relay")
+    left = [str(r["event_id"])[:8] for r in checkers.outbox(ctx, late_run) if not r["published_at"]]
+    ctx.progress(
+        "the row committed late is published by the next cycle",
+        not left,
+        expected="WX's row published and marked by R1's next cycle",
+        observed=f"unpublished: {left or 'none'}",
+    )
+
+
 def _lower_rows_given_back(ctx: ExperimentContext, relay: WorkerProcess) -> None:
     """A relay process that published a newer row while older ones were held by
     another relay, which then died with them unpublished: its next cycle
@@ -757,4 +829,5 @@ VARIANTS = {
     ),
     "concurrent_relays": Variant(_concurrent_relays, _none),
     "apply_fails": Variant(_relay_then_arm(None), _none, _apply_fails),
+    LATE_COMMIT: Variant(_late_commit_in_batch, _none),
 }
