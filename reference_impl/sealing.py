@@ -52,9 +52,16 @@ class Sealer:
         self._aead = AESGCM(key) if key is not None else None
 
     def seal(self, value: Any) -> Any:
-        """``value`` with every sensitive field sealed (already sealed ones kept)."""
+        """``value`` with every sensitive field sealed (already sealed ones kept).
+
+        An object that names the sealed mark is kept only when it is a sealed
+        value of this worker's form (the one key, a token that opens under the
+        key, when there is one); any other is refused (ValueError): an input
+        could otherwise pass a clear value off as sealed, or hide one beside
+        the mark, and have it stored in clear."""
         if isinstance(value, dict):
             if _MARK in value:
+                self._genuine(value)
                 return value
             return {
                 k: self._seal_one(v) if k in SENSITIVE else self.seal(v) for k, v in value.items()
@@ -73,8 +80,22 @@ class Sealer:
             return [self.open(v) for v in value]
         return value
 
+    def _genuine(self, value: dict[str, Any]) -> None:
+        """Refuse an object naming the mark that is no sealed value of ours.
+        Without a key only the form can be judged (a worker without one still
+        carries values sealed by another)."""
+        token = value.get(_MARK)
+        if len(value) != 1 or not isinstance(token, str) or not token.startswith(_VERSION):
+            raise ValueError(f"an object naming {_MARK!r} must be a sealed value, nothing else")
+        if self._aead is not None:
+            try:
+                self._open_one(token)
+            except (ValueError, e.SensitiveDataWithoutKey) as exc:
+                raise ValueError(f"a {_MARK!r} value that does not open under the key") from exc
+
     def _seal_one(self, value: Any) -> Any:
         if isinstance(value, dict) and _MARK in value:
+            self._genuine(value)
             return value
         if self._aead is None:
             raise e.SensitiveDataWithoutKey()

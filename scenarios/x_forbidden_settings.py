@@ -27,12 +27,14 @@ An ops session handed lines that are no request (not JSON, a list, a number,
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
+from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.processes import OpReply, OpTimeout, WorkerChannelClosed
-from scenarios.common import finish, new_run, planted_secret
+from scenarios.common import control_plane, finish, new_run, planted_secret
 
 # X judges refusals, not timing: the worker with sound settings gets timers a
 # loaded machine cannot break (with the matrix's 800 ms lease and 300 ms
@@ -159,6 +161,7 @@ def run(ctx: ExperimentContext) -> None:
     keyless = _without_a_data_key(ctx)
     other = _ops_for_another_tenant(ctx)
     _lines_that_are_no_request(ctx)
+    _forged_sealed_values(ctx)
     checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes] + keyless + [other])
 
 
@@ -235,6 +238,44 @@ def _lines_that_are_no_request(ctx: ExperimentContext) -> None:
         observed=f"no answer within 15 s to {slow}" if slow else "all answered",
     )
     worker.stop(grace_s=2)
+
+
+def _forged_sealed_values(ctx: ExperimentContext) -> None:
+    """Inputs that name the sealed mark (``$sealed``) but are no sealed value:
+    a planted value given as the token under a sensitive key, and a planted
+    sensitive field beside the mark. Each ``create_run`` is refused, or the
+    run's stored input holds the value sealed; the global
+    effect.sensitive_field_stored_sealed reads every row too (blind hunt 63's
+    reader: both references kept any object naming the mark as sealed, so a
+    hostile input was stored in clear)."""
+    forged: dict[str, Callable[[str], dict[str, Any]]] = {
+        "a planted value as the token": lambda v: {"card_number": {"$sealed": v}},
+        "a planted field beside the mark": lambda v: {
+            "billing": {"$sealed": "v1:AAAA", "payment_token": v}
+        },
+    }
+    clear: list[str] = []
+    told: list[str] = []
+    for what, shape in forged.items():
+        value = planted_secret(ctx)
+        task = f"task-x-forged-{ctx.uuid()[:8]}"
+        reply = ctx.op(control_plane(ctx), "create_run", task_id=task,
+                       input={"tool": "idem", **shape(value)})  # fmt: skip
+        told.append(f"{what}: {reply.error if not reply.ok else 'taken'}")
+        if reply.ok:
+            stored = ctx.sql(
+                "the stored input of a run made from a forged sealed value",
+                "SELECT input::text AS input FROM fencecheck_model.agent_runs WHERE run_id = %s",
+                [str(reply.result.get("run_id"))],
+            )
+            if any(value in str(r["input"]) for r in stored):
+                clear.append(what)
+    ctx.invariant(
+        "an input naming the sealed mark is refused or stored sealed",
+        not clear,
+        expected="each create_run refused, or the planted value sealed in the stored input",
+        observed=f"{'; '.join(told)}; in clear: {clear or 'none'}",
+    )
 
 
 KEYLESS = "a worker without a data key refuses a sensitive field it is given"

@@ -323,7 +323,7 @@ func (d *Dispatcher) Send(ctx context.Context, op *Operation, epoch int64) (tool
 	}
 	request, err := d.Seal.Open(op.Request)
 	if err != nil {
-		return tool.Answer{}, sensitiveErr(err)
+		return tool.Answer{}, SensitiveErr(err)
 	}
 	a := d.Tools.Create(op.Tool, op.OperationID, op.RunID, epoch, request)
 	if body, ok := a.Error["body"]; ok {
@@ -331,7 +331,7 @@ func (d *Dispatcher) Send(ctx context.Context, op *Operation, epoch int64) (tool
 		// sensitive field: kept on the ledger, so sealed (contract section 9).
 		sealed, err := d.Seal.Seal(body)
 		if err != nil {
-			return tool.Answer{}, sensitiveErr(err)
+			return tool.Answer{}, SensitiveErr(err)
 		}
 		a.Error["body"] = sealed
 	}

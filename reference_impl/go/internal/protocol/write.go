@@ -252,7 +252,7 @@ func (w *Writer) apply(ctx context.Context, tx pgx.Tx, wr *Write, status string,
 	}
 	sealed, err := w.Seal.Seal(wr.State)
 	if err != nil {
-		return nil, sensitiveErr(err)
+		return nil, SensitiveErr(err)
 	}
 	state, err := Canonical(sealed)
 	if err != nil {
@@ -282,7 +282,7 @@ func (w *Writer) ledger(ctx context.Context, tx pgx.Tx, wr *Write, tenant string
 	case "intent":
 		sealed, err := w.Seal.Seal(e.Request)
 		if err != nil {
-			return "", sensitiveErr(err)
+			return "", SensitiveErr(err)
 		}
 		body, err := Canonical(sealed)
 		if err != nil {
@@ -347,10 +347,13 @@ func (w *Writer) ledger(ctx context.Context, tx pgx.Tx, wr *Write, tenant string
 	return "", nil
 }
 
-// sensitiveErr names a sealing refusal in the contract's vocabulary.
-func sensitiveErr(err error) error {
+// SensitiveErr names a sealing refusal in the contract's vocabulary.
+func SensitiveErr(err error) error {
 	if errors.Is(err, sealing.ErrNoKey) {
 		return newErr("SensitiveDataWithoutKey", "no_key", "%v", err)
+	}
+	if errors.Is(err, sealing.ErrForged) {
+		return newErr("BadRequest", "sealed_mark", "%v", err)
 	}
 	return err
 }

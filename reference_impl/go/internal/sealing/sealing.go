@@ -61,21 +61,41 @@ func New(keyText string) (*Sealer, error) {
 	return &Sealer{aead: aead}, nil
 }
 
-func isSealed(v any) bool {
+// ErrForged: an object names the sealed mark but is no sealed value of this
+// worker's form; taken as sealed, an input could pass a clear value off as
+// sealed, or hide one beside the mark, and have it stored in clear.
+var ErrForged = errors.New("an object naming \"$sealed\" must be a sealed value (one key, a token that opens under the key), nothing else")
+
+// sealed says whether v names the mark: nil error when it is a sealed value
+// of ours (without a key only its form can be judged: a worker without one
+// still carries values sealed by another), ErrForged when it is not.
+func (s *Sealer) sealed(v any) (bool, error) {
 	m, ok := v.(map[string]any)
 	if !ok {
-		return false
+		return false, nil
 	}
-	_, sealed := m[mark]
-	return sealed
+	token, named := m[mark]
+	if !named {
+		return false, nil
+	}
+	text, ok := token.(string)
+	if len(m) != 1 || !ok || !strings.HasPrefix(text, version) {
+		return true, ErrForged
+	}
+	if s.aead != nil {
+		if _, err := s.openOne(text); err != nil {
+			return true, ErrForged
+		}
+	}
+	return true, nil
 }
 
 // Seal returns v with every sensitive field sealed (sealed ones kept).
 func (s *Sealer) Seal(v any) (any, error) {
 	switch x := v.(type) {
 	case map[string]any:
-		if isSealed(x) {
-			return x, nil
+		if named, err := s.sealed(x); named {
+			return x, err
 		}
 		out := make(map[string]any, len(x))
 		for k, e := range x {
@@ -132,8 +152,8 @@ func (s *Sealer) Open(v any) (any, error) {
 }
 
 func (s *Sealer) sealOne(v any) (any, error) {
-	if isSealed(v) {
-		return v, nil
+	if named, err := s.sealed(v); named {
+		return v, err
 	}
 	if s.aead == nil {
 		return nil, ErrNoKey

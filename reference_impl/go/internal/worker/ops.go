@@ -275,7 +275,7 @@ func (o *Ops) createRun(c *opCtx, args map[string]any) (any, error) {
 	}
 	sealed, err := o.rt.Seal.Seal(input)
 	if err != nil {
-		return nil, err
+		return nil, protocol.SensitiveErr(err)
 	}
 	maxAttempts := int64(12)
 	done := record("create_run", ids{}, map[string]any{"task_id": taskID})
@@ -504,7 +504,7 @@ func (o *Ops) decide(c *opCtx, args map[string]any) (any, error) {
 	if s, ok := args["supplement"].(map[string]any); ok {
 		sealed, err := o.rt.Seal.Seal(s)
 		if err != nil {
-			return nil, err
+			return nil, protocol.SensitiveErr(err)
 		}
 		if supplement, err = protocol.Canonical(sealed); err != nil {
 			return nil, err
