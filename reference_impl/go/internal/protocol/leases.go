@@ -108,7 +108,7 @@ func (p *Protocol) leaseMiss(ctx context.Context, db DB, runID string) (string, 
 func (p *Protocol) Renew(ctx context.Context, db DB, l Lease, leaseMS int64) (time.Time, error) {
 	rows, err := db.Query(ctx, p.SQL.Renew, l.RunID, l.Owner, l.Epoch, leaseMS)
 	if err != nil {
-		return time.Time{}, err
+		return time.Time{}, renewRefused(err)
 	}
 	var expires time.Time
 	for rows.Next() {
@@ -119,7 +119,7 @@ func (p *Protocol) Renew(ctx context.Context, db DB, l Lease, leaseMS int64) (ti
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {
-		return time.Time{}, err
+		return time.Time{}, renewRefused(err)
 	}
 	if !p.RenewConfirmed(rows.CommandTag()) {
 		why, err := p.leaseMiss(ctx, db, l.RunID)
@@ -129,6 +129,16 @@ func (p *Protocol) Renew(ctx context.Context, db DB, l Lease, leaseMS int64) (ti
 		return time.Time{}, newErr("LeaseLost", why, "renew refused: %s", why)
 	}
 	return expires, nil
+}
+
+// renewRefused names the database guard's refusal of a renewal (FC013: the
+// lease ran out while the renewal waited on the run's row, its WHERE judged
+// before the wait) as the contract does: LeaseLost, not a database error.
+func renewRefused(err error) error {
+	if SQLState(err) == "FC013" {
+		return newErr("LeaseLost", "expired", "renew refused: the lease ran out while the renewal waited (%v)", err)
+	}
+	return err
 }
 
 // Release gives the lease back, keeping the epoch.
