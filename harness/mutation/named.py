@@ -41,6 +41,13 @@ from harness.evidence.summary import ExperimentResult
 from harness.parts.pg_binaries import find_pg_binaries
 from harness.verdict import Verdict
 
+#: As `fencecheck run` and `mutants --auto`: a run against a mutant that ended
+#: unknown (it proved nothing: a fault a loaded machine kept from taking
+#: effect) runs once more; a fail never does. Without it a catcher whose fault
+#: missed once left its mutant "not caught" (seen in CI: H[sync_cancelled_wait]
+#: never saw its COMMIT wait for the standby under load).
+RETRY_UNKNOWN = 1
+
 
 class MutantListUnavailable(RuntimeError):
     """The worker command cannot list its mutants."""
@@ -190,13 +197,15 @@ def check_mutant(
     own = report_dir / mutant.name
     with base.worker_view(settings, f"fc_mutant_{mutant.name}"[:63], own / "logs") as shared:
         results += run_jobs(
-            shared, jobs_for(expected, 1), report_dir=own, seed=seed, parallel=parallel
-        )
+            shared, jobs_for(expected, 1), report_dir=own, seed=seed, parallel=parallel,
+            retry_unknown=RETRY_UNKNOWN,
+        )  # fmt: skip
         expected_caught = bool(_failed(results))
         if not expected_caught and not stopping.requested():
             results += run_jobs(
-                shared, jobs_for(rest, 1), report_dir=own, seed=seed, parallel=parallel
-            )
+                shared, jobs_for(rest, 1), report_dir=own, seed=seed, parallel=parallel,
+                retry_unknown=RETRY_UNKNOWN,
+            )  # fmt: skip
     failed = _failed(results)
     detail = (
         "; ".join(f"{r.name}: {r.reason}" for r in failed)
