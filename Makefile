@@ -122,25 +122,31 @@ smoke: setup
 # the Go worker: go vet, go test (against a real PostgreSQL it starts with the
 # harness's binaries) and the whole matrix against the Go binary.
 # Two parts at once (each its own process: no state shared but the machine):
-# the mutants that prove the matrix can fail, the matrix on the other
-# PostgreSQL majors and the interrupt tests, then the Go worker's checks and
-# matrix, beside the rest of the suite (balanced to about equal lengths: on a
-# fresh 2-core machine, at 07001fc, the suite took 724 s and the part beside
-# it 871 s with the Go worker's checks and matrix; the explore and reaping
-# tests, about 85 s, went back into the suite). They mostly wait on leases, so side by
-# side they take little more than the longer part alone; the harness's
-# verdicts are meant to hold on a loaded machine, and this is one. The second
-# part's output is kept in reports/test-mutants-and-go.log and printed after.
+#   beside: the mutants that prove the matrix can fail, the matrix on the other
+#           PostgreSQL majors and the interrupt tests (then, with
+#           TEST_CONTAINERS=1 as .ci/run sets it, the container stage:
+#           `make test-containers`);
+#   main:   the rest of the suite, then the Go worker's checks and matrix.
+# They mostly wait on leases, so side by side they take little more than the
+# longer part alone (balanced to about equal lengths: see docs/ci.md, "How
+# long CI takes"); the harness's verdicts are meant to hold on a loaded
+# machine, and this is one. The beside part's output is kept in
+# reports/test-mutants-and-go.log and printed after.
 BESIDE_TESTS := tests/test_mutants_caught.py tests/test_pg_versions.py tests/harness/test_interrupts.py
-test: setup lint browser
+TEST_CONTAINERS ?= 0
+# The container extras are installed before the two parts start: pip
+# rewriting the editable install while the suite imports from it is a race.
+TEST_NEEDS := setup lint browser $(if $(filter 1,$(TEST_CONTAINERS)),$(VENV)/.installed-containers)
+test: $(TEST_NEEDS)
 	@mkdir -p $(REPORT_DIR); log=$(REPORT_DIR)/test-mutants-and-go.log; \
 	( FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(BESIDE_TESTS) $(PYTEST_ARGS) \
-	  && $(MAKE) --no-print-directory go-check go-matrix ) > $$log 2>&1 & other=$$!; \
+	  $(if $(filter 1,$(TEST_CONTAINERS)),&& $(MAKE) --no-print-directory test-containers) ) > $$log 2>&1 & other=$$!; \
 	trap 'kill $$other 2>/dev/null; wait $$other 2>/dev/null' INT TERM; \
-	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(addprefix --ignore=,$(BESIDE_TESTS)) $(PYTEST_ARGS); main=$$?; \
+	FENCECHECK_TOXIPROXY=$(TOXIPROXY) $(PY) -m pytest $(addprefix --ignore=,$(BESIDE_TESTS)) $(PYTEST_ARGS) \
+	  && $(MAKE) --no-print-directory go-check go-matrix; main=$$?; \
 	wait $$other; rc=$$?; \
-	echo "==== mutants and the Go worker (beside the suite; $$log) ===="; cat $$log; \
-	echo "make test: suite exit $$main, mutants and Go exit $$rc"; \
+	echo "==== beside the suite: mutants, PostgreSQL majors, interrupts$(if $(filter 1,$(TEST_CONTAINERS)), and containers) ($$log) ===="; cat $$log; \
+	echo "make test: suite and Go exit $$main, beside exit $$rc"; \
 	[ $$main = 0 ] && [ $$rc = 0 ]
 
 go-check: setup

@@ -45,7 +45,10 @@ class Checkpoint:
 
 
 def _require(state: dict[str, Any], key: str, kind: type, version: int) -> Any:
-    if key not in state or not isinstance(state[key], kind):
+    value = state.get(key)
+    # JSON true is no integer, though Python's bool is one: a cursor of true
+    # would resume at step 1 (blind hunt 64's reader; the Go worker refuses it).
+    if key not in state or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise SchemaVersionUnknown(
             f"checkpoint v{version} lacks a valid {key!r} ({kind.__name__}): refused, not defaulted",
             reason="malformed",

@@ -79,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with --auto results.json and summary.md, are always written; `fencecheck report "
         "DIR` builds the pages later)",
     )
+    parser.add_argument(
+        "--every-catcher",
+        action="store_true",
+        help="named mutants: run every expected catcher of each mutant (by default they run "
+        "the quickest first and none starts after the first fail: one catch is enough)",
+    )
     shard_option(parser, "mutants")
     add_gate_option(parser)
     common_env_options(parser)
@@ -158,6 +164,8 @@ def main(args: argparse.Namespace) -> int:
     if args.rebuild_report:
         with stopping.interruptible():  # it only reads and builds: a signal ends it at once
             return _rebuild(args)
+    if args.every_catcher and (args.auto or args.explore):
+        raise UsageError("--every-catcher is for named mutants run against the matrix")
     if args.auto:
         if args.seed is None:
             args.seed = 0
@@ -181,6 +189,7 @@ def main(args: argparse.Namespace) -> int:
             shard=shard_from_args(args),
             fail_on=args.fail_on,
             run_pages=not args.no_pages,
+            every_catcher=args.every_catcher,
         )
     except (MutantListUnavailable, ValueError) as exc:
         raise UsageError(str(exc)) from exc

@@ -18,6 +18,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -1051,6 +1052,49 @@ def run_jobs(
             r if r is not None else interrupted_result(jobs[i], started_at.get(i), progress)
             for i, r in enumerate(results)
         ]
+
+
+def run_jobs_until_fail(
+    shared: SharedServices,
+    jobs: Sequence[Job],
+    *,
+    report_dir: Path,
+    seed: int,
+    parallel: int,
+    stop: Callable[[], bool] | None = None,
+    retry_unknown: int = 0,
+) -> list[ExperimentResult]:
+    """Run ``jobs`` in the order given, ``parallel`` at a time; start none after
+    the first *fail* or once ``stop()`` is true (the ones already running finish
+    and are kept). One result per job started, in the order they ended: a
+    mutant needs one catch, so the caller puts its likeliest or cheapest
+    catchers first. An *unknown* runs again up to ``retry_unknown`` times."""
+    queue = list(jobs)
+    results: list[ExperimentResult] = []
+    failed = False
+
+    def more() -> bool:
+        return bool(queue) and not failed and not (stop is not None and stop())
+
+    def attempt(job: Job) -> ExperimentResult:
+        return again_while_unknown(
+            lambda: run_job(shared, job, report_dir=report_dir, seed=seed),
+            job.label,
+            report_dir,
+            retry_unknown,
+        )
+
+    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="until-fail") as pool:
+        running: set[Future[ExperimentResult]] = set()
+        while running or more():
+            while more() and len(running) < parallel:
+                running.add(pool.submit(attempt, queue.pop(0)))
+            done, running = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                result = future.result()
+                results.append(result)
+                failed = failed or result.verdict is Verdict.FAIL
+    return results
 
 
 def again_while_unknown(

@@ -39,7 +39,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +48,7 @@ from typing import Any, Literal
 import scenarios
 from harness import stopping
 from harness.engine.environment import CALLS_FILE, Settings, SharedServices
-from harness.engine.runner import Job, again_while_unknown, jobs_for, run_job, run_jobs
+from harness.engine.runner import Job, jobs_for, run_jobs, run_jobs_until_fail
 from harness.evidence.summary import ExperimentResult
 from harness.mutation.catalog import source_files
 from harness.mutation.ordering import CatcherOrder, result_label
@@ -112,53 +112,10 @@ class AutoRun:
     baseline_s: float | None
 
 
-def run_until_fail(
-    shared: SharedServices,
-    jobs: Sequence[Job],
-    *,
-    report_dir: Path,
-    seed: int,
-    parallel: int,
-    stop: Callable[[], bool] | None = None,
-) -> list[ExperimentResult]:
-    """Run ``jobs`` in order, ``parallel`` at a time; start none after the first fail
-    or once ``stop()`` is true (the ones already running finish and are kept)."""
-    queue = list(jobs)
-    results: list[ExperimentResult] = []
-    failed = False
-
-    def more() -> bool:
-        return bool(queue) and not failed and not (stop is not None and stop())
-
-    with ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="auto-exp") as pool:
-        running: set[Future[ExperimentResult]] = set()
-        while running or more():
-            while more() and len(running) < parallel:
-                job = queue.pop(0)
-                running.add(pool.submit(_run_job_again_if_unknown, shared, job, report_dir, seed))
-            done, running = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
-                result = future.result()
-                results.append(result)
-                failed = failed or result.verdict is Verdict.FAIL
-    return results
-
-
 #: How often an experiment that ended *unknown* against a mutant runs again:
 #: on a loaded machine a catcher excused by a stall proved nothing, and
 #: without another attempt the mutant would count as survived.
 RETRY_UNKNOWN = 1
-
-
-def _run_job_again_if_unknown(
-    shared: SharedServices, job: Job, report_dir: Path, seed: int
-) -> ExperimentResult:
-    return again_while_unknown(
-        lambda: run_job(shared, job, report_dir=report_dir, seed=seed),
-        job.label,
-        report_dir,
-        RETRY_UNKNOWN,
-    )
 
 
 class _Runner:
@@ -301,13 +258,14 @@ class _Runner:
                 ordered = last(self.order.order(mutant, self.jobs), self.unreliable)
             if self.reach is not None:  # the experiments that run the mutated code
                 ordered = self.reach.jobs_for(mutant, ordered)
-            results = run_until_fail(
+            results = run_jobs_until_fail(
                 view,
                 ordered,
                 report_dir=report_dir,
                 seed=self.options.seed,
                 parallel=self.options.parallel,
                 stop=self.cut_short,
+                retry_unknown=RETRY_UNKNOWN,
             )
         with self._lock:
             outcome = distrust(classify(mutant, results), self.unreliable)

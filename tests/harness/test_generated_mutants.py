@@ -15,6 +15,7 @@ import scenarios
 from harness.cli import main as cli_main
 from harness.cli.explore import duration
 from harness.cli.mutants import TRIAGE_FILE
+from harness.engine import runner
 from harness.engine.runner import Job, jobs_for
 from harness.evidence.summary import ExperimentResult
 from harness.mutation import auto, catalog, triage
@@ -289,8 +290,14 @@ def test_run_until_fail_starts_nothing_after_a_fail(monkeypatch: pytest.MonkeyPa
             started.append(job.label)
         return _result(job.label, Verdict.FAIL if job.label == "B" else Verdict.PASS)
 
-    monkeypatch.setattr(auto, "run_job", fake_run_job)
-    results = auto.run_until_fail(None, jobs, report_dir=Path("/nonexistent"), seed=1, parallel=1)  # type: ignore[arg-type]
+    monkeypatch.setattr(runner, "run_job", fake_run_job)
+    results = runner.run_jobs_until_fail(
+        None,  # type: ignore[arg-type]
+        jobs,
+        report_dir=Path("/nonexistent"),
+        seed=1,
+        parallel=1,
+    )
     assert started == ["A", "B"]
     assert [r.verdict for r in results] == [Verdict.PASS, Verdict.FAIL]
 
@@ -303,8 +310,8 @@ def test_run_until_fail_starts_nothing_once_told_to_stop(monkeypatch: pytest.Mon
         started.append(job.label)
         return _result(job.label, Verdict.PASS)
 
-    monkeypatch.setattr(auto, "run_job", fake_run_job)
-    results = auto.run_until_fail(
+    monkeypatch.setattr(runner, "run_job", fake_run_job)
+    results = runner.run_jobs_until_fail(
         None,  # type: ignore[arg-type]
         jobs,
         report_dir=Path("/nonexistent"),

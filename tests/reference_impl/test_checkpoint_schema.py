@@ -38,3 +38,10 @@ def test_v1_missing_fields_refused_not_defaulted() -> None:
 def test_hash_mismatch_refused() -> None:
     with pytest.raises(CheckpointCorrupt):
         decode(1, 2, {"a": 1}, state_hash({"a": 2}))
+
+
+@pytest.mark.parametrize("cursor", [True, False, 1.0, "1", None])
+def test_a_cursor_that_is_no_json_integer_is_refused(cursor: object) -> None:
+    state = {"plan": ["plan", "lookup", "finish"], "cursor": cursor, "data": {}, "results": {}}
+    with pytest.raises(SchemaVersionUnknown):
+        validate_v2(state)
