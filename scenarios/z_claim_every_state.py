@@ -43,7 +43,7 @@ from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec, plain
 from harness.parts.control import Hold
-from harness.parts.processes import WorkerProcess
+from harness.parts.processes import OpReply, WorkerProcess
 from scenarios.common import control_plane, crash_in_op, intent_registered, new_run, seen_within
 
 SHORT_TTL_MS = 300
@@ -275,13 +275,27 @@ def _dispatch_skips_a_held_intent(ctx: ExperimentContext) -> None:
     for i, run in enumerate(runs):
         worker = ctx.env.start_worker(f"I{i}", "ops", tenant_id=tenant)
         ops.append(intent_registered(ctx, worker, run, tool="plain", step_id="z.intent"))
-    _cycle_beside_a_held_row(
+    judged = _cycle_beside_a_held_row(
         ctx,
         ctx.env.start_worker("D", "ops", tenant_id=tenant),
         "dispatch",
         runs,
         ops,
         "a dispatcher's claim of any intent skips a ledger row another session holds",
+    )
+    if judged is None:
+        return
+    # Skipped, not refused: the cycle goes on to the free intent (blind hunt
+    # 64 #07: a claim FOR UPDATE NOWAIT answered an error at once, without
+    # waiting, and claimed nothing).
+    reply, statuses = judged
+    ctx.invariant(
+        "a dispatch cycle beside a held intent claims the free one",
+        reply.ok and statuses[1] not in (None, "prepared"),
+        expected=f"the cycle answered ok and claimed {ops[1]} (prepared, its row free), "
+        f"passing {ops[0]}'s held row by",
+        observed=f"reply {reply.result if reply.ok else reply.error}; the two operations now "
+        f"{statuses}",
     )
 
 
@@ -480,17 +494,18 @@ def _cycle_beside_a_held_row(
     runs: list[str],
     ops: list[str],
     name: str,
-) -> None:
+) -> tuple[OpReply, list[str | None]] | None:
     """Judge ``name``: a ``cycle`` (dispatch, reconcile) of ``worker`` answers
     while the harness holds the ledger row of ``ops[0]``, none of its sessions
-    waiting on it."""
+    waiting on it. The reply and the operations' statuses after it (None when
+    the system has no such cycle)."""
     with checkers.row_locked(ctx, "tool_operations", "operation_id", ops[0]) as lock:
         pending = ctx.op_async(worker, cycle, {})
         waited = lock.answered_or_waiting(pending, worker.worker_id)
     reply = pending.result(15.0)
     if reply.error == "Unsupported":
         ctx.not_judged(name, expected=f"a {cycle} cycle", observed="the system has none")
-        return
+        return None
     statuses = [
         next((o["status"] for o in checkers.ledger(ctx, run) if o["operation_id"] == op), None)
         for run, op in zip(runs, ops, strict=True)
@@ -504,6 +519,7 @@ def _cycle_beside_a_held_row(
         + f"; reply {reply.result if reply.ok else reply.error}; the two operations now "
         f"{statuses}",
     )
+    return reply, statuses
 
 
 def _reconcile_skips_a_held_claim(ctx: ExperimentContext) -> None:
