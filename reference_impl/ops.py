@@ -56,6 +56,17 @@ def _uuid(args: dict[str, Any], key: str) -> uuid.UUID:
     return uuid.UUID(str(args[key]))
 
 
+def _object(value: Any, what: str, default: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON object argument (``default`` for null or absent). Not ``dict()``:
+    that also makes an object of a list of pairs, so ``[["amount", 12]]`` would
+    pass for a supplement the contract refuses (V; blind hunt 65's reader)."""
+    if value is None and default is not None:
+        return dict(default)
+    if not isinstance(value, dict):
+        raise ValueError(f"{what} must be a JSON object, not {type(value).__name__}")
+    return dict(value)
+
+
 def _ticket(args: dict[str, Any]) -> str | None:
     ticket = args.get("ticket")
     return str(ticket) if ticket not in (None, "") else None
@@ -240,7 +251,7 @@ class OpsServer:
             return self.rt.runs.create(
                 ctx.session.conn,
                 str(args["task_id"]),
-                dict(args.get("input") or {}),
+                _object(args.get("input"), "input", {}),
                 int(args.get("max_attempts", 12)),
             )
 
@@ -297,7 +308,7 @@ class OpsServer:
             int(args["expected_revision"]),
             "checkpoint",
             # Sensitive fields are stored sealed, as run mode's are (contract §9).
-            self.rt.sealer.seal(dict(args["state"])),
+            self.rt.sealer.seal(_object(args["state"], "state")),
             int(args.get("schema_version", CURRENT_VERSION)),
             "agent.checkpoint",
             self._payload(lease),
@@ -316,7 +327,7 @@ class OpsServer:
             self.rt.settings.tenant, str(lease.run_id), step, version
         )
         cap = str(args.get("capability") or self.rt.tools.capability(tool))
-        request = dict(args["request"])
+        request = _object(args["request"], "request")
         # Stored sealed, its digest of the request as the tool will see it
         # (as the workflow's, reference_impl/workflow.py).
         sealed = self.rt.sealer.seal(request)
@@ -410,7 +421,7 @@ class OpsServer:
                 ctx.session.conn,
                 run_id,
                 str(args["decision"]),
-                dict(supplement) if supplement is not None else None,
+                _object(supplement, "supplement") if supplement is not None else None,
                 str(args["reason"]),
                 _ticket(args),
             )
@@ -467,7 +478,7 @@ class OpsServer:
         op_id = str(args["operation_id"])
         with history.operation("deliver_callback", run_id=run_id, operation_id=op_id) as h:
             accepted = self.rt.runs.deliver_callback(
-                ctx.session.conn, run_id, op_id, dict(args.get("payload") or {})
+                ctx.session.conn, run_id, op_id, _object(args.get("payload"), "payload", {})
             )
             h.detail.update(accepted=accepted)
         return {"accepted": accepted}

@@ -66,7 +66,8 @@ class ToolGateway:
         only; None when it declares none)."""
         if self.capability(tool) != "idempotent" or self._retention_s is None:
             return None
-        return int(self._retention_s * 1000)
+        # Rounded, not truncated: 1.005 s is 1004.999... ms in binary floating point.
+        return round(self._retention_s * 1000)
 
     def create(
         self,

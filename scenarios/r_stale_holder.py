@@ -272,6 +272,17 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
                 interval_ms=interval_ms,
                 timeout_ms=ctx.env.heartbeat_timeout_ms,
             )
+        # A request with an action that is neither must be refused and change
+        # nothing: the heartbeat just started keeps B's lease live through the
+        # stale attempts below (blind hunt 65's reader: the Go worker stopped
+        # the running heartbeat before it looked at the action).
+        bad = ctx.op(b, "heartbeat", run_id=run_id, epoch=new["epoch"], action="pause")
+        ctx.invariant(
+            "a heartbeat request with an unknown action is refused",
+            not bad.ok,
+            expected="heartbeat action 'pause' refused (the action is start or stop)",
+            observed=f"reply {'ok' if bad.ok else bad.error}",
+        )
     heartbeat_mark, heartbeat_started_at = checkers.audit_mark(ctx), time.time()
     current = new["revision"]
     if caps.checkpoints:

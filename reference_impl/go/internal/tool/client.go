@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"strings"
@@ -95,7 +96,8 @@ func (c *Client) RetentionMS(name string) (*int64, error) {
 	if c.retentionS == nil {
 		return nil, nil
 	}
-	ms := int64(*c.retentionS * 1000)
+	// Rounded, not truncated: 1.005 s is 1004.999... ms in binary floating point.
+	ms := int64(math.Round(*c.retentionS * 1000))
 	return &ms, nil
 }
 

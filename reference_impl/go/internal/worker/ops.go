@@ -670,6 +670,11 @@ func (o *Ops) heartbeat(c *opCtx, args map[string]any) (any, error) {
 	l := o.lease(args)
 	key := hbKey(l)
 	action := optStr(args, "action", "start")
+	// Refused before anything changes: a bad action must not stop the lease's
+	// running heartbeat (blind hunt 65's reader: it did, and the lease ran out).
+	if action != "start" && action != "stop" {
+		return nil, badRequest{"action is start or stop"}
+	}
 	o.hbMu.Lock()
 	old := o.heartbeats[key]
 	delete(o.heartbeats, key)
@@ -683,9 +688,6 @@ func (o *Ops) heartbeat(c *opCtx, args map[string]any) (any, error) {
 			return map[string]any{}, nil
 		}
 		return map[string]any{"cancelled": !errors.Is(context.Cause(old.ctx), errFinished)}, nil
-	case "start":
-	default:
-		return nil, badRequest{"action is start or stop"}
 	}
 	interval, timeout := num(args, "interval_ms", &o.rt.S.HeartbeatMS), num(args, "timeout_ms", &o.rt.S.HeartbeatTimeoutMS)
 	if interval <= 0 {
