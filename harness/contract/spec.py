@@ -154,8 +154,19 @@ def invalid_choices(ops: Sequence[Operation]) -> list[tuple[str, str, str]]:
         (o.op, arg, value)
         for o in controls
         for arg, allowed in enumerated_args(o.op).items()
-        for value in everything
+        for value in [*everything, *_near_misses(allowed)]
         if value not in allowed
+    ]
+
+
+def _near_misses(allowed: Sequence[str]) -> list[str]:
+    """Each allowed value in another case or with a space around it: a value is
+    the contract's word exactly or not at all (blind hunt 65 #08: a Go helper
+    that lower-cased and trimmed decisions "typed by hand" took "Approve")."""
+    return [
+        variant
+        for value in allowed
+        for variant in (value.upper(), value.capitalize(), f" {value}", f"{value} ")
     ]
 
 
