@@ -563,6 +563,17 @@ def run(ctx: ExperimentContext) -> None:
             rev = _read_back_without_a_sync_standby(ctx, primary, w, run_id, lease["epoch"], rev)
             primary.set_sync_standby("replica")
             ctx.command("synchronous replication on again (the standby named, sync_state sync)")
+            # The same process asked again: the mode is read from the server
+            # each time, not kept from the first answer (blind hunt 65 #06: a
+            # Go durability op that cached its first reading said async here).
+            again = ctx.ok(w, "durability")
+            ctx.invariant(
+                "one process's durability follows the server's settings",
+                declared.get("mode") == "async" and again.get("mode") == "sync",
+                expected="W's durability async while no standby is named, sync once it is "
+                "named again and streams in sync",
+                observed=f"before {declared.get('mode')}, after {again.get('mode')}",
+            )
         ctx.cut("replication")
         _wait_link_down(primary)
         pending = ctx.op_async(
