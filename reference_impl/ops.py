@@ -459,7 +459,12 @@ class OpsServer:
     def complete(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease(args)
         self._check_not_cancelled(lease)
-        state = {**self._current_state(ctx, lease.run_id), "result": args.get("result")}
+        # Sealed as save_checkpoint's state is (contract section 9): a result
+        # may carry a sensitive field (blind hunt 66's reader: it was stored in
+        # clear; the Go writer seals every state). Values already sealed stay.
+        state = self.rt.sealer.seal(
+            {**self._current_state(ctx, lease.run_id), "result": args.get("result")}
+        )
         w = Write(
             lease,
             int(args["expected_revision"]),

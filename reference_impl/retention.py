@@ -37,11 +37,18 @@ def purge(
             {"ms": round(older_than_s * 1000), "limit": limit, "reason": reason, "ticket": ticket},
         )
         if archive is not None and rows:
+            created = not archive.exists()
             with archive.open("a", encoding="utf-8") as f:
                 for row in rows:
                     f.write(json.dumps(row["archived"], default=str, sort_keys=True) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
+            if created:  # a new file's name is durable only once its directory is synced
+                fd = os.open(archive.parent, os.O_RDONLY)
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
     return {
         "purged_tasks": [r["task_id"] for r in rows],
         "archive": str(archive) if archive else None,

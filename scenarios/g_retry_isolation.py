@@ -342,19 +342,25 @@ def _notice_without_resource_refused(
     """A callback for the same operation that names no resource (a tool's
     progress or failure notice) converges nothing: the operation converges
     only to the resource a callback names (contract section 5), and a
-    success without one is no fact about the tool."""
+    success without one is no fact about the tool. An empty ``resource_id``
+    names none either (blind hunt 66's reader: the Python SQL took "" for a
+    resource, the Go worker refused it)."""
     notice = {k: v for k, v in moment.payload.items() if k not in ("resource_id", "remote_id")}
     before = _operation(ctx, moment.op_id)
-    reply = ctx.op(
-        ctl, "deliver_callback", run_id=moment.run_id, operation_id=moment.op_id, payload=notice
-    )
+    replies = []
+    for payload in (notice, {**notice, "resource_id": ""}):
+        reply = ctx.op(
+            ctl, "deliver_callback", run_id=moment.run_id, operation_id=moment.op_id,
+            payload=payload,
+        )  # fmt: skip
+        replies.append(f"ok={reply.ok} {reply.result or reply.error}")
     after = _operation(ctx, moment.op_id)
     ctx.equal(
         "a callback naming no resource converged nothing",
         (after["status"], after["remote_id"]),
         (before["status"], before["remote_id"]),
-        what=f"(status, remote_id) of the operation (reply ok={reply.ok} "
-        f"{reply.result or reply.error})",
+        what=f"(status, remote_id) of the operation (without resource_id, then with it empty: "
+        f"{'; '.join(replies)})",
     )
 
 

@@ -120,6 +120,16 @@ class Takeover:
     # Audit position and time once B's (second) heartbeat start was answered.
     heartbeat_mark: int = 0
     heartbeat_started_at: float = 0.0
+    # When B's claim was sent: from its grant, B's lease lives one TTL, and
+    # whether the heartbeat's first renewal comes within it is timing (a
+    # harness stall while the claim was answered once let it run out: the
+    # window of B's heartbeat checks starts here, not at the start).
+    claimed_at: float = 0.0
+    # Seconds B's lease had left when its heartbeat's first renewal was due
+    # (one asked interval after the second start was answered), by database
+    # time; None without a heartbeat. Not above 0: the harness was too slow
+    # between the grant and the start for any heartbeat to renew in time.
+    left_at_first_renewal_s: float | None = None
 
     def values(self, case: Case) -> dict[str, Any]:
         """The identity and revision a case presents. A stale revision is the
@@ -190,7 +200,9 @@ def run(ctx: ExperimentContext) -> None:
         c["renewal"] and c["run_id"] == run_id
         for c in checkers.changes_by(ctx, ["B"], after_seq=takeover.heartbeat_mark)
     )
-    if not live_at_every_attempt and unrenewed:
+    if not live_at_every_attempt and unrenewed and _too_late_for_a_renewal(ctx, takeover):
+        pass
+    elif not live_at_every_attempt and unrenewed:
         # B's heartbeat never renewed the lease: the worker's failure, not a
         # fault that did not take effect (generated 62d27323: a heartbeat
         # start that started nothing ended R unknown).
@@ -200,7 +212,7 @@ def run(ctx: ExperimentContext) -> None:
             expected="renewals of B's lease by B's session (audit trail) after its heartbeat "
             "was started",
             observed=f"no renewal by B; {live['observed']}",
-            since=takeover.heartbeat_started_at,
+            since=takeover.claimed_at,
         )
         ctx.probe_reached("B's lease was live at every attempt", False, judges="the stale "
                           "attempts against a live lease", **live)  # fmt: skip
@@ -253,6 +265,7 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
     with renewal_stopped(ctx, a):
         checkers.wait_lease_expired(ctx, run_id)
         expired = checkers.run_row(ctx, run_id, "the run with A's lease expired, before B's claim")
+        claimed_at = time.time()
         new = ctx.ok(b, "claim", run_id=run_id)
     if caps.offers_op("heartbeat"):
         # Started twice: a start for a lease that has one replaces it (contract
@@ -272,6 +285,9 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
                 interval_ms=interval_ms,
                 timeout_ms=ctx.env.heartbeat_timeout_ms,
             )
+        due_at = time.time() + ASKED_INTERVAL_FACTOR * ctx.env.heartbeat_ms / 1000
+        left_s = _lease_left_s(ctx, run_id)
+        left_at_first_renewal_s = None if left_s is None else left_s - (due_at - time.time())
         # A request with an action that is neither must be refused and change
         # nothing: the heartbeat just started keeps B's lease live through the
         # stale attempts below (blind hunt 65's reader: the Go worker stopped
@@ -308,7 +324,41 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
         raise Inconclusive(
             f"A and B present the same owner {old['owner']!r}: nothing to tell apart"
         )
-    return Takeover(run_id, old, new, stale, current, heartbeat_mark, heartbeat_started_at)
+    return Takeover(
+        run_id, old, new, stale, current, heartbeat_mark, heartbeat_started_at, claimed_at,
+        left_at_first_renewal_s,
+    )  # fmt: skip
+
+
+def _lease_left_s(ctx: ExperimentContext, run_id: str) -> float | None:
+    """Seconds the run's lease has left by database time (None without one)."""
+    rows = ctx.env.query(
+        "SELECT extract(epoch FROM lease_expires_at - clock_timestamp())::float8 AS left_s "
+        "FROM fencecheck_model.agent_runs WHERE run_id::text = %s",
+        [run_id],
+    )
+    return None if not rows or rows[0]["left_s"] is None else float(rows[0]["left_s"])
+
+
+def _too_late_for_a_renewal(ctx: ExperimentContext, takeover: Takeover) -> bool:
+    """When B's lease would run out before its heartbeat's first renewal was
+    even due, the harness's own delay between the grant and the start decided
+    it (seen in CI: a stall while B's claim was answered): a fault not in
+    effect, never the worker's failure. True then (and recorded)."""
+    left = takeover.left_at_first_renewal_s
+    if left is None or left > 0:
+        return False
+    name = "B's heartbeat was started with time for its first renewal"
+    if any(c.name == name for c in ctx.checks):
+        return True
+    ctx.fault(
+        name,
+        False,
+        expected="B's lease still live when its heartbeat's first renewal is due (one asked "
+        "interval after the start)",
+        observed=f"the lease would have run out {-left:.3f}s before that renewal was due",
+    )
+    return True
 
 
 def _attempt(
@@ -368,6 +418,8 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, takeover: Takeove
         )
     except WaitTimeout:
         before = []
+    if not before and _too_late_for_a_renewal(ctx, takeover):
+        return
     # A heartbeat started must renew (contract section 5): one that never
     # does is the worker's failure, not a fault that did not take effect
     # (generated 62d27323: a start that started nothing ended R unknown).
@@ -377,7 +429,7 @@ def _heartbeat_stops(ctx: ExperimentContext, b: WorkerProcess, takeover: Takeove
         expected="at least one renewal of B's lease by B's session (audit trail) within 5 s "
         "and two intervals of its start",
         observed=f"{len(before)} renewal(s) by B before the stop",
-        since=takeover.heartbeat_started_at,
+        since=takeover.claimed_at,
     ):
         return
     _renewals_keep_the_asked_interval(ctx, takeover, renewals)

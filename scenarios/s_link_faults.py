@@ -747,17 +747,22 @@ def _after_late_answer(
     queries = [q for q in checkers.tool_log(ctx)["queries"] if q.get("operation_id") == op_id]
     ctx.invariant(
         "the late outcome converged by query, never by a resend",
-        row["status"] == "succeeded"
-        and len(creates) == 1
+        len(creates) == 1
         and [(o["status"], o["remote_id"]) for o in ledger]
         == [("succeeded", r["resource_id"]) for r in resources]
         and any(q.get("outcome") == "found" for q in queries),
         expected="one create; the operation succeeded with the tool's resource id after a "
-        "query that found it; the run succeeded",
-        observed=f"run {row['status']}; creates {[(r['seq'], r['outcome']) for r in creates]}; "
+        "query that found it",
+        observed=f"creates {[(r['seq'], r['outcome']) for r in creates]}; "
         f"ledger {[(o['status'], o['remote_id']) for o in ledger]}; resources "
         f"{[r['resource_id'] for r in resources]}; queries "
         f"{[(q.get('seq'), q.get('outcome')) for q in queries]}",
+    )
+    # The run's end is progress, not safety: on a loaded machine (CI, the
+    # container stage beside the suite) A ran past its wait with the run still
+    # running, the convergence right; that was judged a broken invariant.
+    ctx.progress_equal(
+        "the run succeeded after the convergence", row["status"], "succeeded", what="run status"
     )
 
 

@@ -328,12 +328,27 @@ def _without_a_data_key(ctx: ExperimentContext) -> list[str]:
         tool="idem",
         request={"kind": "return_label", "customer_token": planted_secret(ctx)},
     )
+    # And a run's result (blind hunt 66's reader: the Python `complete` stored
+    # its result unsealed, where save_checkpoint sealed its state).
+    done = (
+        ctx.op(
+            worker,
+            "complete",
+            **identity,
+            expected_revision=revision,
+            result={"customer_token": planted_secret(ctx)},
+        )
+        if caps.offers_op("complete")
+        else None
+    )
     ctx.invariant(
         KEYLESS,
-        not checkpoint.ok and not intent.ok,
-        expected="save_checkpoint and register_intent each refused (nothing stored in clear: "
-        "the global sensitive-field invariants read every row and log)",
+        not checkpoint.ok and not intent.ok and not (done is not None and done.ok),
+        expected="save_checkpoint, register_intent and complete (where offered) each refused "
+        "(nothing stored in clear: the global sensitive-field invariants read every row and "
+        "log)",
         observed=f"save_checkpoint {'ok' if checkpoint.ok else checkpoint.error}; "
-        f"register_intent {'ok' if intent.ok else intent.error}",
+        f"register_intent {'ok' if intent.ok else intent.error}; complete "
+        + ("not offered" if done is None else "ok" if done.ok else str(done.error)),
     )
     return [run_id]
