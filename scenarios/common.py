@@ -423,6 +423,8 @@ def intent_registered(
     ``conflict_probe`` the same step is then registered again with another
     request body, which must be refused and write nothing."""
     lease = ctx.ok(worker, "claim", run_id=run_id)
+    # A sensitive field in the request: stored sealed (contract section 9).
+    request = {"kind": "return_label", "customer_token": planted_secret(ctx)}
     intent = ctx.ok(
         worker,
         "register_intent",
@@ -432,11 +434,12 @@ def intent_registered(
         step_id=step_id,
         effect_version=1,
         tool=tool,
-        # A sensitive field in the request: stored sealed (contract section 9).
-        request={"kind": "return_label", "customer_token": planted_secret(ctx)},
+        request=request,
     )
     if conflict_probe:
-        _another_body_refused(ctx, worker, run_id, lease["epoch"], intent, tool, step_id)
+        _another_body_refused(
+            ctx, worker, run_id, lease["epoch"], intent, tool, step_id, request
+        )  # fmt: skip
     return str(intent["operation_id"])
 
 
@@ -579,6 +582,7 @@ def _another_body_refused(
     intent: dict[str, Any],
     tool: str,
     step_id: str,
+    request: dict[str, Any],
 ) -> None:
     """The operation_id names the step and its version, not the request: one
     registered again with another body is another intent under a taken id
@@ -599,7 +603,20 @@ def _another_body_refused(
          f"version 1 ({intent['operation_id']}) is registered and not failed_final or "
          "cancelled"),
     )  # fmt: skip
-    for version, name, asked in probes:
+    cases = [
+        (version, name, asked, tool, {"kind": "store_credit"}) for version, name, asked in probes
+    ]
+    # And the same request body sent to another tool: the intent is where it
+    # goes as much as what it says (blind hunt 66 #01: a Python conflict test
+    # that compared run and digest only took it for the stored intent).
+    other_tool = "plain" if tool != "plain" else "idem"
+    cases.append((
+        1, "an operation_id registered again for another tool is refused",
+        f"register_intent of {intent['operation_id']} with the same request for tool "
+        f"{other_tool} (registered for {tool})",
+        other_tool, request,
+    ))  # fmt: skip
+    for version, name, asked, to, request in cases:
         reply, changes = op_and_changes(
             ctx,
             worker,
@@ -609,8 +626,8 @@ def _another_body_refused(
             expected_revision=intent["revision"],
             step_id=step_id,
             effect_version=version,
-            tool=tool,
-            request={"kind": "store_credit"},
+            tool=to,
+            request=request,
         )
         changed = [r for r in changes if not r["renewal"]]
         ctx.invariant(

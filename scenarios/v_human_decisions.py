@@ -129,7 +129,12 @@ def run(ctx: ExperimentContext) -> None:
     # The neighbour's row comes first in the table: a lookup of the run by
     # anything less than its id finds the neighbour.
     other = new_run(ctx, tool="plain") if variant == "supplement" else None
-    run_id = new_run(ctx, tool="plain")
+    # V[supplement]'s run has one attempt: the 422 spends it, so the person's
+    # supplement must give it one more, whatever paused it (blind hunt 66 #02:
+    # a decision that gave the extra attempt only to a run paused for its
+    # spent budget let the next grant take the run past max_attempts).
+    one_attempt = variant == "supplement" and not doubt
+    run_id = new_run(ctx, tool="plain", max_attempts=1 if one_attempt else None)
     ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=run_id)
     ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 422 (for good)")
     first = ctx.env.start_worker("W1", "run", ["--run-id", run_id, "--once"])

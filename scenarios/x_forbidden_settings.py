@@ -128,6 +128,14 @@ def run(ctx: ExperimentContext) -> None:
             claimable.append(what)
         worker = ctx.env.start_worker(name, "run", ["--run-id", run_id, "--once", *flags], env=env)
         outcomes.append((what, name, run_id, finish(ctx, worker)))
+    # The control plane started again under its name, as a restarted process
+    # keeps its FENCECHECK_WORKER_ID, and given a sensitive value to seal: no
+    # two sealed values may share a nonce (the global
+    # effect.sealed_values_never_share_a_nonce; blind hunt 66 #03: nonces from
+    # the worker id and a counter in process memory repeated after a restart).
+    control_plane(ctx).stop()
+    new_run(ctx)
+    ctx.command("the control plane ctl stopped, started again under its name, one run created")
     ctx.fault(
         "each refused worker was handed a claimable run",
         len(claimable) == len(forbidden),
