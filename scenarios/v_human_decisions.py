@@ -312,6 +312,17 @@ def run(ctx: ExperimentContext) -> None:
         ),
         what=f"operator_actions (decision reply {decision})",
     )
+    if ctx.system.capabilities.offers_op("operator_actions"):
+        # The op's list is the table's, oldest first (contract section 5; blind
+        # hunt 66 #07: a Go query ordered newest first; V[supplement_then_doubt]
+        # has two decisions on the run).
+        listed = ctx.op(control_plane(ctx), "operator_actions", run_id=run_id)
+        ctx.equal(
+            "operator_actions lists the run's decisions oldest first",
+            [a.get("action") for a in listed.result.get("actions", [])] if listed.ok else None,
+            [a["action"] for a in actions],
+            what="the actions the op lists, against operator_actions by id",
+        )
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
 
