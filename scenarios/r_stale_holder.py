@@ -200,20 +200,20 @@ def run(ctx: ExperimentContext) -> None:
         c["renewal"] and c["run_id"] == run_id
         for c in checkers.changes_by(ctx, ["B"], after_seq=takeover.heartbeat_mark)
     )
-    if not live_at_every_attempt and unrenewed and _too_late_for_a_renewal(ctx, takeover):
-        pass
-    elif not live_at_every_attempt and unrenewed:
+    if not live_at_every_attempt and unrenewed:
         # B's heartbeat never renewed the lease: the worker's failure, not a
         # fault that did not take effect (generated 62d27323: a heartbeat
-        # start that started nothing ended R unknown).
-        ctx.progress(
-            "B's heartbeat kept its lease live",
-            False,
-            expected="renewals of B's lease by B's session (audit trail) after its heartbeat "
-            "was started",
-            observed=f"no renewal by B; {live['observed']}",
-            since=takeover.claimed_at,
-        )
+        # start that started nothing ended R unknown), unless the harness
+        # started it too late for any renewal (then a fault not in effect).
+        if not _too_late_for_a_renewal(ctx, takeover):
+            ctx.progress(
+                "B's heartbeat kept its lease live",
+                False,
+                expected="renewals of B's lease by B's session (audit trail) after its "
+                "heartbeat was started",
+                observed=f"no renewal by B; {live['observed']}",
+                since=takeover.claimed_at,
+            )
         ctx.probe_reached("B's lease was live at every attempt", False, judges="the stale "
                           "attempts against a live lease", **live)  # fmt: skip
     else:
@@ -267,6 +267,7 @@ def _take_over(ctx: ExperimentContext, run_id: str, a: WorkerProcess, b: WorkerP
         expired = checkers.run_row(ctx, run_id, "the run with A's lease expired, before B's claim")
         claimed_at = time.time()
         new = ctx.ok(b, "claim", run_id=run_id)
+    left_at_first_renewal_s: float | None = None
     if caps.offers_op("heartbeat"):
         # Started twice: a start for a lease that has one replaces it (contract
         # section 5, heartbeat: one background renewal per lease), and the stop
