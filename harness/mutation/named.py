@@ -217,9 +217,10 @@ def check_mutant(
                 retry_unknown=RETRY_UNKNOWN,
             )  # fmt: skip
         else:
+            known = job_order.expected_durations()  # read once, not per catcher
             results += run_jobs_until_fail(
-                shared, sorted(catchers, key=job_order.expected_seconds), report_dir=own,
-                seed=seed, parallel=parallel, stop=stopping.requested,
+                shared, sorted(catchers, key=lambda j: job_order.expected_seconds(j, known)),
+                report_dir=own, seed=seed, parallel=parallel, stop=stopping.requested,
                 retry_unknown=RETRY_UNKNOWN,
             )  # fmt: skip
         expected_caught = bool(_failed(results))
