@@ -17,6 +17,12 @@ must claim nothing and send nothing: a cancelled run's effect in doubt is
 reconciled, never resent (its same-key retry is refused by the run's own
 status, whatever the tenant's other runs are).
 
+Variant ``claim_held_past_cancel``: as ``dispatching``, but the worker held
+after its claim is let go only once its own history records the renewal the
+cancel refused. That refusal cancels its execution, which starts no new side
+effect: the create is never sent (the claim stays the worker's, so the
+operation is never ``cancelled`` either).
+
 Variant ``held_write``: the cancel comes while a protected write of the run
 (stepped path) holds the run's row with everything written, before its
 COMMIT. The cancel waits for it, and its audit row's ``before`` must be the
@@ -29,6 +35,7 @@ import time
 from typing import Any
 
 from harness.checking import checkers
+from harness.checking.history import load_history, select
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
@@ -44,6 +51,10 @@ from scenarios.common import (
 
 HELD_WRITE = "held_write"
 RECONCILER_AFTER_CANCEL = "reconciler_after_cancel"
+CLAIM_HELD_PAST_CANCEL = "claim_held_past_cancel"
+# claim_held_past_cancel: how long the harness waits for the held worker's own
+# record of the renewal the cancel refused (a few heartbeat intervals).
+REFUSED_S = 5.0
 POINT = {
     "prepared": "after_outbound_intent_commit",
     "dispatching": "after_dispatch_claim_commit",
@@ -59,9 +70,21 @@ SPEC = ExperimentSpec(
     "effect is never marked cancelled (it may have happened)",
     fault="cancel while the effect is prepared / dispatching / unknown",
     rules=(4, 6),
-    variants=("prepared", "dispatching", "unknown", HELD_WRITE, RECONCILER_AFTER_CANCEL),
+    variants=(
+        "prepared",
+        "dispatching",
+        "unknown",
+        HELD_WRITE,
+        RECONCILER_AFTER_CANCEL,
+        CLAIM_HELD_PAST_CANCEL,
+    ),
     variant_waits=(("unknown", 0.8),),
     variant_faults=(
+        (
+            CLAIM_HELD_PAST_CANCEL,
+            "cancel while the worker is held right after its dispatch claim; let go once its "
+            "heartbeat recorded the renewal the cancel refused",
+        ),
         (
             HELD_WRITE,
             "cancel while a stepped protected write of the run holds its row before COMMIT",
@@ -73,6 +96,7 @@ SPEC = ExperimentSpec(
         ),
     ),
     variant_points=(
+        (CLAIM_HELD_PAST_CANCEL, "after_dispatch_claim_commit"),
         (HELD_WRITE, "before_commit"),
         (RECONCILER_AFTER_CANCEL, "after_reconcile_query"),
     ),
@@ -98,6 +122,9 @@ def run(ctx: ExperimentContext) -> None:
         return
     if variant == RECONCILER_AFTER_CANCEL:
         _reconciler_after_cancel(ctx)
+        return
+    if variant == CLAIM_HELD_PAST_CANCEL:
+        _claim_held_past_the_cancel(ctx)
         return
     run_id = new_run(ctx, tool="plain")
     ctl = control_plane(ctx)
@@ -294,6 +321,62 @@ def _reconciler_after_cancel(ctx: ExperimentContext) -> None:
         f"{'ok' if reply.ok else reply.error}",
     )
     checkers.lease_history_is_sound(ctx, [run_id, other])
+
+
+def _claim_held_past_the_cancel(ctx: ExperimentContext) -> None:
+    """A ``run`` worker held right after its dispatch claim while the control
+    plane cancels the run, let go only once its history records the renewal
+    the cancel refused: the first refused renewal cancels the execution, and a
+    cancelled execution sends nothing (blind hunt 66 #08: a Go heartbeat that
+    took a refusal for a terminal run as no lost lease left the execution
+    running, and it sent the create after its own heartbeat had seen the run
+    cancelled). The operation stays in flight, never ``cancelled``."""
+    run_id = new_run(ctx, tool="plain")
+    point = "after_dispatch_claim_commit"
+    ctx.arm("A", point, Hold())
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    ctx.reached("A", point)
+    cancel = ctx.op(control_plane(ctx), "cancel", run_id=run_id)
+    answered_at = time.time()
+    refused = seen_within(
+        lambda: [
+            e
+            for e in select(load_history([a.events_path]), op="renew", run_id=run_id)
+            if e.type in ("fail", "info") and e.time >= answered_at
+        ],
+        what=f"A's history to record a renewal of {run_id} refused after the cancel",
+        timeout_s=REFUSED_S,
+    )
+    ctx.release("A", point)
+    code = finish(ctx, a)
+    row = checkers.run_row(ctx, run_id, "the run at the end")
+    ops = checkers.ledger(ctx, run_id)
+    creates = checkers.tool_requests(ctx, run_id=run_id)
+    name = "a worker whose renewal the cancel refused sends nothing"
+    if not ctx.probe_reached(
+        "the run cancelled while A held its claim, and A's renewal refused after it",
+        cancel.ok and bool(refused) and [o["status"] for o in ops][-1:] != ["prepared"],
+        judges=name,
+        expected="the cancel answered ok while A was held after its dispatch claim; A's history "
+        "records a renewal refused (or unconfirmed) after the cancel's answer, before A is let go",
+        observed=f"cancel {'ok' if cancel.ok else cancel.error}; renewals after it "
+        f"{[(e.type, e.error) for e in refused or []]}; ledger {[o['status'] for o in ops]}",
+    ):
+        return
+    ctx.invariant(
+        name,
+        not creates,
+        expected="no create reaches the tool: the refused renewal cancelled A's execution, and "
+        "a cancelled execution starts no new side effect",
+        observed=f"creates {[(r['outcome'], r.get('epoch')) for r in creates]}; A exit {code}",
+    )
+    ctx.invariant(
+        "in-flight effect not claimed unexecuted",
+        all(o["status"] != "cancelled" for o in ops) and row["status"] == "cancelled",
+        expected="the run cancelled; its claimed operation dispatching or unknown, never cancelled",
+        observed=f"run {row['status']}; ledger {[o['status'] for o in ops]}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
 
 
 def _cancel_while_a_write_holds_the_run(ctx: ExperimentContext) -> None:

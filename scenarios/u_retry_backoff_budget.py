@@ -144,6 +144,7 @@ def run(ctx: ExperimentContext) -> None:
         # every run together makes it a finding. Fewer requeues are the
         # budget's progress, judged above.
         ctx.not_judged("jitter spreads the runs", **jitter)
+    _jitter_past_the_cap(ctx, ctl)
     retried = _retry_after_the_budget(ctx, ctl, runs[0])
     if retried:  # the old run, left paused for a person, is withdrawn
         cancel_ends_a_paused_run(ctx, ctl, runs[0])
@@ -155,6 +156,91 @@ def run(ctx: ExperimentContext) -> None:
         _approve_changes_no_other_run(ctx, ctl, runs[2])
     writes_name_workflow_steps(ctx, [*runs, *retried, taken_over])
     checkers.lease_history_is_sound(ctx, [*runs, *retried, taken_over])
+
+
+def _jitter_past_the_cap(ctx: ExperimentContext, ctl: WorkerProcess) -> None:
+    """Three runs that have already been tried often enough for their next
+    delay to be capped (planted: ``attempt_count`` set to the attempt before
+    the first one whose exponential term is twice the declared cap), each
+    refused once more with 429: every delay lies within the declared bounds
+    (half the cap to the cap, for equal jitter), and the runs' delays still
+    differ (blind hunt 66 #04: a Python cap applied to the jittered delay
+    instead of the exponential term gave every run exactly the cap from
+    attempt 10 on, while U's attempts 1 and 2 kept their jitter). Judged
+    where the mapping declares a jittered backoff; the chance that three
+    equal-jitter delays drawn in whole milliseconds over half a 60 s cap
+    coincide is about 1e-9."""
+    declared = ctx.system.capabilities.backoff
+    name = "jitter spreads the runs past the cap"
+    if declared is None or declared.jitter == "none":
+        ctx.not_judged(
+            name,
+            expected="judged where the mapping declares a jittered backoff",
+            observed=f"declared backoff: {declared}",
+        )
+        return
+    past = next(n for n in range(1, 64) if declared.base_ms * 2 ** (n - 1) >= 2 * declared.cap_ms)
+    capped = [_plain_run(ctx, "task-u-cap", past + 1) for _ in range(RUNS)]
+    for run_id in capped:
+        ctx.note_run(run_id)
+    ctx.sql(
+        f"the runs already tried {past - 1} times (planted)",
+        "UPDATE fencecheck_model.agent_runs SET attempt_count = %s WHERE run_id = ANY(%s) "
+        "RETURNING run_id, attempt_count, max_attempts",
+        [past - 1, capped],
+    )
+    # The tool still answers every create with 429 (set above, cleared by the retry).
+    worker = ctx.env.start_worker("C", "run")
+    requeued = seen_within(
+        lambda: (
+            all(
+                row["attempt_count"] >= past and row["status"] != "running"
+                for row in ctx.env.query(
+                    "SELECT attempt_count, status FROM fencecheck_model.agent_runs "
+                    "WHERE run_id = ANY(%s)",
+                    [capped],
+                )
+            )
+            or None
+        ),
+        what=f"C to work the {RUNS} planted runs once each",
+        timeout_s=15,
+    )
+    worker.stop(grace_s=2.0)
+    rows = ctx.sql(
+        "the planted runs' requeues (audit trail)",
+        "SELECT new->>'run_id' AS run_id, (new->>'attempt_count')::int AS attempt,"
+        " extract(epoch FROM (new->>'next_attempt_at')::timestamptz"
+        "  - (new->>'updated_at')::timestamptz) * 1000 AS delay_ms"
+        " FROM fencecheck_audit.changes WHERE tbl = 'agent_runs' AND op = 'UPDATE'"
+        " AND new->>'run_id' = ANY(%s) AND new->>'status' = 'queued'"
+        " AND new->>'revision' IS DISTINCT FROM old->>'revision' ORDER BY seq",
+        [capped],
+    )
+    delays = {str(r["run_id"]): float(r["delay_ms"]) for r in rows if r["attempt"] == past}
+    expected = (
+        f"the {RUNS} runs' delays after attempt {past} (next_attempt_at - updated_at, audit "
+        f"trail) differ by more than {JITTER_SAME_MS:g} ms"
+    )
+    observed = f"delays (ms) {sorted(round(d, 3) for d in delays.values())}"
+    if not ctx.probe_reached(
+        f"{RUNS} runs requeued after attempt {past}, past the cap",
+        bool(requeued) and len(delays) == RUNS,
+        judges=name,
+        expected=f"C claimed each planted run (attempt_count {past - 1}) once, its create "
+        f"refused with 429, and requeued it at attempt_count {past}",
+        observed=f"requeues {[(str(r['run_id'])[:8], r['attempt']) for r in rows]}; C exit "
+        f"{worker.returncode}",
+    ):
+        return
+    _delays_as_declared(ctx, capped, name="every delay past the cap within the declared backoff")
+    ctx.invariant(
+        name, max(delays.values()) - min(delays.values()) > JITTER_SAME_MS,
+        expected=expected, observed=observed,
+    )  # fmt: skip
+    if ctx.system.capabilities.offers_op("cancel"):
+        for run_id in capped:  # they would wait half a minute or more
+            ctx.op(ctl, "cancel", run_id=run_id, reason="the backoff past the cap was measured")
 
 
 def _plain_run(ctx: ExperimentContext, task: str, attempts: int) -> str:

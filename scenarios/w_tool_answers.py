@@ -139,6 +139,12 @@ BESIDE_LIVE_CLAIM = "converged_beside_live_claim"
 REJECTED_BESIDE_LIVE_CLAIM = "rejected_beside_live_claim"
 ANSWERED_BESIDE_LIVE_CLAIM = "answered_beside_live_claim"
 LIVE_CLAIM_VARIANTS = (BESIDE_LIVE_CLAIM, REJECTED_BESIDE_LIVE_CLAIM, ANSWERED_BESIDE_LIVE_CLAIM)
+#: A person's finding on an operation still dispatching under a claim that ran
+#: out, its dispatcher dead and no reconciler's sweep since.
+FINDING_ON_EXPIRED_CLAIM = "finding_on_expired_claim"
+# finding_on_expired_claim: the dead dispatcher's claim outlives the run's own
+# worker (its call timeout and freeze), so nothing of the run sweeps it first.
+EXPIRING_CLAIM_TTL_MS = 2000
 LEASE_LOST_MID_RECONCILE = "lease_lost_mid_reconcile"
 #: The worker's query finds the resource (the tool acted, its answer came
 #: after the worker's timeout); while the worker is held after that query,
@@ -247,6 +253,7 @@ SPEC = ExperimentSpec(
         BESIDE_LIVE_CLAIM,
         REJECTED_BESIDE_LIVE_CLAIM,
         ANSWERED_BESIDE_LIVE_CLAIM,
+        FINDING_ON_EXPIRED_CLAIM,
         CONVERGED_WHILE_HUMAN,
         LEASE_LOST_MID_RECONCILE,
         FOUND_CONVERGED_BY_ANOTHER,
@@ -304,6 +311,11 @@ SPEC = ExperimentSpec(
             "held; the second's answer comes back while the first's claim is still live",
         ),
         (
+            FINDING_ON_EXPIRED_CLAIM,
+            "a dispatcher SIGKILLed right after claiming another operation of the run; the "
+            "run paused in doubt, and that claim's deadline passed with no sweep since",
+        ),
+        (
             CONVERGED_WHILE_HUMAN,
             "another operation's answer lost after the tool acted (unknown), then the run's "
             "own create refused for good (422: paused for a person); a person converges the "
@@ -341,6 +353,13 @@ SPEC = ExperimentSpec(
         needs.point("after_checkpoint_commit", *LIVE_CLAIM_VARIANTS),
         needs.point("after_dispatch_claim_commit", *LIVE_CLAIM_VARIANTS),
         needs.op("reconcile", *LIVE_CLAIM_VARIANTS),
+        needs.capability("ledger_tool:query", FINDING_ON_EXPIRED_CLAIM),
+        needs.capability("ledger_tool:none", FINDING_ON_EXPIRED_CLAIM),
+        needs.capability("operator_actions", FINDING_ON_EXPIRED_CLAIM),
+        needs.point("after_checkpoint_commit", FINDING_ON_EXPIRED_CLAIM),
+        needs.point("after_dispatch_claim_commit", FINDING_ON_EXPIRED_CLAIM),
+        needs.op("reconcile", FINDING_ON_EXPIRED_CLAIM),
+        needs.op("resolve_indoubt", FINDING_ON_EXPIRED_CLAIM),
         needs.capability("ledger_tool:none", CONVERGED_WHILE_HUMAN),
         needs.capability("operator_actions", CONVERGED_WHILE_HUMAN),
         needs.point("after_checkpoint_commit", CONVERGED_WHILE_HUMAN),
@@ -366,6 +385,7 @@ SPEC = ExperimentSpec(
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (REJECTED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
         (ANSWERED_BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
+        (FINDING_ON_EXPIRED_CLAIM, EXPIRING_CLAIM_TTL_MS / 1000),
         (CONVERGED_WHILE_HUMAN, TOOL_TIMEOUT_MS / 1000),
         (LEASE_LOST_MID_RECONCILE, TOOL_TIMEOUT_MS / 1000),
         (FOUND_CONVERGED_BY_ANOTHER, TOOL_TIMEOUT_MS / 1000),
@@ -410,6 +430,9 @@ def run(ctx: ExperimentContext) -> None:
             rejected=ctx.variant == REJECTED_BESIDE_LIVE_CLAIM,
             second=ctx.variant == ANSWERED_BESIDE_LIVE_CLAIM,
         )
+        return
+    if ctx.variant == FINDING_ON_EXPIRED_CLAIM:
+        _finding_on_an_expired_claim(ctx)
         return
     answer = ANSWERS[ctx.variant or "conflict_other_body"]
     run_id = new_run(ctx, tool=answer.tool)
@@ -1761,6 +1784,90 @@ def _converged_beside_a_live_claim(
         left == ["queued", "queued"],
         expected="both bystanders still queued",
         observed=f"bystanders {left}",
+    )
+    checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _finding_on_an_expired_claim(ctx: ExperimentContext) -> None:
+    """A run paused in doubt beside another of its operations still
+    ``dispatching`` under a claim whose deadline passed (its dispatcher
+    SIGKILLed right after the claim, before any call; no reconciler has swept
+    it since): that operation is in doubt like an unknown one, and a person's
+    finding on it is taken (blind hunt 66 #05: a Go ``resolve_indoubt`` that
+    took every dispatching row for one under a live claim refused it, so the
+    run stayed paused until a sweep that a person's finding must not need).
+    Then the run's own create arrives, the control plane's ``reconcile``
+    converges it, and with nothing left in doubt the run is queued."""
+    env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
+    run_id = new_run(ctx, tool="queryable")
+    (dead_op,) = _registered_beside_first_checkpoint(ctx, run_id, env, (LIVE_STEP,))
+    d = ctx.env.start_worker(
+        "D", "ops", env={**env, "FENCECHECK_DISPATCH_TTL_MS": str(EXPIRING_CLAIM_TTL_MS)}
+    )
+    ctx.arm("D", "after_dispatch_claim_commit", Hold())
+    held = ctx.op_async(d, "dispatch", {"operation_id": dead_op})
+    _claim_held(ctx, "D", held, dead_op)
+    killed = ctx.kill(d)
+    tool = ctx.env.tool.client()
+    tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id[:8]}'s create of 'queryable' held on the network")
+    code_a = finish(ctx, ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env))
+
+    def claim_ran_out() -> list[dict[str, Any]] | None:
+        rows = ctx.env.query(
+            "SELECT status, dispatch_until <= clock_timestamp() AS ran_out"
+            " FROM fencecheck_model.tool_operations WHERE operation_id = %s",
+            [dead_op],
+        )
+        return rows if rows and (rows[0]["ran_out"] or rows[0]["status"] != "dispatching") else None
+
+    dead = seen_within(
+        claim_ran_out,
+        what=f"D's claim of {dead_op} to run out by database time",
+        timeout_s=EXPIRING_CLAIM_TTL_MS / 1000 + 10,
+    )
+    ledger = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    own = [k for k in ledger if k != dead_op]
+    row = checkers.run_row(ctx, run_id, "the run before the finding")
+    if not ctx.fault(
+        "the run paused in doubt beside a dispatching operation whose claim ran out",
+        killed.confirmed_at is not None
+        and row["status"] == "paused_indoubt"
+        and len(own) == 1
+        and ledger[own[0]] == "unknown"
+        and bool(dead)
+        and ledger.get(dead_op) == "dispatching",
+        expected=f"D killed while held after its claim; run paused_indoubt, its tool step's "
+        f"operation unknown, {dead_op} dispatching with its claim's deadline passed",
+        observed=f"D {killed.detail}; run {row['status']} (A exit {code_a}); ledger {ledger}; "
+        f"{dead_op}: {dead}",
+    ):
+        checkers.lease_history_is_sound(ctx, [run_id])
+        return
+    reply, changed = op_and_changes(
+        ctx, control_plane(ctx), "resolve_indoubt", run_id=run_id, operation_id=dead_op,
+        decision="not_executed", reason="its dispatcher died before calling", ticket="OPS-81",
+    )  # fmt: skip
+    found = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    status = checkers.run_row(ctx, run_id, "the run after the finding")["status"]
+    ctx.invariant(
+        "a finding on an operation whose dispatch claim ran out is taken",
+        reply.ok and found.get(dead_op) == "failed_final" and status == "paused_indoubt",
+        expected=f"resolve_indoubt not_executed of {dead_op} (dispatching, its claim run out) "
+        f"accepted: failed_final; the run still paused_indoubt ({own[0]} unknown)",
+        observed=f"reply {'ok' if reply.ok else reply.error}; {len(changed)} change(s); "
+        f"ledger {found}; run {status}",
+    )
+    _let_arrive(ctx, tool, run_id)
+    cycle = ctx.op(control_plane(ctx), "reconcile")
+    settled = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    status = checkers.run_row(ctx, run_id, "the run after the reconciler")["status"]
+    ctx.progress_equal(
+        "the run is queued once its last doubt converged",
+        (settled.get(own[0]), settled.get(dead_op), status),
+        ("succeeded", "failed_final", "queued"),
+        what=f"({own[0]}'s status, {dead_op}'s status, run status) after a reconcile "
+        f"({'ok' if cycle.ok else cycle.error})",
     )
     checkers.lease_history_is_sound(ctx, [run_id])
 
