@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from harness.checking import checkers
 from harness.checking.checkers import writes
+from harness.checking.history import load_history, select
 from harness.engine.experiment import ExperimentContext, plain
 from harness.parts.control import Crash
 from harness.parts.processes import ExitTimeout, OpReply, WorkerProcess
@@ -290,6 +291,24 @@ def seen_within(probe: Callable[[], T | None], *, what: str, timeout_s: float) -
         return wait_for(probe, what=what, timeout_s=timeout_s)
     except WaitTimeout:
         return None
+
+
+def renewals_refused_since(
+    worker: WorkerProcess, run_id: str, since: float, *, timeout_s: float
+) -> list[Any] | None:
+    """The renewals of ``run_id`` that ``worker``'s own history records refused
+    or unconfirmed (``fail`` or ``info``) at or after ``since``, once there is
+    one within ``timeout_s``; None when none came (a fault check's evidence,
+    so the wait does not end the experiment)."""
+    return seen_within(
+        lambda: [
+            e
+            for e in select(load_history([worker.events_path]), op="renew", run_id=run_id)
+            if e.type in ("fail", "info") and e.time >= since
+        ],
+        what=f"{worker.worker_id}'s history to record a refused renewal of {run_id}",
+        timeout_s=timeout_s,
+    )
 
 
 def crash_in_op(

@@ -35,7 +35,6 @@ import time
 from typing import Any
 
 from harness.checking import checkers
-from harness.checking.history import load_history, select
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
 from harness.parts.control import Crash, Hold
@@ -45,6 +44,7 @@ from scenarios.common import (
     finish,
     intent_registered,
     new_run,
+    renewals_refused_since,
     seen_within,
     wait_claimable,
 )
@@ -338,15 +338,7 @@ def _claim_held_past_the_cancel(ctx: ExperimentContext) -> None:
     ctx.reached("A", point)
     cancel = ctx.op(control_plane(ctx), "cancel", run_id=run_id)
     answered_at = time.time()
-    refused = seen_within(
-        lambda: [
-            e
-            for e in select(load_history([a.events_path]), op="renew", run_id=run_id)
-            if e.type in ("fail", "info") and e.time >= answered_at
-        ],
-        what=f"A's history to record a renewal of {run_id} refused after the cancel",
-        timeout_s=REFUSED_S,
-    )
+    refused = renewals_refused_since(a, run_id, answered_at, timeout_s=REFUSED_S)
     ctx.release("A", point)
     code = finish(ctx, a)
     row = checkers.run_row(ctx, run_id, "the run at the end")

@@ -207,16 +207,7 @@ def _jitter_past_the_cap(ctx: ExperimentContext, ctl: WorkerProcess) -> None:
         timeout_s=15,
     )
     worker.stop(grace_s=2.0)
-    rows = ctx.sql(
-        "the planted runs' requeues (audit trail)",
-        "SELECT new->>'run_id' AS run_id, (new->>'attempt_count')::int AS attempt,"
-        " extract(epoch FROM (new->>'next_attempt_at')::timestamptz"
-        "  - (new->>'updated_at')::timestamptz) * 1000 AS delay_ms"
-        " FROM fencecheck_audit.changes WHERE tbl = 'agent_runs' AND op = 'UPDATE'"
-        " AND new->>'run_id' = ANY(%s) AND new->>'status' = 'queued'"
-        " AND new->>'revision' IS DISTINCT FROM old->>'revision' ORDER BY seq",
-        [capped],
-    )
+    rows = _requeues(ctx, capped, "the planted runs' requeues (audit trail)")
     delays = {str(r["run_id"]): float(r["delay_ms"]) for r in rows if r["attempt"] == past}
     expected = (
         f"the {RUNS} runs' delays after attempt {past} (next_attempt_at - updated_at, audit "
@@ -468,6 +459,23 @@ def _no_dispatch_while_paused(ctx: ExperimentContext, runs: list[str]) -> None:
     )
 
 
+def _requeues(ctx: ExperimentContext, runs: list[str], why: str) -> list[dict[str, Any]]:
+    """Every requeue of ``runs`` in the audit trail (an UPDATE that changed the
+    revision and left the run queued), in order: run_id, attempt (the
+    attempt_count it stored) and its delay, next_attempt_at minus the
+    updated_at the same transaction wrote."""
+    return ctx.sql(
+        why,
+        "SELECT new->>'run_id' AS run_id, (new->>'attempt_count')::int AS attempt,"
+        " extract(epoch FROM (new->>'next_attempt_at')::timestamptz"
+        "  - (new->>'updated_at')::timestamptz) * 1000 AS delay_ms"
+        " FROM fencecheck_audit.changes WHERE tbl = 'agent_runs' AND op = 'UPDATE'"
+        " AND new->>'run_id' = ANY(%s) AND new->>'status' = 'queued'"
+        " AND new->>'revision' IS DISTINCT FROM old->>'revision' ORDER BY seq",
+        [runs],
+    )
+
+
 def _delays_as_declared(
     ctx: ExperimentContext,
     runs: list[str],
@@ -486,16 +494,7 @@ def _delays_as_declared(
             observed="the mapping declares no backoff",
         )
         return
-    rows = ctx.sql(
-        "each requeue's attempt and delay (audit trail)",
-        "SELECT new->>'run_id' AS run_id, (new->>'attempt_count')::int AS attempt,"
-        " extract(epoch FROM (new->>'next_attempt_at')::timestamptz"
-        "  - (new->>'updated_at')::timestamptz) * 1000 AS delay_ms"
-        " FROM fencecheck_audit.changes WHERE tbl = 'agent_runs' AND op = 'UPDATE'"
-        " AND new->>'run_id' = ANY(%s) AND new->>'status' = 'queued'"
-        " AND new->>'revision' IS DISTINCT FROM old->>'revision' ORDER BY seq",
-        [runs],
-    )
+    rows = _requeues(ctx, runs, "each requeue's attempt and delay (audit trail)")
     shown, outside = [], []
     for row in rows:
         low, high = declared.bounds_ms(int(row["attempt"]))

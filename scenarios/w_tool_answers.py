@@ -86,7 +86,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.checking import checkers
-from harness.checking.history import load_history, select
 from harness.contract import needs
 from harness.engine.experiment import (
     ExperimentContext,
@@ -106,6 +105,7 @@ from scenarios.common import (
     finish_or_take_over,
     new_run,
     op_and_changes,
+    renewals_refused_since,
     resumed_once_converged,
     seen_within,
     wait_claimable,
@@ -883,15 +883,7 @@ def _lease_lost_mid_reconcile(ctx: ExperimentContext) -> None:
     wait_claimable(ctx, run_id)  # A's lease ran out by database time
     released_at = time.time()
     ctx.release("A", "before_renew")
-    refused = seen_within(
-        lambda: [
-            e
-            for e in select(load_history([a.events_path]), op="renew", run_id=run_id)
-            if e.type in ("fail", "info") and e.time >= released_at
-        ],
-        what=f"A's history to record its refused renewal of {run_id}",
-        timeout_s=REFUSED_S,
-    )
+    refused = renewals_refused_since(a, run_id, released_at, timeout_s=REFUSED_S)
     ctx.release("A", "after_reconcile_query")
     code = finish(ctx, a)
     released = tool.release()  # every create of the run held so far arrives now
