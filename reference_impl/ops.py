@@ -56,6 +56,24 @@ def _uuid(args: dict[str, Any], key: str) -> uuid.UUID:
     return uuid.UUID(str(args[key]))
 
 
+_REQUIRED: Any = object()
+
+
+def _whole(args: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
+    """A JSON integer argument (``default`` for null or absent; missing without
+    one). Not ``int()``: that takes ``true`` for 1, ``3.7`` for 3 and ``"3"``
+    for 3, where the contract's argument is a JSON integer (the Go worker
+    refuses them; blind hunt 66's reader)."""
+    value = args.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise ValueError(f"missing argument {key!r}")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"argument {key!r} must be a JSON integer, not {value!r}")
+    return value
+
+
 def _object(value: Any, what: str, default: dict[str, Any] | None = None) -> dict[str, Any]:
     """A JSON object argument (``default`` for null or absent). Not ``dict()``:
     that also makes an object of a list of pairs, so ``[["amount", 12]]`` would
@@ -202,7 +220,7 @@ class OpsServer:
     # ------------------------------------------------------------ helpers
     def _lease(self, args: dict[str, Any]) -> Lease:
         return Lease(
-            _uuid(args, "run_id"), str(args.get("owner") or self.rt.owner), int(args["epoch"])
+            _uuid(args, "run_id"), str(args.get("owner") or self.rt.owner), _whole(args, "epoch")
         )
 
     def _check_not_cancelled(self, lease: Lease) -> None:
@@ -252,7 +270,7 @@ class OpsServer:
                 ctx.session.conn,
                 str(args["task_id"]),
                 _object(args.get("input"), "input", {}),
-                int(args.get("max_attempts", 12)),
+                _whole(args, "max_attempts", 12),
             )
 
     def retry_run(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
@@ -261,7 +279,7 @@ class OpsServer:
 
     def claim(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         owner = str(args.get("owner") or self.rt.owner)
-        ttl = int(args.get("ttl_ms") or self.rt.settings.lease_ttl_ms)
+        ttl = _whole(args, "ttl_ms", None) or self.rt.settings.lease_ttl_ms
         run_id = _uuid(args, "run_id") if args.get("run_id") else None
         with history.operation("claim", run_id=run_id) as h:
             if run_id is None:
@@ -284,7 +302,7 @@ class OpsServer:
 
     def renew(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease(args)
-        ttl = int(args.get("ttl_ms") or self.rt.settings.lease_ttl_ms)
+        ttl = _whole(args, "ttl_ms", None) or self.rt.settings.lease_ttl_ms
         with history.operation("renew", run_id=lease.run_id, epoch=lease.epoch):
             r = self.rt.leases.renew(ctx.session.conn, lease, ttl)
             if not r.ok:
@@ -305,11 +323,11 @@ class OpsServer:
         event_id = uuid.UUID(str(args["event_id"])) if args.get("event_id") else uuid.uuid4()
         w = Write(
             lease,
-            int(args["expected_revision"]),
+            _whole(args, "expected_revision"),
             "checkpoint",
             # Sensitive fields are stored sealed, as run mode's are (contract §9).
             self.rt.sealer.seal(_object(args["state"], "state")),
-            int(args.get("schema_version", CURRENT_VERSION)),
+            _whole(args, "schema_version", CURRENT_VERSION),
             "agent.checkpoint",
             self._payload(lease),
             current_step=args.get("step"),
@@ -321,7 +339,7 @@ class OpsServer:
     def register_intent(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease(args)
         self._check_not_cancelled(lease)
-        step, version = str(args["step_id"]), int(args.get("effect_version", 1))
+        step, version = str(args["step_id"]), _whole(args, "effect_version", 1)
         tool = str(args["tool"])
         op_id = self.rt.protocol.operation_id(
             self.rt.settings.tenant, str(lease.run_id), step, version
@@ -349,7 +367,7 @@ class OpsServer:
         }
         w = Write(
             lease,
-            int(args["expected_revision"]),
+            _whole(args, "expected_revision"),
             "intent",
             state,
             CURRENT_VERSION,
@@ -449,11 +467,11 @@ class OpsServer:
         with history.operation("purge"):
             return retention.purge(
                 ctx.session.conn,
-                int(args["older_than_ms"]) / 1000,
+                _whole(args, "older_than_ms") / 1000,
                 str(args["reason"]),
                 _ticket(args),
                 Path(str(archive)) if archive else None,
-                limit=int(args.get("limit", 100)),
+                limit=_whole(args, "limit", 100),
             )
 
     def complete(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
@@ -467,7 +485,7 @@ class OpsServer:
         )
         w = Write(
             lease,
-            int(args["expected_revision"]),
+            _whole(args, "expected_revision"),
             "succeed",
             state,
             CURRENT_VERSION,
@@ -490,7 +508,7 @@ class OpsServer:
 
     def relay(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         with history.operation("relay"):
-            return {"published": self.rt.relay.cycle(ctx.session.conn, int(args.get("limit", 20)))}
+            return {"published": self.rt.relay.cycle(ctx.session.conn, _whole(args, "limit", 20))}
 
     def consume(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         with history.operation("consume"):
@@ -529,8 +547,8 @@ class OpsServer:
         hb = self.rt.heartbeat(
             lease,
             cancel,
-            int(args.get("interval_ms") or 0) or None,
-            int(args.get("timeout_ms") or 0) or None,
+            _whole(args, "interval_ms", None) or None,
+            _whole(args, "timeout_ms", None) or None,
         ).start()
         old = self.heartbeats.pop(key, None)
         if old is not None:

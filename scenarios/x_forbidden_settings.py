@@ -170,6 +170,7 @@ def run(ctx: ExperimentContext) -> None:
     other = _ops_for_another_tenant(ctx)
     _lines_that_are_no_request(ctx)
     _forged_sealed_values(ctx)
+    _integers_that_are_no_integer(ctx)
     checkers.lease_history_is_sound(ctx, [o[2] for o in outcomes] + keyless + [other])
 
 
@@ -283,6 +284,50 @@ def _forged_sealed_values(ctx: ExperimentContext) -> None:
         not clear,
         expected="each create_run refused, or the planted value sealed in the stored input",
         observed=f"{'; '.join(told)}; in clear: {clear or 'none'}",
+    )
+
+
+#: create_run's max_attempts given a JSON value that is no integer (Python's
+#: int() took true for 1 and "3" for 3; the contract's argument is an integer).
+NO_INTEGERS: tuple[Any, ...] = (True, "3", 2.5)
+
+
+def _integers_that_are_no_integer(ctx: ExperimentContext) -> None:
+    """``create_run`` whose ``max_attempts`` is a JSON value other than an
+    integer (``true``, ``"3"``, ``2.5``) is refused and adds no run; one whose
+    ``max_attempts`` is null was given none, and gets the contract's 12 (blind
+    hunt 66's reader: the Python worker took ``true`` for one attempt and
+    refused null, the Go worker the other way round for null)."""
+    told, made = [], []
+    for value in NO_INTEGERS:
+        task = f"task-x-attempts-{ctx.uuid()[:8]}"
+        reply = ctx.op(control_plane(ctx), "create_run", task_id=task, input={"tool": "idem"},
+                       max_attempts=value)  # fmt: skip
+        rows = ctx.env.query(
+            "SELECT max_attempts FROM fencecheck_model.agent_runs WHERE task_id = %s", [task]
+        )
+        told.append(f"{value!r}: {'ok' if reply.ok else reply.error}, {len(rows)} run(s)")
+        if reply.ok or rows:
+            made.append(repr(value))
+    ctx.invariant(
+        "a max_attempts that is no JSON integer is refused",
+        not made,
+        expected=f"create_run with max_attempts {', '.join(map(repr, NO_INTEGERS))} each refused, "
+        "no run of its task",
+        observed="; ".join(told),
+    )
+    task = f"task-x-attempts-{ctx.uuid()[:8]}"
+    reply = ctx.op(control_plane(ctx), "create_run", task_id=task, input={"tool": "idem"},
+                   max_attempts=None)  # fmt: skip
+    rows = ctx.env.query(
+        "SELECT max_attempts FROM fencecheck_model.agent_runs WHERE task_id = %s", [task]
+    )
+    ctx.invariant(
+        "a max_attempts of null is none given: 12",
+        reply.ok and [r["max_attempts"] for r in rows] == [12],
+        expected="create_run with max_attempts null answered ok, its run's max_attempts 12",
+        observed=f"reply {'ok' if reply.ok else reply.error}; max_attempts "
+        f"{[r['max_attempts'] for r in rows]}",
     )
 
 
