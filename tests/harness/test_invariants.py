@@ -1824,3 +1824,26 @@ def test_a_freeze_leaves_no_live_claim_of_its_own() -> None:
     assert row["own_live_claims"][0]["operation_id"] == "op-f"
     results = {r.name: r for r in check(frozen_beside_own_claim(claim_turned_unknown=True))}
     assert results[name].ok and results[name].checked == 1
+
+
+@pytest.mark.parametrize("carried", [True, False])
+def test_a_retry_starts_from_its_previous_runs_input(carried: bool) -> None:
+    """Blind hunt 67 #02: a retry_run that dropped the person's supplement
+    from the input it copied; the retry inserted with it breaks nothing."""
+    supplemented = {"tool": "idem", "supplement": {"address": "corrected by support"}}
+    s = clean_story()
+    s.tx(0.9, app="ctl")("agent_runs", s.state("agent_runs", (RUN,)), {"input": supplemented})
+    retry = "9b3f6d52-0c3e-4d7e-9f51-3a2f1c6e8d10"
+    given = supplemented if carried else {"tool": "idem"}
+    s.tx(1.0, app="ctl")("agent_runs", None, run_row(run_id=retry, input=given))
+    ev = evidence(s)
+    ev.replies.append(
+        reply_entry(
+            "retry_run",
+            {"id": 2, "ok": True, "result": {"run_id": retry, "task_id": TASK}},
+            args={"task_id": TASK},
+            run_id=retry,
+        )
+    )
+    broken = broken_by(ev)
+    assert ("run.created_with_its_initial_values" in broken) is not carried, broken

@@ -383,8 +383,9 @@ FRESH = {"status": "queued", "revision": 0, "epoch": 0, "attempt_count": 0, "own
     f"{DEFAULT_MAX_ATTEMPTS})",
     "every run a create_run or retry_run answered ok with was inserted queued, at revision "
     "0, epoch 0, attempt_count 0, with no owner; a create_run's with the max_attempts it was "
-    f"given, or {DEFAULT_MAX_ATTEMPTS} when it was given none (columns the mapping gives no "
-    "value are not judged)",
+    f"given, or {DEFAULT_MAX_ATTEMPTS} when it was given none; a retry_run's with the "
+    "max_attempts and input the task's previous run had when the retry was inserted (a "
+    "person's supplement included) (columns the mapping gives no value are not judged)",
 )
 def created_with_initial_values(ev: Evidence) -> Finding:
     inserted = {_run_of(c): c for c in ev.of("agent_runs", "INSERT") if c.new is not None}
@@ -399,6 +400,10 @@ def created_with_initial_values(ev: Evidence) -> Finding:
         if r.get("op") == "create_run":
             args = r.get("args") or {}
             expected["max_attempts"] = int(args.get("max_attempts") or DEFAULT_MAX_ATTEMPTS)
+        elif r.get("op") == "retry_run":
+            previous = _previous_run_of_the_task(ev, insert)
+            if previous is not None:  # its run made before the audit trail began: not judged
+                expected.update({c: previous.get(c) for c in ("max_attempts", "input")})
         wrong = {
             col: {"expected": want, "inserted": insert.new.get(col)}
             for col, want in expected.items()
@@ -409,6 +414,25 @@ def created_with_initial_values(ev: Evidence) -> Finding:
         if wrong:
             bad.append({"op": r.get("op"), "run_id": r.get("run_id"), "wrong": wrong})
     return Finding(checked, bad, f"{checked} run(s) created through ops")
+
+
+def _previous_run_of_the_task(ev: Evidence, insert: Change) -> dict[str, Any] | None:
+    """The task's run inserted last before ``insert`` (the one a retry
+    supersedes), as it stood just before ``insert``; None if none is audited."""
+    task, new_run = insert.row.get("task_id"), _run_of(insert)
+    earlier = sorted(
+        (
+            c
+            for c in ev.of("agent_runs")
+            if c.seq < insert.seq and c.row.get("task_id") == task and _run_of(c) != new_run
+        ),
+        key=lambda c: c.seq,
+    )
+    made = [c for c in earlier if c.op == "INSERT"]
+    if not made:
+        return None
+    previous = _run_of(made[-1])
+    return next((c.row for c in reversed(earlier) if _run_of(c) == previous), None)
 
 
 @invariant(
