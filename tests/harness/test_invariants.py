@@ -870,6 +870,21 @@ def stored_in_clear(ev: Evidence) -> None:
     row["state"] = {"billing": {"payment_token": "ct_" + "0f" * 12}}
 
 
+def sealed_part_by_part(ev: Evidence) -> None:
+    # Blind hunt 67 #04: a card_number object sealed leaf by leaf, its fields
+    # (and so its shape) in clear.
+    row = ev.tables["agent_checkpoints"][0]
+    row["state"] = {
+        "card_number": {"pan": sealed(b"a" * 12, b"4111"), "expiry": sealed(b"b" * 12, b"12/29")}
+    }
+
+
+def test_a_structure_sealed_whole_breaks_nothing() -> None:
+    ev = clean()
+    ev.tables["agent_checkpoints"][0]["state"] = {"card_number": sealed(b"c" * 12, b"whole")}
+    assert "effect.sensitive_structure_sealed_whole" not in broken_by(ev)
+
+
 def sealed(nonce: bytes, ciphertext: bytes) -> dict[str, str]:
     return {"$sealed": "v1:" + base64.b64encode(nonce + ciphertext).decode()}
 
@@ -1097,6 +1112,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "worker.accounts_match_the_evidence": lying_account,
     "worker.replies_match_the_contract": null_reconcile_item,
     "effect.sensitive_field_stored_sealed": stored_in_clear,
+    "effect.sensitive_structure_sealed_whole": sealed_part_by_part,
     "effect.sealed_values_never_share_a_nonce": sealed_under_one_nonce,
     "effect.sensitive_field_reaches_the_tool_in_clear": sealed_value_sent,
 }

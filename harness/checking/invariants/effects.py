@@ -701,6 +701,50 @@ def sensitive_field_stored_sealed(ev: Evidence) -> Finding:
     return Finding(judged, bad)
 
 
+#: Section 9's sensitive field names, and the fields of the object the harness
+#: plants as a card_number's value (scenarios.common.new_run): sealed whole,
+#: its field names are in no stored row under the sensitive key.
+SENSITIVE_KEYS = frozenset({"customer_token", "payment_token", "card_number", "customer_email"})
+PLANTED_WHOLE_FIELDS = frozenset({"pan", "expiry"})
+
+
+def _opened_structures(value: Any, path: str = "") -> Iterator[str]:
+    """Paths within ``value`` where a sensitive key holds an object that shows
+    a field of the planted structure (sealed part by part, or not at all)."""
+    if isinstance(value, dict):
+        for k, v in value.items():
+            here = f"{path}.{k}" if path else str(k)
+            if k in SENSITIVE_KEYS and isinstance(v, dict) and PLANTED_WHOLE_FIELDS & set(v):
+                yield here
+            yield from _opened_structures(v, here)
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            yield from _opened_structures(v, f"{path}[{i}]")
+
+
+@invariant(
+    "effect.sensitive_structure_sealed_whole",
+    "worker contract §9 (a sensitive field whose value is an object or a list is sealed "
+    "whole, in every column)",
+    "no row of a contract table, as it ends and as the audit trail saw each change, holds "
+    "under a sensitive key (card_number and its kin) an object showing a field of the "
+    "structure the harness planted there (pan, expiry): sealed whole, its shape is hidden too",
+)
+def sensitive_structure_sealed_whole(ev: Evidence) -> Finding:
+    bad: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    images = [(t, r, None) for t, rows in ev.tables.items() for r in rows] + [
+        (c.table, c.new, c.seq) for c in ev.changes if c.new is not None and not c.by_harness
+    ]
+    for table, row, seq in images:
+        for path in _opened_structures(row):
+            if (table, path) not in seen:
+                seen.add((table, path))
+                bad.append({"table": table, "column": path, "audit_seq": seq,
+                            "why": "a sensitive structure stored with its fields showing"})  # fmt: skip
+    return Finding(len(images), bad)
+
+
 # The contract's example sealed form (section 9): {"$sealed": "v1:<base64 of a
 # 12-byte nonce, then the AES-GCM ciphertext>"}, in a decoded row or in text.
 SEALED_V1 = re.compile(r'\$sealed\\?"\s*:\s*\\?"v1:([A-Za-z0-9+/]+=*)')
