@@ -161,15 +161,17 @@ def run(ctx: ExperimentContext) -> None:
 def _jitter_past_the_cap(ctx: ExperimentContext, ctl: WorkerProcess) -> None:
     """Three runs that have already been tried often enough for their next
     delay to be capped (planted: ``attempt_count`` set to the attempt before
-    the first one whose exponential term is twice the declared cap), each
-    refused once more with 429: every delay lies within the declared bounds
-    (half the cap to the cap, for equal jitter), and the runs' delays still
-    differ (blind hunt 66 #04: a Python cap applied to the jittered delay
-    instead of the exponential term gave every run exactly the cap from
-    attempt 10 on, while U's attempts 1 and 2 kept their jitter). Judged
-    where the mapping declares a jittered backoff; the chance that three
-    equal-jitter delays drawn in whole milliseconds over half a 60 s cap
-    coincide is about 1e-9."""
+    the first one whose exponential term is twice the declared cap, to 63
+    and to 999, where a shift of a 64-bit integer by the attempt overflows),
+    each refused once more with 429: every delay lies within the declared
+    bounds (half the cap to the cap, for equal jitter), and the runs' delays
+    still differ (blind hunt 66 #04: a Python cap applied to the jittered
+    delay instead of the exponential term gave every run exactly the cap
+    from attempt 10 on, while U's attempts 1 and 2 kept their jitter; hunt
+    67 #07: a Go delay that overflowed from attempt 57 on). Judged where the
+    mapping declares a jittered backoff; the chance that three equal-jitter
+    delays drawn in whole milliseconds over half a 60 s cap coincide is
+    about 1e-9."""
     declared = ctx.system.capabilities.backoff
     name = "jitter spreads the runs past the cap"
     if declared is None or declared.jitter == "none":
@@ -180,55 +182,58 @@ def _jitter_past_the_cap(ctx: ExperimentContext, ctl: WorkerProcess) -> None:
         )
         return
     past = next(n for n in range(1, 64) if declared.base_ms * 2 ** (n - 1) >= 2 * declared.cap_ms)
-    capped = [_plain_run(ctx, "task-u-cap", past + 1) for _ in range(RUNS)]
-    for run_id in capped:
+    tried = {_plain_run(ctx, "task-u-cap", n + 2): n for n in (past - 1, 63, 999)}
+    capped = list(tried)
+    for run_id, n in tried.items():
         ctx.note_run(run_id)
-    ctx.sql(
-        f"the runs already tried {past - 1} times (planted)",
-        "UPDATE fencecheck_model.agent_runs SET attempt_count = %s WHERE run_id = ANY(%s) "
-        "RETURNING run_id, attempt_count, max_attempts",
-        [past - 1, capped],
-    )
+        ctx.sql(
+            f"a run already tried {n} times (planted)",
+            "UPDATE fencecheck_model.agent_runs SET attempt_count = %s WHERE run_id = %s "
+            "RETURNING run_id, attempt_count, max_attempts",
+            [n, run_id],
+        )
     # The tool still answers every create with 429 (set above, cleared by the retry).
     worker = ctx.env.start_worker("C", "run")
     requeued = seen_within(
         lambda: (
             all(
-                row["attempt_count"] >= past and row["status"] != "running"
+                row["attempt_count"] > tried[str(row["run_id"])] and row["status"] != "running"
                 for row in ctx.env.query(
-                    "SELECT attempt_count, status FROM fencecheck_model.agent_runs "
+                    "SELECT run_id, attempt_count, status FROM fencecheck_model.agent_runs "
                     "WHERE run_id = ANY(%s)",
                     [capped],
                 )
             )
             or None
         ),
-        what=f"C to work the {RUNS} planted runs once each",
+        what=f"C to work the {len(tried)} planted runs once each",
         timeout_s=15,
     )
     worker.stop(grace_s=2.0)
     rows = _requeues(ctx, capped, "the planted runs' requeues (audit trail)")
-    delays = {str(r["run_id"]): float(r["delay_ms"]) for r in rows if r["attempt"] == past}
-    expected = (
-        f"the {RUNS} runs' delays after attempt {past} (next_attempt_at - updated_at, audit "
-        f"trail) differ by more than {JITTER_SAME_MS:g} ms"
-    )
-    observed = f"delays (ms) {sorted(round(d, 3) for d in delays.values())}"
+    delays = {
+        str(r["run_id"]): float(r["delay_ms"])
+        for r in rows
+        if r["attempt"] == tried[str(r["run_id"])] + 1
+    }
     if not ctx.probe_reached(
-        f"{RUNS} runs requeued after attempt {past}, past the cap",
-        bool(requeued) and len(delays) == RUNS,
+        f"{len(tried)} runs requeued past the cap",
+        bool(requeued) and len(delays) == len(tried),
         judges=name,
-        expected=f"C claimed each planted run (attempt_count {past - 1}) once, its create "
-        f"refused with 429, and requeued it at attempt_count {past}",
+        expected=f"C claimed each planted run (attempt_count {sorted(tried.values())}) once, its "
+        "create refused with 429, and requeued it at the next attempt",
         observed=f"requeues {[(str(r['run_id'])[:8], r['attempt']) for r in rows]}; C exit "
         f"{worker.returncode}",
     ):
         return
     _delays_as_declared(ctx, capped, name="every delay past the cap within the declared backoff")
     ctx.invariant(
-        name, max(delays.values()) - min(delays.values()) > JITTER_SAME_MS,
-        expected=expected, observed=observed,
-    )  # fmt: skip
+        name,
+        max(delays.values()) - min(delays.values()) > JITTER_SAME_MS,
+        expected=f"the {len(tried)} runs' capped delays (next_attempt_at - updated_at, audit "
+        f"trail) differ by more than {JITTER_SAME_MS:g} ms",
+        observed=f"delays (ms) {sorted(round(d, 3) for d in delays.values())}",
+    )
     if ctx.system.capabilities.offers_op("cancel"):
         for run_id in capped:  # they would wait half a minute or more
             ctx.op(ctl, "cancel", run_id=run_id, reason="the backoff past the cap was measured")
