@@ -70,6 +70,7 @@ from scenarios.common import (
     new_run,
     next_version_judged_by_its_own_step,
     op_and_changes,
+    paused_list_is_the_databases,
     seen_within,
     wait_claimable,
     writes_name_workflow_steps,
@@ -528,6 +529,10 @@ def _retried_paused_in_doubt(ctx: ExperimentContext) -> Moment:
         ctx, paused.run_id, paused.op_id, "the run paused in doubt, superseded by a retry",
         ("unknown", ("paused_indoubt",)), new_run_id,
     )  # fmt: skip
+    # Superseded, it is still paused in doubt, and only a person settles it:
+    # list_paused names it (blind hunt 67 #06: a Go list of the tasks' active
+    # runs only left it out, paused for good).
+    paused_list_is_the_databases(ctx, ctl)
     new_before = checkers.run_row(ctx, new_run_id, "the retry before the convergence")
 
     def then(op_after: dict[str, Any]) -> None:
