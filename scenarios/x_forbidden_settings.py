@@ -57,6 +57,11 @@ FORBIDDEN: tuple[tuple[str, dict[str, str | None]], ...] = (
         {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "10s"},
     ),
     ("a dispatch claim that is not whole milliseconds", {"FENCECHECK_DISPATCH_TTL_MS": "10s"}),
+    # Numbers that are no whole number as written: a parser of floats takes
+    # them (truncated to 3000, read as 1000), a worker must refuse them
+    # (blind hunt 67 #08: a Go setting parsed as a float and truncated).
+    ("a lease of a fraction of a millisecond", {"FENCECHECK_LEASE_TTL_MS": f"{LEASE_TTL_MS}.5"}),
+    ("a dispatch claim in exponent notation", {"FENCECHECK_DISPATCH_TTL_MS": "1e3"}),
     ("a heartbeat as long as the lease", {"FENCECHECK_HEARTBEAT_MS": str(LEASE_TTL_MS)}),
     ("a renewal timeout of 0 ms", {"FENCECHECK_HEARTBEAT_TIMEOUT_MS": "0"}),
     ("a dispatch claim of 0 ms", {"FENCECHECK_DISPATCH_TTL_MS": "0"}),
