@@ -548,7 +548,9 @@ def _found_after_freeze(ctx: ExperimentContext, crash_mid_converge: bool = False
     another run of the tenant has in doubt (and whatever a reconciler killed
     between the two halves left)."""
     env: dict[str, str | None] = {"FENCECHECK_TOOL_TIMEOUT_MS": str(TOOL_TIMEOUT_MS)}
-    run_id = new_run(ctx, tool="queryable")
+    # One attempt, which the pause interrupts: the reconciler's resume gives
+    # it back, or the worker could never claim the run again.
+    run_id = new_run(ctx, tool="queryable", max_attempts=1)
     bystander = new_run(ctx, tool="plain")
     tool = ctx.env.tool.client()
     tool.set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
@@ -1567,8 +1569,11 @@ def _lost_then_found_not_executed(ctx: ExperimentContext) -> None:
     id): the finding is taken (the operation failed_final, the run queued,
     audited), and a worker then plans the step again as version 2 and finishes
     the run with one resource, made by version 2; version 1 never reached the
-    tool."""
-    run_id = new_run(ctx, tool="plain")
+    tool. The run has one attempt, which the pause interrupted: queued again
+    after the finding, it must still be worked (blind hunt 66's reader: at a
+    spent budget the Go guard refused the finding, and Python queued a run
+    whose next grant took it past its budget)."""
+    run_id = new_run(ctx, tool="plain", max_attempts=1)
     tool = ctx.env.tool.client()
     tool.set_fault("plain", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
     ctx.command(f"tool: run {run_id[:8]}'s create of 'plain' held on the network")

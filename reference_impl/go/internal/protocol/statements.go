@@ -265,11 +265,14 @@ RETURNING o.operation_id, o.run_id::text, o.step_id, o.tool_name, o.tool_capabil
 		// the queue (Chinese seed 8.3: confirmed -> forward); its worker
 		// continues from the ledger. A run a retry superseded ($2 false) is
 		// never queued again: it ends cancelled, reason $3 (contract
-		// section 5, retry_run; migration 013).
+		// section 5, retry_run; migration 013). Queued at a spent budget, it
+		// gets back the attempt the pause interrupted (migration 015).
 		ResumeRun: `UPDATE agent_runs r
    SET status = CASE WHEN $2::boolean THEN 'queued' ELSE 'cancelled' END,
        next_attempt_at = CASE WHEN $2::boolean THEN clock_timestamp() ELSE r.next_attempt_at END,
        terminal_reason = CASE WHEN $2::boolean THEN r.terminal_reason ELSE $3::text END,
+       max_attempts = CASE WHEN $2::boolean AND r.attempt_count >= r.max_attempts
+                           THEN r.attempt_count + 1 ELSE r.max_attempts END,
        updated_at = clock_timestamp()
  WHERE r.run_id = (SELECT o.run_id FROM tool_operations o WHERE o.operation_id = $1)
    AND r.status = 'paused_indoubt'
