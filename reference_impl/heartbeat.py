@@ -18,8 +18,6 @@ import logging
 import threading
 from typing import Any
 
-import psycopg
-
 from harness import injection
 from reference_impl import metrics
 from reference_impl.cancellation import Cancellation
@@ -80,7 +78,7 @@ class Heartbeat:
         # renewal's timeout is for the renewal, not for a TCP connect and a
         # login (blind hunt 61's reader; the Go reference does the same). A
         # connect that fails leaves the first renewal to connect, bounded.
-        with contextlib.suppress(psycopg.Error):
+        with contextlib.suppress(Exception):  # any failure: the first renewal connects, bounded
             _ = self._session.conn
         if self._stop.is_set():  # stopped while connecting: stop() may have closed before
             self._session.close()
@@ -106,7 +104,12 @@ class Heartbeat:
         def attempt() -> None:
             try:
                 box["r"] = self.leases.renew(self._session.conn, lease, self.ttl_ms)
-            except psycopg.Error as exc:
+            except Exception as exc:
+                # Any failure leaves the renewal unconfirmed, not only the
+                # driver's errors (a reconnect refused for its tenant
+                # binding, say): with psycopg.Error alone the thread died,
+                # "r" was never set and the heartbeat crashed without
+                # cancelling the work (blind hunt 68's reader).
                 box["exc"] = exc
                 self._session.discard()
 

@@ -344,12 +344,13 @@ def _notice_without_resource_refused(
     progress or failure notice) converges nothing: the operation converges
     only to the resource a callback names (contract section 5), and a
     success without one is no fact about the tool. An empty ``resource_id``
-    names none either (blind hunt 66's reader: the Python SQL took "" for a
-    resource, the Go worker refused it)."""
+    names none either, nor a blank one (blind hunt 66's reader: the Python
+    SQL took "" for a resource, the Go worker refused it; 68's: the Go worker
+    took "  ")."""
     notice = {k: v for k, v in moment.payload.items() if k not in ("resource_id", "remote_id")}
     before = _operation(ctx, moment.op_id)
     replies = []
-    for payload in (notice, {**notice, "resource_id": ""}):
+    for payload in (notice, {**notice, "resource_id": ""}, {**notice, "resource_id": "  "}):
         reply = ctx.op(
             ctl, "deliver_callback", run_id=moment.run_id, operation_id=moment.op_id,
             payload=payload,
@@ -360,7 +361,8 @@ def _notice_without_resource_refused(
         "a callback naming no resource converged nothing",
         (after["status"], after["remote_id"]),
         (before["status"], before["remote_id"]),
-        what=f"(status, remote_id) of the operation (without resource_id, then with it empty: "
+        what=f"(status, remote_id) of the operation (without resource_id, then with it empty, "
+        f"then blank: "
         f"{'; '.join(replies)})",
     )
 

@@ -182,3 +182,26 @@ def test_heartbeat_connects_before_its_first_renewal(
         assert hb.last_outcome is None  # no renewal yet: the first tick is a minute away
     finally:
         hb.stop()
+
+
+def test_a_renewal_that_fails_with_any_error_cancels(make_rt: Callable[..., Runtime]) -> None:
+    """Not only the driver's errors leave a renewal unconfirmed: a renewal
+    that raises anything else (a reconnect refused for its tenant binding)
+    must cancel the work, not kill the heartbeat's thread with the work
+    going on (blind hunt 68's reader)."""
+    a = make_rt("A")
+    run = new_run(a)
+    lease = take(a, run).lease
+    cancel = Cancellation()
+    hb = a.heartbeat(lease, cancel, interval_ms=20, timeout_ms=500)
+
+    def refused(*_: object) -> None:
+        raise RuntimeError("this login role is bound to another tenant")
+
+    hb.leases.renew = refused  # type: ignore[method-assign]
+    hb.start()
+    try:
+        wait_for(lambda: cancel.cancelled, what="the heartbeat to cancel", timeout_s=5)
+    finally:
+        hb.stop()
+    assert cancel.cancelled and "unknown" in str(cancel.cause)

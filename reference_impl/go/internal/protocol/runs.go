@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -111,11 +112,15 @@ func (p *Protocol) DeliverCallback(ctx context.Context, db DB, runID, opID strin
 		if err := tx.QueryRow(ctx, p.SQL.CallbackLive, runID).Scan(&live); err != nil {
 			return err
 		}
-		remote, _ := payload["resource_id"].(string)
-		if remote == "" {
+		// The resource the callback names: resource_id, else remote_id; a
+		// blank one names none (as Python's migration 022: a whitespace id
+		// converged the operation here and not there, blind hunt 68's reader).
+		remote, named := payload["resource_id"].(string)
+		if !named {
 			remote, _ = payload["remote_id"].(string)
 		}
-		if opRun != runID || !live || (status != "dispatching" && status != "unknown") || remote == "" {
+		if opRun != runID || !live || (status != "dispatching" && status != "unknown") ||
+			strings.TrimSpace(remote) == "" {
 			_, err := tx.Exec(ctx, p.SQL.CallbackRefuse, opID, runID, string(body))
 			return err
 		}
