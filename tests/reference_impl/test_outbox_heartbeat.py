@@ -198,7 +198,7 @@ def test_a_renewal_that_fails_with_any_error_cancels(make_rt: Callable[..., Runt
     def refused(*_: object) -> None:
         raise RuntimeError("this login role is bound to another tenant")
 
-    hb.leases.renew = refused  # type: ignore[method-assign]
+    hb.leases.renew = refused  # type: ignore[method-assign,assignment]
     hb.start()
     try:
         wait_for(lambda: cancel.cancelled, what="the heartbeat to cancel", timeout_s=5)
