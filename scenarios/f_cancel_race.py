@@ -52,6 +52,11 @@ from scenarios.common import (
 HELD_WRITE = "held_write"
 RECONCILER_AFTER_CANCEL = "reconciler_after_cancel"
 CLAIM_HELD_PAST_CANCEL = "claim_held_past_cancel"
+#: As ``dispatching``, but the held worker's claim has run out by database
+#: time when the cancel comes (nobody swept it): the request may still have
+#: left before the deadline, so the operation is in flight all the same.
+DISPATCHING_EXPIRED = "dispatching_expired"
+EXPIRING_CLAIM_TTL_MS = 400
 # claim_held_past_cancel: how long the harness waits for the held worker's own
 # record of the renewal the cancel refused (a few heartbeat intervals).
 REFUSED_S = 5.0
@@ -77,9 +82,15 @@ SPEC = ExperimentSpec(
         HELD_WRITE,
         RECONCILER_AFTER_CANCEL,
         CLAIM_HELD_PAST_CANCEL,
+        DISPATCHING_EXPIRED,
     ),
-    variant_waits=(("unknown", 0.8),),
+    variant_waits=(("unknown", 0.8), (DISPATCHING_EXPIRED, EXPIRING_CLAIM_TTL_MS / 1000)),
     variant_faults=(
+        (
+            DISPATCHING_EXPIRED,
+            "cancel while the worker is held right after its dispatch claim, once that claim "
+            "ran out by database time (not swept)",
+        ),
         (
             CLAIM_HELD_PAST_CANCEL,
             "cancel while the worker is held right after its dispatch claim; let go once its "
@@ -97,6 +108,7 @@ SPEC = ExperimentSpec(
     ),
     variant_points=(
         (CLAIM_HELD_PAST_CANCEL, "after_dispatch_claim_commit"),
+        (DISPATCHING_EXPIRED, "after_dispatch_claim_commit"),
         (HELD_WRITE, "before_commit"),
         (RECONCILER_AFTER_CANCEL, "after_reconcile_query"),
     ),
@@ -128,21 +140,29 @@ def run(ctx: ExperimentContext) -> None:
         return
     run_id = new_run(ctx, tool="plain")
     ctl = control_plane(ctx)
+    expired = variant == DISPATCHING_EXPIRED
+    variant = "dispatching" if expired else variant  # the effect's status at the cancel
     point = POINT[variant]
     ctx.arm("A", point, Crash() if variant == "unknown" else Hold())
-    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"])
+    env: dict[str, str | None] | None = (
+        {"FENCECHECK_DISPATCH_TTL_MS": str(EXPIRING_CLAIM_TTL_MS)} if expired else None
+    )
+    a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     if variant == "unknown":
         finish(ctx, a)
         wait_claimable(ctx, run_id)
         ctx.ok(ctl, "reconcile")
     else:
         ctx.reached("A", point)
+    ran_out = _claim_ran_out(ctx, run_id) if expired else None
     before = checkers.ledger(ctx, run_id)
     ctx.fault(
-        f"effect {variant} when cancel is issued",
-        len(before) >= 1 and before[-1]["status"] == variant,
-        expected=f"the run's tool effect is {variant}",
-        observed=f"ledger: {[o['status'] for o in before]}",
+        f"effect {variant} when cancel is issued" + (", its claim run out" if expired else ""),
+        len(before) >= 1 and before[-1]["status"] == variant and (ran_out or not expired),
+        expected=f"the run's tool effect is {variant}"
+        + (" and its claim's deadline has passed by database time" if expired else ""),
+        observed=f"ledger: {[o['status'] for o in before]}"
+        + (f"; claim run out: {ran_out}" if expired else ""),
     )
     by_run = new_run(ctx, tool="plain")
     by_op = intent_registered(ctx, ctx.env.start_worker("Y", "ops"), by_run, tool="plain",
@@ -321,6 +341,25 @@ def _reconciler_after_cancel(ctx: ExperimentContext) -> None:
         f"{'ok' if reply.ok else reply.error}",
     )
     checkers.lease_history_is_sound(ctx, [run_id, other])
+
+
+def _claim_ran_out(ctx: ExperimentContext, run_id: str) -> bool:
+    """Wait (bounded) until the run's dispatching operation's claim deadline
+    has passed by database time; whether it did (blind hunt 68 #04: a cancel
+    that took such a claim for one that sends nothing any more marked the
+    operation cancelled, though its request may have left before the
+    deadline)."""
+    return bool(
+        seen_within(
+            lambda: ctx.env.query(
+                "SELECT 1 FROM fencecheck_model.tool_operations WHERE run_id = %s"
+                " AND status = 'dispatching' AND dispatch_until <= clock_timestamp()",
+                [run_id],
+            ),
+            what=f"run {run_id[:8]}'s dispatch claim to run out by database time",
+            timeout_s=EXPIRING_CLAIM_TTL_MS / 1000 + 10,
+        )
+    )
 
 
 def _claim_held_past_the_cancel(ctx: ExperimentContext) -> None:
