@@ -23,6 +23,11 @@ cancel refused. That refusal cancels its execution, which starts no new side
 effect: the create is never sent (the claim stays the worker's, so the
 operation is never ``cancelled`` either).
 
+Variant ``dispatching_expired``: as ``dispatching``, with the worker's claim
+(400 ms) run out by database time before the cancel and nothing swept it:
+its request may still have left before the deadline, so the operation stays
+in flight, never ``cancelled``.
+
 Variant ``held_write``: the cancel comes while a protected write of the run
 (stepped path) holds the run's row with everything written, before its
 COMMIT. The cancel waits for it, and its audit row's ``before`` must be the
