@@ -1721,7 +1721,31 @@ def _converged_beside_a_live_claim(
         return
     if not rejected:
         _no_finding_under_a_live_claim(ctx, run_id, live_op)
-    reply = ctx.op(control_plane(ctx), "reconcile")
+    if rejected and ctx.system.capabilities.offers_op("resolve_indoubt"):
+        # Here a person finds the tool step executed instead of the
+        # reconciler: the finding is taken and the run stays paused, the other
+        # operation dispatching (blind hunt 69 #07: a Go resolve that counted
+        # only unknown operations as in doubt tried to queue the run, and its
+        # guard refused the whole finding).
+        made = [
+            r["resource_id"]
+            for r in checkers.tool_resources(ctx, run_id=run_id)
+            if r["operation_id"] == own[0]
+        ]
+        reply = ctx.op(
+            control_plane(ctx), "resolve_indoubt", run_id=run_id, operation_id=own[0],
+            decision="executed", remote_id=made[0] if made else None,
+            reason="the label is in the tool's console", ticket="OPS-83",
+        )  # fmt: skip
+        ctx.invariant(
+            "a finding beside another operation under a live claim is taken",
+            reply.ok,
+            expected=f"resolve_indoubt executed of {own[0]} (unknown) accepted while {live_op} "
+            "is dispatching under a live claim",
+            observed=f"reply {reply.result if reply.ok else reply.error}",
+        )
+    else:
+        reply = ctx.op(control_plane(ctx), "reconcile")
     after = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
     status = checkers.run_row(ctx, run_id, "the run after the reconciler")["status"]
     ctx.invariant(
@@ -1731,7 +1755,7 @@ def _converged_beside_a_live_claim(
         observed=f"run {status}; ledger {after}",
     )
     ctx.progress_equal(
-        "the reconciler converged the tool step's operation",
+        "the tool step's operation converged (the reconciler's, or a person's finding)",
         (reply.ok, after.get(own[0])),
         (True, "succeeded"),
         what=f"reconcile's reply ok and {own[0]}'s status",
