@@ -11,7 +11,7 @@ import base64
 import binascii
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from harness.checking.invariants.model import Change, Evidence, Finding, group, ts
@@ -684,21 +684,28 @@ def _clear_values(value: Any, path: str = "") -> Iterator[str]:
     "of any column",
 )
 def sensitive_field_stored_sealed(ev: Evidence) -> Finding:
-    bad: list[dict[str, Any]] = []
-    seen: set[tuple[str, str]] = set()
-    judged = 0
-    images = [(t, r, None) for t, rows in ev.tables.items() for r in rows] + [
+    return _found_in_rows(ev, _clear_values, "a planted sensitive value stored in clear")
+
+
+def _row_images(ev: Evidence) -> list[tuple[str, Any, int | None]]:
+    """Every row of a contract table as it ends (no audit seq), then as the
+    audit trail saw each change a session other than the harness's made."""
+    return [(t, r, None) for t, rows in ev.tables.items() for r in rows] + [
         (c.table, c.new, c.seq) for c in ev.changes if c.new is not None and not c.by_harness
     ]
+
+
+def _found_in_rows(ev: Evidence, paths: Callable[[Any], Iterator[str]], why: str) -> Finding:
+    """The rows (each table and path once) where ``paths`` finds something."""
+    bad: list[dict[str, Any]] = []
+    seen: set[tuple[str, str]] = set()
+    images = _row_images(ev)
     for table, row, seq in images:
-        judged += 1
-        for path in _clear_values(row):
-            if (table, path) in seen:
-                continue
-            seen.add((table, path))
-            bad.append({"table": table, "column": path, "audit_seq": seq,
-                        "why": "a planted sensitive value stored in clear"})  # fmt: skip
-    return Finding(judged, bad)
+        for path in paths(row):
+            if (table, path) not in seen:
+                seen.add((table, path))
+                bad.append({"table": table, "column": path, "audit_seq": seq, "why": why})
+    return Finding(len(images), bad)
 
 
 #: Section 9's sensitive field names, and the fields of the object the harness
@@ -731,18 +738,9 @@ def _opened_structures(value: Any, path: str = "") -> Iterator[str]:
     "structure the harness planted there (pan, expiry): sealed whole, its shape is hidden too",
 )
 def sensitive_structure_sealed_whole(ev: Evidence) -> Finding:
-    bad: list[dict[str, Any]] = []
-    seen: set[tuple[str, str]] = set()
-    images = [(t, r, None) for t, rows in ev.tables.items() for r in rows] + [
-        (c.table, c.new, c.seq) for c in ev.changes if c.new is not None and not c.by_harness
-    ]
-    for table, row, seq in images:
-        for path in _opened_structures(row):
-            if (table, path) not in seen:
-                seen.add((table, path))
-                bad.append({"table": table, "column": path, "audit_seq": seq,
-                            "why": "a sensitive structure stored with its fields showing"})  # fmt: skip
-    return Finding(len(images), bad)
+    return _found_in_rows(
+        ev, _opened_structures, "a sensitive structure stored with its fields showing"
+    )
 
 
 # The contract's example sealed form (section 9): {"$sealed": "v1:<base64 of a
@@ -774,10 +772,7 @@ def _sealed_v1_nonces(row: Any) -> Iterator[tuple[bytes, str]]:
 def sealed_values_never_share_a_nonce(ev: Evidence) -> Finding:
     first: dict[bytes, tuple[str, str, int | None]] = {}
     bad: list[dict[str, Any]] = []
-    images = [(t, r, None) for t, rows in ev.tables.items() for r in rows] + [
-        (c.table, c.new, c.seq) for c in ev.changes if c.new is not None and not c.by_harness
-    ]
-    for table, row, seq in images:
+    for table, row, seq in _row_images(ev):
         for nonce, sealed in _sealed_v1_nonces(row):
             was = first.setdefault(nonce, (sealed, table, seq))
             if was[0] != sealed and len(bad) < 20:
