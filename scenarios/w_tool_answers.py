@@ -75,6 +75,10 @@ answers a worker must handle"):
   the call arrived, a ``reconcile`` finds its resource and a worker finishes
   the run without another create.
 
+* ``resend_refused_deterministic_id``: the same with a tool that makes each
+  resource under a deterministic id: its resend is a same-key resend too, and
+  a 429 to it leaves the operation in doubt just the same.
+
 Judged from the tool's own log (requests, resources and their body digests)
 and the database (ledger, run), never from the worker's account.
 """
@@ -129,6 +133,7 @@ FAILED_BEFORE_FREEZE = "failed_before_freeze"
 OTHERS_IN_DOUBT = "others_in_doubt"
 RESEND_UNANSWERED = "resend_unanswered"
 RESEND_REFUSED = "resend_refused"
+RESEND_REFUSED_DETID = "resend_refused_deterministic_id"
 RESEND_MEETS_OWN = "resend_meets_own_resource"
 # resend_meets_own_resource: the worker's tool timeout. The first create is held
 # on the network whatever it is; the resend must be answered within it on a
@@ -248,6 +253,7 @@ SPEC = ExperimentSpec(
         OTHERS_IN_DOUBT,
         RESEND_UNANSWERED,
         RESEND_REFUSED,
+        RESEND_REFUSED_DETID,
         RESEND_MEETS_OWN,
         LOST_NOT_EXECUTED,
         BESIDE_LIVE_CLAIM,
@@ -276,6 +282,12 @@ SPEC = ExperimentSpec(
             "the run's first create reaches the tool late (past the worker's timeout and its "
             "query), its same-key resend is refused with 429 before that; a callback naming no "
             "resource is delivered while the resend's claim is held",
+        ),
+        (
+            RESEND_REFUSED_DETID,
+            "the same with a deterministic-id tool: the run's first create arrives late, its "
+            "same-id resend is refused with 429 before that, a callback naming no resource "
+            "delivered while the resend's claim is held",
         ),
         (
             RESEND_MEETS_OWN,
@@ -343,6 +355,9 @@ SPEC = ExperimentSpec(
         needs.capability("ledger_tool:idempotent", RESEND_UNANSWERED, RESEND_REFUSED),
         needs.op("reconcile", RESEND_REFUSED),
         needs.point("after_dispatch_claim_commit", RESEND_REFUSED),
+        needs.capability("ledger_tool:deterministic_id", RESEND_REFUSED_DETID),
+        needs.op("reconcile", RESEND_REFUSED_DETID),
+        needs.point("after_dispatch_claim_commit", RESEND_REFUSED_DETID),
         needs.capability("ledger_tool:deterministic_id", RESEND_MEETS_OWN),
         needs.point("after_reconcile_query", RESEND_MEETS_OWN),
         needs.capability("ledger_tool:none", LOST_NOT_EXECUTED),
@@ -380,6 +395,7 @@ SPEC = ExperimentSpec(
         (OTHERS_IN_DOUBT, (len(OTHER_STEPS) + 1) * TOOL_TIMEOUT_MS / 1000),
         (RESEND_UNANSWERED, RESEND_LATE_MS / 1000),
         (RESEND_REFUSED, RESEND_LATE_MS / 1000),
+        (RESEND_REFUSED_DETID, RESEND_LATE_MS / 1000),
         (RESEND_MEETS_OWN, RESEND_OWN_TIMEOUT_MS / 1000),
         (LOST_NOT_EXECUTED, TOOL_TIMEOUT_MS / 1000),
         (BESIDE_LIVE_CLAIM, TOOL_TIMEOUT_MS / 1000),
@@ -406,8 +422,9 @@ def run(ctx: ExperimentContext) -> None:
     if ctx.variant == RESEND_UNANSWERED:
         _resend_unanswered(ctx)
         return
-    if ctx.variant == RESEND_REFUSED:
-        _resend_refused(ctx)
+    if ctx.variant in (RESEND_REFUSED, RESEND_REFUSED_DETID):
+        # Blind hunt 69 #05: a resend flagged as one for idempotent tools only.
+        _resend_refused(ctx, "detid" if ctx.variant == RESEND_REFUSED_DETID else "idem")
         return
     if ctx.variant == RESEND_MEETS_OWN:
         _resend_meets_own_resource(ctx)
@@ -739,15 +756,15 @@ def _resend_unanswered(ctx: ExperimentContext) -> None:
     checkers.lease_history_is_sound(ctx, [run_id])
 
 
-def _resend_refused(ctx: ExperimentContext) -> None:
+def _resend_refused(ctx: ExperimentContext, tool_name: str) -> None:
     """A same-key resend refused with 429 while the call it repeats is still
     on the network: the operation stays in doubt; the call then acts, and
     the reconciler's query finds what it made."""
-    run_id = new_run(ctx, tool="idem")
+    run_id = new_run(ctx, tool=tool_name)
     tool = ctx.env.tool.client()
     # Oldest fault first: the call arrives late, the next create (the resend) gets 429.
-    tool.set_fault("idem", "arrive_late", count=1, ms=RESEND_LATE_MS, run_id=run_id)
-    tool.set_fault("idem", "reject_429", count=1, run_id=run_id)
+    tool.set_fault(tool_name, "arrive_late", count=1, ms=RESEND_LATE_MS, run_id=run_id)
+    tool.set_fault(tool_name, "reject_429", count=1, run_id=run_id)
     ctx.command(
         f"tool: run {run_id}'s first create reaches the tool {RESEND_LATE_MS} ms late, its "
         "next create is refused with 429"
