@@ -110,7 +110,9 @@ class OpsServer:
         self.out = out or sys.stdout
         self._out_lock = threading.Lock()
         self.main = Ctx(rt, rt.session, rt.writer)
-        self.heartbeats: dict[tuple[str, int], tuple[Heartbeat, Cancellation]] = {}
+        # Keyed by the whole lease: a heartbeat started under another owner at the
+        # same epoch (refused by the database) must not replace the holder's.
+        self.heartbeats: dict[tuple[str, str, int], tuple[Heartbeat, Cancellation]] = {}
         self.handlers: dict[str, Handler] = {
             "create_run": self.create_run,
             "retry_run": self.retry_run,
@@ -224,7 +226,7 @@ class OpsServer:
         )
 
     def _check_not_cancelled(self, lease: Lease) -> None:
-        entry = self.heartbeats.get((str(lease.run_id), lease.epoch))
+        entry = self.heartbeats.get((str(lease.run_id), lease.owner, lease.epoch))
         if entry is not None:
             entry[1].check()
 
@@ -533,7 +535,7 @@ class OpsServer:
 
     def heartbeat(self, ctx: Ctx, args: dict[str, Any]) -> dict[str, Any]:
         lease = self._lease(args)
-        key = (str(lease.run_id), lease.epoch)
+        key = (str(lease.run_id), lease.owner, lease.epoch)
         action = str(args.get("action", "start"))
         if action == "stop":
             entry = self.heartbeats.pop(key, None)

@@ -205,7 +205,9 @@ func (o *Ops) lease(args map[string]any) protocol.Lease {
 	return protocol.Lease{RunID: uuidArg(args, "run_id"), Owner: optStr(args, "owner", o.rt.S.Owner()), Epoch: num(args, "epoch", nil)}
 }
 
-func hbKey(l protocol.Lease) string { return fmt.Sprintf("%s/%d", l.RunID, l.Epoch) }
+// hbKey names a lease whole: a heartbeat started under another owner at the
+// same epoch (refused by the database) must not replace the holder's.
+func hbKey(l protocol.Lease) string { return fmt.Sprintf("%s/%s/%d", l.RunID, l.Owner, l.Epoch) }
 
 // checkNotCancelled: a lease whose heartbeat found it unconfirmed starts no new write.
 func (o *Ops) checkNotCancelled(l protocol.Lease) error {
