@@ -436,7 +436,10 @@ def table_gaps(contract_points: list[str]) -> list[str]:
 
 def _sigterm_between_steps(ctx: ExperimentContext, passes: int) -> None:
     input_ = {"extra_steps": SIGTERM_EXTRA_STEPS, "step_delay_ms": SIGTERM_STEP_DELAY_MS}
-    run_id = new_run(ctx, input=input_)
+    # One attempt: A's stop gives the run back in its last attempt, and B's
+    # claim must stay within the budget (a release interrupts an attempt, it
+    # does not end one: run.attempts_never_exceed_the_budget; hunt 70's reader).
+    run_id = new_run(ctx, input=input_, max_attempts=1)
     ctx.arm("A", SIGTERM_POINT, Continue(), times=passes)
     ctx.arm("A", SIGTERM_POINT, Hold(), times=1)
     steps_ahead = workflow_steps(SIGTERM_EXTRA_STEPS)[passes + 1 :]

@@ -71,13 +71,16 @@ BEGIN
 END
 $$;
 
--- Give the lease up: queued again, epoch kept.
+-- Give the lease up: queued again, epoch kept. In the run's last attempt
+-- the attempt is given back: a release interrupts an attempt, it does not end
+-- one (else the next claim takes the run past its budget).
 CREATE OR REPLACE FUNCTION fencecheck.release(p_run uuid, p_owner text, p_epoch bigint)
 RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   UPDATE public.agent_runs
-     SET status = 'queued', owner = NULL, lease_expires_at = NULL, updated_at = clock_timestamp()
+     SET status = 'queued', owner = NULL, lease_expires_at = NULL, updated_at = clock_timestamp(),
+         max_attempts = GREATEST(max_attempts, attempt_count + 1)
    WHERE run_id = p_run AND owner = p_owner AND epoch = p_epoch
      AND lease_expires_at > clock_timestamp();
   IF NOT FOUND THEN

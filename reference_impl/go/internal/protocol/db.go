@@ -55,7 +55,9 @@ func NewSession(dsn, appName string) (*Session, error) {
 		cfg.RuntimeParams["application_name"] = appName
 	}
 	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
-		if n.Severity == "WARNING" {
+		// The unlocalized severity: a server with non-English lc_messages
+		// names it otherwise, and a cancelled sync wait's warning would be missed.
+		if n.SeverityUnlocalized == "WARNING" || (n.SeverityUnlocalized == "" && n.Severity == "WARNING") {
 			s.mu.Lock()
 			s.warnings = append(s.warnings, n)
 			s.mu.Unlock()

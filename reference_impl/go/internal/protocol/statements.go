@@ -97,9 +97,12 @@ RETURNING run_id::text, status, revision, epoch, current_step, owner, lease_expi
    AND status IN ('running', 'waiting_tool')
 RETURNING lease_expires_at`,
 
-		// Release: do NOT zero the epoch; the run goes back to the queue.
+		// Release: do NOT zero the epoch; the run goes back to the queue. In
+		// its last attempt it gives that attempt back (schema 016): a release
+		// interrupts an attempt, it does not end one.
 		Release: `UPDATE agent_runs
    SET owner = NULL, lease_expires_at = NULL, status = 'queued',
+       max_attempts = GREATEST(max_attempts, attempt_count + 1),
        next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
  WHERE run_id = $1 AND owner = $2 AND epoch = $3
    AND status IN ('running', 'waiting_tool')`,
