@@ -1570,8 +1570,12 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
     recorded too (blind hunt 49 #02: only a success was kept)."""
     point = "after_tool_response_before_tx2_commit"
     cases = {"A": new_run(ctx, tool="plain"), "A2": new_run(ctx, tool="plain")}
-    ctx.env.tool.client().set_fault("plain", "reject_final", count=1, run_id=cases["A2"])
-    ctx.command(f"tool: run {cases['A2']}'s create is refused for good (422)")
+    approved = ctx.system.capabilities.offers_op("decide")
+    refusals = 2 if approved else 1
+    ctx.env.tool.client().set_fault("plain", "reject_final", count=refusals, run_id=cases["A2"])
+    ctx.command(f"tool: run {cases['A2']}'s first {refusals} create(s) refused for good (422)")
+    if approved:
+        _refused_then_approved(ctx, cases["A2"])
     frozen = _freeze_after_lease_lost(ctx)
     env: dict[str, str | None] = {"FENCECHECK_DISPATCH_TTL_MS": str(LIVE_CLAIM_MS)}
     workers, hits = {}, {}
@@ -1587,7 +1591,14 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
     t = ctx.env.start_worker("T", "ops")
     taken = {name: ctx.ok(t, "claim", run_id=run_id) for name, run_id in cases.items()}
     answers = {"A": "created", "A2": "rejected_final"}
-    created = {name: checkers.tool_requests(ctx, run_id=r) for name, r in cases.items()}
+    created = {
+        name: [
+            r
+            for r in checkers.tool_requests(ctx, run_id=run_id)
+            if r.get("operation_id") == str(hits[name].operation_id)
+        ]
+        for name, run_id in cases.items()
+    }
     claims = {
         name: ctx.sql(
             f"{name}'s dispatch claim after the takeover",
@@ -1678,12 +1689,12 @@ def _answer_after_lease_lost(ctx: ExperimentContext) -> None:
             observed=f"epoch {row['epoch']}, revision {row['revision']}",
         )
         checkers.recorded_results_are_the_tools(ctx, run_id)
-    _refusal_nobody_paused_for(ctx, cases["A2"])
+    _refusal_nobody_paused_for(ctx, cases["A2"], approved)
     frozen()
     checkers.lease_history_is_sound(ctx, list(cases.values()))
 
 
-def _refusal_nobody_paused_for(ctx: ExperimentContext, run_id: str) -> None:
+def _refusal_nobody_paused_for(ctx: ExperimentContext, run_id: str, approved: bool) -> None:
     """A2's refusal is on the ledger, recorded by A2 beside the lease it lost,
     and nobody paused the run for it (the same state as a worker killed
     between recording a refusal and pausing). Once the taker's lease ran out,
@@ -1702,13 +1713,36 @@ def _refusal_nobody_paused_for(ctx: ExperimentContext, run_id: str) -> None:
     )
     ops = [(o["effect_version"], o["status"]) for o in checkers.ledger(ctx, run_id)]
     sent = [r["outcome"] for r in checkers.tool_requests(ctx, run_id=run_id)]
+    versions = 2 if approved else 1
     ctx.invariant(
         "A2's refused step is not planned again without a person",
-        ops == [(1, "failed_final")] and sent == ["rejected_final"],
-        expected="the ledger holds version 1 failed_final only; the tool saw the one refused "
-        "create",
+        ops == [(v, "failed_final") for v in range(1, versions + 1)]
+        and sent == ["rejected_final"] * versions,
+        expected=f"the ledger holds versions 1-{versions} failed_final only (version 1 refused "
+        "and approved by a person first, where decide is offered); the tool saw the refused "
+        "creates",
         observed=f"ledger {ops}; tool {sent}",
     )
+
+
+def _refused_then_approved(ctx: ExperimentContext, run_id: str) -> None:
+    """A2's run first goes the rarer way: its step's version 1 refused for good,
+    the run paused for a person, who approves. A2's own refusal is then of
+    version 2, and the pause of version 1 must not count for it (blind hunt 70
+    #04: a worker that took any "paused for a person" mark on the step's result
+    as the one for the newest refused version planned version 3 itself)."""
+    code = finish(ctx, ctx.env.start_worker("A2first", "run", ["--run-id", run_id, "--once"]))
+    paused = checkers.run_row(ctx, run_id, "A2's run after its first refusal")
+    if paused["status"] != "paused_human":
+        raise Inconclusive(
+            f"A2's run is {paused['status']} after its first refusal (A2first exit {code}), "
+            "not paused for a person: the approve this variant needs cannot be given"
+        )
+    ctx.ok(
+        control_plane(ctx), "decide", run_id=run_id, decision="approve",
+        reason="the customer confirmed", ticket="CS-70",
+    )  # fmt: skip
+    wait_claimable(ctx, run_id, timeout_s=15)
 
 
 def _freeze_after_lease_lost(ctx: ExperimentContext) -> Callable[[], None]:

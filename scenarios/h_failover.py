@@ -50,7 +50,7 @@ REMOTE_APPLY_TERMINATED = "sync_terminated_wait_remote_apply"
 #: sync_terminated_wait on W's main thread after that thread read back a lost
 #: commit while the primary had no synchronous standby (blind hunt 44 #05: a
 #: writer that asked "do commits wait for a standby?" once answered the
-#: terminated wait durable).
+#: terminated wait durable), W's role committing at remote_write.
 TERMINATED_AFTER_ASYNC_READ_BACK = "sync_terminated_after_async_read_back"
 #: A `run` worker's COMMIT waits for the synchronous standby (its link cut)
 #: while the worker's heartbeat, its renewals waiting on the run's row the
@@ -431,9 +431,10 @@ def _local_commits_are_not_sync(ctx: ExperimentContext) -> None:
     round 4, #08: any level but ``off`` taken for sync). One whose level is
     ``remote_write`` waits for the standby to have the commit written: that
     is sync, and a worker reading it as async refuses to start where
-    ``--require-durability sync`` is met (round 11). The worker's login role
+    ``--require-durability sync`` is met (round 11); so does ``remote_apply``
+    (round 70, #05: a Go level list without it). The worker's login role
     gets each level for one probe's session only, reset at once."""
-    for level, mode in (("local", "async"), ("remote_write", "sync")):
+    for level, mode in (("local", "async"), ("remote_write", "sync"), ("remote_apply", "sync")):
         seen, declared = _declared_at_level(ctx, level)
         ctx.fault(
             f"the probe's role commits with synchronous_commit {level}",
@@ -445,7 +446,7 @@ def _local_commits_are_not_sync(ctx: ExperimentContext) -> None:
             f"a session that commits with synchronous_commit {level} is declared {mode}",
             declared.get("mode") == mode,
             expected=f"mode {mode}: the standby is named and streams, and this session's commits "
-            + ("do not wait for it" if mode == "async" else "wait until it has written them"),
+            + ("do not wait for it" if mode == "async" else "wait for it (written or applied)"),
             observed=f"declared {declared}",
         )
 
@@ -507,6 +508,10 @@ def run(ctx: ExperimentContext) -> None:
         variant = "sync_terminated_wait"
     after_async = variant == TERMINATED_AFTER_ASYNC_READ_BACK
     if after_async:
+        # And at remote_write, which waits for the standby too (blind hunt 70
+        # #03: a read-back that counted remote_write as not waiting answered
+        # the terminated wait durable); REMOTE_APPLY_TERMINATED has remote_apply.
+        _role_commits_at(ctx, "remote_write")
         primary.set_sync_standby(None)
         ctx.command("ALTER SYSTEM SET synchronous_standby_names = '': commits wait for nobody")
     # after_async: a lease that outlasts both faults and the switch to sync on
