@@ -271,7 +271,12 @@ func (o *Ops) createRun(c *opCtx, args map[string]any) (any, error) {
 		return nil, err
 	}
 	taskID := str(args, "task_id")
-	input, _ := args["input"].(map[string]any)
+	// A JSON object, or none (null or absent: {}); a list or a string is no
+	// run's input and is refused, never taken for an empty one (X).
+	input, isObject := args["input"].(map[string]any)
+	if raw, given := args["input"]; given && raw != nil && !isObject {
+		return nil, badRequest{fmt.Sprintf("input must be a JSON object, not %T", raw)}
+	}
 	if input == nil {
 		input = map[string]any{}
 	}
