@@ -10,17 +10,28 @@ run's row while the holder sends a write at the run's revision N and, before
 it is answered, one at N + 1. Let go, both must commit, N + 1 then N + 2:
 the second's expected revision is the run's once the first has committed,
 whichever way each write waited (one statement, or the row locked first).
+
+Last, A is stopped and started again under its worker id (a supervisor's
+restart): the new process's claim, intent and release are appended to the
+history file the first one wrote, which must still begin with those lines;
+its intent's ``after_outbound_intent_commit`` is answered with a 200 ms
+``delay``, which it must sleep before it answers.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from harness.checking import checkers
 from harness.contract import needs
 from harness.engine.experiment import ExperimentContext, ExperimentSpec
+from harness.parts.control import Delay
 from harness.parts.processes import OpReply, WorkerProcess
 from scenarios.common import new_run, seen_within
+
+#: The control protocol's delay answer the restarted A is given once (ms).
+DELAY_MS = 200
 
 SPEC = ExperimentSpec(
     id="A",
@@ -28,7 +39,8 @@ SPEC = ExperimentSpec(
     seed_section="English seed §11 A; §6",
     invariant="two sequential writes in one epoch both succeed; revision +1 each, consecutive; "
     "each checkpoint and its outbox event commit together; a read after each write answers "
-    "it; two pipelined writes (N, then N + 1) both commit",
+    "it; two pipelined writes (N, then N + 1) both commit; a worker started again appends to "
+    "its history",
     fault="two sequential protected writes by the same owner in the same epoch",
     rules=(2, 3),
     injection_point="after_checkpoint_commit",
@@ -102,7 +114,32 @@ def run(ctx: ExperimentContext) -> None:
     _own_live_lease_not_granted_again(ctx, w, run_id)
     pipelined = _pipelined_writes(ctx)
     _read_answers_its_own_run(ctx, w, pipelined, run_id)
-    checkers.lease_history_is_sound(ctx, [run_id, pipelined])
+    again = _started_again(ctx, w)
+    checkers.lease_history_is_sound(ctx, [run_id, pipelined, again])
+
+
+def _started_again(ctx: ExperimentContext, w: WorkerProcess) -> str:
+    """A stopped and started again under its worker id, as a supervisor
+    restarts a process: the new process claims and releases a run of its own,
+    appending to the history file A's first process wrote (blind hunt 70
+    #07: a Go history opened with O_TRUNC erased the earlier process's
+    account; the global ``worker.history_is_appended_to`` judges it)."""
+    code = w.stop(grace_s=5.0)
+    ctx.command(f"A stopped (exit {code}) and started again under the same worker id")
+    run_id = new_run(ctx)
+    a = ctx.env.start_worker("A", "ops")
+    lease = ctx.ok(a, "claim", run_id=run_id)
+    caps = ctx.system.capabilities
+    if caps.offers_op("register_intent") and caps.hosts("after_outbound_intent_commit"):
+        _delay_is_slept(ctx, a, run_id, lease)
+    ctx.ok(a, "release", run_id=run_id, epoch=lease["epoch"])
+    ctx.fault(
+        "A started again on the history its first process wrote",
+        a.history_before is not None,
+        expected="the history file holds the first process's lines when the second starts",
+        observed=f"{a.history_before[0] if a.history_before else 0} bytes before the restart",
+    )
+    return run_id
 
 
 def _read_answers_its_own_run(
@@ -256,3 +293,29 @@ def _pipelined_writes(ctx: ExperimentContext) -> str:
         f"answered {told}; the lease outlasts the wait)",
     )
     return run_id
+
+
+def _delay_is_slept(
+    ctx: ExperimentContext, a: WorkerProcess, run_id: str, lease: dict[str, Any]
+) -> None:
+    """The control protocol's ``delay`` answer at ``after_outbound_intent_commit``
+    of a ``register_intent``: the worker sleeps that long before it goes on,
+    so its reply comes no sooner than that after the harness answered (blind
+    hunt 70 #08: a Go worker took the milliseconds for nanoseconds and went on
+    at once; a lower bound, which no busy machine can break)."""
+    ctx.arm("A", "after_outbound_intent_commit", Delay(DELAY_MS))
+    reply = ctx.op(
+        a, "register_intent", run_id=run_id, epoch=lease["epoch"],
+        expected_revision=lease["revision"], step_id="a.delayed", effect_version=1,
+        tool="idem", request={"kind": "return_label"},
+    )  # fmt: skip
+    answered_at = time.time()
+    hit = ctx.reached("A", "after_outbound_intent_commit")
+    waited_ms = (answered_at - hit.received_at) * 1000
+    ctx.invariant(
+        "a delay answer is slept",
+        reply.ok and waited_ms >= DELAY_MS,
+        expected=f"register_intent answered ok no sooner than {DELAY_MS} ms after the harness "
+        "answered its point with that delay",
+        observed=f"reply {'ok' if reply.ok else reply.error}, {waited_ms:.1f} ms after the answer",
+    )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import hashlib
 import itertools
 import json
 import os
@@ -890,6 +891,8 @@ class WorkerProcess(ManagedProcess):
         self.worker_id = worker_id
         self.mode = mode
         self.events_path = events_path or Path(log_dir) / f"{_safe_name(worker_id)}.events.jsonl"
+        # (size, sha256) of the history file when this process started, if not empty.
+        self.history_before: tuple[int, str] | None = None
         self.control_socket = control_socket
         worker_env: dict[str, str | None] = dict(env or {})
         worker_env.update(
@@ -944,8 +947,30 @@ class WorkerProcess(ManagedProcess):
         self._prepare_files()
         return super().start()
 
+    def history_kept(self) -> bool | None:
+        """Whether the history file still begins with what earlier processes
+        of this worker left in it when this one started (contract section 4:
+        appended to, never truncated). None: the file was empty then."""
+        if self.history_before is None:
+            return None
+        size, digest = self.history_before
+        try:
+            with open(self.events_path, "rb") as f:
+                return hashlib.sha256(f.read(size)).hexdigest() == digest
+        except OSError:
+            return False
+
     def _prepare_files(self) -> None:
         self.events_path.parent.mkdir(parents=True, exist_ok=True)
+        # A worker started again under its id (explore, a restart) finds its
+        # earlier lives' lines here; what they were is kept to judge later.
+        try:
+            earlier = self.events_path.read_bytes()
+        except FileNotFoundError:
+            earlier = b""
+        self.history_before = (
+            (len(earlier), hashlib.sha256(earlier).hexdigest()) if earlier else None
+        )
         fd = os.open(self.events_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         os.close(fd)
         if self.run_as is None:

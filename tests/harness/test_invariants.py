@@ -289,6 +289,7 @@ def test_clean_history_breaks_nothing() -> None:
         "effect.ledger_records_the_tools_own_retention",
         "effect.refused_step_moved_on_only_by_a_person",
         "run.freeze_leaves_no_claim_of_its_own",
+        "worker.history_is_appended_to",
     }
 
 
@@ -1020,6 +1021,12 @@ def unknown_without_a_class(ev: Evidence) -> None:
     ev.history.append(account("info", "renew", error=None))
 
 
+def history_truncated_at_a_restart(ev: Evidence) -> None:
+    """Blind hunt 70 #07: a worker started again opened its history with
+    O_TRUNC, so the file no longer began with the first process's lines."""
+    ev.history_restarts.append({"worker": "A", "bytes_before": 812, "kept": False})
+
+
 def created_with_a_budget_of_three(ev: Evidence) -> None:
     """A create_run without max_attempts that stored 3, not the contract's 12."""
     ev.replies[0]["args"] = {"task_id": TASK, "input": {}, "max_attempts": 3}
@@ -1095,6 +1102,7 @@ EVIDENCE_CHANGES: dict[str, Callable[[Evidence], None]] = {
     "run.attempts_never_exceed_the_budget": granted_past_the_budget,
     "worker.refusals_are_not_recorded_unknown": refusal_recorded_unknown,
     "worker.failures_name_their_class": unknown_without_a_class,
+    "worker.history_is_appended_to": history_truncated_at_a_restart,
     "effect.sensitive_field_never_logged": token_logged,
     "effect.dispatch_claim_within_its_duration": claim_longer_than_asked,
     "write.revisions_gapless": gap,

@@ -45,8 +45,9 @@ def points_named(module: ModuleType) -> set[str]:
 #: Points an experiment arms only where the system hosts them (``hosts``),
 #: judging the rest without: no need, since nothing is left unjudged. R[fast]
 #: holds B's heartbeat at before_renew while its stop arrives, or else judges
-#: the plain stop (a queue's adapter without the point still fails R).
-HOSTED_ONLY = {"R": {"before_renew"}}
+#: the plain stop (a queue's adapter without the point still fails R). A
+#: answers its restarted worker's intent point with a delay only where hosted.
+HOSTED_ONLY = {"R": {"before_renew"}, "A": {"after_outbound_intent_commit"}}
 
 
 @pytest.mark.parametrize("module", scenarios.all_modules(), ids=lambda m: m.SPEC.id)

@@ -145,6 +145,19 @@ def refusals_are_not_unknown(ev: Evidence) -> Finding:
 
 
 @invariant(
+    "worker.history_is_appended_to",
+    "worker contract §4 (the history file is opened for appending), §10 (a worker started "
+    "again under the same id and history file appends to it, never truncates it)",
+    "a worker process started where an earlier process of the same worker id left history "
+    "lines leaves those lines as they were: its file still begins with them when judged",
+)
+def history_is_appended_to(ev: Evidence) -> Finding:
+    again = [r for r in ev.history_restarts if r.get("kept") is not None]
+    bad = [r for r in again if not r["kept"]]
+    return Finding(len(again), bad, f"{len(again)} worker(s) started again on their history")
+
+
+@invariant(
     "worker.failures_name_their_class",
     "worker contract §4 (`error` is the error class name), §5 (the error classes)",
     "every history line of type `fail` or `info` names its error class: an account that "

@@ -96,6 +96,15 @@ def judge(ctx: ExperimentContext, verdict: Verdict, reason: str) -> tuple[Verdic
                 for w in env.started_workers
                 if w.started_at is not None
             ],
+            history_restarts=[
+                {
+                    "worker": w.worker_id,
+                    "bytes_before": w.history_before[0],
+                    "kept": w.history_kept(),
+                }
+                for w in env.started_workers
+                if w.history_before is not None
+            ],
             connection_attempts=env.connection_attempts,
             connections_unknown=env.connections_unknown,
             link_cuts=env.link_cuts,

@@ -161,6 +161,10 @@ class Evidence:
     # How long each worker process the harness started lived, in seconds
     # (start to the harness seeing its exit; a stopped process counts).
     worker_lifetimes_s: list[float] = field(default_factory=list)
+    # Each worker process started on a history file earlier processes of its
+    # worker id had written: {worker, bytes_before, kept} (kept: the file
+    # still begins with those bytes).
+    history_restarts: list[dict[str, Any]] = field(default_factory=list)
     # Index of changes by (txid, table), built on first use.
     _by_tx: dict[Any, list[Change]] | None = field(default=None, repr=False, compare=False)
     _indexed: int = field(default=-1, repr=False, compare=False)
