@@ -15,6 +15,7 @@ from harness.waiting import wait_for
 from reference_impl.cancellation import Cancellation
 from reference_impl.durability import read_contract
 from reference_impl.errors import ExecutionCancelled
+from reference_impl.heartbeat import Heartbeat
 from reference_impl.outbox import Relay
 from reference_impl.runtime import Runtime
 from tests.reference_impl.conftest import TENANT, cp, new_run, take
@@ -199,9 +200,48 @@ def test_a_renewal_that_fails_with_any_error_cancels(make_rt: Callable[..., Runt
         raise RuntimeError("this login role is bound to another tenant")
 
     hb.leases.renew = refused  # type: ignore[method-assign,assignment]
+    _cancels_unconfirmed(hb, cancel)
+
+
+def _cancels_unconfirmed(hb: Heartbeat, cancel: Cancellation) -> None:
+    """Start ``hb``: it must cancel the work for an unconfirmed renewal."""
     hb.start()
     try:
-        wait_for(lambda: cancel.cancelled, what="the heartbeat to cancel", timeout_s=5)
+        wait_for(lambda: cancel.cancelled, what="the heartbeat to cancel", timeout_s=10)
     finally:
         hb.stop()
     assert cancel.cancelled and "unknown" in str(cancel.cause)
+
+
+class _DarkLink:
+    """A session whose connect never answers (a link black-holed mid-login,
+    the tenant check sent: no timeout of the driver's ends that wait)."""
+
+    def __init__(self) -> None:
+        self.gone = threading.Event()
+
+    @property
+    def conn(self) -> object:
+        self.gone.wait()
+        raise ConnectionError("the link went dark")
+
+    def discard(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.gone.set()
+
+
+def test_a_connect_that_never_answers_still_cancels(make_rt: Callable[..., Runtime]) -> None:
+    """The heartbeat's early connect hangs on a dark link: its renewals must
+    still come, each unconfirmed within its bound, and cancel the work (CI at
+    1d666b4: the loop waited on that connect, never renewed, and the worker
+    of S[pg_blackhole_mid_step] hung on its own dead statement)."""
+    a = make_rt("A")
+    run = new_run(a)
+    lease = take(a, run).lease
+    cancel = Cancellation()
+    hb = a.heartbeat(lease, cancel, interval_ms=50, timeout_ms=300)
+    dark = _DarkLink()
+    hb._session = dark  # type: ignore[assignment]
+    _cancels_unconfirmed(hb, cancel)
