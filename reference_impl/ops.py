@@ -85,6 +85,16 @@ def _object(value: Any, what: str, default: dict[str, Any] | None = None) -> dic
     return dict(value)
 
 
+def _resource(args: dict[str, Any], named: bool) -> str | None:
+    """The ``remote_id`` of a person's finding; one that says the tool acted
+    (``named``) must name the resource: a missing or blank one is refused, or
+    the operation would be succeeded naming nothing (blind hunt 71's reader)."""
+    remote_id = args.get("remote_id")
+    if named and (not isinstance(remote_id, str) or not remote_id.strip()):
+        raise ValueError("a finding that the tool acted names its resource: remote_id is required")
+    return None if remote_id is None else str(remote_id)
+
+
 def _ticket(args: dict[str, Any]) -> str | None:
     ticket = args.get("ticket")
     return str(ticket) if ticket not in (None, "") else None
@@ -428,7 +438,7 @@ class OpsServer:
                 run_id,
                 op_id,
                 str(args["decision"]),
-                args.get("remote_id"),
+                _resource(args, args.get("decision") == "executed"),
                 str(args["reason"]),
                 _ticket(args),
             )
@@ -453,7 +463,7 @@ class OpsServer:
                 ctx.session.conn,
                 op_id,
                 str(args["outcome"]),
-                args.get("remote_id"),
+                _resource(args, args.get("outcome") == "succeeded"),
                 str(args["reason"]),
                 _ticket(args),
             )

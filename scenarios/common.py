@@ -671,3 +671,31 @@ def neither_failed_on_the_other(
         if reply.error in ("DatabaseError", "OperationalError") or "deadlock" in str(reply.message)
     ]
     ctx.progress(name, not failed, expected=expected, observed=f"failed: {failed or 'none'}")
+
+
+def finding_without_a_resource_refused(
+    ctx: ExperimentContext, ledger_of: str, op: str, /, **args: Any
+) -> None:
+    """A person's finding that the tool acted (``resolve_indoubt`` executed,
+    ``converge_operation`` succeeded) names the resource it made: one whose
+    ``remote_id`` is blank or missing is refused and changes nothing of the
+    run's ledger (blind hunt 71's reader: both references took a blank one,
+    the Python convergence a missing one too, for an operation succeeded
+    naming no resource). ``ledger_of``: the run whose ledger must not change."""
+    before = checkers.ledger(ctx, ledger_of)
+    told = []
+    for remote_id in ("  ", None):
+        reply = ctx.op(control_plane(ctx), op, **args, remote_id=remote_id,
+                       reason="refusal probe: no resource named", ticket="OPS-71")  # fmt: skip
+        told.append(f"remote_id {remote_id!r}: {'ok' if reply.ok else reply.error}")
+        if reply.ok:
+            break
+    after = checkers.ledger(ctx, ledger_of)
+    ctx.invariant(
+        f"a {op} that names no resource is refused",
+        all(": ok" not in t for t in told) and after == before,
+        expected=f"{op} with remote_id '  ' and with none each refused, the run's ledger as it was",
+        observed=f"{'; '.join(told)}; ledger "
+        f"{[(o['status'], o['remote_id']) for o in before]} -> "
+        f"{[(o['status'], o['remote_id']) for o in after]}",
+    )

@@ -30,6 +30,7 @@ from harness.parts.control import Crash, Hold
 from harness.parts.processes import WorkerProcess
 from scenarios.common import (
     control_plane,
+    finding_without_a_resource_refused,
     finish,
     finish_or_take_over,
     neither_failed_on_the_other,
@@ -384,6 +385,9 @@ def _operator_converges(
         before == "paused_indoubt",
         expected="the run paused in doubt before the convergence",
         observed=f"run status {before}",
+    )
+    finding_without_a_resource_refused(
+        ctx, run_id, "converge_operation", operation_id=op_id, outcome="succeeded"
     )
     reply = ctx.op(
         control_plane(ctx),

@@ -105,6 +105,7 @@ from scenarios.common import (
     cancel_ends_a_paused_run,
     control_plane,
     crash_in_op,
+    finding_without_a_resource_refused,
     finish,
     finish_or_take_over,
     new_run,
@@ -1749,6 +1750,9 @@ def _converged_beside_a_live_claim(
             for r in checkers.tool_resources(ctx, run_id=run_id)
             if r["operation_id"] == own[0]
         ]
+        finding_without_a_resource_refused(
+            ctx, run_id, "resolve_indoubt", run_id=run_id, operation_id=own[0], decision="executed"
+        )
         reply = ctx.op(
             control_plane(ctx), "resolve_indoubt", run_id=run_id, operation_id=own[0],
             decision="executed", remote_id=made[0] if made else None,

@@ -166,7 +166,7 @@ func (p *Protocol) Resolve(ctx context.Context, db DB, runID, opID, decision str
 			return err
 		}
 		afterLock()
-		if decision != "executed" && decision != "not_executed" || (decision == "executed" && remoteID == nil) {
+		if decision != "executed" && decision != "not_executed" || (decision == "executed" && !namesResource(remoteID)) {
 			return newErr("BadRequest", "decision", "decision is executed (with the remote id) or not_executed")
 		}
 		var opRun, opStatus string
@@ -267,7 +267,7 @@ func (p *Protocol) Decide(ctx context.Context, db DB, runID, decision string, su
 // Resolve refuses an operation no longer unknown).
 func (p *Protocol) ConvergeOperation(ctx context.Context, db DB, opID, outcome string, remoteID *string,
 	reason string, ticket *string) (map[string]any, error) {
-	if outcome != "succeeded" && outcome != "failed_final" || (outcome == "succeeded" && remoteID == nil) {
+	if outcome != "succeeded" && outcome != "failed_final" || (outcome == "succeeded" && !namesResource(remoteID)) {
 		return nil, newErr("BadRequest", "outcome", "outcome is succeeded (with the remote id) or failed_final")
 	}
 	out := map[string]any{}
@@ -320,4 +320,11 @@ func queryJSON(ctx context.Context, q Querier, sql string, args ...any) (any, er
 	}
 	var v any
 	return v, json.Unmarshal(raw, &v)
+}
+
+// namesResource: a person's finding that the tool acted names the resource
+// it made; a missing or blank remote id is refused, or the operation would
+// be succeeded naming nothing (blind hunt 71's reader).
+func namesResource(remoteID *string) bool {
+	return remoteID != nil && strings.TrimSpace(*remoteID) != ""
 }
