@@ -269,6 +269,15 @@ def _forged_sealed_values(ctx: ExperimentContext) -> None:
             "billing": {"$sealed": "v1:AAAA", "payment_token": v}
         },
     }
+    genuine = _a_genuine_sealed_value(ctx)
+    if genuine is not None:
+        # A token this deployment sealed itself (copied from a stored row),
+        # with a planted field beside it: still no sealed value (blind hunt 71
+        # #01: a check that the token decrypts, without the one-key rule,
+        # stored the planted field in clear).
+        forged["a planted field beside a genuine token"] = lambda v: {
+            "billing": {"$sealed": genuine, "payment_token": v}
+        }
     clear: list[str] = []
     told: list[str] = []
     for what, shape in forged.items():
@@ -291,6 +300,28 @@ def _forged_sealed_values(ctx: ExperimentContext) -> None:
         expected="each create_run refused, or the planted value sealed in the stored input",
         observed=f"{'; '.join(told)}; in clear: {clear or 'none'}",
     )
+
+
+def _a_genuine_sealed_value(ctx: ExperimentContext) -> str | None:
+    """A sealed token the worker stored in a run's input (every run of the
+    harness carries sensitive fields); None when no stored input shows one."""
+    rows = ctx.env.query("SELECT input FROM fencecheck_model.agent_runs ORDER BY run_id")
+    found: list[str] = []
+
+    def walk(value: Any) -> None:
+        if isinstance(value, dict):
+            token = value.get("$sealed")
+            if len(value) == 1 and isinstance(token, str):
+                found.append(token)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+
+    for row in rows:
+        walk(row["input"])
+    return found[0] if found else None
 
 
 #: create_run's max_attempts given a JSON value that is no integer (Python's
