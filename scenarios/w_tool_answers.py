@@ -1468,6 +1468,10 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
     ctx.arm("A", "after_reconcile_query", Hold())
     a = ctx.env.start_worker("A", "run", ["--run-id", run_id, "--once"], env=env)
     ctx.reached("A", "after_reconcile_query")
+    # Another run's operation in doubt, after A's in ctl2's list: a cycle that
+    # lost the race on A's goes on to it (blind hunt 71 #02: a cycle that
+    # stopped at its first lost race answered ok with the rest untried).
+    second = _second_in_doubt(ctx, env)
     # A second reconciler's own cycle is held after its query found the
     # resource too: its convergence also loses the race.
     ctl2 = ctx.env.start_worker("ctl2", "ops", role="operator")
@@ -1487,8 +1491,13 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
         "the ledger then succeeded, converged by the other reconciler while both were held",
         observed=f"queries of {op_id}: {queried}; ledger {[o['status'] for o in ops]}",
     )
+    if second is not None:
+        _second_arrives(ctx, second[0])
+    released_at = time.time()
     ctx.release("ctl2", "after_reconcile_query")
     lost = cycle.result(15.0)
+    if second is not None:
+        _cycle_went_on(ctx, lost, *second, since=released_at)
     ctx.progress(
         "a reconcile cycle whose convergence lost the race answers what it changed",
         lost.ok
@@ -1518,6 +1527,57 @@ def _found_converged_by_another(ctx: ExperimentContext) -> None:
     checkers.recorded_results_are_the_tools(ctx, run_id)
     writes_name_workflow_steps(ctx, [run_id])
     checkers.lease_history_is_sound(ctx, [run_id])
+
+
+def _second_in_doubt(ctx: ExperimentContext, env: dict[str, str | None]) -> tuple[str, str] | None:
+    """Another run (query tool, one attempt) whose create is held on the
+    network past its worker's timeout: the worker finds nothing and pauses
+    the run in doubt. (run id, operation id), or None if it did not."""
+    run_id = new_run(ctx, tool="queryable", max_attempts=1)
+    ctx.env.tool.client().set_fault("queryable", "arrive_held", ms=HELD_MAX_MS, run_id=run_id)
+    ctx.command(f"tool: run {run_id}'s create held on the network")
+    code = finish(ctx, ctx.env.start_worker("A2", "run", ["--run-id", run_id, "--once"], env=env))
+    ops = checkers.ledger(ctx, run_id)
+    row = checkers.run_row(ctx, run_id, "the second run in doubt")
+    if row["status"] != "paused_indoubt" or [o["status"] for o in ops] != ["unknown"]:
+        ctx.not_judged(
+            "a reconcile cycle goes on past a lost race",
+            expected="a second run paused in doubt with its one operation unknown",
+            observed=f"run {row['status']}, ledger {[o['status'] for o in ops]} (A2 exit {code})",
+        )
+        return None
+    return run_id, str(ops[0]["operation_id"])
+
+
+def _second_arrives(ctx: ExperimentContext, run_id: str) -> None:
+    """The second run's held create arrives and acts (the cycle held on A's
+    operation finds it when it gets there)."""
+    ctx.env.tool.client().release()
+    seen_within(
+        lambda: bool(checkers.tool_resources(ctx, run_id=run_id)) or None,
+        what=f"run {run_id}'s held create to make its resource",
+        timeout_s=10,
+    )
+
+
+def _cycle_went_on(
+    ctx: ExperimentContext, reply: OpReply, run_id: str, op_id: str, *, since: float
+) -> None:
+    """The cycle that lost the race on the first operation converged the
+    second, by its query, and listed it."""
+    listed = [
+        str(c.get("operation_id")) for c in (reply.result.get("changes") or [] if reply.ok else [])
+    ]
+    status = {str(o["operation_id"]): o["status"] for o in checkers.ledger(ctx, run_id)}
+    ctx.progress(
+        "a reconcile cycle goes on past a lost race",
+        reply.ok and op_id in listed and status.get(op_id) == "succeeded",
+        expected=f"ctl2's cycle, after losing the race on the first operation in its list, "
+        f"converges the next one ({op_id}, its create arrived) and lists it",
+        observed=f"reply {'ok' if reply.ok else reply.error}, changes {listed}; "
+        f"{op_id} {status.get(op_id)}",
+        since=since,
+    )
 
 
 def _succeeded_while_held(
