@@ -55,6 +55,18 @@ def publish(
                 "code": "publish_failed",
             },
         )
+    if fault is not None and fault.mode == "publish_nack":
+        # A negative acknowledgement: a 200 whose body says the broker did not
+        # take the message (a publisher confirm's nack), logged as refused.
+        store.refuse_publish(event_id, topic, 200, fault.fault_id, fault.mode)
+        return PublishAnswer(
+            200,
+            {
+                "ack": False,
+                "error": "the broker did not take the message (injected nack); nothing stored",
+                "code": "publish_nacked",
+            },
+        )
     late = fault is not None and fault.mode == "publish_ack_late"
     if late and stopping.wait((fault.ms or 0) / 1000 if fault else 0):
         # A broker stopping while it holds a late publish never takes the message.

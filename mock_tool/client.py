@@ -246,6 +246,14 @@ class ToolClient:
             {"event_id": event_id, "topic": topic, "payload": payload},
             what=f"publish {event_id}",
         )
+        if decoded.get("ack") is not True:
+            # A 200 that does not acknowledge (a nack): the message was not taken.
+            raise ToolRejected(
+                f"publish {event_id}: the broker did not acknowledge it",
+                http_status=200,
+                body=decoded,
+                retryable=True,
+            )
         return int(decoded["seq"])
 
     def broker_messages(self, after: int = 0, limit: int | None = None) -> list[dict[str, Any]]:

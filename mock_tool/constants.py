@@ -38,7 +38,7 @@ FAULT_MODES: Final = (
 BROKER: Final = "broker"
 
 #: Fault modes of broker publishes (``POST /broker/publish``).
-PUBLISH_FAULT_MODES: Final = ("publish_fail", "publish_ack_late")
+PUBLISH_FAULT_MODES: Final = ("publish_fail", "publish_nack", "publish_ack_late")
 
 #: Fault modes of broker deliveries (``GET /broker/messages``).
 DELIVERY_FAULT_MODES: Final = ("deliver_duplicate", "deliver_reorder")

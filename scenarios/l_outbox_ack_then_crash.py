@@ -10,6 +10,10 @@ consumer applies them; one variant per thing that goes wrong on the way:
 * ``publish_fails``: the broker refuses the second publish of the relay's
   locked batch (503, nothing taken): that row is not marked, a later relay
   publishes it.
+* ``publish_nacked``: the same with a negative acknowledgement: the broker
+  answers the second publish 200 with ``ack: false`` (a publisher confirm's
+  nack, nothing taken), which is no acknowledgement either (blind hunt 71
+  #05: a Go relay took any 200 for one and marked the row published).
 * ``late_ack``: the broker takes the first publish only after the relay's own
   timeout: no ack, so no mark; the next relay publishes it again.
 * ``duplicate_delivery``: the broker hands one message out twice in one read.
@@ -99,6 +103,7 @@ SPEC = ExperimentSpec(
     variants=(
         "ack_then_crash",
         "publish_fails",
+        "publish_nacked",
         "late_ack",
         "duplicate_delivery",
         "reordered_delivery",
@@ -110,6 +115,7 @@ SPEC = ExperimentSpec(
     variant_write_paths=((LATE_COMMIT, "stepped"),),
     variant_points=(
         ("publish_fails", "none (broker fault)"),
+        ("publish_nacked", "none (broker fault)"),
         ("late_ack", "none (broker fault)"),
         ("duplicate_delivery", "none (broker fault)"),
         ("reordered_delivery", "after_consumer_dedup_commit"),
@@ -120,6 +126,11 @@ SPEC = ExperimentSpec(
     variant_faults=(
         ("ack_then_crash", "SIGKILL at after_broker_ack_before_outbox_mark"),
         ("publish_fails", "the broker refuses the second publish of the relay's locked batch"),
+        (
+            "publish_nacked",
+            "the broker answers the second publish of the relay's locked batch with a nack "
+            "(200, ack false, nothing taken)",
+        ),
         (
             "late_ack",
             f"the broker takes the first publish {LATE_ACK_MS} ms late, after the "
@@ -397,8 +408,18 @@ def _ack_then_crash(ctx: ExperimentContext, run_id: str, events: list[str]) -> N
 
 
 def _publish_fails(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
-    ctx.env.tool.client().set_fault("broker", "publish_fail", skip=1)
-    ctx.command("broker: the second publish from now on is refused (publish_fail, skip 1)")
+    _publish_refused(ctx, run_id, events, "publish_fail")
+
+
+def _publish_nacked(ctx: ExperimentContext, run_id: str, events: list[str]) -> None:
+    _publish_refused(ctx, run_id, events, "publish_nack")
+
+
+def _publish_refused(ctx: ExperimentContext, run_id: str, events: list[str], mode: str) -> None:
+    """The broker does not take the second publish of the relay's batch: a 503
+    (``publish_fail``) or a 200 saying ``ack: false`` (``publish_nack``)."""
+    ctx.env.tool.client().set_fault("broker", mode, skip=1)
+    ctx.command(f"broker: the second publish from now on is refused ({mode}, skip 1)")
     before = [r for r in checkers.outbox(ctx, run_id) if r["published_at"] is None]
     reply = ctx.op(ctx.env.start_worker("R1", "ops"), "relay")
     refused = [str(r["event_id"]) for r in checkers.tool_log(ctx)["refused_publishes"]]
@@ -815,6 +836,7 @@ def _none(ctx: ExperimentContext, events: list[str]) -> None:
 VARIANTS = {
     "ack_then_crash": Variant(_ack_then_crash, _repeated),
     "publish_fails": Variant(_publish_fails, _none),
+    "publish_nacked": Variant(_publish_nacked, _none),
     # Not _repeated: whether the relay sends the unanswered publish again is its
     # response, not the fault; the fault is the broker's late take.
     "late_ack": Variant(_late_ack, _none),

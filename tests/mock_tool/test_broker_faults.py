@@ -75,3 +75,21 @@ def test_deliver_reorder_hands_one_read_out_in_reverse(client: ToolClient) -> No
     # The empty read is logged too (where a read began shows what it passed over).
     assert (empty["after_seq"], empty["seqs"], empty["fault_mode"]) == (999, [], None)
     assert (delivery["seqs"], delivery["fault_mode"]) == (seqs[::-1], "deliver_reorder")
+
+
+def test_publish_nack_answers_200_without_taking_the_message(client: ToolClient) -> None:
+    """A negative acknowledgement: 200 with ``ack: false``, nothing stored; the
+    client raises, so no caller takes it for an acknowledgement."""
+    fault_id = client.set_fault("broker", "publish_nack")
+    with pytest.raises(ToolRejected) as info:
+        client.publish("ev-nack", "t", {})
+    assert info.value.http_status == 200 and info.value.retryable
+    client.publish("ev-next", "t", {})
+    export = client.export()
+    assert [m["event_id"] for m in export["messages"]] == ["ev-next"]
+    [refused] = export["refused_publishes"]
+    assert (refused["event_id"], refused["fault_id"], refused["http_status"]) == (
+        "ev-nack",
+        fault_id,
+        200,
+    )
