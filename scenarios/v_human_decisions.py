@@ -409,6 +409,14 @@ def _supplement_after_budget(ctx: ExperimentContext) -> None:
     version 1 was planned without them, and sending it would carry out the
     request the person corrected (contract section 5, decide: a supplement
     plans the effect again, as the next version)."""
+    # Another live run of the tenant holds an intent older than this run's,
+    # never dispatched: retiring the supplemented run's version 1 must touch
+    # that run's own row only (blind hunt 71 #07: a Go retire that claimed the
+    # tenant's oldest prepared intent retired the bystander's).
+    bystander = new_run(ctx, tool="plain")
+    other = intent_registered(
+        ctx, ctx.env.start_worker("B", "ops"), bystander, tool="plain", step_id="v.bystander"
+    )
     run_id = new_run(ctx, tool="plain", max_attempts=1)
     ctx.env.tool.client().set_fault("plain", "reject_429", count=1, run_id=run_id)
     ctx.command(f"tool: the next create of 'plain' for run {run_id[:8]} answers 429")
@@ -442,6 +450,13 @@ def _supplement_after_budget(ctx: ExperimentContext) -> None:
         (checkers.run_row(ctx, run_id)["status"], len(made)),
         ("succeeded", 1),
         what=f"(run status, resources) (W2 exit {code})",
+    )
+    theirs = [(o["operation_id"], o["status"]) for o in checkers.ledger(ctx, bystander)]
+    ctx.invariant(
+        "retiring the replaced version touches no other run's intent",
+        theirs == [(other, "prepared")],
+        expected=f"the bystander run's older intent {other} still prepared, never sent",
+        observed=f"{theirs}",
     )
     if ctx.system.capabilities.offers_op("retry_run"):
         # The task retried once the supplemented run ended: the retry starts
