@@ -149,10 +149,14 @@ def run(ctx: ExperimentContext) -> None:
                 f"{_brief(after)}; changes {_changes(changed)}",
             )
         else:
+            # NotClaimable, the contract's answer: a caller tells "not now"
+            # from a failure by it (blind hunt 72 #01: a takeover that let a
+            # cancelled run through to the grant, which the database's guard
+            # then refused, answered a CheckViolation).
             ctx.invariant(
                 f"claim of a run {state} refused",
-                not reply.ok and not changed and after == before,
-                expected="refused; no audited change by C; the run as it was",
+                not reply.ok and reply.error == "NotClaimable" and not changed and after == before,
+                expected="refused NotClaimable; no audited change by C; the run as it was",
                 observed=f"{'ok' if reply.ok else reply.error}; run {_brief(before)} -> "
                 f"{_brief(after)}; changes {_changes(changed)}",
             )
