@@ -7,6 +7,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   UPDATE public.agent_runs r
      SET owner = NULL, lease_expires_at = NULL, status = 'queued',
+         max_attempts = GREATEST(r.max_attempts, r.attempt_count + 1),
          next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
    WHERE r.run_id = p_run_id  -- MUTANT: no owner, no epoch
      AND r.status IN ('running', 'waiting_tool');

@@ -6,6 +6,7 @@ LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 BEGIN
   UPDATE public.agent_runs r
      SET owner = NULL, lease_expires_at = NULL, status = 'queued',
+         max_attempts = GREATEST(r.max_attempts, r.attempt_count + 1),
          epoch = 0,  -- MUTANT: the fencing token is reset
          next_attempt_at = clock_timestamp(), updated_at = clock_timestamp()
    WHERE r.run_id = p_run_id AND r.owner = p_owner AND r.epoch = p_epoch
